@@ -1,0 +1,89 @@
+//! Input validation, done in Rust before any SQL is sent (the SQL functions
+//! check the same rules again for callers in other languages).
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Longest lease name, holder or resource, in bytes of UTF-8.
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// Longest TTL a lease can be acquired or renewed for.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
+/// Checks a name, holder or resource: 1 to [`MAX_NAME_BYTES`] bytes, no NUL.
+pub(crate) fn check_text(argument: &'static str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::invalid(argument, "must not be empty"));
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return Err(Error::invalid(
+            argument,
+            format!(
+                "is {} bytes long; the limit is {MAX_NAME_BYTES} bytes of UTF-8",
+                value.len()
+            ),
+        ));
+    }
+    if value.contains('\0') {
+        return Err(Error::invalid(
+            argument,
+            "must not contain NUL bytes (PostgreSQL text cannot store them)",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a TTL and converts it to whole microseconds, the resolution of a
+/// PostgreSQL interval; sub-microsecond parts are rounded up so that a
+/// positive TTL never becomes zero.
+pub(crate) fn check_ttl(ttl: Duration) -> Result<i64> {
+    if ttl.is_zero() {
+        return Err(Error::invalid("ttl", "must be greater than zero"));
+    }
+    if ttl > MAX_TTL {
+        return Err(Error::invalid(
+            "ttl",
+            format!("must be at most 7 days, got {ttl:?}"),
+        ));
+    }
+    // At most 7 days, so this cannot overflow an i64 of microseconds.
+    let micros = ttl.as_nanos().div_ceil(1_000);
+    i64::try_from(micros).map_err(|_| Error::invalid("ttl", format!("{ttl:?} is too large")))
+}
+
+/// Checks a token for `advance`: tokens are issued from 1 upwards.
+pub(crate) fn check_positive_token(token: i64) -> Result<()> {
+    if token <= 0 {
+        return Err(Error::invalid(
+            "token",
+            format!("must be positive, got {token}"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_bounds() {
+        assert!(check_ttl(Duration::ZERO).is_err());
+        assert_eq!(check_ttl(Duration::from_nanos(1)).ok(), Some(1));
+        assert_eq!(check_ttl(Duration::from_millis(1500)).ok(), Some(1_500_000));
+        assert!(check_ttl(MAX_TTL).is_ok());
+        assert!(check_ttl(MAX_TTL + Duration::from_nanos(1)).is_err());
+        assert!(check_ttl(Duration::MAX).is_err());
+    }
+
+    #[test]
+    fn text_bounds() {
+        assert!(check_text("name", "").is_err());
+        assert!(check_text("name", "a\0b").is_err());
+        assert!(check_text("name", &"x".repeat(255)).is_ok());
+        assert!(check_text("name", &"x".repeat(256)).is_err());
+        // 128 two-byte characters are 256 bytes.
+        assert!(check_text("name", &"é".repeat(128)).is_err());
+    }
+}

@@ -1,0 +1,247 @@
+//! The lease state machine as seen from Rust: acquire, renew, release,
+//! inspect. Every transition is one call of a `pglease` SQL function, so the
+//! decision is made by the database, on the database clock.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::types::PgInterval;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::Row;
+
+use crate::error::{Error, Result};
+use crate::input::{check_positive_token, check_text, check_ttl};
+use crate::sql;
+
+/// A lease acquired by this process: the name, the holder, and the token
+/// (fence) that identifies this acquisition.
+///
+/// The token is what proves ownership to the database: renew, release and
+/// fenced transactions carry it, and a later acquisition, by anyone, gets a
+/// strictly greater one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    name: String,
+    holder: String,
+    token: i64,
+    expires_at: DateTime<Utc>,
+    acquired_at: DateTime<Utc>,
+}
+
+impl Lease {
+    /// The lease name (the resource).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Who acquired it.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// The fencing token of this acquisition.
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// The expiry the database set at acquisition, on the database clock.
+    /// Compare it only with database time, never with this machine's clock.
+    pub fn expires_at(&self) -> DateTime<Utc> {
+        self.expires_at
+    }
+
+    /// Database time of the acquisition.
+    pub fn acquired_at(&self) -> DateTime<Utc> {
+        self.acquired_at
+    }
+}
+
+/// One row of the `pglease.status` view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseStatus {
+    /// The lease name.
+    pub name: String,
+    /// The current or last holder; `None` once released or never acquired.
+    pub holder: Option<String>,
+    /// The latest token issued; `None` if never acquired.
+    pub token: Option<i64>,
+    /// When the latest acquisition expires (or ended, once released).
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Time left on the database clock; `None` unless held.
+    pub remaining: Option<Duration>,
+    /// Whether the lease is held right now (database clock).
+    pub held: bool,
+}
+
+impl LeaseStatus {
+    fn never_acquired(name: &str) -> Self {
+        LeaseStatus {
+            name: name.to_owned(),
+            holder: None,
+            token: None,
+            expires_at: None,
+            remaining: None,
+            held: false,
+        }
+    }
+
+    fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self> {
+        let remaining_us: Option<i64> = row.try_get("remaining_us")?;
+        Ok(LeaseStatus {
+            name: row.try_get("name")?,
+            holder: row.try_get("holder")?,
+            token: row.try_get("token")?,
+            expires_at: row.try_get("expires_at")?,
+            remaining: remaining_us.map(|us| Duration::from_micros(us.max(0).unsigned_abs())),
+            held: row.try_get("held")?,
+        })
+    }
+}
+
+/// Entry point: acquires, renews, releases and inspects leases, and opens
+/// fenced transactions, through a [`PgPool`].
+///
+/// Cheap to clone (it holds the pool). Uses no session state that outlives a
+/// statement, so it works through a transaction-pooling proxy.
+#[derive(Debug, Clone)]
+pub struct LeaseManager {
+    pool: PgPool,
+}
+
+impl LeaseManager {
+    /// A manager that uses `pool`. Call [`LeaseManager::migrate`] once
+    /// before first use (it is idempotent).
+    pub fn new(pool: PgPool) -> Self {
+        LeaseManager { pool }
+    }
+
+    /// Connects a small pool to `url` and builds a manager on it.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let pool = PgPoolOptions::new().max_connections(8).connect(url).await?;
+        Ok(LeaseManager::new(pool))
+    }
+
+    /// The pool this manager uses.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Acquires lease `name` for `holder` for `ttl` if it is free or
+    /// expired, without waiting.
+    ///
+    /// Returns [`Error::Held`] (with the current holder) if someone holds
+    /// it, including `holder` itself: leases are not re-entrant. A failed
+    /// attempt is read-only in the database. Each success carries a new
+    /// token, greater than every token issued before for `name`.
+    pub async fn try_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease> {
+        check_text("name", name)?;
+        check_text("holder", holder)?;
+        let ttl = interval(ttl)?;
+        let row = sqlx::query(sql::ACQUIRE)
+            .bind(name)
+            .bind(holder)
+            .bind(ttl)
+            .fetch_one(&self.pool)
+            .await?;
+        let token: Option<i64> = row.try_get("token")?;
+        let expires_at: DateTime<Utc> = row.try_get("expires_at")?;
+        let current_holder: String = row.try_get("holder")?;
+        match token {
+            Some(token) => Ok(Lease {
+                name: name.to_owned(),
+                holder: current_holder,
+                token,
+                expires_at,
+                acquired_at: row.try_get("checked_at")?,
+            }),
+            None => Err(Error::Held {
+                name: name.to_owned(),
+                holder: current_holder,
+                expires_at,
+            }),
+        }
+    }
+
+    /// Extends lease `name` held under `token` to database-now + `ttl`, and
+    /// returns the new expiry (database clock).
+    ///
+    /// Returns [`Error::Lost`] if the token is no longer valid: expired,
+    /// released, or taken over. Renewal is keyed on (name, token), so a
+    /// retry after a lost response succeeds while the lease is still valid.
+    pub async fn renew(&self, name: &str, token: i64, ttl: Duration) -> Result<DateTime<Utc>> {
+        check_text("name", name)?;
+        let ttl = interval(ttl)?;
+        let expires_at: Option<DateTime<Utc>> = sqlx::query_scalar(sql::RENEW)
+            .bind(name)
+            .bind(token)
+            .bind(ttl)
+            .fetch_one(&self.pool)
+            .await?;
+        expires_at.ok_or_else(|| Error::Lost {
+            name: name.to_owned(),
+            token,
+        })
+    }
+
+    /// Ends lease `name` held under `token` at once.
+    ///
+    /// Returns `true` if this call ended it, `false` if the token was not
+    /// valid (already released, expired, or stale). A delayed duplicate
+    /// release carrying an older token never ends a newer acquisition, also
+    /// when the holder name is the same.
+    pub async fn release(&self, name: &str, token: i64) -> Result<bool> {
+        check_text("name", name)?;
+        let released: bool = sqlx::query_scalar(sql::RELEASE)
+            .bind(name)
+            .bind(token)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(released)
+    }
+
+    /// The status of lease `name`; a name never acquired is reported with
+    /// no holder and no token.
+    pub async fn inspect(&self, name: &str) -> Result<LeaseStatus> {
+        check_text("name", name)?;
+        let row = sqlx::query(sql::INSPECT)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        match row {
+            Some(row) => LeaseStatus::from_row(&row),
+            None => Ok(LeaseStatus::never_acquired(name)),
+        }
+    }
+
+    /// The status of every lease ever acquired, ordered by name.
+    pub async fn list(&self) -> Result<Vec<LeaseStatus>> {
+        let rows = sqlx::query(sql::LIST).fetch_all(&self.pool).await?;
+        rows.iter().map(LeaseStatus::from_row).collect()
+    }
+
+    /// Separate-resource fencing: records `token` for `resource` and
+    /// returns `true` iff it is at least the highest token seen there.
+    ///
+    /// This detects a stale token only after a newer one was seen: an
+    /// expired lease whose token is still the highest is accepted.
+    pub async fn advance(&self, resource: &str, token: i64) -> Result<bool> {
+        check_text("resource", resource)?;
+        check_positive_token(token)?;
+        let accepted: bool = sqlx::query_scalar(sql::ADVANCE)
+            .bind(resource)
+            .bind(token)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(accepted)
+    }
+}
+
+/// A validated TTL as a PostgreSQL interval of exact microseconds.
+fn interval(ttl: Duration) -> Result<PgInterval> {
+    Ok(PgInterval {
+        months: 0,
+        days: 0,
+        microseconds: check_ttl(ttl)?,
+    })
+}

@@ -1,0 +1,31 @@
+//! Every statement the library sends, in one place. Each is one round trip
+//! and at most one commit; the clock and lock each relies on are described
+//! at the function it calls, in `migrations/`.
+
+/// Acquire if free or expired. Database clock (`clock_timestamp()` after the
+/// row lock); read-only when the lease is held.
+pub(crate) const ACQUIRE: &str = "SELECT token, expires_at, holder, checked_at \
+     FROM pglease.acquire($1, $2, $3)";
+
+/// Extend a valid lease; NULL when lost. Database clock at the row update.
+pub(crate) const RENEW: &str = "SELECT pglease.renew($1, $2, $3)";
+
+/// End a valid lease; false when it was not valid.
+pub(crate) const RELEASE: &str = "SELECT pglease.release($1, $2)";
+
+/// Check a token inside a transaction and hold FOR KEY SHARE on the lease
+/// row until the transaction ends.
+pub(crate) const ASSERT_HELD: &str = "SELECT pglease.assert_held($1, $2)";
+
+/// Separate-resource fencing: accept iff the token is the highest seen.
+pub(crate) const ADVANCE: &str = "SELECT pglease.advance($1, $2)";
+
+/// One lease as the status view shows it (database clock at the read).
+pub(crate) const INSPECT: &str = "SELECT name, holder, token, expires_at, \
+     (extract(epoch FROM remaining) * 1000000)::bigint AS remaining_us, held \
+     FROM pglease.status WHERE name = $1";
+
+/// Every lease ever acquired, by name.
+pub(crate) const LIST: &str = "SELECT name, holder, token, expires_at, \
+     (extract(epoch FROM remaining) * 1000000)::bigint AS remaining_us, held \
+     FROM pglease.status ORDER BY name";

@@ -1,0 +1,310 @@
+//! Test provisioning: a real PostgreSQL, and a fresh database per test so
+//! that tests run in parallel without seeing each other's leases.
+//!
+//! The server is found in this order: `DATABASE_URL`; else the libpq
+//! defaults (`PGHOST`, `PGPORT`, `PGUSER`, ... then localhost:5432) if a
+//! server answers there; else a container started with `testcontainers`;
+//! else the test panics and says how to get a database.
+
+#![allow(dead_code)] // each test binary uses a different part of this file
+
+use std::str::FromStr;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use pglease::LeaseManager;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, PgPool};
+
+/// Tag of the container image used when no server is running locally.
+const CONTAINER_TAG: &str = "16-alpine";
+
+static SERVER: OnceLock<PgConnectOptions> = OnceLock::new();
+static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+
+/// Options for the server, found once per test binary.
+pub fn server() -> PgConnectOptions {
+    SERVER
+        .get_or_init(|| {
+            // Discovery is async but runs once, on its own thread and
+            // runtime, so that every test's runtime can share the result.
+            std::thread::spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("build a tokio runtime for provisioning");
+                rt.block_on(find_server())
+            })
+            .join()
+            .expect("provisioning thread panicked")
+        })
+        .clone()
+}
+
+async fn answers(options: &PgConnectOptions) -> Result<(), String> {
+    let attempt = tokio::time::timeout(Duration::from_secs(5), options.connect()).await;
+    match attempt {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer within 5 s".to_owned()),
+    }
+}
+
+async fn find_server() -> PgConnectOptions {
+    if let Ok(url) = std::env::var("DATABASE_URL") {
+        let options = PgConnectOptions::from_str(&url)
+            .unwrap_or_else(|e| panic!("DATABASE_URL is not a valid PostgreSQL URL: {e}"));
+        if let Err(e) = answers(&options).await {
+            panic!("DATABASE_URL is set but the server does not answer: {e}");
+        }
+        return options;
+    }
+    let local = pglease::libpq_defaults();
+    let local_error = match answers(&local).await {
+        Ok(()) => return local,
+        Err(e) => e,
+    };
+    match start_container().await {
+        Ok(options) => options,
+        Err(container_error) => panic!(
+            "no PostgreSQL for the tests.\n\
+             - libpq defaults (PGHOST/PGPORT/PGUSER, else localhost:5432): {local_error}\n\
+             - testcontainers (postgres:{CONTAINER_TAG}): {container_error}\n\
+             Start a server (for example `docker compose up -d` in the repository) \
+             or set DATABASE_URL=postgres://USER@HOST:PORT/DB."
+        ),
+    }
+}
+
+/// Starts `postgres:16-alpine` and keeps it for the rest of the process.
+async fn start_container() -> Result<PgConnectOptions, String> {
+    use testcontainers_modules::postgres::Postgres;
+    use testcontainers_modules::testcontainers::ImageExt;
+    use testcontainers_modules::testcontainers::runners::AsyncRunner;
+
+    let container = Postgres::default()
+        .with_tag(CONTAINER_TAG)
+        .start()
+        .await
+        .map_err(|e| e.to_string())?;
+    let host = container.get_host().await.map_err(|e| e.to_string())?;
+    let port = container
+        .get_host_port_ipv4(5432)
+        .await
+        .map_err(|e| e.to_string())?;
+    // The container lives as long as the test process; testcontainers'
+    // reaper removes it afterwards.
+    std::mem::forget(container);
+    Ok(PgConnectOptions::new()
+        .host(&host.to_string())
+        .port(port)
+        .username("postgres")
+        .password("postgres")
+        .database("postgres"))
+}
+
+/// A freshly created database, dropped (with its connections) when this
+/// value is dropped, also when the test panics.
+pub struct TestDb {
+    name: String,
+    options: PgConnectOptions,
+    pool: PgPool,
+}
+
+impl TestDb {
+    /// A new database with the `pglease` schema applied.
+    pub async fn new() -> TestDb {
+        let db = TestDb::empty().await;
+        db.manager()
+            .migrate()
+            .await
+            .expect("apply pglease migrations to the test database");
+        db
+    }
+
+    /// A new database without the `pglease` schema.
+    pub async fn empty() -> TestDb {
+        let server = server();
+        let name = format!(
+            "pglease_test_{}_{}",
+            std::process::id(),
+            NEXT_DB.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut admin = server.connect().await.expect("connect to the test server");
+        sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
+            .execute(&mut admin)
+            .await
+            .expect("drop a leftover test database");
+        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await
+            .expect("create a test database");
+        let _ = admin.close().await;
+        let options = server.database(&name);
+        let pool = PgPoolOptions::new()
+            .max_connections(12)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.clone())
+            .await
+            .expect("connect to the test database");
+        TestDb {
+            name,
+            options,
+            pool,
+        }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub fn manager(&self) -> LeaseManager {
+        LeaseManager::new(self.pool.clone())
+    }
+
+    pub fn options(&self) -> PgConnectOptions {
+        self.options.clone()
+    }
+
+    /// A connection of its own, outside the pool.
+    pub async fn connect(&self) -> PgConnection {
+        self.options
+            .connect()
+            .await
+            .expect("connect to the test database")
+    }
+
+    /// The database clock.
+    pub async fn db_now(&self) -> DateTime<Utc> {
+        sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(&self.pool)
+            .await
+            .expect("read the database clock")
+    }
+
+    /// Waits until the database clock is past `instant` (a poll with a
+    /// deadline: the database clock is the one that decides expiry).
+    pub async fn wait_until_db_time(&self, instant: DateTime<Utc>) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let now = self.db_now().await;
+            if now > instant {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "database clock did not reach {instant} within 60 s"
+            );
+            let left = (instant - now).to_std().unwrap_or_default();
+            tokio::time::sleep(left.min(Duration::from_millis(50)) + Duration::from_millis(1))
+                .await;
+        }
+    }
+
+    /// Polls `probe` until it returns true, failing after `limit`.
+    pub async fn wait_for(&self, what: &str, limit: Duration, probe: &'static str) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let ok: bool = sqlx::query_scalar(probe)
+                .fetch_one(&self.pool)
+                .await
+                .expect("run a probe query");
+            if ok {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {limit:?} waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Everything the `pglease` schema stores, as text, to prove that a
+    /// rejected call changed nothing.
+    pub async fn snapshot(&self) -> String {
+        sqlx::query_scalar(
+            "SELECT concat_ws(E'\\n', \
+               (SELECT string_agg(format('%s|%s|%s|%s|%s|%s|%s', name, holder, token, expires_at, \
+                                         acquired_at, renewed_at, released_at), E'\\n' ORDER BY name) \
+                  FROM pglease.leases), \
+               (SELECT string_agg(format('%s|%s|%s', resource, token, advanced_at), E'\\n' ORDER BY resource) \
+                  FROM pglease.fences), \
+               (SELECT format('seq %s %s', last_value, is_called) FROM pglease.fence_seq))",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .expect("snapshot the pglease schema")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let server = server();
+        // Dropping must finish before the test ends, but Drop cannot await:
+        // do it on a thread with its own runtime and wait for it.
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                if let Ok(mut admin) = server.connect().await {
+                    let _ = sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
+                        .execute(&mut admin)
+                        .await;
+                    let _ = admin.close().await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A data table that the tests write to under a lease.
+pub async fn create_data_table(db: &TestDb) {
+    sqlx::query("CREATE TABLE data (id int PRIMARY KEY, value text NOT NULL, token bigint)")
+        .execute(db.pool())
+        .await
+        .expect("create the data table");
+    sqlx::query("INSERT INTO data VALUES (1, 'initial', NULL)")
+        .execute(db.pool())
+        .await
+        .expect("seed the data table");
+}
+
+/// The data table's single value.
+pub async fn data_value(db: &TestDb) -> String {
+    sqlx::query_scalar("SELECT value FROM data WHERE id = 1")
+        .fetch_one(db.pool())
+        .await
+        .expect("read the data table")
+}
+
+/// A write under lease `name` with `token` in a fenced transaction.
+pub async fn fenced_write(
+    manager: &LeaseManager,
+    name: &str,
+    token: i64,
+    value: &str,
+) -> Result<(), pglease::Error> {
+    manager
+        .fenced(name, token, async |conn| {
+            sqlx::query("UPDATE data SET value = $1, token = $2 WHERE id = 1")
+                .bind(value)
+                .bind(token)
+                .execute(&mut *conn)
+                .await
+                .map_err(pglease::Error::from)?;
+            Ok(())
+        })
+        .await
+}
