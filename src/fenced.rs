@@ -41,6 +41,9 @@ pub struct FencedTransaction {
     tx: Transaction<'static, Postgres>,
     name: String,
     token: i64,
+    /// Why a re-check failed: the transaction is aborted, and PostgreSQL
+    /// would silently turn a COMMIT into a ROLLBACK.
+    failed: Option<String>,
 }
 
 impl FencedTransaction {
@@ -58,12 +61,25 @@ impl FencedTransaction {
     /// long transaction before each step that must still be under a valid
     /// lease. Fails with [`Error::NotHeld`] once the lease has expired.
     pub async fn recheck(&mut self) -> Result<()> {
-        assert_held(&mut self.tx, &self.name, self.token).await
+        let outcome = assert_held(&mut self.tx, &self.name, self.token).await;
+        if let Err(Error::NotHeld { message }) = &outcome {
+            self.failed = Some(message.clone());
+        }
+        outcome
     }
 
-    /// Commits the caller's writes. An error here (for example a dropped
-    /// connection) leaves the outcome unknown, as for any commit.
+    /// Commits the caller's writes.
+    ///
+    /// After a failed [`recheck`](FencedTransaction::recheck) this rolls
+    /// back and returns [`Error::NotHeld`] again. (After any other failed
+    /// statement PostgreSQL itself answers COMMIT with a rollback.) An
+    /// error from the commit itself, such as a dropped connection, leaves
+    /// the outcome unknown, as for any commit.
     pub async fn commit(self) -> Result<()> {
+        if let Some(message) = self.failed {
+            let _ = self.tx.rollback().await;
+            return Err(Error::NotHeld { message });
+        }
         self.tx.commit().await.map_err(Error::from)
     }
 
@@ -105,6 +121,7 @@ impl LeaseManager {
             tx,
             name: name.to_owned(),
             token,
+            failed: None,
         })
     }
 

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use sqlx::Row;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::Row;
 
 use crate::error::{Error, Result};
 use crate::input::{check_positive_token, check_text, check_ttl};

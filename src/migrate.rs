@@ -30,7 +30,9 @@ impl LeaseManager {
     pub async fn migrate(&self) -> Result<()> {
         let options = self.pool().connect_options();
         let mut conn = PgConnection::connect_with(&options).await?;
-        let outcome = migrator().run(&mut conn).await;
+        // `run_direct` on a plain connection keeps this future `Send`
+        // (`Migrator::run` over `Acquire` is not, for a borrowed connection).
+        let outcome = migrator().run_direct(None, &mut conn, false).await;
         // Closing ends the session, and with it any lock a failure left.
         let _ = conn.close().await;
         outcome?;

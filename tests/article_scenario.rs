@@ -31,19 +31,35 @@ async fn article_serial_scenario_holds_against_postgres() {
     let name = "article";
 
     // A acquires at 0 for 5 units.
-    let a = m.try_acquire(name, "A", UNIT * 5).await.expect("A acquires");
+    let a = m
+        .try_acquire(name, "A", UNIT * 5)
+        .await
+        .expect("A acquires");
     let t0 = a.acquired_at();
     db.wait_until_db_time(at(t0, 2)).await;
-    fenced_write(&m, name, a.token(), "a-1").await.expect("A writes at 2");
+    fenced_write(&m, name, a.token(), "a-1")
+        .await
+        .expect("A writes at 2");
 
     // Renew at 4 to expiry 9.
     db.wait_until_db_time(at(t0, 4)).await;
-    let expiry = m.renew(name, a.token(), UNIT * 5).await.expect("A renews at 4");
-    assert!(expiry > at(t0, 9), "renewal at 4 moves expiry past 9: {expiry}");
-    assert!(expiry < at(t0, 11), "renewal at 4 for 5 units ends near 9: {expiry}");
+    let expiry = m
+        .renew(name, a.token(), UNIT * 5)
+        .await
+        .expect("A renews at 4");
+    assert!(
+        expiry > at(t0, 9),
+        "renewal at 4 moves expiry past 9: {expiry}"
+    );
+    assert!(
+        expiry < at(t0, 11),
+        "renewal at 4 for 5 units ends near 9: {expiry}"
+    );
 
     db.wait_until_db_time(at(t0, 8)).await;
-    fenced_write(&m, name, a.token(), "a-2").await.expect("A writes at 8");
+    fenced_write(&m, name, a.token(), "a-2")
+        .await
+        .expect("A writes at 8");
 
     // Expired at 9 (equality is expired): writes and renewal are rejected.
     db.wait_until_db_time(expiry).await;
@@ -56,9 +72,14 @@ async fn article_serial_scenario_holds_against_postgres() {
 
     // B acquires at 10 with a larger token and writes.
     db.wait_until_db_time(at(t0, 10)).await;
-    let b = m.try_acquire(name, "B", UNIT * 5).await.expect("B acquires at 10");
+    let b = m
+        .try_acquire(name, "B", UNIT * 5)
+        .await
+        .expect("B acquires at 10");
     assert!(b.token() > a.token());
-    fenced_write(&m, name, b.token(), "b-1").await.expect("B writes");
+    fenced_write(&m, name, b.token(), "b-1")
+        .await
+        .expect("B writes");
 
     // Stale tokens cannot change data, whoever carries them.
     assert_not_held(fenced_write(&m, name, a.token(), "forbidden").await);
@@ -74,28 +95,48 @@ async fn article_serial_scenario_holds_against_postgres() {
 
     // B reacquires under a new token; its old token can neither release
     // nor renew the new lease.
-    let new_b = m.try_acquire(name, "B", UNIT * 5).await.expect("B reacquires");
+    let new_b = m
+        .try_acquire(name, "B", UNIT * 5)
+        .await
+        .expect("B reacquires");
     assert!(new_b.token() > b.token());
     assert!(!m.release(name, b.token()).await.expect("release call"));
     assert!(matches!(
         m.renew(name, b.token(), UNIT * 5).await,
         Err(Error::Lost { .. })
     ));
-    fenced_write(&m, name, new_b.token(), "new-b").await.expect("new B writes");
-    assert!(m.release(name, new_b.token()).await.expect("new B releases"));
+    fenced_write(&m, name, new_b.token(), "new-b")
+        .await
+        .expect("new B writes");
+    assert!(
+        m.release(name, new_b.token())
+            .await
+            .expect("new B releases")
+    );
 
-    let c = m.try_acquire(name, "C", UNIT * 5).await.expect("C acquires");
+    let c = m
+        .try_acquire(name, "C", UNIT * 5)
+        .await
+        .expect("C acquires");
     assert!(c.token() > new_b.token());
-    fenced_write(&m, name, c.token(), "c-1").await.expect("C writes");
+    fenced_write(&m, name, c.token(), "c-1")
+        .await
+        .expect("C writes");
     assert_eq!(data_value(&db).await, "c-1");
 
     // Invalid TTLs are rejected.
     assert!(matches!(
         m.try_acquire(name, "D", Duration::ZERO).await,
-        Err(Error::InvalidInput { argument: "ttl", .. })
+        Err(Error::InvalidInput {
+            argument: "ttl",
+            ..
+        })
     ));
     assert!(matches!(
         m.renew(name, c.token(), Duration::ZERO).await,
-        Err(Error::InvalidInput { argument: "ttl", .. })
+        Err(Error::InvalidInput {
+            argument: "ttl",
+            ..
+        })
     ));
 }

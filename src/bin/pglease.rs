@@ -14,7 +14,11 @@ const EXIT_DATABASE: u8 = 5;
 const EXIT_USAGE: u8 = 2;
 
 #[derive(Parser, Debug)]
-#[command(name = "pglease", version, about = "Leases with fencing tokens enforced by PostgreSQL")]
+#[command(
+    name = "pglease",
+    version,
+    about = "Leases with fencing tokens enforced by PostgreSQL"
+)]
 struct Cli {
     /// PostgreSQL URL; without it (and without DATABASE_URL) the libpq
     /// defaults apply: PGHOST, PGPORT, PGUSER, PGDATABASE, ... then localhost:5432.

@@ -136,10 +136,12 @@ impl TestDb {
             NEXT_DB.fetch_add(1, Ordering::Relaxed)
         );
         let mut admin = server.connect().await.expect("connect to the test server");
-        sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
-            .execute(&mut admin)
-            .await
-            .expect("drop a leftover test database");
+        sqlx::query(AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        )))
+        .execute(&mut admin)
+        .await
+        .expect("drop a leftover test database");
         sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut admin)
             .await
@@ -258,9 +260,11 @@ impl Drop for TestDb {
             };
             rt.block_on(async move {
                 if let Ok(mut admin) = server.connect().await {
-                    let _ = sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
-                        .execute(&mut admin)
-                        .await;
+                    let _ = sqlx::query(AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                    )))
+                    .execute(&mut admin)
+                    .await;
                     let _ = admin.close().await;
                 }
             });

@@ -1,0 +1,108 @@
+//! Many tasks racing for one name: exactly one winner per round, and tokens
+//! strictly increasing across rounds, whether the lease was released,
+//! expired, or never acquired before.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::TestDb;
+use pglease::Error;
+use tokio::sync::Barrier;
+
+const RACERS: usize = 8;
+const ROUNDS: usize = 12;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_acquirers_have_one_winner_per_round_and_increasing_tokens() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let mut last_token = 0;
+    let mut last_expiry = None;
+    for round in 0..ROUNDS {
+        // Odd rounds hand over by expiry, the others by release (and round
+        // 0 races to create the row).
+        if let Some(expiry) = last_expiry.take() {
+            db.wait_until_db_time(expiry).await;
+        }
+        let barrier = Arc::new(Barrier::new(RACERS));
+        let ttl = if round % 2 == 1 {
+            Duration::from_millis(150)
+        } else {
+            Duration::from_secs(600)
+        };
+        let tasks: Vec<_> = (0..RACERS)
+            .map(|i| {
+                let m = m.clone();
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    m.try_acquire("hot", &format!("worker-{i}"), ttl).await
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for task in tasks {
+            match task.await.expect("racer task") {
+                Ok(lease) => winners.push(lease),
+                Err(Error::Held { .. }) => {}
+                Err(e) => panic!("round {round}: unexpected error {e}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
+        let winner = winners.remove(0);
+        assert!(
+            winner.token() > last_token,
+            "round {round}: token {} after {last_token}",
+            winner.token()
+        );
+        last_token = winner.token();
+        let status = m.inspect("hot").await.expect("inspect");
+        assert_eq!(status.token, Some(winner.token()));
+        assert_eq!(status.holder.as_deref(), Some(winner.holder()));
+        if round % 2 == 1 {
+            last_expiry = Some(winner.expires_at());
+        } else {
+            assert!(m.release("hot", winner.token()).await.expect("release"));
+        }
+    }
+}
+
+/// Losers of a race for a held lease draw no token: the sequence advances
+/// once per successful acquisition only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failed_attempts_on_a_held_lease_issue_no_token() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let lease = m
+        .try_acquire("hot", "owner", Duration::from_secs(600))
+        .await
+        .expect("acquire");
+    let barrier = Arc::new(Barrier::new(RACERS));
+    let tasks: Vec<_> = (0..RACERS)
+        .map(|i| {
+            let m = m.clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                for _ in 0..20 {
+                    let attempt = m
+                        .try_acquire("hot", &format!("w{i}"), Duration::from_secs(1))
+                        .await;
+                    assert!(matches!(attempt, Err(Error::Held { .. })), "{attempt:?}");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("attempts");
+    }
+    let next = m.advance("probe", 1).await;
+    assert!(next.is_ok());
+    let last_value: i64 = sqlx::query_scalar("SELECT last_value FROM pglease.fence_seq")
+        .fetch_one(db.pool())
+        .await
+        .expect("sequence");
+    assert_eq!(last_value, lease.token(), "a failed attempt drew a token");
+}

@@ -1,0 +1,149 @@
+//! Every kind of bad input is rejected with a typed error (in Rust) or
+//! SQLSTATE 22023 (in SQL), and leaves the database exactly as it was.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestDb;
+use pglease::{Error, MAX_NAME_BYTES, MAX_TTL};
+
+const TTL: Duration = Duration::from_secs(60);
+
+fn bad_names() -> Vec<(&'static str, String)> {
+    vec![
+        ("empty", String::new()),
+        ("too long", "n".repeat(MAX_NAME_BYTES + 1)),
+        (
+            "too many bytes of UTF-8",
+            "é".repeat(MAX_NAME_BYTES / 2 + 1),
+        ),
+        ("NUL byte", "a\0b".to_owned()),
+    ]
+}
+
+fn assert_invalid<T: std::fmt::Debug>(what: &str, result: Result<T, Error>, argument: &str) {
+    match result {
+        Err(Error::InvalidInput { argument: got, .. }) => {
+            assert_eq!(got, argument, "{what}: wrong argument named")
+        }
+        other => panic!("{what}: expected InvalidInput for {argument}, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn library_rejects_bad_input_before_touching_the_database() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let lease = m.try_acquire("ok", "A", TTL).await.expect("acquire");
+    m.advance("res", 5).await.expect("advance");
+    let before = db.snapshot().await;
+
+    for (what, bad) in bad_names() {
+        assert_invalid(what, m.try_acquire(&bad, "A", TTL).await, "name");
+        assert_invalid(what, m.try_acquire("ok2", &bad, TTL).await, "holder");
+        assert_invalid(what, m.renew(&bad, lease.token(), TTL).await, "name");
+        assert_invalid(what, m.release(&bad, lease.token()).await, "name");
+        assert_invalid(what, m.inspect(&bad).await, "name");
+        assert_invalid(what, m.begin_fenced(&bad, lease.token()).await, "name");
+        assert_invalid(what, m.advance(&bad, 6).await, "resource");
+    }
+    let bad_ttls = [
+        ("zero", Duration::ZERO),
+        ("over the maximum", MAX_TTL + Duration::from_nanos(1)),
+        ("overflowing", Duration::MAX),
+    ];
+    for (what, ttl) in bad_ttls {
+        assert_invalid(what, m.try_acquire("ok2", "A", ttl).await, "ttl");
+        assert_invalid(what, m.renew("ok", lease.token(), ttl).await, "ttl");
+    }
+    assert_invalid("zero token", m.advance("res", 0).await, "token");
+    assert_invalid("negative token", m.advance("res", -1).await, "token");
+
+    assert_eq!(
+        db.snapshot().await,
+        before,
+        "a rejected call changed the database"
+    );
+    // The limits themselves are accepted.
+    let longest = "n".repeat(MAX_NAME_BYTES);
+    m.try_acquire(&longest, &longest, MAX_TTL)
+        .await
+        .expect("limits are valid");
+}
+
+/// Runs `sql` and returns its SQLSTATE.
+async fn sqlstate(db: &TestDb, sql: &'static str) -> String {
+    match sqlx::query(sql).execute(db.pool()).await {
+        Ok(_) => panic!("{sql}: accepted"),
+        Err(e) => e
+            .as_database_error()
+            .and_then(|d| d.code())
+            .map(|c| c.into_owned())
+            .unwrap_or_else(|| panic!("{sql}: not a database error: {e}")),
+    }
+}
+
+#[tokio::test]
+async fn sql_functions_reject_bad_input_with_22023() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    m.try_acquire("ok", "A", TTL).await.expect("acquire");
+    m.advance("res", 5).await.expect("advance");
+    let before = db.snapshot().await;
+
+    let calls = [
+        "SELECT * FROM pglease.acquire(NULL, 'A', '1s')",
+        "SELECT * FROM pglease.acquire('', 'A', '1s')",
+        "SELECT * FROM pglease.acquire(repeat('n', 256), 'A', '1s')",
+        "SELECT * FROM pglease.acquire(repeat('é', 128), 'A', '1s')",
+        "SELECT * FROM pglease.acquire('x', NULL, '1s')",
+        "SELECT * FROM pglease.acquire('x', '', '1s')",
+        "SELECT * FROM pglease.acquire('x', repeat('h', 256), '1s')",
+        "SELECT * FROM pglease.acquire('x', 'A', NULL)",
+        "SELECT * FROM pglease.acquire('x', 'A', '0s')",
+        "SELECT * FROM pglease.acquire('x', 'A', '-1s')",
+        "SELECT * FROM pglease.acquire('x', 'A', '7 days 1 microsecond')",
+        "SELECT * FROM pglease.acquire('x', 'A', '1 mon')",
+        "SELECT * FROM pglease.acquire('x', 'A', '-1 day 23 hours')",
+        "SELECT pglease.renew(NULL, 1, '1s')",
+        "SELECT pglease.renew('ok', NULL, '1s')",
+        "SELECT pglease.renew('ok', 1, NULL)",
+        "SELECT pglease.renew('ok', 1, '0s')",
+        "SELECT pglease.renew('ok', 1, '8 days')",
+        "SELECT pglease.release(NULL, 1)",
+        "SELECT pglease.release('', 1)",
+        "SELECT pglease.release('ok', NULL)",
+        "SELECT pglease.assert_held(NULL, 1)",
+        "SELECT pglease.assert_held('ok', NULL)",
+        "SELECT pglease.advance(NULL, 1)",
+        "SELECT pglease.advance('', 1)",
+        "SELECT pglease.advance(repeat('r', 256), 1)",
+        "SELECT pglease.advance('res', NULL)",
+        "SELECT pglease.advance('res', 0)",
+        "SELECT pglease.advance('res', -7)",
+    ];
+    for sql in calls {
+        assert_eq!(sqlstate(&db, sql).await, "22023", "{sql}");
+    }
+    assert_eq!(
+        db.snapshot().await,
+        before,
+        "a rejected call changed the database"
+    );
+}
+
+#[tokio::test]
+async fn database_errors_for_bad_input_map_to_invalid_input() {
+    let db = TestDb::new().await;
+    let err = sqlx::query("SELECT * FROM pglease.acquire('x', 'A', '0s')")
+        .execute(db.pool())
+        .await
+        .expect_err("zero ttl");
+    match Error::from(err) {
+        Error::InvalidInput { reason, .. } => {
+            assert!(reason.contains("ttl must be greater than zero"), "{reason}")
+        }
+        other => panic!("expected InvalidInput, got {other:?}"),
+    }
+}

@@ -1,0 +1,192 @@
+//! Guarded writes: the database, not the client, rejects a write whose
+//! token is stale or expired, at the moment the write is checked.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestDb, create_data_table, data_value, fenced_write};
+use pglease::Error;
+use sqlx::Connection;
+
+const LONG: Duration = Duration::from_secs(600);
+const SHORT: Duration = Duration::from_millis(300);
+
+fn expect_not_held<T: std::fmt::Debug>(result: Result<T, Error>) -> String {
+    match result {
+        Err(Error::NotHeld { message }) => message,
+        other => panic!("expected the database to reject with LE001, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn guarded_write_commits_under_valid_lease() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    let lease = m.try_acquire("data", "A", LONG).await.expect("acquire");
+    fenced_write(&m, "data", lease.token(), "a-1")
+        .await
+        .expect("write");
+    assert_eq!(data_value(&db).await, "a-1");
+}
+
+#[tokio::test]
+async fn guarded_write_rejected_after_expiry() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    let lease = m.try_acquire("data", "A", SHORT).await.expect("acquire");
+    db.wait_until_db_time(lease.expires_at()).await;
+    let message = expect_not_held(fenced_write(&m, "data", lease.token(), "late").await);
+    assert!(message.contains("expired"), "{message}");
+    assert!(
+        message.contains("'data'"),
+        "message names the lease: {message}"
+    );
+    assert_eq!(data_value(&db).await, "initial");
+}
+
+#[tokio::test]
+async fn guarded_write_rejected_after_takeover() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    let old = m.try_acquire("data", "A", SHORT).await.expect("A acquires");
+    db.wait_until_db_time(old.expires_at()).await;
+    let new = m
+        .try_acquire("data", "B", LONG)
+        .await
+        .expect("B takes over");
+    fenced_write(&m, "data", new.token(), "b-1")
+        .await
+        .expect("B writes");
+    let message = expect_not_held(fenced_write(&m, "data", old.token(), "stale").await);
+    assert!(message.contains("stale"), "{message}");
+    assert_eq!(data_value(&db).await, "b-1");
+}
+
+#[tokio::test]
+async fn guarded_write_rejected_after_release() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    let lease = m.try_acquire("data", "A", LONG).await.expect("acquire");
+    assert!(m.release("data", lease.token()).await.expect("release"));
+    let message = expect_not_held(fenced_write(&m, "data", lease.token(), "late").await);
+    assert!(message.contains("released"), "{message}");
+    expect_not_held(fenced_write(&m, "never", 1, "x").await);
+    assert_eq!(data_value(&db).await, "initial");
+}
+
+/// `now()` is the transaction's start time: a check made late in a long
+/// transaction must use the clock at the check, and so reject.
+#[tokio::test]
+async fn transaction_begun_while_valid_is_rejected_when_it_checks_after_expiry() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    let lease = m.try_acquire("data", "A", SHORT).await.expect("acquire");
+
+    let mut conn = db.connect().await;
+    let mut tx = conn.begin().await.expect("begin");
+    let started: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *tx)
+        .await
+        .expect("transaction start time");
+    assert!(
+        started < lease.expires_at(),
+        "the transaction began while valid"
+    );
+    db.wait_until_db_time(lease.expires_at()).await;
+    let message = expect_not_held(pglease::assert_held(&mut tx, "data", lease.token()).await);
+    assert!(message.contains("expired"), "{message}");
+    drop(tx);
+    assert_eq!(data_value(&db).await, "initial");
+}
+
+#[tokio::test]
+async fn fenced_transaction_recheck_rejects_after_expiry_and_nothing_commits() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    let lease = m.try_acquire("data", "A", SHORT).await.expect("acquire");
+    let mut tx = m
+        .begin_fenced("data", lease.token())
+        .await
+        .expect("begin fenced");
+    assert_eq!(tx.token(), lease.token());
+    sqlx::query("UPDATE data SET value = 'first step' WHERE id = 1")
+        .execute(&mut *tx)
+        .await
+        .expect("write while valid");
+    db.wait_until_db_time(lease.expires_at()).await;
+    expect_not_held(tx.recheck().await);
+    // The failed check aborted the transaction: committing it is refused,
+    // and its earlier write is lost.
+    expect_not_held(tx.commit().await);
+    assert_eq!(data_value(&db).await, "initial");
+}
+
+#[tokio::test]
+async fn fenced_closure_rolls_back_on_error() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    let lease = m.try_acquire("data", "A", LONG).await.expect("acquire");
+    let outcome: Result<(), Error> = m
+        .fenced("data", lease.token(), async |conn| {
+            sqlx::query("UPDATE data SET value = 'rolled back' WHERE id = 1")
+                .execute(&mut *conn)
+                .await
+                .map_err(Error::from)?;
+            Err(Error::Lost {
+                name: "data".into(),
+                token: 0,
+            })
+        })
+        .await;
+    assert!(outcome.is_err());
+    assert_eq!(data_value(&db).await, "initial");
+}
+
+/// The one-statement guarded write documented in the README: the check and
+/// the write share one autocommit transaction.
+#[tokio::test]
+async fn single_statement_guarded_write() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    let old = m.try_acquire("data", "A", SHORT).await.expect("A acquires");
+    const GUARDED_UPDATE: &str = "WITH fence AS (SELECT pglease.assert_held($1, $2)) \
+         UPDATE data SET value = $3 FROM fence WHERE id = 1";
+    sqlx::query(GUARDED_UPDATE)
+        .bind("data")
+        .bind(old.token())
+        .bind("a-1")
+        .execute(db.pool())
+        .await
+        .expect("guarded update while valid");
+    assert_eq!(data_value(&db).await, "a-1");
+    db.wait_until_db_time(old.expires_at()).await;
+    let new = m
+        .try_acquire("data", "B", LONG)
+        .await
+        .expect("B takes over");
+    let err = sqlx::query(GUARDED_UPDATE)
+        .bind("data")
+        .bind(old.token())
+        .bind("stale")
+        .execute(db.pool())
+        .await
+        .expect_err("stale guarded update");
+    expect_not_held::<()>(Err(Error::from(err)));
+    sqlx::query(GUARDED_UPDATE)
+        .bind("data")
+        .bind(new.token())
+        .bind("b-1")
+        .execute(db.pool())
+        .await
+        .expect("guarded update by the new holder");
+    assert_eq!(data_value(&db).await, "b-1");
+}

@@ -1,0 +1,195 @@
+//! Renew and release are keyed on the token of one acquisition: stale,
+//! delayed or duplicated requests change nothing, also when the holder
+//! name is reused.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestDb;
+use pglease::Error;
+
+const LONG: Duration = Duration::from_secs(600);
+
+#[tokio::test]
+async fn same_holder_delayed_release_cannot_end_new_lease() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let first = m
+        .try_acquire("job", "B", LONG)
+        .await
+        .expect("first acquisition");
+    assert!(m.release("job", first.token()).await.expect("release"));
+    let second = m
+        .try_acquire("job", "B", LONG)
+        .await
+        .expect("second acquisition");
+    assert!(second.token() > first.token());
+
+    let before = db.snapshot().await;
+    // The delayed duplicate of the first release arrives now.
+    assert!(
+        !m.release("job", first.token())
+            .await
+            .expect("delayed release")
+    );
+    assert_eq!(
+        db.snapshot().await,
+        before,
+        "a stale release changed the lease"
+    );
+    let status = m.inspect("job").await.expect("inspect");
+    assert!(status.held);
+    assert_eq!(status.token, Some(second.token()));
+    assert_eq!(status.holder.as_deref(), Some("B"));
+}
+
+#[tokio::test]
+async fn stale_renew_is_lost_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let first = m.try_acquire("job", "A", LONG).await.expect("acquire");
+    assert!(m.release("job", first.token()).await.expect("release"));
+    let second = m.try_acquire("job", "A", LONG).await.expect("reacquire");
+
+    let before = db.snapshot().await;
+    match m.renew("job", first.token(), LONG).await {
+        Err(Error::Lost { name, token }) => {
+            assert_eq!(name, "job");
+            assert_eq!(token, first.token());
+        }
+        other => panic!("a stale renewal must report the lease lost, got {other:?}"),
+    }
+    assert_eq!(
+        db.snapshot().await,
+        before,
+        "a stale renewal changed the lease"
+    );
+    m.renew("job", second.token(), LONG)
+        .await
+        .expect("current token renews");
+}
+
+#[tokio::test]
+async fn duplicate_release_is_harmless() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let lease = m.try_acquire("job", "A", LONG).await.expect("acquire");
+    assert!(m.release("job", lease.token()).await.expect("release"));
+    let before = db.snapshot().await;
+    assert!(
+        !m.release("job", lease.token())
+            .await
+            .expect("duplicate release")
+    );
+    assert_eq!(db.snapshot().await, before);
+    let status = m.inspect("job").await.expect("inspect");
+    assert!(!status.held);
+    assert_eq!(status.holder, None);
+    assert_eq!(status.remaining, None);
+    assert_eq!(status.token, Some(lease.token()));
+}
+
+#[tokio::test]
+async fn unexpired_lease_is_not_reentrant() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let lease = m.try_acquire("job", "A", LONG).await.expect("acquire");
+    let before = db.snapshot().await;
+    for who in ["A", "B"] {
+        match m.try_acquire("job", who, LONG).await {
+            Err(Error::Held {
+                holder, expires_at, ..
+            }) => {
+                assert_eq!(holder, "A");
+                assert_eq!(expires_at, lease.expires_at());
+            }
+            other => panic!("{who} acquired a held lease: {other:?}"),
+        }
+    }
+    // No token was drawn and nothing was written by the failed attempts.
+    assert_eq!(db.snapshot().await, before);
+}
+
+#[tokio::test]
+async fn release_and_renew_after_expiry_change_nothing() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let lease = m
+        .try_acquire("job", "A", Duration::from_millis(200))
+        .await
+        .expect("acquire");
+    db.wait_until_db_time(lease.expires_at()).await;
+
+    let before = db.snapshot().await;
+    assert!(
+        !m.release("job", lease.token())
+            .await
+            .expect("release after expiry")
+    );
+    assert!(matches!(
+        m.renew("job", lease.token(), LONG).await,
+        Err(Error::Lost { .. })
+    ));
+    assert_eq!(db.snapshot().await, before);
+    let status = m.inspect("job").await.expect("inspect");
+    assert!(!status.held);
+    assert_eq!(status.holder.as_deref(), Some("A"), "expired, not released");
+}
+
+#[tokio::test]
+async fn takeover_after_expiry_issues_larger_token_and_fences_old_holder() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let old = m
+        .try_acquire("job", "A", Duration::from_millis(200))
+        .await
+        .expect("A acquires");
+    db.wait_until_db_time(old.expires_at()).await;
+    let new = m.try_acquire("job", "B", LONG).await.expect("B takes over");
+    assert!(new.token() > old.token());
+    assert!(!m.release("job", old.token()).await.expect("old release"));
+    assert!(matches!(
+        m.renew("job", old.token(), LONG).await,
+        Err(Error::Lost { .. })
+    ));
+    assert!(m.inspect("job").await.expect("inspect").held);
+}
+
+#[tokio::test]
+async fn renew_moves_expiry_on_database_clock() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let lease = m
+        .try_acquire("job", "A", Duration::from_secs(5))
+        .await
+        .expect("acquire");
+    let before = db.db_now().await;
+    let expiry = m
+        .renew("job", lease.token(), Duration::from_secs(60))
+        .await
+        .expect("renew");
+    let after = db.db_now().await;
+    assert!(expiry >= before + chrono::TimeDelta::seconds(60));
+    assert!(expiry <= after + chrono::TimeDelta::seconds(60));
+    let status = m.inspect("job").await.expect("inspect");
+    assert_eq!(status.expires_at, Some(expiry));
+    let remaining = status.remaining.expect("held lease has time left");
+    assert!(remaining > Duration::from_secs(55) && remaining <= Duration::from_secs(60));
+}
+
+#[tokio::test]
+async fn never_acquired_lease_reports_no_holder() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let status = m.inspect("nothing").await.expect("inspect");
+    assert_eq!(status.holder, None);
+    assert_eq!(status.token, None);
+    assert!(!status.held);
+    assert!(!m.release("nothing", 1).await.expect("release"));
+    assert!(matches!(
+        m.renew("nothing", 1, LONG).await,
+        Err(Error::Lost { .. })
+    ));
+    assert!(m.list().await.expect("list").is_empty());
+}
