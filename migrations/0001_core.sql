@@ -91,10 +91,13 @@ CREATE TYPE pglease.acquisition AS (
 -- naming the argument, raised before anything is read or written.
 ------------------------------------------------------------------------
 
+-- The helpers use only built-in functions (pg_catalog is always searched
+-- first) and carry no SET clause, so that calling them stays cheap. They
+-- return their argument so that callers can use them in an assignment,
+-- which PL/pgSQL evaluates without going through SPI.
 CREATE FUNCTION pglease._check_text(argument text, value text)
-RETURNS void
+RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF value IS NULL THEN
@@ -110,19 +113,20 @@ BEGIN
             MESSAGE = format('pglease: %s is %s bytes long; the limit is 255 bytes of UTF-8',
                              argument, octet_length(value));
     END IF;
+    RETURN value;
 END
 $$;
 
 CREATE FUNCTION pglease._check_token(token bigint)
-RETURNS void
+RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF token IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = 'pglease: token must not be NULL';
     END IF;
+    RETURN token;
 END
 $$;
 
@@ -130,7 +134,6 @@ $$;
 CREATE FUNCTION pglease._check_ttl(ttl interval)
 RETURNS interval
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     seconds numeric;
@@ -158,7 +161,6 @@ $$;
 CREATE FUNCTION pglease._durable_commit()
 RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
@@ -177,14 +179,15 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    checked   text;
     exact_ttl interval;
     cur       pglease.leases%ROWTYPE;
     found_row boolean;
     t         timestamptz;
     result    pglease.acquisition;
 BEGIN
-    PERFORM pglease._check_text('name', acquire.name);
-    PERFORM pglease._check_text('holder', acquire.holder);
+    checked := pglease._check_text('name', acquire.name);
+    checked := pglease._check_text('holder', acquire.holder);
     exact_ttl := pglease._check_ttl(acquire.ttl);
 
     -- Fast path, read-only: a lease that is held and unexpired is reported
@@ -249,11 +252,13 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    exact_ttl interval;
-    new_expiry timestamptz;
+    checked       text;
+    checked_token bigint;
+    exact_ttl     interval;
+    new_expiry    timestamptz;
 BEGIN
-    PERFORM pglease._check_text('name', renew.name);
-    PERFORM pglease._check_token(renew.token);
+    checked := pglease._check_text('name', renew.name);
+    checked_token := pglease._check_token(renew.token);
     exact_ttl := pglease._check_ttl(renew.ttl);
 
     -- clock_timestamp() in the WHERE clause is evaluated again if the
@@ -284,9 +289,12 @@ RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    checked       text;
+    checked_token bigint;
 BEGIN
-    PERFORM pglease._check_text('name', release.name);
-    PERFORM pglease._check_token(release.token);
+    checked := pglease._check_text('name', release.name);
+    checked_token := pglease._check_token(release.token);
 
     -- Keyed on the token, not the holder name: a delayed or duplicated
     -- release from an earlier acquisition by the same holder matches
@@ -317,11 +325,13 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    cur pglease.leases%ROWTYPE;
-    t   timestamptz;
+    checked       text;
+    checked_token bigint;
+    cur           pglease.leases%ROWTYPE;
+    t             timestamptz;
 BEGIN
-    PERFORM pglease._check_text('name', assert_held.name);
-    PERFORM pglease._check_token(assert_held.token);
+    checked := pglease._check_text('name', assert_held.name);
+    checked_token := pglease._check_token(assert_held.token);
 
     -- FOR KEY SHARE lasts until the caller's transaction ends and blocks
     -- the key update every acquisition makes: no other acquisition of this
@@ -355,7 +365,7 @@ BEGIN
 
     -- Record the declaration for the rest of the transaction (protected
     -- tables read it): a JSON object mapping lease name to token.
-    PERFORM set_config('pglease.declared',
+    checked := set_config('pglease.declared',
         (coalesce(nullif(current_setting('pglease.declared', true), ''), '{}')::jsonb
             || jsonb_build_object(assert_held.name, assert_held.token))::text,
         true);
@@ -377,11 +387,13 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    highest bigint;
-    accepted boolean;
+    checked       text;
+    checked_token bigint;
+    highest       bigint;
+    accepted      boolean;
 BEGIN
-    PERFORM pglease._check_text('resource', advance.resource);
-    PERFORM pglease._check_token(advance.token);
+    checked := pglease._check_text('resource', advance.resource);
+    checked_token := pglease._check_token(advance.token);
     IF advance.token <= 0 THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('pglease: token must be positive, got %s', advance.token);

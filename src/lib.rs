@@ -3,6 +3,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod connect;
+pub mod demo;
 mod error;
 mod fenced;
 mod input;

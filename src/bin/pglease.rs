@@ -37,6 +37,8 @@ struct Cli {
 enum Command {
     /// Create or upgrade the `pglease` schema.
     Migrate,
+    /// Show a paused holder's late write rejected by PostgreSQL (about 4 s).
+    Demo,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -57,6 +59,23 @@ async fn main() -> ExitCode {
                 ExitCode::from(EXIT_DATABASE)
             }
         },
+        Command::Demo => {
+            if let Err(e) = manager.migrate().await {
+                eprintln!("pglease: migration failed: {e}");
+                return ExitCode::from(EXIT_DATABASE);
+            }
+            let name = format!("pglease-demo-{}", std::process::id());
+            let unit = Duration::from_millis(300);
+            match pglease::demo::paused_holder(&manager, &name, unit, |line| println!("{line}"))
+                .await
+            {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("pglease: demo failed: {e}");
+                    ExitCode::from(EXIT_DATABASE)
+                }
+            }
+        }
     }
 }
 
