@@ -105,8 +105,14 @@ impl From<sqlx::Error> for Error {
             Some(SQLSTATE_NOT_HELD) => Error::NotHeld { message },
             Some(SQLSTATE_NOT_DECLARED) => Error::NotDeclared { message },
             Some(SQLSTATE_INVALID_INPUT) if message.starts_with("pglease: ") => {
+                // The functions' messages start with the argument's name.
+                let named = message.trim_start_matches("pglease: ");
+                let argument = ["name", "holder", "ttl", "token", "resource"]
+                    .into_iter()
+                    .find(|a| named.starts_with(&format!("{a} ")))
+                    .unwrap_or("argument");
                 Error::InvalidInput {
-                    argument: "argument",
+                    argument,
                     reason: message,
                 }
             }

@@ -141,7 +141,8 @@ async fn database_errors_for_bad_input_map_to_invalid_input() {
         .await
         .expect_err("zero ttl");
     match Error::from(err) {
-        Error::InvalidInput { reason, .. } => {
+        Error::InvalidInput { argument, reason } => {
+            assert_eq!(argument, "ttl");
             assert!(reason.contains("ttl must be greater than zero"), "{reason}")
         }
         other => panic!("expected InvalidInput, got {other:?}"),
