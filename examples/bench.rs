@@ -69,6 +69,21 @@ where
     Arc::new(move |c| Box::pin(f(c)) as BoxFut)
 }
 
+/// The unguarded write every guarded write is compared with.
+fn raw_update(pool: &PgPool) -> Op {
+    let pool = pool.clone();
+    op(move |c| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(RAW_UPDATE)
+                .bind(c as i32)
+                .execute(&pool)
+                .await?;
+            Ok(())
+        }
+    })
+}
+
 async fn setup() -> Result<PgPool, Error> {
     let server = match std::env::var("DATABASE_URL") {
         Ok(url) => url.parse::<PgConnectOptions>()?,
@@ -228,19 +243,7 @@ async fn main() -> Result<(), Error> {
             ),
             (
                 "guarded write, one statement (vs unguarded UPDATE)",
-                {
-                    let pool = pool.clone();
-                    op(move |c| {
-                        let pool = pool.clone();
-                        async move {
-                            sqlx::query(RAW_UPDATE)
-                                .bind(c as i32)
-                                .execute(&pool)
-                                .await?;
-                            Ok(())
-                        }
-                    })
-                },
+                raw_update(&pool),
                 {
                     let pool = pool.clone();
                     let tokens = tokens.clone();

@@ -34,6 +34,26 @@ async fn wait_until_blocked(db: &TestDb, pid: i32) {
     }
 }
 
+/// Starts B's acquisition of lease "data" on a connection of its own and
+/// returns once PostgreSQL shows it waiting on a lock.
+async fn spawn_blocked_acquire(db: &TestDb) -> tokio::task::JoinHandle<Option<i64>> {
+    let mut b_conn = db.connect().await;
+    let b_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut b_conn)
+        .await
+        .expect("pid");
+    let b = tokio::spawn(async move {
+        let row: (Option<i64>,) =
+            sqlx::query_as("SELECT token FROM pglease.acquire('data', 'B', '10 min')")
+                .fetch_one(&mut b_conn)
+                .await
+                .expect("B's acquire");
+        row.0
+    });
+    wait_until_blocked(db, b_pid).await;
+    b
+}
+
 #[tokio::test]
 async fn open_fenced_transaction_holds_off_takeover_until_commit() {
     let db = TestDb::new().await;
@@ -51,22 +71,7 @@ async fn open_fenced_transaction_holds_off_takeover_until_commit() {
     // A's lease expires while its checked transaction is still open.
     db.wait_until_db_time(old.expires_at()).await;
 
-    // B's acquisition runs on a connection of its own, so that the test
-    // can see it wait.
-    let mut b_conn = db.connect().await;
-    let b_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut b_conn)
-        .await
-        .expect("pid");
-    let b = tokio::spawn(async move {
-        let row: (Option<i64>,) =
-            sqlx::query_as("SELECT token FROM pglease.acquire('data', 'B', '10 min')")
-                .fetch_one(&mut b_conn)
-                .await
-                .expect("B's acquire");
-        row.0
-    });
-    wait_until_blocked(&db, b_pid).await;
+    let b = spawn_blocked_acquire(&db).await;
     assert!(!b.is_finished(), "B acquired while A's check was held");
     let status = m.inspect("data").await.expect("inspect");
     assert_eq!(
@@ -130,20 +135,7 @@ async fn released_lease_is_not_reacquired_until_open_fenced_transaction_ends() {
 
     // The released lease is free, but B's acquisition waits for the
     // transaction that still holds A's check.
-    let mut b_conn = db.connect().await;
-    let b_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut b_conn)
-        .await
-        .expect("pid");
-    let b = tokio::spawn(async move {
-        let row: (Option<i64>,) =
-            sqlx::query_as("SELECT token FROM pglease.acquire('data', 'B', '10 min')")
-                .fetch_one(&mut b_conn)
-                .await
-                .expect("B's acquire");
-        row.0
-    });
-    wait_until_blocked(&db, b_pid).await;
+    let b = spawn_blocked_acquire(&db).await;
     assert!(!b.is_finished());
 
     // A write checked after the release is rejected; the error aborts A's
