@@ -33,7 +33,14 @@ impl LeaseManager {
         // `run_direct` on a plain connection keeps this future `Send`
         // (`Migrator::run` over `Acquire` is not, for a borrowed connection).
         let outcome = migrator().run_direct(None, &mut conn, false).await;
-        // Closing ends the session, and with it any lock a failure left.
+        if outcome.is_err() {
+            // A failure can leave the migrator's advisory lock held. Free it
+            // before returning, not when the server gets round to ending the
+            // session after the close below (that happens asynchronously).
+            let _ = sqlx::query("SELECT pg_advisory_unlock_all()")
+                .execute(&mut conn)
+                .await;
+        }
         let _ = conn.close().await;
         outcome?;
         Ok(())

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestDb, create_data_table, data_value};
+use common::{TestDb, create_data_table, data_value, poll_until};
 use pglease::{Error, LeaseManager};
 use sqlx::Connection;
 
@@ -13,25 +13,21 @@ const LONG: Duration = Duration::from_secs(600);
 
 /// Waits until backend `pid` is blocked on a lock.
 async fn wait_until_blocked(db: &TestDb, pid: i32) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let waiting: bool = sqlx::query_scalar(
-            "SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) \
+    poll_until(
+        "the acquirer to block on a lock",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar(
+                "SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) \
                FROM pg_stat_activity WHERE pid = $1",
-        )
-        .bind(pid)
-        .fetch_one(db.pool())
-        .await
-        .expect("read pg_stat_activity");
-        if waiting {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "backend {pid} never blocked"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+            )
+            .bind(pid)
+            .fetch_one(db.pool())
+            .await
+            .expect("read pg_stat_activity")
+        },
+    )
+    .await
 }
 
 /// Starts B's acquisition of lease "data" on a connection of its own and

@@ -100,13 +100,16 @@ async fn failed_migration_leaves_no_lock_on_the_pool() {
         .await
         .expect("create a conflicting table");
     assert!(db.manager().migrate().await.is_err());
-    // The migration ran on its own connection, now closed: no advisory
-    // lock is left behind, so the next migrator does not hang.
-    let locks: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
-            .fetch_one(db.pool())
-            .await
-            .expect("count advisory locks");
+    // No advisory lock is left behind in this database (other tests run
+    // their migrations at the same time in theirs), so the next migrator
+    // does not hang.
+    let locks: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(db.pool())
+    .await
+    .expect("count advisory locks");
     assert_eq!(locks, 0);
     sqlx::query("DROP TABLE pglease.leases")
         .execute(db.pool())

@@ -208,25 +208,6 @@ impl TestDb {
         }
     }
 
-    /// Polls `probe` until it returns true, failing after `limit`.
-    pub async fn wait_for(&self, what: &str, limit: Duration, probe: &'static str) {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let ok: bool = sqlx::query_scalar(probe)
-                .fetch_one(&self.pool)
-                .await
-                .expect("run a probe query");
-            if ok {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out after {limit:?} waiting for {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
     /// Everything the `pglease` schema stores, as text, to prove that a
     /// rejected call changed nothing.
     pub async fn snapshot(&self) -> String {
@@ -270,6 +251,26 @@ impl Drop for TestDb {
             });
         })
         .join();
+    }
+}
+
+/// Polls `check` every 10 ms until it yields true, failing after `limit`:
+/// the deadline-bounded poll that every wait in the tests goes through.
+pub async fn poll_until<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
