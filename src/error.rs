@@ -9,6 +9,59 @@ pub const SQLSTATE_NOT_HELD: &str = "LE001";
 /// SQLSTATE raised for a write to a protected table without a declared token.
 pub const SQLSTATE_NOT_DECLARED: &str = "LE002";
 
+/// Why a held lease is no longer to be trusted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The local deadline (last confirmed renewal sent + TTL − safety
+    /// margin, on the monotonic clock) passed without a confirmed renewal,
+    /// and no renewal had failed: typically the process or its runtime was
+    /// paused or starved. The database may still show the lease for up to
+    /// the safety margin.
+    Expired,
+    /// The database no longer accepts the token: the lease expired there,
+    /// or was acquired again (`current_token` is then larger).
+    Stale {
+        /// The lease's latest token, if it was ever acquired.
+        current_token: Option<i64>,
+        /// The lease's current or last holder (`None` once released).
+        current_holder: Option<String>,
+    },
+    /// The lease was released: by this process, by a shutdown, or by anyone
+    /// else using the same token.
+    Released,
+    /// Renewals failed or got no answer until the local deadline; the last
+    /// renewal's outcome is unknown (it may still commit).
+    Unreachable {
+        /// The last renewal error seen.
+        error: String,
+    },
+}
+
+impl std::fmt::Display for LossReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LossReason::Expired => {
+                f.write_str("its local deadline passed without a confirmed renewal")
+            }
+            LossReason::Stale {
+                current_token: Some(current),
+                current_holder,
+            } => write!(
+                f,
+                "the database no longer accepts the token (latest token {current}, holder {})",
+                current_holder.as_deref().unwrap_or("none")
+            ),
+            LossReason::Stale { .. } => f.write_str("the database has no such lease"),
+            LossReason::Released => f.write_str("it was released"),
+            LossReason::Unreachable { error } => write!(
+                f,
+                "the database did not confirm a renewal before the local deadline ({error})"
+            ),
+        }
+    }
+}
+
 /// Everything that can go wrong in `pglease`, named for what a caller can do
 /// about it.
 #[derive(Debug, thiserror::Error)]
@@ -52,15 +105,23 @@ pub enum Error {
         message: String,
     },
 
-    /// A renewal found the lease no longer valid: it expired, was released,
-    /// or was taken over. Stop starting new work under this token.
-    #[error("lease {name:?} under token {token} is lost (expired, released or taken over)")]
+    /// The lease is lost: a renewal found it no longer valid, or a held
+    /// lease's local deadline passed without a confirmed renewal. Stop
+    /// starting new work under this token; `reason` says what happened.
+    #[error("lease {name:?} under token {token} is lost: {reason}")]
     Lost {
         /// The lease name.
         name: String,
         /// The token that is no longer valid.
         token: i64,
+        /// Why the lease is considered lost.
+        reason: LossReason,
     },
+
+    /// The manager was shut down ([`LeaseManager::shutdown`](crate::LeaseManager::shutdown)):
+    /// it no longer acquires or holds leases.
+    #[error("the lease manager has been shut down")]
+    ShutDown,
 
     /// Applying the `pglease` schema failed.
     #[error("pglease migration failed: {0}")]

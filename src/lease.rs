@@ -9,9 +9,16 @@ use sqlx::Row;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
-use crate::error::{Error, Result};
+use std::sync::Arc;
+
+use tokio_util::sync::DropGuard;
+
+use crate::error::{Error, LossReason, Result};
+use crate::holding::Shared;
 use crate::input::{check_positive_token, check_text, check_ttl};
+use crate::options::ManagerOptions;
 use crate::sql;
+use crate::waiting::Attempt;
 
 /// A lease acquired by this process: the name, the holder, and the token
 /// (fence) that identifies this acquisition.
@@ -29,6 +36,22 @@ pub struct Lease {
 }
 
 impl Lease {
+    pub(crate) fn new(
+        name: &str,
+        holder: String,
+        token: i64,
+        expires_at: DateTime<Utc>,
+        acquired_at: DateTime<Utc>,
+    ) -> Self {
+        Lease {
+            name: name.to_owned(),
+            holder,
+            token,
+            expires_at,
+            acquired_at,
+        }
+    }
+
     /// The lease name (the resource).
     pub fn name(&self) -> &str {
         &self.name
@@ -99,21 +122,53 @@ impl LeaseStatus {
     }
 }
 
-/// Entry point: acquires, renews, releases and inspects leases, and opens
-/// fenced transactions, through a [`PgPool`].
+/// Entry point: acquires, holds, renews, releases and inspects leases, and
+/// opens fenced transactions, through a [`PgPool`].
 ///
-/// Cheap to clone (it holds the pool). Uses no session state that outlives a
-/// statement, so it works through a transaction-pooling proxy.
-#[derive(Debug, Clone)]
+/// Cheap to clone: clones share one renewal task and one release listener,
+/// which stop when the last clone (and the last [`HeldLease`](crate::HeldLease))
+/// is dropped, or at [`LeaseManager::shutdown`]. Apart from that optional
+/// listener it uses no session state that outlives a transaction, so it
+/// works through a transaction-pooling proxy (turn
+/// [`ManagerOptions::notify`] off there).
+#[derive(Clone)]
 pub struct LeaseManager {
     pool: PgPool,
+    shared: Arc<Shared>,
+    _stop_on_drop: Arc<DropGuard>,
+}
+
+impl std::fmt::Debug for LeaseManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseManager")
+            .field("pool", &self.pool)
+            .field("options", &self.shared.options)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LeaseManager {
-    /// A manager that uses `pool`. Call [`LeaseManager::migrate`] once
-    /// before first use (it is idempotent).
+    /// A manager that uses `pool`, with the default [`ManagerOptions`].
+    /// Call [`LeaseManager::migrate`] once before first use (it is
+    /// idempotent).
     pub fn new(pool: PgPool) -> Self {
-        LeaseManager { pool }
+        Self::build(pool, ManagerOptions::default())
+    }
+
+    /// A manager that uses `pool` with `options`, which are validated.
+    pub fn with_options(pool: PgPool, options: ManagerOptions) -> Result<Self> {
+        options.validate()?;
+        Ok(Self::build(pool, options))
+    }
+
+    fn build(pool: PgPool, options: ManagerOptions) -> Self {
+        let shared = Arc::new(Shared::new(pool.clone(), options));
+        let guard = shared.stop.clone().drop_guard();
+        LeaseManager {
+            pool,
+            shared,
+            _stop_on_drop: Arc::new(guard),
+        }
     }
 
     /// Connects a small pool to `url` and builds a manager on it.
@@ -127,6 +182,15 @@ impl LeaseManager {
         &self.pool
     }
 
+    /// This manager's options.
+    pub fn options(&self) -> &ManagerOptions {
+        &self.shared.options
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// Acquires lease `name` for `holder` for `ttl` if it is free or
     /// expired, without waiting.
     ///
@@ -138,26 +202,13 @@ impl LeaseManager {
         check_text("name", name)?;
         check_text("holder", holder)?;
         let ttl = interval(ttl)?;
-        let row = sqlx::query(sql::ACQUIRE)
-            .bind(name)
-            .bind(holder)
-            .bind(ttl)
-            .fetch_one(&self.pool)
-            .await?;
-        let token: Option<i64> = row.try_get("token")?;
-        let expires_at: DateTime<Utc> = row.try_get("expires_at")?;
-        let current_holder: String = row.try_get("holder")?;
-        match token {
-            Some(token) => Ok(Lease {
+        match self.attempt(name, holder, ttl).await? {
+            Attempt::Acquired { lease, .. } => Ok(lease),
+            Attempt::Held {
+                holder, expires_at, ..
+            } => Err(Error::Held {
                 name: name.to_owned(),
-                holder: current_holder,
-                token,
-                expires_at,
-                acquired_at: row.try_get("checked_at")?,
-            }),
-            None => Err(Error::Held {
-                name: name.to_owned(),
-                holder: current_holder,
+                holder,
                 expires_at,
             }),
         }
@@ -178,10 +229,10 @@ impl LeaseManager {
             .bind(ttl)
             .fetch_one(&self.pool)
             .await?;
-        expires_at.ok_or_else(|| Error::Lost {
-            name: name.to_owned(),
-            token,
-        })
+        match expires_at {
+            Some(expires_at) => Ok(expires_at),
+            None => Err(self.lost(name, token).await),
+        }
     }
 
     /// Ends lease `name` held under `token` at once.
@@ -237,8 +288,30 @@ impl LeaseManager {
     }
 }
 
+impl LeaseManager {
+    /// The error for a lease that `renew` found lost, with the reason read
+    /// from the status view (one extra read, on the failure path only).
+    async fn lost(&self, name: &str, token: i64) -> Error {
+        let reason = match self.inspect(name).await {
+            Ok(status) if status.token == Some(token) && status.holder.is_none() => {
+                LossReason::Released
+            }
+            Ok(status) => LossReason::Stale {
+                current_token: status.token,
+                current_holder: status.holder,
+            },
+            Err(error) => return error,
+        };
+        Error::Lost {
+            name: name.to_owned(),
+            token,
+            reason,
+        }
+    }
+}
+
 /// A validated TTL as a PostgreSQL interval of exact microseconds.
-fn interval(ttl: Duration) -> Result<PgInterval> {
+pub(crate) fn interval(ttl: Duration) -> Result<PgInterval> {
     Ok(PgInterval {
         months: 0,
         days: 0,

@@ -6,14 +6,22 @@ mod connect;
 pub mod demo;
 mod error;
 mod fenced;
+mod holding;
 mod input;
 mod lease;
 mod migrate;
+mod options;
 mod sql;
+mod waiting;
 
 pub use connect::libpq_defaults;
-pub use error::{Error, Result, SQLSTATE_INVALID_INPUT, SQLSTATE_NOT_DECLARED, SQLSTATE_NOT_HELD};
+pub use error::{
+    Error, LossReason, Result, SQLSTATE_INVALID_INPUT, SQLSTATE_NOT_DECLARED, SQLSTATE_NOT_HELD,
+};
 pub use fenced::{FencedTransaction, assert_held};
+pub use holding::{HeldLease, ManagerStats};
 pub use input::{MAX_NAME_BYTES, MAX_TTL};
 pub use lease::{Lease, LeaseManager, LeaseStatus};
 pub use migrate::MIGRATIONS_TABLE;
+pub use options::ManagerOptions;
+pub use waiting::RELEASE_CHANNEL;

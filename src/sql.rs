@@ -10,7 +10,13 @@ pub(crate) const ACQUIRE: &str = "SELECT token, expires_at, holder, checked_at \
 /// Extend a valid lease; NULL when lost. Database clock at the row update.
 pub(crate) const RENEW: &str = "SELECT pglease.renew($1, $2, $3)";
 
-/// End a valid lease; false when it was not valid.
+/// Renew many leases in one statement and one commit (the background
+/// renewal tick). Database clock at each row update.
+pub(crate) const RENEW_MANY: &str = "SELECT name, token, expires_at, renewed, current_token, \
+     current_holder FROM pglease.renew_many($1, $2, $3)";
+
+/// End a valid lease; false when it was not valid. Notifies
+/// `pglease_release` when it ends one.
 pub(crate) const RELEASE: &str = "SELECT pglease.release($1, $2)";
 
 /// Check a token inside a transaction and hold FOR KEY SHARE on the lease
@@ -20,12 +26,20 @@ pub(crate) const ASSERT_HELD: &str = "SELECT pglease.assert_held($1, $2)";
 /// Separate-resource fencing: accept iff the token is the highest seen.
 pub(crate) const ADVANCE: &str = "SELECT pglease.advance($1, $2)";
 
+/// The status view's columns as `LeaseStatus` reads them.
+macro_rules! status_select {
+    ($rest:literal) => {
+        concat!(
+            "SELECT name, holder, token, expires_at, ",
+            "(extract(epoch FROM remaining) * 1000000)::bigint AS remaining_us, held ",
+            "FROM pglease.status ",
+            $rest
+        )
+    };
+}
+
 /// One lease as the status view shows it (database clock at the read).
-pub(crate) const INSPECT: &str = "SELECT name, holder, token, expires_at, \
-     (extract(epoch FROM remaining) * 1000000)::bigint AS remaining_us, held \
-     FROM pglease.status WHERE name = $1";
+pub(crate) const INSPECT: &str = status_select!("WHERE name = $1");
 
 /// Every lease ever acquired, by name.
-pub(crate) const LIST: &str = "SELECT name, holder, token, expires_at, \
-     (extract(epoch FROM remaining) * 1000000)::bigint AS remaining_us, held \
-     FROM pglease.status ORDER BY name";
+pub(crate) const LIST: &str = status_select!("ORDER BY name");

@@ -140,10 +140,7 @@ async fn fenced_closure_rolls_back_on_error() {
                 .execute(&mut *conn)
                 .await
                 .map_err(Error::from)?;
-            Err(Error::Lost {
-                name: "data".into(),
-                token: 0,
-            })
+            Err(Error::ShutDown)
         })
         .await;
     assert!(outcome.is_err());

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::TestDb;
-use pglease::Error;
+use pglease::{Error, LossReason};
 
 const LONG: Duration = Duration::from_secs(600);
 
@@ -54,9 +54,20 @@ async fn stale_renew_is_lost_and_changes_nothing() {
 
     let before = db.snapshot().await;
     match m.renew("job", first.token(), LONG).await {
-        Err(Error::Lost { name, token }) => {
+        Err(Error::Lost {
+            name,
+            token,
+            reason,
+        }) => {
             assert_eq!(name, "job");
             assert_eq!(token, first.token());
+            assert_eq!(
+                reason,
+                LossReason::Stale {
+                    current_token: Some(second.token()),
+                    current_holder: Some("A".to_owned()),
+                }
+            );
         }
         other => panic!("a stale renewal must report the lease lost, got {other:?}"),
     }

@@ -1,0 +1,136 @@
+-- pglease: holding leases over time.
+--
+-- renew_many renews many leases in one statement and one commit, so that a
+-- process holding a thousand leases pays one round trip per renewal tick,
+-- not a thousand. release now announces each release on the channel
+-- 'pglease_release' (payload: the lease name), so that waiting acquirers
+-- wake at once instead of at their next poll.
+--
+-- The CLOCK, LOCKS and DURABILITY rules of 0001_core.sql apply unchanged:
+-- renew_many decides with clock_timestamp() at each row update, takes the
+-- same row lock as renew, and keeps the caller's synchronous_commit.
+
+------------------------------------------------------------------------
+-- renew_many(names, tokens, ttls): renew[i] = renew(names[i], tokens[i], ttls[i])
+------------------------------------------------------------------------
+
+-- One row per requested lease, in no particular order: renewed tells
+-- whether it was renewed; expires_at is the new expiry when it was. When it
+-- was not, current_token and current_holder describe the row as this
+-- statement found it (current_token NULL: the name was never acquired), so
+-- that the caller can tell a takeover from a release or an expiry.
+CREATE FUNCTION pglease.renew_many(names text[], tokens bigint[], ttls interval[])
+RETURNS TABLE (name text, token bigint, expires_at timestamptz, renewed boolean,
+               current_token bigint, current_holder text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    bad     record;
+    checked text;
+BEGIN
+    IF names IS NULL OR tokens IS NULL OR ttls IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'pglease: names, tokens and ttls must not be NULL';
+    END IF;
+    IF cardinality(names) <> cardinality(tokens) OR cardinality(names) <> cardinality(ttls) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('pglease: names, tokens and ttls must have the same length, got %s, %s and %s',
+                             cardinality(names), cardinality(tokens), cardinality(ttls));
+    END IF;
+
+    -- Validation is set-based (one scan of the arguments); only the first
+    -- bad element goes through the scalar checks, for their exact message.
+    SELECT u.ord, u.n, u.t, u.ttl INTO bad
+      FROM unnest(names, tokens, ttls) WITH ORDINALITY AS u(n, t, ttl, ord)
+     WHERE u.n IS NULL OR octet_length(u.n) NOT BETWEEN 1 AND 255
+        OR u.t IS NULL OR u.ttl IS NULL
+        OR extract(epoch FROM u.ttl) <= 0 OR extract(epoch FROM u.ttl) > 604800
+     ORDER BY u.ord
+     LIMIT 1;
+    IF FOUND THEN
+        BEGIN
+            checked := pglease._check_text('name', bad.n);
+            PERFORM pglease._check_token(bad.t);
+            PERFORM pglease._check_ttl(bad.ttl);
+        EXCEPTION WHEN invalid_parameter_value THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = replace(SQLERRM, 'pglease: ', format('pglease: element %s: ', bad.ord));
+        END;
+    END IF;
+    SELECT u.n INTO bad FROM unnest(names) AS u(n) GROUP BY u.n HAVING count(*) > 1 LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('pglease: names must not repeat: %L appears more than once', bad.n);
+    END IF;
+
+    -- One UPDATE for the whole batch, with the same condition as renew.
+    -- The final SELECT reads the rows as they were before the UPDATE (a
+    -- data-modifying CTE is invisible to its own statement), which is what
+    -- the not-renewed rows need: they were not changed.
+    RETURN QUERY
+    WITH req AS (
+        SELECT u.n, u.t, make_interval(secs => extract(epoch FROM u.ttl)::double precision) AS ttl
+          FROM unnest(names, tokens, ttls) AS u(n, t, ttl)
+    ), upd AS (
+        UPDATE pglease.leases AS l
+           SET expires_at = clock_timestamp() + req.ttl,
+               renewed_at = clock_timestamp()
+          FROM req
+         WHERE l.name = req.n
+           AND l.token = req.t
+           AND l.holder IS NOT NULL
+           AND clock_timestamp() < l.expires_at
+        RETURNING l.name, l.expires_at
+    )
+    SELECT req.n, req.t, upd.expires_at, upd.name IS NOT NULL,
+           nullif(cur.token, 0), cur.holder
+      FROM req
+      LEFT JOIN upd ON upd.name = req.n
+      LEFT JOIN pglease.leases AS cur ON cur.name = req.n AND upd.name IS NULL;
+END
+$$;
+
+COMMENT ON FUNCTION pglease.renew_many(text[], bigint[], interval[]) IS
+    'Renew many leases in one statement: element i is renew(names[i], tokens[i], '
+    'ttls[i]). Returns one row per element with renewed = true and the new '
+    'expires_at, or renewed = false and the current token and holder.';
+
+------------------------------------------------------------------------
+-- release(name, token): as in 0001, and announces the release.
+------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION pglease.release(name text, token bigint)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    checked       text;
+    checked_token bigint;
+BEGIN
+    checked := pglease._check_text('name', release.name);
+    checked_token := pglease._check_token(release.token);
+
+    UPDATE pglease.leases AS l
+       SET holder = NULL,
+           expires_at = clock_timestamp(),
+           released_at = clock_timestamp()
+     WHERE l.name = release.name
+       AND l.token = release.token
+       AND l.holder IS NOT NULL
+       AND clock_timestamp() < l.expires_at;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    -- Delivered at commit, and only if the release commits: a listener
+    -- never hears of a release that did not happen.
+    PERFORM pg_notify('pglease_release', release.name);
+    RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION pglease.release(text, bigint) IS
+    'End lease NAME held under TOKEN at once, and notify channel pglease_release '
+    'with the name. Returns true if this call ended it, false if it was not '
+    'valid (stale token, already released, expired).';

@@ -1,0 +1,789 @@
+//! Holding leases over time: one background renewal task per manager that
+//! renews every due lease in one statement, a conservative local deadline
+//! per lease on the monotonic clock, and a loss signal with a reason.
+//!
+//! The local deadline of a held lease is the instant its last confirmed
+//! renewal (or its acquisition) was *sent*, plus the TTL, minus the safety
+//! margin. The database set its expiry to *its* clock at the moment it ran
+//! the statement, plus the same TTL, and that moment is after the send: so
+//! the local deadline passes before the database's expiry, as long as the
+//! two clocks' rates differ by less than the margin. The deadline moves
+//! forward only when a renewal is confirmed.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::postgres::types::PgInterval;
+use sqlx::postgres::{PgPool, PgRow};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, LossReason, Result};
+use crate::fenced::FencedTransaction;
+use crate::lease::{Lease, LeaseManager};
+use crate::options::{ManagerOptions, Timing};
+use crate::sql;
+use crate::waiting::Listener;
+
+/// Counters of one manager, for monitoring and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ManagerStats {
+    /// Leases held with background renewal right now.
+    pub held: usize,
+    /// Renewal statements sent (each renews every lease due at that tick).
+    pub renewal_statements: u64,
+    /// Lease renewals confirmed by the database, over all statements.
+    pub leases_renewed: u64,
+    /// Renewal statements that failed or timed out (and were retried).
+    pub renewal_failures: u64,
+    /// Acquisition statements sent (successful or not).
+    pub acquire_attempts: u64,
+    /// Acquirers waiting for a lease right now.
+    pub waiting: usize,
+    /// Whether this manager is listening for releases right now.
+    pub listening: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    renewal_statements: AtomicU64,
+    leases_renewed: AtomicU64,
+    renewal_failures: AtomicU64,
+    pub(crate) acquire_attempts: AtomicU64,
+    pub(crate) waiting: AtomicUsize,
+}
+
+/// What a manager and its background tasks share. The tasks hold this, not
+/// the manager, so that dropping the last manager handle stops them.
+pub(crate) struct Shared {
+    pub(crate) pool: PgPool,
+    pub(crate) options: ManagerOptions,
+    registry: Mutex<HashMap<(String, i64), Entry>>,
+    wake: Notify,
+    pub(crate) stop: CancellationToken,
+    renewer: OnceLock<()>,
+    pub(crate) listener: OnceLock<Listener>,
+    pub(crate) counters: Counters,
+    shut_down: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn new(pool: PgPool, options: ManagerOptions) -> Self {
+        Shared {
+            pool,
+            options,
+            registry: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+            stop: CancellationToken::new(),
+            renewer: OnceLock::new(),
+            listener: OnceLock::new(),
+            counters: Counters::default(),
+            shut_down: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+
+    fn registry(&self) -> MutexGuard<'_, HashMap<(String, i64), Entry>> {
+        // The map stays consistent even if a holder panicked: recover it.
+        self.registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn forget(&self, lease: &Lease) {
+        self.registry()
+            .remove(&(lease.name().to_owned(), lease.token()));
+    }
+}
+
+/// One held lease in the renewal registry.
+struct Entry {
+    state: Arc<HeldState>,
+    renew_at: Instant,
+    in_flight: bool,
+    failures: u32,
+}
+
+/// What the holder and the renewal task both see of one held lease.
+struct HeldState {
+    lease: Lease,
+    timing: Timing,
+    view: watch::Sender<View>,
+    lost: CancellationToken,
+    renewal: Mutex<RenewalStatus>,
+}
+
+#[derive(Debug, Clone)]
+struct View {
+    deadline: Instant,
+    expires_at: DateTime<Utc>,
+    lost: Option<LossReason>,
+    lost_at: Option<Instant>,
+}
+
+#[derive(Default)]
+struct RenewalStatus {
+    last_error: Option<String>,
+    sent_at: Option<Instant>,
+}
+
+impl HeldState {
+    fn fire_at(&self) -> Instant {
+        let deadline = self.view.borrow().deadline;
+        deadline.checked_sub(self.timing.early).unwrap_or(deadline)
+    }
+
+    /// Marks the lease lost (once; later reasons are ignored) and cancels
+    /// its token. Returns whether this call was the one that did it.
+    fn fire(&self, reason: LossReason) -> bool {
+        let fired = self.view.send_if_modified(|v| {
+            if v.lost.is_some() {
+                return false;
+            }
+            tracing::warn!(name = self.lease.name(), token = self.lease.token(), %reason, "lease lost");
+            v.lost = Some(reason);
+            v.lost_at = Some(Instant::now());
+            true
+        });
+        if fired {
+            self.lost.cancel();
+        }
+        fired
+    }
+
+    /// The reason for a loss at the local deadline.
+    fn deadline_reason(&self) -> LossReason {
+        let status = self
+            .renewal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(error) = &status.last_error {
+            return LossReason::Unreachable {
+                error: error.clone(),
+            };
+        }
+        if let Some(sent) = status.sent_at {
+            return LossReason::Unreachable {
+                error: format!("a renewal sent {:?} ago is unanswered", sent.elapsed()),
+            };
+        }
+        LossReason::Expired
+    }
+
+    /// Fires the loss at the local deadline if it has passed; returns the
+    /// reason if the lease is lost.
+    fn check(&self) -> Option<LossReason> {
+        if let Some(reason) = &self.view.borrow().lost {
+            return Some(reason.clone());
+        }
+        if Instant::now() >= self.fire_at() {
+            self.fire(self.deadline_reason());
+        }
+        self.view.borrow().lost.clone()
+    }
+
+    fn set_renewal(&self, last_error: Option<String>, sent_at: Option<Instant>) {
+        let mut status = self
+            .renewal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        status.last_error = last_error;
+        status.sent_at = sent_at;
+    }
+
+    fn confirm(&self, sent: Instant, expires_at: DateTime<Utc>) {
+        let deadline = sent + self.timing.ttl - self.timing.margin;
+        self.view.send_if_modified(|v| {
+            if v.lost.is_some() || deadline <= v.deadline {
+                return false;
+            }
+            v.deadline = deadline;
+            v.expires_at = expires_at;
+            true
+        });
+        self.set_renewal(None, None);
+    }
+}
+
+/// A lease held by a manager, renewed in the background until it is
+/// released, dropped, or lost.
+///
+/// Work done under it should either watch [`HeldLease::lost`] (or
+/// [`HeldLease::loss_token`]) or go through [`HeldLease::begin_fenced`],
+/// which refuses to start once the lease is lost locally; the database
+/// rejects a stale token in any case.
+///
+/// Dropping it releases the lease in the background, best effort (it needs
+/// a running tokio runtime; otherwise the lease simply expires after its
+/// TTL). Prefer [`HeldLease::release`], which reports the outcome.
+pub struct HeldLease {
+    manager: LeaseManager,
+    state: Arc<HeldState>,
+    released: bool,
+}
+
+impl std::fmt::Debug for HeldLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldLease")
+            .field("lease", &self.state.lease)
+            .field("view", &*self.state.view.borrow())
+            .finish()
+    }
+}
+
+impl HeldLease {
+    /// The acquisition: name, holder, token.
+    pub fn lease(&self) -> &Lease {
+        &self.state.lease
+    }
+
+    /// The lease name.
+    pub fn name(&self) -> &str {
+        self.state.lease.name()
+    }
+
+    /// The fencing token; carry it into fenced transactions.
+    pub fn token(&self) -> i64 {
+        self.state.lease.token()
+    }
+
+    /// The TTL each renewal asks for.
+    pub fn ttl(&self) -> Duration {
+        self.state.timing.ttl
+    }
+
+    /// Until when this process may act under the lease, on the monotonic
+    /// clock: the last confirmed renewal's send time + TTL − safety margin.
+    /// It moves forward only when a renewal is confirmed.
+    pub fn deadline(&self) -> std::time::Instant {
+        self.state.view.borrow().deadline.into_std()
+    }
+
+    /// Time left before [`HeldLease::deadline`] (zero once past).
+    pub fn remaining(&self) -> Duration {
+        self.state
+            .view
+            .borrow()
+            .deadline
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// The expiry the database set at the last confirmed renewal (database
+    /// clock; compare it only with database time).
+    pub fn expires_at(&self) -> DateTime<Utc> {
+        self.state.view.borrow().expires_at
+    }
+
+    /// Whether the lease is lost (this also notices a deadline that has
+    /// passed while the renewal task could not run).
+    pub fn is_lost(&self) -> bool {
+        self.state.check().is_some()
+    }
+
+    /// Why the lease is lost, if it is.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.state.check()
+    }
+
+    /// When the loss signal fired, if it has.
+    pub fn lost_at(&self) -> Option<std::time::Instant> {
+        self.state.check();
+        self.state.view.borrow().lost_at.map(Instant::into_std)
+    }
+
+    /// Resolves when the lease is lost, with the reason; at the latest at
+    /// the local deadline, whatever the database does. Cancel-safe, so it
+    /// can sit in a `tokio::select!` beside the work.
+    pub async fn lost(&self) -> LossReason {
+        let mut view = self.state.view.subscribe();
+        loop {
+            if let Some(reason) = self.state.check() {
+                return reason;
+            }
+            let fire_at = self.state.fire_at();
+            view.borrow_and_update();
+            tokio::select! {
+                // The sender lives in `self.state`, so this never errors.
+                _ = view.changed() => {}
+                () = tokio::time::sleep_until(fire_at) => {}
+            }
+        }
+    }
+
+    /// A token cancelled when the lease is lost, for work that already
+    /// speaks `CancellationToken`. Cancelling it yourself affects only your
+    /// copy, not the lease.
+    pub fn loss_token(&self) -> CancellationToken {
+        self.state.check();
+        self.state.lost.child_token()
+    }
+
+    /// Begins a fenced transaction under this lease, refusing with
+    /// [`Error::Lost`] if the lease is already lost locally (the database
+    /// checks the token again either way).
+    pub async fn begin_fenced(&self) -> Result<FencedTransaction> {
+        if let Some(reason) = self.state.check() {
+            return Err(self.lost_error(reason));
+        }
+        self.manager.begin_fenced(self.name(), self.token()).await
+    }
+
+    /// Stops renewing and releases the lease in the database. Returns
+    /// `true` if this ended it, `false` if it had already ended (lost).
+    pub async fn release(mut self) -> Result<bool> {
+        self.released = true;
+        self.manager.shared().forget(&self.state.lease);
+        self.state.fire(LossReason::Released);
+        self.manager.release(self.name(), self.token()).await
+    }
+
+    fn lost_error(&self, reason: LossReason) -> Error {
+        Error::Lost {
+            name: self.name().to_owned(),
+            token: self.token(),
+            reason,
+        }
+    }
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.manager.shared().forget(&self.state.lease);
+        self.state.fire(LossReason::Released);
+        release_in_background(self.manager.shared(), &self.state.lease);
+    }
+}
+
+/// Releases `lease` on a spawned task if a runtime is available.
+fn release_in_background(shared: &Arc<Shared>, lease: &Lease) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let pool = shared.pool.clone();
+    let limit = shared.options.renew_timeout_value();
+    let (name, token) = (lease.name().to_owned(), lease.token());
+    runtime.spawn(async move {
+        let release = sqlx::query(sql::RELEASE)
+            .bind(&name)
+            .bind(token)
+            .execute(&pool);
+        match tokio::time::timeout(limit, release).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::debug!(name, token, %error, "background release failed"),
+            Err(_) => tracing::debug!(name, token, "background release timed out"),
+        }
+    });
+}
+
+impl LeaseManager {
+    /// Acquires lease `name` (waiting up to `max_wait`, see
+    /// [`LeaseManager::acquire`]) and keeps it renewed in the background
+    /// until the returned handle is released or dropped, or the lease is
+    /// lost.
+    ///
+    /// Checks the timing first: the renewal period (TTL × renew fraction)
+    /// must come before the local deadline (TTL − safety margin).
+    pub async fn hold(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+        max_wait: Duration,
+    ) -> Result<HeldLease> {
+        let timing = self.shared().options.timing(ttl)?;
+        let (lease, sent) = self.acquire_sent(name, holder, ttl, max_wait).await?;
+        Ok(self.register(lease, sent, timing))
+    }
+
+    /// Runs `work` while holding lease `name`: acquires it (waiting up to
+    /// `max_wait`), renews it in the background, and releases it when
+    /// `work` finishes.
+    ///
+    /// If the lease is lost first, `work` is dropped at its next await
+    /// point (stopped) and this returns [`Error::Lost`] with the reason.
+    /// `work` gets the held lease for its token and loss signal; fenced
+    /// writes inside it should use [`HeldLease::begin_fenced`].
+    pub async fn with_lease<T, F>(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+        max_wait: Duration,
+        work: F,
+    ) -> Result<T>
+    where
+        F: AsyncFnOnce(&HeldLease) -> T,
+    {
+        let held = self.hold(name, holder, ttl, max_wait).await?;
+        let outcome = {
+            let work = work(&held);
+            tokio::select! {
+                biased;
+                reason = held.lost() => Err(reason),
+                value = work => Ok(value),
+            }
+        };
+        match outcome {
+            Ok(value) => {
+                if let Err(error) = held.release().await {
+                    // The work is done; an unreleased lease only delays the
+                    // next holder until it expires.
+                    tracing::warn!(name, %error, "could not release the lease after the work");
+                }
+                Ok(value)
+            }
+            Err(reason) => Err(held.lost_error(reason)),
+        }
+    }
+
+    /// Releases every lease this manager holds, stops its background tasks
+    /// and refuses further acquisitions with [`Error::ShutDown`]. Held
+    /// leases report [`LossReason::Released`]. Returns the first release
+    /// error, after trying them all.
+    pub async fn shutdown(&self) -> Result<()> {
+        let shared = self.shared();
+        shared.shut_down.store(true, Ordering::Release);
+        let entries: Vec<Entry> = shared.registry().drain().map(|(_, e)| e).collect();
+        shared.stop.cancel();
+        let mut first_error = None;
+        for entry in entries {
+            entry.state.fire(LossReason::Released);
+            let lease = &entry.state.lease;
+            if let Err(error) = self.release(lease.name(), lease.token()).await {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// A snapshot of this manager's counters.
+    pub fn stats(&self) -> ManagerStats {
+        let shared = self.shared();
+        let c = &shared.counters;
+        ManagerStats {
+            held: shared.registry().len(),
+            renewal_statements: c.renewal_statements.load(Ordering::Relaxed),
+            leases_renewed: c.leases_renewed.load(Ordering::Relaxed),
+            renewal_failures: c.renewal_failures.load(Ordering::Relaxed),
+            acquire_attempts: c.acquire_attempts.load(Ordering::Relaxed),
+            waiting: c.waiting.load(Ordering::Relaxed),
+            listening: shared.listener.get().is_some_and(Listener::is_listening),
+        }
+    }
+
+    fn register(&self, lease: Lease, sent: Instant, timing: Timing) -> HeldLease {
+        let shared = self.shared();
+        let deadline = sent + timing.ttl - timing.margin;
+        let (view, _) = watch::channel(View {
+            deadline,
+            expires_at: lease.expires_at(),
+            lost: None,
+            lost_at: None,
+        });
+        let state = Arc::new(HeldState {
+            lease,
+            timing,
+            view,
+            lost: CancellationToken::new(),
+            renewal: Mutex::new(RenewalStatus::default()),
+        });
+        shared.registry().insert(
+            (state.lease.name().to_owned(), state.lease.token()),
+            Entry {
+                state: state.clone(),
+                renew_at: sent + timing.period,
+                in_flight: false,
+                failures: 0,
+            },
+        );
+        if shared.is_shut_down() {
+            // A shutdown raced this acquisition: do not leave it behind.
+            shared.forget(&state.lease);
+            state.fire(LossReason::Released);
+            release_in_background(shared, &state.lease);
+        } else {
+            shared.renewer.get_or_init(|| {
+                tokio::spawn(renewal_task(shared.clone()));
+            });
+            shared.wake.notify_one();
+        }
+        HeldLease {
+            manager: self.clone(),
+            state,
+            released: false,
+        }
+    }
+}
+
+/// Leases sent in one renewal statement.
+struct Batch {
+    keys: Vec<(String, i64)>,
+    ttls: Vec<PgInterval>,
+    /// The earliest instant at which a lease in the batch is given up.
+    first_fire_at: Instant,
+}
+
+struct BatchOutcome {
+    keys: Vec<(String, i64)>,
+    sent: Instant,
+    result: std::result::Result<Vec<PgRow>, String>,
+}
+
+type InFlight = Pin<Box<dyn Future<Output = BatchOutcome> + Send>>;
+
+/// The manager's one renewal task. Each turn it fires the losses whose
+/// deadline has come, sends one statement for every lease that is due (and
+/// those due within half a period, so that leases acquired at different
+/// times fall into step), and sleeps until the next thing to do. The
+/// deadline timer does not wait for a renewal in flight.
+async fn renewal_task(shared: Arc<Shared>) {
+    let mut in_flight: Option<InFlight> = None;
+    loop {
+        let now = Instant::now();
+        let (batch, next_wake) = plan(&shared, now, in_flight.is_none());
+        if let Some(batch) = batch {
+            in_flight = Some(Box::pin(send_batch(shared.clone(), batch)));
+        }
+        let far = now + Duration::from_secs(3600);
+        tokio::select! {
+            () = shared.stop.cancelled() => return,
+            () = shared.wake.notified() => {}
+            () = tokio::time::sleep_until(next_wake.unwrap_or(far)) => {}
+            outcome = poll_in_flight(&mut in_flight) => {
+                in_flight = None;
+                apply(&shared, outcome);
+            }
+        }
+    }
+}
+
+async fn poll_in_flight(in_flight: &mut Option<InFlight>) -> BatchOutcome {
+    match in_flight {
+        Some(future) => future.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Fires due losses and picks the next batch; returns it and when to wake.
+fn plan(shared: &Arc<Shared>, now: Instant, can_send: bool) -> (Option<Batch>, Option<Instant>) {
+    let mut registry = shared.registry();
+    let mut gone = Vec::new();
+    for (key, entry) in registry.iter() {
+        let state = &entry.state;
+        let lost = state.view.borrow().lost.clone();
+        if let Some(reason) = lost {
+            // Fired by the holder's own check of the deadline.
+            gone.push((key.clone(), Some(reason)));
+        } else if now >= state.fire_at() {
+            let reason = state.deadline_reason();
+            state.fire(reason.clone());
+            gone.push((key.clone(), Some(reason)));
+        }
+    }
+    for (key, reason) in gone {
+        if let Some(entry) = registry.remove(&key) {
+            // A lease given up locally may still be valid in the database:
+            // release it so that the next holder need not wait for expiry.
+            if matches!(
+                reason,
+                Some(LossReason::Expired | LossReason::Unreachable { .. })
+            ) {
+                release_in_background(shared, &entry.state.lease);
+            }
+        }
+    }
+
+    let mut next_wake: Option<Instant> = None;
+    let mut wake_at = |at: Instant| {
+        next_wake = Some(next_wake.map_or(at, |w| w.min(at)));
+    };
+    let mut batch = Batch {
+        keys: Vec::new(),
+        ttls: Vec::new(),
+        first_fire_at: now + Duration::from_secs(3600),
+    };
+    let mut seen = HashMap::new();
+    for (key, entry) in registry.iter_mut() {
+        wake_at(entry.state.fire_at());
+        if !can_send || entry.in_flight {
+            continue;
+        }
+        if entry.renew_at > now + entry.state.timing.period / 2 {
+            wake_at(entry.renew_at);
+            continue;
+        }
+        // One name appears once per statement; of two tokens for one name
+        // only the newer can be current, and the older fails next tick.
+        if let Some(&other) = seen.get(&key.0) {
+            if other > key.1 {
+                continue;
+            }
+            let at = batch.keys.iter().position(|k| k.0 == key.0 && k.1 == other);
+            if let Some(at) = at {
+                batch.keys.remove(at);
+                batch.ttls.remove(at);
+            }
+        }
+        seen.insert(key.0.clone(), key.1);
+        batch.keys.push(key.clone());
+        batch.ttls.push(interval(entry.state.timing.ttl));
+        batch.first_fire_at = batch.first_fire_at.min(entry.state.fire_at());
+    }
+    if batch.keys.is_empty() {
+        return (None, next_wake);
+    }
+    for key in &batch.keys {
+        if let Some(entry) = registry.get_mut(key) {
+            entry.in_flight = true;
+            let status = entry.state.renewal.lock();
+            let mut status = status.unwrap_or_else(std::sync::PoisonError::into_inner);
+            status.sent_at.get_or_insert(now);
+        }
+    }
+    (Some(batch), next_wake)
+}
+
+fn interval(ttl: Duration) -> PgInterval {
+    PgInterval {
+        months: 0,
+        days: 0,
+        // Held TTLs were validated at acquisition (at most 7 days).
+        microseconds: i64::try_from(ttl.as_nanos().div_ceil(1_000)).unwrap_or(i64::MAX),
+    }
+}
+
+/// Sends one renewal statement with a timeout. On timeout the connection is
+/// closed rather than returned to the pool with a statement still running.
+async fn send_batch(shared: Arc<Shared>, batch: Batch) -> BatchOutcome {
+    let sent = Instant::now();
+    let limit = shared
+        .options
+        .renew_timeout_value()
+        .min(batch.first_fire_at.saturating_duration_since(sent))
+        .max(Duration::from_millis(1));
+    let names: Vec<&str> = batch.keys.iter().map(|k| k.0.as_str()).collect();
+    let tokens: Vec<i64> = batch.keys.iter().map(|k| k.1).collect();
+    shared
+        .counters
+        .renewal_statements
+        .fetch_add(1, Ordering::Relaxed);
+    let mut slot = None;
+    let outcome = tokio::time::timeout(limit, async {
+        let conn = slot.insert(shared.pool.acquire().await?);
+        sqlx::query(sql::RENEW_MANY)
+            .bind(&names)
+            .bind(&tokens)
+            .bind(&batch.ttls)
+            .fetch_all(&mut **conn)
+            .await
+    })
+    .await;
+    let result = match outcome {
+        Ok(Ok(rows)) => Ok(rows),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => {
+            if let Some(mut conn) = slot.take() {
+                conn.close_on_drop();
+            }
+            Err(format!("no answer to a renewal within {limit:?}"))
+        }
+    };
+    BatchOutcome {
+        keys: batch.keys,
+        sent,
+        result,
+    }
+}
+
+/// Applies a renewal statement's outcome to the registry.
+fn apply(shared: &Arc<Shared>, outcome: BatchOutcome) {
+    let now = Instant::now();
+    let mut registry = shared.registry();
+    let rows = match outcome.result {
+        Ok(rows) => rows,
+        Err(error) => {
+            shared
+                .counters
+                .renewal_failures
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%error, leases = outcome.keys.len(), "renewal failed; retrying");
+            for key in &outcome.keys {
+                if let Some(entry) = registry.get_mut(key) {
+                    entry.in_flight = false;
+                    entry.failures = entry.failures.saturating_add(1);
+                    entry.state.set_renewal(Some(error.clone()), None);
+                    entry.renew_at = now + retry_delay(entry.failures, entry.state.timing.period);
+                }
+            }
+            shared.wake.notify_one();
+            return;
+        }
+    };
+    let mut renewed = 0;
+    for row in &rows {
+        let parsed: std::result::Result<_, sqlx::Error> = (|| {
+            Ok((
+                row.try_get::<String, _>("name")?,
+                row.try_get::<i64, _>("token")?,
+                row.try_get::<bool, _>("renewed")?,
+                row.try_get::<Option<DateTime<Utc>>, _>("expires_at")?,
+                row.try_get::<Option<i64>, _>("current_token")?,
+                row.try_get::<Option<String>, _>("current_holder")?,
+            ))
+        })();
+        let Ok((name, token, ok, expires_at, current_token, current_holder)) = parsed else {
+            continue;
+        };
+        let key = (name, token);
+        let Some(entry) = registry.get_mut(&key) else {
+            continue; // released or given up meanwhile
+        };
+        entry.in_flight = false;
+        match (ok, expires_at) {
+            (true, Some(expires_at)) => {
+                renewed += 1;
+                entry.failures = 0;
+                entry.state.confirm(outcome.sent, expires_at);
+                entry.renew_at = outcome.sent + entry.state.timing.period;
+            }
+            _ => {
+                let reason = if current_token == Some(token) && current_holder.is_none() {
+                    LossReason::Released
+                } else {
+                    LossReason::Stale {
+                        current_token,
+                        current_holder,
+                    }
+                };
+                entry.state.fire(reason);
+                registry.remove(&key);
+            }
+        }
+    }
+    shared
+        .counters
+        .leases_renewed
+        .fetch_add(renewed, Ordering::Relaxed);
+}
+
+/// Backoff between renewal retries: 10 ms doubling, at most a quarter of the
+/// renewal period, with jitter so that many managers do not retry in step.
+fn retry_delay(failures: u32, period: Duration) -> Duration {
+    let base = Duration::from_millis(10).saturating_mul(1 << failures.min(16).saturating_sub(1));
+    let cap = (period / 4).max(Duration::from_millis(10));
+    base.min(cap).mul_f64(0.5 + crate::waiting::jitter() / 2.0)
+}

@@ -1,0 +1,173 @@
+//! How a manager holds leases over time: renewal period, safety margin,
+//! renewal timeout, and how waiting acquirers learn of releases.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Settings of a [`LeaseManager`](crate::LeaseManager) for holding leases
+/// and waiting for them. Start from [`ManagerOptions::default()`] and change
+/// what you need; [`LeaseManager::with_options`](crate::LeaseManager::with_options)
+/// validates them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ManagerOptions {
+    renew_fraction: f64,
+    safety_margin: Option<Duration>,
+    renew_timeout: Duration,
+    notify: bool,
+    max_poll_interval: Duration,
+}
+
+impl Default for ManagerOptions {
+    fn default() -> Self {
+        ManagerOptions {
+            renew_fraction: 1.0 / 3.0,
+            safety_margin: None,
+            renew_timeout: Duration::from_secs(5),
+            notify: true,
+            max_poll_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+impl ManagerOptions {
+    /// A held lease is renewed when this fraction of its TTL has passed
+    /// since the last confirmed renewal was sent. Default 1/3, which leaves
+    /// room for at least one retry before the local deadline. Must be
+    /// greater than 0 and less than 1.
+    pub fn renew_fraction(mut self, fraction: f64) -> Self {
+        self.renew_fraction = fraction;
+        self
+    }
+
+    /// How much earlier than "sent + TTL" a held lease stops being trusted
+    /// locally, to absorb a difference in clock rate between this machine's
+    /// monotonic clock and the database's clock. Default: 2% of the TTL.
+    pub fn safety_margin(mut self, margin: Duration) -> Self {
+        self.safety_margin = Some(margin);
+        self
+    }
+
+    /// Longest wait for one renewal statement (including getting a pooled
+    /// connection) before it is abandoned and retried. Default 5 s; never
+    /// longer than the time left before the earliest local deadline in the
+    /// batch.
+    pub fn renew_timeout(mut self, timeout: Duration) -> Self {
+        self.renew_timeout = timeout;
+        self
+    }
+
+    /// Whether waiting acquirers LISTEN for releases (default `true`).
+    /// Turn it off behind a transaction-pooling proxy such as PgBouncer in
+    /// transaction mode, where LISTEN does not work: waiters then poll.
+    pub fn notify(mut self, notify: bool) -> Self {
+        self.notify = notify;
+        self
+    }
+
+    /// Longest sleep between two attempts of a waiting acquirer that is not
+    /// listening for releases (polling fallback). Polls start at 10 ms and
+    /// back off, with jitter, up to this. Default 1 s.
+    pub fn max_poll_interval(mut self, interval: Duration) -> Self {
+        self.max_poll_interval = interval;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if !(self.renew_fraction > 0.0 && self.renew_fraction < 1.0) {
+            return Err(Error::invalid(
+                "renew_fraction",
+                format!(
+                    "must be greater than 0 and less than 1, got {}",
+                    self.renew_fraction
+                ),
+            ));
+        }
+        if self.renew_timeout.is_zero() {
+            return Err(Error::invalid("renew_timeout", "must be greater than zero"));
+        }
+        if self.max_poll_interval.is_zero() {
+            return Err(Error::invalid(
+                "max_poll_interval",
+                "must be greater than zero",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The timing of one held lease with `ttl`, checked against the TTL.
+    pub(crate) fn timing(&self, ttl: Duration) -> Result<Timing> {
+        let margin = self.safety_margin.unwrap_or(ttl / 50);
+        let period = ttl.mul_f64(self.renew_fraction);
+        // The renewal must be due before the local deadline, or the lease
+        // would be given up before anyone tried to keep it.
+        if margin >= ttl || period >= ttl - margin {
+            return Err(Error::invalid(
+                "safety_margin",
+                format!(
+                    "{margin:?} leaves no time to renew a lease of {ttl:?} every {period:?}: \
+                     the margin must be less than the TTL minus the renewal period"
+                ),
+            ));
+        }
+        Ok(Timing {
+            ttl,
+            period,
+            margin,
+            // Fire the loss signal a little before the deadline, so that a
+            // timer that wakes late still fires by the deadline.
+            early: (margin / 2).min(Duration::from_millis(50)),
+        })
+    }
+
+    pub(crate) fn renew_timeout_value(&self) -> Duration {
+        self.renew_timeout
+    }
+
+    pub(crate) fn notify_enabled(&self) -> bool {
+        self.notify
+    }
+
+    pub(crate) fn max_poll(&self) -> Duration {
+        self.max_poll_interval
+    }
+}
+
+/// The timing of one held lease (see the README's timing model).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    pub(crate) ttl: Duration,
+    pub(crate) period: Duration,
+    pub(crate) margin: Duration,
+    pub(crate) early: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fraction_bounds() {
+        assert!(ManagerOptions::default().validate().is_ok());
+        for bad in [0.0, 1.0, -0.5, 1.5, f64::NAN] {
+            assert!(
+                ManagerOptions::default()
+                    .renew_fraction(bad)
+                    .validate()
+                    .is_err()
+            );
+        }
+    }
+
+    #[test]
+    fn margin_must_leave_time_to_renew() {
+        let ttl = Duration::from_secs(9);
+        let t = ManagerOptions::default().timing(ttl).expect("defaults");
+        assert_eq!(t.period, Duration::from_secs(3));
+        assert_eq!(t.margin, Duration::from_millis(180));
+        let too_big = ManagerOptions::default().safety_margin(Duration::from_secs(6));
+        assert!(too_big.timing(ttl).is_err());
+        let at_ttl = ManagerOptions::default().safety_margin(ttl);
+        assert!(at_ttl.timing(ttl).is_err());
+    }
+}

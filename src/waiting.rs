@@ -1,0 +1,341 @@
+//! Waiting acquisition: retry when the holder releases (LISTEN on the
+//! channel `pglease_release`, which `pglease.release` notifies), otherwise
+//! when the holder's lease expires, with backoff and jitter; polling only
+//! when no listener is available.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::postgres::types::PgInterval;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use tokio::sync::{broadcast, oneshot, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+use crate::input::check_text;
+use crate::lease::{Lease, LeaseManager, interval};
+use crate::sql;
+
+/// The channel `pglease.release` notifies, with the lease name as payload.
+pub const RELEASE_CHANNEL: &str = "pglease_release";
+
+/// A number in [0, 1) for jitter. Each `RandomState` is seeded differently,
+/// which is all the randomness jitter needs.
+pub(crate) fn jitter() -> f64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let bits = RandomState::new().hash_one(COUNTER.fetch_add(1, Ordering::Relaxed));
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The outcome of one acquisition statement.
+pub(crate) enum Attempt {
+    Acquired {
+        lease: Lease,
+        /// When the statement was sent (the start of the local deadline).
+        sent: Instant,
+    },
+    Held {
+        holder: String,
+        expires_at: DateTime<Utc>,
+        /// The database time of the decision, to turn `expires_at` into a
+        /// wait without comparing clocks.
+        checked_at: DateTime<Utc>,
+    },
+}
+
+/// The manager's listener for releases, started by the first waiter.
+pub(crate) struct Listener {
+    /// A released name, or `None` for "anything may have been released"
+    /// (the listener (re)connected and may have missed notifications).
+    releases: broadcast::Sender<Option<String>>,
+    listening: watch::Sender<bool>,
+}
+
+impl Listener {
+    fn start(options: PgConnectOptions, stop: CancellationToken) -> Listener {
+        let (releases, _) = broadcast::channel(256);
+        let (listening, _) = watch::channel(false);
+        tokio::spawn(listen(options, releases.clone(), listening.clone(), stop));
+        Listener {
+            releases,
+            listening,
+        }
+    }
+
+    pub(crate) fn is_listening(&self) -> bool {
+        *self.listening.borrow()
+    }
+}
+
+/// Keeps one LISTEN connection open (its own, outside the manager's pool)
+/// and forwards notifications; reconnects with backoff when it drops.
+async fn listen(
+    options: PgConnectOptions,
+    releases: broadcast::Sender<Option<String>>,
+    listening: watch::Sender<bool>,
+    stop: CancellationToken,
+) {
+    let mut failures: u32 = 0;
+    loop {
+        let connect = async {
+            let pool = PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_lazy_with(options.clone());
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.eager_reconnect(false);
+            listener.listen(RELEASE_CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        let connected = tokio::select! {
+            () = stop.cancelled() => return,
+            connected = connect => connected,
+        };
+        match connected {
+            Ok(mut listener) => {
+                failures = 0;
+                listening.send_replace(true);
+                // Releases while nobody listened went unheard: retry now.
+                let _ = releases.send(None);
+                loop {
+                    let received = tokio::select! {
+                        () = stop.cancelled() => return,
+                        received = listener.try_recv() => received,
+                    };
+                    match received {
+                        Ok(Some(notification)) => {
+                            let _ = releases.send(Some(notification.payload().to_owned()));
+                        }
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+                listening.send_replace(false);
+                let _ = releases.send(None);
+                tracing::debug!("release listener lost its connection; reconnecting");
+            }
+            Err(error) => {
+                failures = failures.saturating_add(1);
+                tracing::debug!(%error, "cannot listen for releases; waiters poll");
+            }
+        }
+        let pause = Duration::from_millis(50)
+            .saturating_mul(1 << failures.min(6))
+            .mul_f64(0.5 + jitter() / 2.0);
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+/// Counts a waiting acquirer for [`crate::ManagerStats::waiting`].
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl LeaseManager {
+    /// One acquisition statement (one round trip).
+    pub(crate) async fn attempt(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: PgInterval,
+    ) -> Result<Attempt> {
+        self.shared()
+            .counters
+            .acquire_attempts
+            .fetch_add(1, Ordering::Relaxed);
+        let sent = Instant::now();
+        let row = sqlx::query(sql::ACQUIRE)
+            .bind(name)
+            .bind(holder)
+            .bind(ttl)
+            .fetch_one(self.pool())
+            .await?;
+        let token: Option<i64> = row.try_get("token")?;
+        let expires_at: DateTime<Utc> = row.try_get("expires_at")?;
+        let current_holder: String = row.try_get("holder")?;
+        let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
+        Ok(match token {
+            Some(token) => Attempt::Acquired {
+                lease: Lease::new(name, current_holder, token, expires_at, checked_at),
+                sent,
+            },
+            None => Attempt::Held {
+                holder: current_holder,
+                expires_at,
+                checked_at,
+            },
+        })
+    }
+
+    /// One attempt on a task of its own, so that a caller who stops waiting
+    /// while the statement is in flight leaves nothing held: if the attempt
+    /// succeeds after the caller is gone, the task releases the lease.
+    async fn attempt_detached(&self, name: &str, holder: &str, ttl: PgInterval) -> Result<Attempt> {
+        let (reply, answer) = oneshot::channel();
+        let manager = self.clone();
+        let (name, holder, ttl) = (name.to_owned(), holder.to_owned(), ttl);
+        tokio::spawn(async move {
+            let outcome = manager.attempt(&name, &holder, ttl).await;
+            if let Err(Ok(Attempt::Acquired { lease, .. })) = reply.send(outcome) {
+                let _ = manager.release(lease.name(), lease.token()).await;
+            }
+        });
+        answer.await.map_err(|_| Error::ShutDown)?
+    }
+
+    fn listener(&self) -> &Listener {
+        let shared = self.shared();
+        shared.listener.get_or_init(|| {
+            Listener::start(
+                (*shared.pool.connect_options()).clone(),
+                shared.stop.clone(),
+            )
+        })
+    }
+
+    /// Acquires lease `name` for `holder` for `ttl`, waiting up to
+    /// `max_wait` for the current holder to release it or let it expire.
+    ///
+    /// Wakes as soon as the holder releases (the manager LISTENs for
+    /// releases, see [`ManagerOptions::notify`](crate::ManagerOptions::notify)),
+    /// otherwise retries when the holder's lease expires, with jitter; when
+    /// it cannot listen it polls, backing off from 10 ms up to the
+    /// configured maximum. After `max_wait` it returns [`Error::Held`] with
+    /// the last holder seen. `max_wait` zero means one attempt.
+    ///
+    /// Cancel-safe: dropping the future leaves nothing held (an attempt in
+    /// flight at that moment is released if it succeeded).
+    pub async fn acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+        max_wait: Duration,
+    ) -> Result<Lease> {
+        Ok(self.acquire_sent(name, holder, ttl, max_wait).await?.0)
+    }
+
+    pub(crate) async fn acquire_sent(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+        max_wait: Duration,
+    ) -> Result<(Lease, Instant)> {
+        check_text("name", name)?;
+        check_text("holder", holder)?;
+        let ttl = interval(ttl)?;
+        let shared = Arc::clone(self.shared());
+        if shared.is_shut_down() {
+            return Err(Error::ShutDown);
+        }
+        let start = Instant::now();
+        let deadline = start
+            .checked_add(max_wait)
+            .unwrap_or(start + Duration::from_secs(86400 * 365));
+        // Subscribe before the first attempt, so that a release committed
+        // after it is heard.
+        let (mut releases, mut listening) = if shared.options.notify_enabled() {
+            let listener = self.listener();
+            (
+                Some(listener.releases.subscribe()),
+                Some(listener.listening.subscribe()),
+            )
+        } else {
+            (None, None)
+        };
+        shared.counters.waiting.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting(&shared.counters.waiting);
+        let mut polls: u32 = 0;
+        loop {
+            let (current, expires_at, checked_at) =
+                match self.attempt_detached(name, holder, ttl).await? {
+                    Attempt::Acquired { lease, sent } => return Ok((lease, sent)),
+                    Attempt::Held {
+                        holder,
+                        expires_at,
+                        checked_at,
+                    } => (holder, expires_at, checked_at),
+                };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Held {
+                    name: name.to_owned(),
+                    holder: current,
+                    expires_at,
+                });
+            }
+            if shared.is_shut_down() {
+                return Err(Error::ShutDown);
+            }
+            // Database time left on the holder's lease, as a duration on
+            // this machine's clock (no clocks are compared).
+            let until_expiry =
+                (expires_at - checked_at).to_std().unwrap_or_default() + Duration::from_millis(1);
+            let heard = listening.as_mut().is_some_and(|w| *w.borrow_and_update());
+            let nap = if heard {
+                // A release wakes us; otherwise try again when it expires,
+                // spread a little so that many waiters do not arrive at once.
+                until_expiry
+                    + until_expiry
+                        .min(Duration::from_millis(250))
+                        .mul_f64(jitter() / 10.0)
+            } else {
+                polls = polls.saturating_add(1);
+                let backoff = Duration::from_millis(10)
+                    .saturating_mul(1 << polls.min(16).saturating_sub(1))
+                    .min(shared.options.max_poll());
+                until_expiry.min(backoff.mul_f64(0.5 + jitter() / 2.0))
+            };
+            let wake = (now + nap).min(deadline);
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep_until(wake) => break,
+                    () = shared.stop.cancelled() => return Err(Error::ShutDown),
+                    released = next_release(&mut releases) => match released {
+                        Ok(Some(released)) if released != name => continue,
+                        Err(broadcast::error::RecvError::Closed) => {
+                            releases = None;
+                            break;
+                        }
+                        // This name, a possible miss, or a lag: try now.
+                        _ => break,
+                    },
+                    () = listening_changed(&mut listening) => break,
+                }
+            }
+        }
+    }
+}
+
+async fn next_release(
+    releases: &mut Option<broadcast::Receiver<Option<String>>>,
+) -> std::result::Result<Option<String>, broadcast::error::RecvError> {
+    match releases {
+        Some(receiver) => receiver.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn listening_changed(listening: &mut Option<watch::Receiver<bool>>) {
+    match listening {
+        Some(receiver) => {
+            if receiver.changed().await.is_err() {
+                *listening = None;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
