@@ -617,6 +617,7 @@ fn plan(shared: &Arc<Shared>, now: Instant, can_send: bool) -> (Option<Batch>, O
         first_fire_at: now + Duration::from_secs(3600),
     };
     let mut seen = HashMap::new();
+    let mut first_renew_at = now + Duration::from_secs(3600);
     for (key, entry) in registry.iter_mut() {
         wake_at(entry.state.fire_at());
         if !can_send || entry.in_flight {
@@ -626,6 +627,7 @@ fn plan(shared: &Arc<Shared>, now: Instant, can_send: bool) -> (Option<Batch>, O
             wake_at(entry.renew_at);
             continue;
         }
+        first_renew_at = first_renew_at.min(entry.renew_at);
         // One name appears once per statement; of two tokens for one name
         // only the newer can be current, and the older fails next tick.
         if let Some(&other) = seen.get(&key.0) {
@@ -643,7 +645,13 @@ fn plan(shared: &Arc<Shared>, now: Instant, can_send: bool) -> (Option<Batch>, O
         batch.ttls.push(interval(entry.state.timing.ttl));
         batch.first_fire_at = batch.first_fire_at.min(entry.state.fire_at());
     }
-    if batch.keys.is_empty() {
+    // Send only when something is due now; those due within half a period
+    // then go along (sending for the early ones alone would renew a few
+    // leases at a time as they enter the window).
+    if batch.keys.is_empty() || first_renew_at > now {
+        if !batch.keys.is_empty() {
+            wake_at(first_renew_at);
+        }
         return (None, next_wake);
     }
     for key in &batch.keys {

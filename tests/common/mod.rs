@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pglease::LeaseManager;
+use pglease::{LeaseManager, ManagerOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, PgPool};
 
@@ -167,6 +167,19 @@ impl TestDb {
 
     pub fn manager(&self) -> LeaseManager {
         LeaseManager::new(self.pool.clone())
+    }
+
+    /// A manager with `options` on a pool of its own whose connections
+    /// carry `application_name` = `app`, so that a test can find them in
+    /// `pg_stat_activity`. Build it on the runtime that will use it.
+    pub async fn manager_with(&self, app: &str, options: ManagerOptions) -> LeaseManager {
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(self.options.clone().application_name(app))
+            .await
+            .expect("connect a manager's pool");
+        LeaseManager::with_options(pool, options).expect("valid manager options")
     }
 
     pub fn options(&self) -> PgConnectOptions {

@@ -1,0 +1,409 @@
+//! Holding leases over time against real faults: killed connections,
+//! renewals the database does not answer, a paused holder, and a thousand
+//! leases renewed by one statement per tick.
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use common::{TestDb, create_data_table, data_value, poll_until};
+use pglease::{Error, LeaseManager, LossReason, ManagerOptions};
+
+const BOUND: Duration = Duration::from_secs(30);
+
+/// Whether a backend of `app` in this test's database waits on a lock.
+async fn app_blocked_on_lock(db: &TestDb, app: &str) -> bool {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = $1 \
+           AND datname = current_database() AND wait_event_type = 'Lock')",
+    )
+    .bind(app)
+    .fetch_one(db.pool())
+    .await
+    .expect("read pg_stat_activity")
+}
+
+/// Opens a transaction that row-locks lease `name` FOR UPDATE, so that
+/// renewals of it block until the transaction ends.
+async fn lock_lease_row(db: &TestDb, name: &str) -> sqlx::PgConnection {
+    let mut conn = db.connect().await;
+    sqlx::query("BEGIN")
+        .execute(&mut conn)
+        .await
+        .expect("begin");
+    sqlx::query("SELECT 1 FROM pglease.leases WHERE name = $1 FOR UPDATE")
+        .bind(name)
+        .execute(&mut conn)
+        .await
+        .expect("lock the lease row");
+    conn
+}
+
+#[tokio::test]
+async fn renewal_recovers_from_a_terminated_connection() {
+    let db = TestDb::new().await;
+    let m = db
+        .manager_with("renewer-kill", ManagerOptions::default())
+        .await;
+    let held = m
+        .hold("job", "A", Duration::from_secs(3), Duration::ZERO)
+        .await
+        .expect("hold");
+    let renewed_before = m.stats().leases_renewed;
+
+    // Catch the next renewal in the act: block it on a row lock, then kill
+    // the backend it runs on.
+    let mut blocker = lock_lease_row(&db, "job").await;
+    poll_until("a renewal to block", BOUND, || {
+        app_blocked_on_lock(&db, "renewer-kill")
+    })
+    .await;
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+          WHERE application_name = 'renewer-kill' AND datname = current_database() \
+            AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(db.pool())
+    .await
+    .expect("terminate the renewal's backend");
+    assert_eq!(killed, 1);
+    sqlx::query("COMMIT")
+        .execute(&mut blocker)
+        .await
+        .expect("unblock");
+
+    poll_until("a renewal after the failure", BOUND, || async {
+        let s = m.stats();
+        s.renewal_failures >= 1 && s.leases_renewed > renewed_before
+    })
+    .await;
+    assert_eq!(
+        held.loss_reason(),
+        None,
+        "a killed connection lost the lease"
+    );
+    let status = m.inspect("job").await.expect("inspect");
+    assert!(status.held);
+    assert_eq!(status.token, Some(held.token()));
+    assert!(held.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn unanswered_renewals_signal_loss_by_the_local_deadline() {
+    let db = TestDb::new().await;
+    let options = ManagerOptions::default().safety_margin(Duration::from_millis(300));
+    let m = db.manager_with("renewer-block", options).await;
+    let held = m
+        .hold("job", "A", Duration::from_millis(1500), Duration::ZERO)
+        .await
+        .expect("hold");
+    let mut blocker = lock_lease_row(&db, "job").await;
+    // From here no renewal can be confirmed: the deadline must not move.
+    let deadline = held.deadline();
+    let token = held.loss_token();
+
+    let reason = tokio::time::timeout(BOUND, held.lost())
+        .await
+        .expect("the loss signal fires although the database never answers");
+    assert!(
+        matches!(reason, LossReason::Unreachable { .. }),
+        "unexpected reason {reason:?}"
+    );
+    assert!(token.is_cancelled(), "the cancellation token fired too");
+    assert_eq!(held.deadline(), deadline, "the deadline moved unconfirmed");
+    let lost_at = held.lost_at().expect("a loss instant");
+    assert!(
+        lost_at <= deadline,
+        "fired {:?} after the deadline",
+        lost_at - deadline
+    );
+    assert!(app_blocked_on_lock(&db, "renewer-block").await);
+    match held.begin_fenced().await {
+        Err(Error::Lost { reason, .. }) => {
+            assert!(matches!(reason, LossReason::Unreachable { .. }))
+        }
+        other => panic!("work must not start after the loss, got {other:?}"),
+    }
+    sqlx::query("ROLLBACK")
+        .execute(&mut blocker)
+        .await
+        .expect("unblock");
+}
+
+/// The whole holder process pauses (its runtime's thread stops at a
+/// barrier) past its expiry while another holder takes over.
+#[tokio::test]
+async fn paused_holder_finds_its_lease_lost_and_its_write_rejected() {
+    let db = Arc::new(TestDb::new().await);
+    create_data_table(&db).await;
+    let pause = Arc::new(Barrier::new(2));
+    let (acquired_tx, acquired_rx) = tokio::sync::oneshot::channel();
+
+    let holder = {
+        let (db, pause) = (db.clone(), pause.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let m = db.manager_with("paused", ManagerOptions::default()).await;
+                let held = m
+                    .hold("data", "A", Duration::from_secs(1), Duration::ZERO)
+                    .await
+                    .expect("A holds");
+                let _ = acquired_tx.send((held.token(), held.expires_at()));
+                // Everything on this runtime stops, renewal included.
+                pause.wait();
+                let reason = held.loss_reason();
+                let local = held.begin_fenced().await.map(|_| ());
+                let write = m
+                    .fenced("data", held.token(), async |conn| {
+                        sqlx::query("UPDATE data SET value = 'from A' WHERE id = 1")
+                            .execute(&mut *conn)
+                            .await
+                            .map_err(Error::from)?;
+                        Ok::<_, Error>(())
+                    })
+                    .await;
+                (reason, local, write)
+            })
+        })
+    };
+
+    let (a_token, a_expires) = acquired_rx.await.expect("A acquired");
+    db.wait_until_db_time(a_expires).await;
+    let b = db
+        .manager()
+        .try_acquire("data", "B", Duration::from_secs(60))
+        .await
+        .expect("B takes over after A's expiry");
+    assert!(b.token() > a_token);
+    pause.wait();
+    let (reason, local, write) = tokio::task::spawn_blocking(move || holder.join())
+        .await
+        .expect("join")
+        .expect("holder thread");
+
+    assert_eq!(reason, Some(LossReason::Expired));
+    assert!(matches!(local, Err(Error::Lost { .. })), "got {local:?}");
+    assert!(matches!(write, Err(Error::NotHeld { .. })), "got {write:?}");
+    assert_eq!(data_value(&db).await, "initial");
+}
+
+/// A trigger on the leases table counts UPDATE statements and the rows
+/// each changed: the database's own account of how renewal is batched.
+async fn log_lease_updates(db: &TestDb) {
+    sqlx::raw_sql(
+        "CREATE TABLE update_log (rows int NOT NULL);
+         CREATE FUNCTION log_update() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO public.update_log SELECT count(*) FROM new_rows; RETURN NULL; END $$;
+         CREATE TRIGGER log_update AFTER UPDATE ON pglease.leases
+           REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION log_update();",
+    )
+    .execute(db.pool())
+    .await
+    .expect("install the update log");
+}
+
+#[tokio::test]
+async fn a_thousand_leases_are_renewed_by_one_statement_per_tick() {
+    const LEASES: usize = 1000;
+    let ttl = Duration::from_secs(2);
+    let db = TestDb::new().await;
+    let m = db
+        .manager_with("renewer-1000", ManagerOptions::default())
+        .await;
+    let mut held = Vec::with_capacity(LEASES);
+    for i in 0..LEASES {
+        held.push(
+            m.hold(&format!("lease-{i:04}"), "H", ttl, Duration::ZERO)
+                .await
+                .expect("hold"),
+        );
+    }
+    let stats_before_lo = m.stats();
+    log_lease_updates(&db).await;
+    let stats_before_hi = m.stats();
+    let start = db.db_now().await;
+    // Three TTLs: without renewal every lease would have expired twice.
+    db.wait_until_db_time(start + chrono::Duration::from_std(ttl * 3).expect("ttl"))
+        .await;
+    let stats_lo = m.stats();
+    let (statements, rows): (i64, i64) =
+        sqlx::query_as("SELECT count(*), coalesce(sum(rows), 0) FROM update_log")
+            .fetch_one(db.pool())
+            .await
+            .expect("read the update log");
+    let stats = m.stats();
+    eprintln!("{statements} renewal statements renewed {rows} leases");
+
+    let lost = held.iter().filter(|h| h.is_lost()).count();
+    assert_eq!(lost, 0, "leases lost locally");
+    let valid: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pglease.status WHERE held AND holder = 'H'")
+            .fetch_one(db.pool())
+            .await
+            .expect("count valid leases");
+    assert_eq!(valid, LEASES as i64);
+    assert_eq!(stats.renewal_failures, 0);
+    // Every renewal statement is one UPDATE, and nothing else updated (a
+    // statement may be in flight while the counters are read: bracket it).
+    let sent = |a: &pglease::ManagerStats, b: &pglease::ManagerStats| {
+        (a.renewal_statements - b.renewal_statements) as i64
+    };
+    assert!(
+        (sent(&stats_lo, &stats_before_hi)..=sent(&stats, &stats_before_lo)).contains(&statements),
+        "{statements} UPDATE statements, but the manager sent between {} and {}",
+        sent(&stats_lo, &stats_before_hi),
+        sent(&stats, &stats_before_lo)
+    );
+    // Each lease was renewed several times ...
+    assert!(rows >= 3 * LEASES as i64, "only {rows} renewals");
+    // ... by statements that renewed the leases together, not one by one.
+    assert!(
+        rows >= statements * (LEASES as i64 / 2),
+        "{statements} statements for {rows} renewals"
+    );
+    m.shutdown().await.expect("shutdown");
+    let still_held: i64 = sqlx::query_scalar("SELECT count(*) FROM pglease.status WHERE held")
+        .fetch_one(db.pool())
+        .await
+        .expect("count");
+    assert_eq!(still_held, 0, "shutdown released everything");
+}
+
+#[tokio::test]
+async fn scoped_work_is_stopped_when_the_lease_is_lost() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let started = tokio::sync::Notify::new();
+    let intruder = db.manager();
+    let work = m.with_lease(
+        "job",
+        "A",
+        Duration::from_secs(1),
+        Duration::ZERO,
+        async |held| {
+            started.notify_one();
+            // Work that would never finish on its own.
+            std::future::pending::<()>().await;
+            held.token()
+        },
+    );
+    let release_behind_its_back = async {
+        started.notified().await;
+        let status = intruder.inspect("job").await.expect("inspect");
+        let token = status.token.expect("acquired");
+        assert!(intruder.release("job", token).await.expect("release"));
+    };
+    let (outcome, ()) = tokio::join!(tokio::time::timeout(BOUND, work), release_behind_its_back);
+    match outcome.expect("the work was stopped") {
+        Err(Error::Lost { name, reason, .. }) => {
+            assert_eq!(name, "job");
+            assert_eq!(reason, LossReason::Released);
+        }
+        other => panic!("expected Lost, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn scoped_work_releases_the_lease_when_it_finishes() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    let token = m
+        .with_lease(
+            "data",
+            "A",
+            Duration::from_secs(10),
+            Duration::ZERO,
+            async |held| {
+                let mut tx = held.begin_fenced().await.expect("fenced");
+                sqlx::query("UPDATE data SET value = 'done' WHERE id = 1")
+                    .execute(&mut *tx)
+                    .await
+                    .expect("write");
+                tx.commit().await.expect("commit");
+                held.token()
+            },
+        )
+        .await
+        .expect("work under the lease");
+    assert_eq!(data_value(&db).await, "done");
+    let status = m.inspect("data").await.expect("inspect");
+    assert!(!status.held);
+    assert_eq!(status.token, Some(token));
+    assert_eq!(m.stats().held, 0);
+}
+
+#[tokio::test]
+async fn dropping_a_held_lease_releases_it() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let held = m
+        .hold("job", "A", Duration::from_secs(60), Duration::ZERO)
+        .await
+        .expect("hold");
+    drop(held);
+    poll_until("the background release", BOUND, || async {
+        !m.inspect("job").await.expect("inspect").held
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn shutdown_releases_everything_and_refuses_more() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let a = m
+        .hold("a", "H", Duration::from_secs(60), Duration::ZERO)
+        .await
+        .expect("hold a");
+    let b = m
+        .hold("b", "H", Duration::from_secs(60), Duration::ZERO)
+        .await
+        .expect("hold b");
+    m.shutdown().await.expect("shutdown");
+    assert_eq!(a.loss_reason(), Some(LossReason::Released));
+    assert_eq!(b.loss_reason(), Some(LossReason::Released));
+    for name in ["a", "b"] {
+        assert!(!m.inspect(name).await.expect("inspect").held);
+    }
+    assert!(matches!(
+        m.hold("c", "H", Duration::from_secs(60), Duration::ZERO)
+            .await,
+        Err(Error::ShutDown)
+    ));
+}
+
+#[tokio::test]
+async fn bad_timing_is_rejected_before_anything_is_acquired() {
+    let db = TestDb::new().await;
+    assert!(matches!(
+        LeaseManager::with_options(
+            db.pool().clone(),
+            ManagerOptions::default().renew_fraction(1.0)
+        ),
+        Err(Error::InvalidInput {
+            argument: "renew_fraction",
+            ..
+        })
+    ));
+    let m = LeaseManager::with_options(
+        db.pool().clone(),
+        ManagerOptions::default().safety_margin(Duration::from_secs(5)),
+    )
+    .expect("options alone are fine");
+    let before = db.snapshot().await;
+    assert!(matches!(
+        m.hold("job", "A", Duration::from_secs(6), Duration::ZERO)
+            .await,
+        Err(Error::InvalidInput {
+            argument: "safety_margin",
+            ..
+        })
+    ));
+    assert_eq!(db.snapshot().await, before);
+}

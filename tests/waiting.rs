@@ -1,0 +1,185 @@
+//! Waiting acquisition: woken by a release (not by the poll interval),
+//! retried at expiry when the holder vanished, bounded, and cancel-safe.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestDb, poll_until};
+use pglease::{Error, LeaseManager, ManagerOptions};
+
+const BOUND: Duration = Duration::from_secs(30);
+/// Longer than any of these tests may take: a waiter that only polled or
+/// slept until expiry would still be asleep when the test looks.
+const SLOW: Duration = Duration::from_secs(120);
+
+/// Waits until `waiter` has made a failed attempt and sleeps.
+async fn until_waiting(waiter: &LeaseManager) {
+    poll_until("the waiter to sleep", BOUND, || async {
+        let s = waiter.stats();
+        s.waiting == 1 && s.acquire_attempts >= 1
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
+    let db = TestDb::new().await;
+    let holder = db.manager();
+    let first = holder
+        .try_acquire("job", "A", SLOW)
+        .await
+        .expect("A acquires");
+    let waiter = db
+        .manager_with("waiter", ManagerOptions::default().max_poll_interval(SLOW))
+        .await;
+    // A first acquisition starts the waiter's listener; once it listens,
+    // the waiter below makes exactly one attempt before it sleeps.
+    waiter
+        .acquire("warm-up", "B", SLOW, Duration::ZERO)
+        .await
+        .expect("warm-up");
+    poll_until("the listener", BOUND, || async { waiter.stats().listening }).await;
+    let waiting = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.acquire("job", "B", SLOW, SLOW).await })
+    };
+    poll_until("the waiter to sleep", BOUND, || async {
+        let s = waiter.stats();
+        s.waiting == 1 && s.acquire_attempts == 2
+    })
+    .await;
+    assert!(holder.release("job", first.token()).await.expect("release"));
+
+    let second = tokio::time::timeout(BOUND, waiting)
+        .await
+        .expect("the waiter woke on the release")
+        .expect("join")
+        .expect("B acquires");
+    assert_eq!(second.holder(), "B");
+    assert!(second.token() > first.token());
+    // Woken once, it needed one more attempt.
+    assert_eq!(waiter.stats().acquire_attempts, 3);
+    assert_eq!(waiter.stats().waiting, 0);
+}
+
+#[tokio::test]
+async fn a_waiter_takes_over_at_expiry_when_the_holder_vanished() {
+    let db = TestDb::new().await;
+    // The holder acquires and disappears without releasing.
+    let gone = db
+        .manager()
+        .try_acquire("job", "A", Duration::from_secs(1))
+        .await
+        .expect("A acquires");
+    // Listening for releases, the waiter sleeps until the holder's expiry
+    // (database time), then takes over.
+    let waiter = db
+        .manager_with(
+            "expiry-waiter",
+            ManagerOptions::default().max_poll_interval(SLOW),
+        )
+        .await;
+    let lease = tokio::time::timeout(BOUND, waiter.acquire("job", "B", SLOW, SLOW))
+        .await
+        .expect("the waiter woke at the expiry")
+        .expect("B acquires");
+    assert!(lease.acquired_at() >= gone.expires_at());
+    assert!(lease.token() > gone.token());
+}
+
+#[tokio::test]
+async fn a_polling_waiter_gets_the_lease_after_a_release() {
+    let db = TestDb::new().await;
+    let holder = db.manager();
+    let first = holder
+        .try_acquire("job", "A", SLOW)
+        .await
+        .expect("A acquires");
+    let waiter = db
+        .manager_with("poller", ManagerOptions::default().notify(false))
+        .await;
+    let waiting = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.acquire("job", "B", SLOW, SLOW).await })
+    };
+    until_waiting(&waiter).await;
+    assert!(holder.release("job", first.token()).await.expect("release"));
+    let second = tokio::time::timeout(BOUND, waiting)
+        .await
+        .expect("the poller found the lease free")
+        .expect("join")
+        .expect("B acquires");
+    assert!(second.token() > first.token());
+}
+
+#[tokio::test]
+async fn waiting_is_bounded_by_max_wait() {
+    let db = TestDb::new().await;
+    db.manager()
+        .try_acquire("job", "A", SLOW)
+        .await
+        .expect("A acquires");
+    let waiter = db.manager();
+    match waiter
+        .acquire("job", "B", SLOW, Duration::from_millis(300))
+        .await
+    {
+        Err(Error::Held { holder, .. }) => assert_eq!(holder, "A"),
+        other => panic!("expected Held, got {other:?}"),
+    }
+    let once = db.manager();
+    assert!(matches!(
+        once.acquire("job", "B", SLOW, Duration::ZERO).await,
+        Err(Error::Held { .. })
+    ));
+    assert_eq!(
+        once.stats().acquire_attempts,
+        1,
+        "no wait means one attempt"
+    );
+}
+
+/// The waiter gives up while its attempt is inside the database (blocked
+/// behind a fenced transaction on the expired lease); the attempt then
+/// succeeds, and what it acquired is released rather than left held.
+#[tokio::test]
+async fn dropping_a_waiting_acquire_leaves_nothing_held() {
+    let db = TestDb::new().await;
+    let holder = db.manager();
+    let old = holder
+        .try_acquire("job", "A", Duration::from_millis(300))
+        .await
+        .expect("A acquires");
+    let fenced = holder
+        .begin_fenced("job", old.token())
+        .await
+        .expect("A's fenced transaction");
+    db.wait_until_db_time(old.expires_at()).await;
+
+    let waiter = db.manager_with("dropped", ManagerOptions::default()).await;
+    let waiting = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.acquire("job", "B", SLOW, SLOW).await })
+    };
+    poll_until("B's attempt to block", BOUND, || async {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = 'dropped' \
+               AND datname = current_database() AND wait_event_type = 'Lock')",
+        )
+        .fetch_one(db.pool())
+        .await
+        .expect("read pg_stat_activity")
+    })
+    .await;
+    waiting.abort();
+    assert!(waiting.await.expect_err("aborted").is_cancelled());
+    fenced.commit().await.expect("A commits");
+
+    // The attempt went through after all, and was handed back.
+    poll_until("the orphaned acquisition to be released", BOUND, || async {
+        let status = holder.inspect("job").await.expect("inspect");
+        status.token > Some(old.token()) && !status.held
+    })
+    .await;
+}
