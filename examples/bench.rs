@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use pglease::{Error, LeaseManager};
+use pglease::{Error, LeaseManager, ManagerOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
@@ -84,11 +84,16 @@ fn raw_update(pool: &PgPool) -> Op {
     })
 }
 
-async fn setup() -> Result<PgPool, Error> {
-    let server = match std::env::var("DATABASE_URL") {
+/// The server to benchmark: DATABASE_URL, else the libpq defaults.
+fn server() -> Result<PgConnectOptions, Error> {
+    Ok(match std::env::var("DATABASE_URL") {
         Ok(url) => url.parse::<PgConnectOptions>()?,
         Err(_) => pglease::libpq_defaults(),
-    };
+    })
+}
+
+async fn setup() -> Result<PgPool, Error> {
+    let server = server()?;
     let mut admin = server.connect().await?;
     sqlx::query("DROP DATABASE IF EXISTS pglease_bench WITH (FORCE)")
         .execute(&mut admin)
@@ -361,14 +366,145 @@ async fn main() -> Result<(), Error> {
         seq_after - seq_before
     );
 
+    renewal_batches(&m, secs).await?;
+    handover(&pool).await?;
+    takeover(&pool).await?;
+
     pool.close().await;
-    let server = match std::env::var("DATABASE_URL") {
-        Ok(url) => url.parse::<PgConnectOptions>()?,
-        Err(_) => pglease::libpq_defaults(),
-    };
-    let mut admin = server.connect().await?;
+    let mut admin = server()?.connect().await?;
     sqlx::query("DROP DATABASE IF EXISTS pglease_bench WITH (FORCE)")
         .execute(&mut admin)
         .await?;
+    Ok(())
+}
+
+/// The statement the background renewal task sends once per tick.
+const RENEW_MANY: &str = "SELECT name, token, expires_at, renewed, current_token, current_holder \
+     FROM pglease.renew_many($1, $2, $3)";
+
+/// P2: renewing N held leases in one statement vs one statement per lease.
+async fn renewal_batches(m: &LeaseManager, secs: f64) -> Result<(), Error> {
+    println!("\nRenewal of N held leases: one renew_many statement vs N renew statements");
+    println!("| N | batched µs/lease | one by one µs/lease | batched / one by one |");
+    println!("|---:|---:|---:|---:|");
+    let mut held: Vec<(String, i64)> = Vec::new();
+    for n in [1usize, 100, 1000] {
+        while held.len() < n {
+            let name = format!("renew-{:04}", held.len());
+            let lease = m.try_acquire(&name, "bench", LONG).await?;
+            held.push((name, lease.token()));
+        }
+        let names: Vec<&str> = held.iter().map(|h| h.0.as_str()).collect();
+        let tokens: Vec<i64> = held.iter().map(|h| h.1).collect();
+        let ttls = vec![LONG; n];
+        let (mut batched, mut single) = (Vec::new(), Vec::new());
+        // Alternate rounds until each side had its share of the time.
+        let until = Instant::now() + Duration::from_secs_f64(secs);
+        while Instant::now() < until || batched.len() < 3 {
+            let start = Instant::now();
+            let rows = sqlx::query(RENEW_MANY)
+                .bind(&names)
+                .bind(&tokens)
+                .bind(&ttls)
+                .fetch_all(m.pool())
+                .await?;
+            assert_eq!(rows.len(), n);
+            batched.push(start.elapsed());
+            let start = Instant::now();
+            for (name, token) in &held {
+                m.renew(name, *token, LONG).await?;
+            }
+            single.push(start.elapsed());
+        }
+        let per_lease = |v: &[Duration]| median(v).as_secs_f64() * 1e6 / n as f64;
+        let (b, o) = (per_lease(&batched), per_lease(&single));
+        println!("| {n} | {b:.1} | {o:.1} | {:.3} |", b / o);
+    }
+    Ok(())
+}
+
+fn median(v: &[Duration]) -> Duration {
+    percentile(v, 0.5)
+}
+
+fn percentile(v: &[Duration], p: f64) -> Duration {
+    let mut v = v.to_vec();
+    v.sort();
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// P3: from an explicit release to the waiting acquirer holding the lease,
+/// with NOTIFY and with polling only. The release comes 100 ms after the
+/// waiter went to sleep, so that a poller's backoff has started.
+async fn handover(pool: &PgPool) -> Result<(), Error> {
+    const ROUNDS: usize = 40;
+    println!("\nHandover from release to the waiter holding the lease ({ROUNDS} rounds each)");
+    println!("| waiter | p50 ms | p99 ms |\n|---|---:|---:|");
+    let holder = LeaseManager::new(pool.clone());
+    for (label, options) in [
+        ("LISTEN/NOTIFY", ManagerOptions::default()),
+        (
+            "polling only (10 ms .. 1 s backoff)",
+            ManagerOptions::default().notify(false),
+        ),
+    ] {
+        let waiter = LeaseManager::with_options(pool.clone(), options)?;
+        let mut latencies = Vec::new();
+        for round in 0..ROUNDS {
+            let name = format!("handover-{label}-{round}");
+            let held = holder.try_acquire(&name, "holder", LONG).await?;
+            let attempts = waiter.stats().acquire_attempts;
+            let task = {
+                let (waiter, name) = (waiter.clone(), name.clone());
+                tokio::spawn(async move {
+                    let got = waiter.acquire(&name, "waiter", LONG, LONG).await;
+                    (got, Instant::now())
+                })
+            };
+            // The waiter has tried once and sleeps.
+            while waiter.stats().acquire_attempts == attempts || waiter.stats().waiting == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let released = Instant::now();
+            holder.release(&name, held.token()).await?;
+            let (got, at) = task.await.expect("waiter task");
+            let lease = got?;
+            latencies.push(at - released);
+            waiter.release(&name, lease.token()).await?;
+        }
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "| {label} | {:.2} | {:.2} |",
+            ms(median(&latencies)),
+            ms(percentile(&latencies, 0.99))
+        );
+    }
+    Ok(())
+}
+
+/// P4: a holder acquires with a 1 s TTL and dies without releasing; a
+/// waiter (listening) takes over. Reported: time from the holder's
+/// acquisition to the waiter's, which must stay within TTL + 1 s.
+async fn takeover(pool: &PgPool) -> Result<(), Error> {
+    const TTL: Duration = Duration::from_secs(1);
+    let waiter = LeaseManager::new(pool.clone());
+    let mut after = Vec::new();
+    for round in 0..5 {
+        let name = format!("takeover-{round}");
+        let start = Instant::now();
+        LeaseManager::new(pool.clone())
+            .try_acquire(&name, "dies", TTL)
+            .await?;
+        waiter.acquire(&name, "waiter", LONG, LONG).await?;
+        after.push(start.elapsed());
+    }
+    let worst = after.iter().max().copied().unwrap_or_default();
+    println!(
+        "\nTakeover after a holder died (TTL 1 s, 5 rounds): median {:.0} ms, worst {:.0} ms \
+         after its acquisition (bound: TTL + 1 s = 2000 ms)",
+        median(&after).as_secs_f64() * 1e3,
+        worst.as_secs_f64() * 1e3
+    );
     Ok(())
 }

@@ -67,7 +67,9 @@ BEGIN
     -- One UPDATE for the whole batch, with the same condition as renew.
     -- The final SELECT reads the rows as they were before the UPDATE (a
     -- data-modifying CTE is invisible to its own statement), which is what
-    -- the not-renewed rows need: they were not changed.
+    -- the not-renewed rows need: they were not changed. The UPDATE is
+    -- joined on the primary key, so with many lease rows it stays a lookup
+    -- per requested lease.
     RETURN QUERY
     WITH req AS (
         SELECT u.n, u.t, make_interval(secs => extract(epoch FROM u.ttl)::double precision) AS ttl
@@ -87,7 +89,11 @@ BEGIN
            nullif(cur.token, 0), cur.holder
       FROM req
       LEFT JOIN upd ON upd.name = req.n
-      LEFT JOIN pglease.leases AS cur ON cur.name = req.n AND upd.name IS NULL;
+      -- Looked up (by primary key) only for the leases not renewed.
+      LEFT JOIN LATERAL (
+          SELECT c.token, c.holder FROM pglease.leases AS c
+           WHERE upd.name IS NULL AND c.name = req.n
+      ) AS cur ON true;
 END
 $$;
 
