@@ -14,11 +14,13 @@
 -- renew_many(names, tokens, ttls): renew[i] = renew(names[i], tokens[i], ttls[i])
 ------------------------------------------------------------------------
 
--- One row per requested lease, in no particular order: renewed tells
--- whether it was renewed; expires_at is the new expiry when it was. When it
--- was not, current_token and current_holder describe the row as this
--- statement found it (current_token NULL: the name was never acquired), so
--- that the caller can tell a takeover from a release or an expiry.
+-- One row per lease renewed, with renewed = true and the new expires_at,
+-- then one row per element not renewed, with renewed = false and the
+-- current_token and current_holder of the row as found (current_token NULL:
+-- the name was never acquired), so that the caller can tell a takeover from
+-- a release or an expiry. A name may appear more than once: only elements
+-- with the current token are renewed, and equal elements renew the lease
+-- once (and yield one row).
 CREATE FUNCTION pglease.renew_many(names text[], tokens bigint[], ttls interval[])
 RETURNS TABLE (name text, token bigint, expires_at timestamptz, renewed boolean,
                current_token bigint, current_holder text)
@@ -26,8 +28,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    bad     record;
-    checked text;
+    bad       record;
+    checked   text;
+    started   timestamptz;
+    n_renewed bigint;
 BEGIN
     IF names IS NULL OR tokens IS NULL OR ttls IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
@@ -39,13 +43,14 @@ BEGIN
                              cardinality(names), cardinality(tokens), cardinality(ttls));
     END IF;
 
-    -- Validation is set-based (one scan of the arguments); only the first
-    -- bad element goes through the scalar checks, for their exact message.
+    -- Validation is set-based (one scan of the arguments, in double
+    -- precision rather than numeric); only the first bad element goes
+    -- through the scalar checks, for their exact message.
     SELECT u.ord, u.n, u.t, u.ttl INTO bad
       FROM unnest(names, tokens, ttls) WITH ORDINALITY AS u(n, t, ttl, ord)
      WHERE u.n IS NULL OR octet_length(u.n) NOT BETWEEN 1 AND 255
         OR u.t IS NULL OR u.ttl IS NULL
-        OR extract(epoch FROM u.ttl) <= 0 OR extract(epoch FROM u.ttl) > 604800
+        OR date_part('epoch', u.ttl) <= 0 OR date_part('epoch', u.ttl) > 604800
      ORDER BY u.ord
      LIMIT 1;
     IF FOUND THEN
@@ -58,49 +63,42 @@ BEGIN
                 MESSAGE = replace(SQLERRM, 'pglease: ', format('pglease: element %s: ', bad.ord));
         END;
     END IF;
-    SELECT u.n INTO bad FROM unnest(names) AS u(n) GROUP BY u.n HAVING count(*) > 1 LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('pglease: names must not repeat: %L appears more than once', bad.n);
-    END IF;
 
-    -- One UPDATE for the whole batch, with the same condition as renew.
-    -- The final SELECT reads the rows as they were before the UPDATE (a
-    -- data-modifying CTE is invisible to its own statement), which is what
-    -- the not-renewed rows need: they were not changed. The UPDATE is
-    -- joined on the primary key, so with many lease rows it stays a lookup
-    -- per requested lease.
+    -- One UPDATE for the whole batch, with the same condition as renew and
+    -- the TTL in exact seconds; it is joined on the primary key.
+    started := clock_timestamp();
     RETURN QUERY
-    WITH req AS (
-        SELECT u.n, u.t, make_interval(secs => extract(epoch FROM u.ttl)::double precision) AS ttl
-          FROM unnest(names, tokens, ttls) AS u(n, t, ttl)
-    ), upd AS (
-        UPDATE pglease.leases AS l
-           SET expires_at = clock_timestamp() + req.ttl,
-               renewed_at = clock_timestamp()
-          FROM req
-         WHERE l.name = req.n
-           AND l.token = req.t
-           AND l.holder IS NOT NULL
-           AND clock_timestamp() < l.expires_at
-        RETURNING l.name, l.expires_at
-    )
-    SELECT req.n, req.t, upd.expires_at, upd.name IS NOT NULL,
-           nullif(cur.token, 0), cur.holder
-      FROM req
-      LEFT JOIN upd ON upd.name = req.n
-      -- Looked up (by primary key) only for the leases not renewed.
-      LEFT JOIN LATERAL (
-          SELECT c.token, c.holder FROM pglease.leases AS c
-           WHERE upd.name IS NULL AND c.name = req.n
-      ) AS cur ON true;
+    UPDATE pglease.leases AS l
+       SET expires_at = clock_timestamp() + make_interval(secs => date_part('epoch', u.ttl)),
+           renewed_at = clock_timestamp()
+      FROM unnest(names, tokens, ttls) AS u(n, t, ttl)
+     WHERE l.name = u.n
+       AND l.token = u.t
+       AND l.holder IS NOT NULL
+       AND clock_timestamp() < l.expires_at
+    RETURNING l.name, l.token, l.expires_at, true, NULL::bigint, NULL::text;
+    GET DIAGNOSTICS n_renewed = ROW_COUNT;
+
+    -- Usually every lease was renewed and this is skipped. Otherwise the
+    -- rest are the elements whose row this call did not just renew (only
+    -- this call can have renewed a row with this token since it started:
+    -- a lease it did not renew was not valid, and cannot be renewed again).
+    IF n_renewed < cardinality(names) THEN
+        RETURN QUERY
+        SELECT u.n, u.t, NULL::timestamptz, false, nullif(c.token, 0), c.holder
+          FROM unnest(names, tokens) AS u(n, t)
+          LEFT JOIN pglease.leases AS c ON c.name = u.n
+         WHERE c.name IS NULL OR c.token <> u.t OR c.holder IS NULL
+            OR c.renewed_at IS NULL OR c.renewed_at < started;
+    END IF;
 END
 $$;
 
 COMMENT ON FUNCTION pglease.renew_many(text[], bigint[], interval[]) IS
     'Renew many leases in one statement: element i is renew(names[i], tokens[i], '
-    'ttls[i]). Returns one row per element with renewed = true and the new '
-    'expires_at, or renewed = false and the current token and holder.';
+    'ttls[i]). Returns a row per lease renewed (renewed = true, the new '
+    'expires_at) and per element not renewed (renewed = false, the current '
+    'token and holder).';
 
 ------------------------------------------------------------------------
 -- release(name, token): as in 0001, and announces the release.

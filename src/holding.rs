@@ -616,7 +616,6 @@ fn plan(shared: &Arc<Shared>, now: Instant, can_send: bool) -> (Option<Batch>, O
         ttls: Vec::new(),
         first_fire_at: now + Duration::from_secs(3600),
     };
-    let mut seen = HashMap::new();
     let mut first_renew_at = now + Duration::from_secs(3600);
     for (key, entry) in registry.iter_mut() {
         wake_at(entry.state.fire_at());
@@ -628,19 +627,6 @@ fn plan(shared: &Arc<Shared>, now: Instant, can_send: bool) -> (Option<Batch>, O
             continue;
         }
         first_renew_at = first_renew_at.min(entry.renew_at);
-        // One name appears once per statement; of two tokens for one name
-        // only the newer can be current, and the older fails next tick.
-        if let Some(&other) = seen.get(&key.0) {
-            if other > key.1 {
-                continue;
-            }
-            let at = batch.keys.iter().position(|k| k.0 == key.0 && k.1 == other);
-            if let Some(at) = at {
-                batch.keys.remove(at);
-                batch.ttls.remove(at);
-            }
-        }
-        seen.insert(key.0.clone(), key.1);
         batch.keys.push(key.clone());
         batch.ttls.push(interval(entry.state.timing.ttl));
         batch.first_fire_at = batch.first_fire_at.min(entry.state.fire_at());
@@ -780,6 +766,12 @@ fn apply(shared: &Arc<Shared>, outcome: BatchOutcome) {
                 entry.state.fire(reason);
                 registry.remove(&key);
             }
+        }
+    }
+    // Every element yields a row; should one be missing, try it again.
+    for key in &outcome.keys {
+        if let Some(entry) = registry.get_mut(key) {
+            entry.in_flight = false;
         }
     }
     shared

@@ -122,6 +122,18 @@ async fn sql_functions_reject_bad_input_with_22023() {
         "SELECT pglease.advance('res', NULL)",
         "SELECT pglease.advance('res', 0)",
         "SELECT pglease.advance('res', -7)",
+        // A bad element anywhere rejects the whole batch, valid ones included.
+        "SELECT * FROM pglease.renew_many(NULL, '{1}', '{1s}')",
+        "SELECT * FROM pglease.renew_many('{ok}', NULL, '{1s}')",
+        "SELECT * FROM pglease.renew_many('{ok}', '{1}', NULL)",
+        "SELECT * FROM pglease.renew_many('{ok,ok}', '{1}', '{1s,1s}')",
+        "SELECT * FROM pglease.renew_many('{ok,\"\"}', '{1,1}', '{1s,1s}')",
+        "SELECT * FROM pglease.renew_many(ARRAY['ok', NULL], '{1,1}', '{1s,1s}')",
+        "SELECT * FROM pglease.renew_many(ARRAY['ok', repeat('n', 256)], '{1,1}', '{1s,1s}')",
+        "SELECT * FROM pglease.renew_many('{ok,x}', '{1,NULL}', '{1s,1s}')",
+        "SELECT * FROM pglease.renew_many('{ok,x}', '{1,1}', '{1s,NULL}')",
+        "SELECT * FROM pglease.renew_many('{ok,x}', '{1,1}', '{1s,0s}')",
+        "SELECT * FROM pglease.renew_many('{ok,x}', '{1,1}', '{1s,8 days}')",
     ];
     for sql in calls {
         assert_eq!(sqlstate(&db, sql).await, "22023", "{sql}");

@@ -407,3 +407,64 @@ async fn bad_timing_is_rejected_before_anything_is_acquired() {
     ));
     assert_eq!(db.snapshot().await, before);
 }
+
+/// `renew_many` as other languages call it: renewed leases, then every
+/// element it did not renew with the lease's current state.
+#[tokio::test]
+async fn renew_many_reports_each_lease_it_did_not_renew() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let long = Duration::from_secs(600);
+    let valid = m.try_acquire("valid", "A", long).await.expect("valid");
+    let old = m.try_acquire("taken", "A", long).await.expect("taken");
+    assert!(m.release("taken", old.token()).await.expect("release"));
+    let new = m.try_acquire("taken", "B", long).await.expect("retaken");
+    let released = m.try_acquire("released", "A", long).await.expect("rel");
+    assert!(
+        m.release("released", released.token())
+            .await
+            .expect("release")
+    );
+    let before = m.inspect("valid").await.expect("inspect");
+
+    type Row = (String, i64, bool, Option<i64>, Option<String>);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT name, token, renewed, current_token, current_holder \
+           FROM pglease.renew_many($1, $2, '{10 min,10 min,10 min,10 min}') ORDER BY name",
+    )
+    .bind(vec!["valid", "taken", "released", "never"])
+    .bind(vec![valid.token(), old.token(), released.token(), 1])
+    .fetch_all(db.pool())
+    .await
+    .expect("renew_many");
+    assert_eq!(
+        rows,
+        vec![
+            ("never".into(), 1, false, None, None),
+            (
+                "released".into(),
+                released.token(),
+                false,
+                Some(released.token()),
+                None
+            ),
+            (
+                "taken".into(),
+                old.token(),
+                false,
+                Some(new.token()),
+                Some("B".into())
+            ),
+            ("valid".into(), valid.token(), true, None, None),
+        ]
+    );
+    let after = m.inspect("valid").await.expect("inspect");
+    assert!(
+        after.expires_at > before.expires_at,
+        "the valid lease was renewed"
+    );
+    assert_eq!(
+        m.inspect("taken").await.expect("inspect").token,
+        Some(new.token())
+    );
+}
