@@ -92,6 +92,43 @@ fn server() -> Result<PgConnectOptions, Error> {
     })
 }
 
+/// Acquire and release a lease with bare statements on `raw_leases`.
+fn raw_cycle(pool: &PgPool, release: &'static str) -> Op {
+    let pool = pool.clone();
+    op(move |c| {
+        let pool = pool.clone();
+        async move {
+            let name = format!("cycle-{c}");
+            let token: i64 = sqlx::query_scalar(RAW_ACQUIRE)
+                .bind(&name)
+                .bind("bench")
+                .bind(LONG)
+                .fetch_one(&pool)
+                .await?;
+            sqlx::query(release)
+                .bind(&name)
+                .bind(token)
+                .execute(&pool)
+                .await?;
+            Ok(())
+        }
+    })
+}
+
+/// Acquire and release a lease through the library.
+fn lib_cycle(m: &LeaseManager) -> Op {
+    let m = m.clone();
+    op(move |c| {
+        let m = m.clone();
+        async move {
+            let name = format!("cycle-{c}");
+            let lease = m.try_acquire(&name, "bench", LONG).await?;
+            m.release(&name, lease.token()).await?;
+            Ok(())
+        }
+    })
+}
+
 async fn setup() -> Result<PgPool, Error> {
     let server = server()?;
     let mut admin = server.connect().await?;
@@ -136,6 +173,10 @@ const RAW_RENEW: &str = "UPDATE raw_leases SET expires_at = clock_timestamp() + 
      RETURNING expires_at";
 const RAW_RELEASE: &str = "UPDATE raw_leases SET holder = NULL \
      WHERE name = $1 AND token = $2 AND holder IS NOT NULL AND clock_timestamp() < expires_at";
+/// The raw release plus the notification pglease.release sends.
+const RAW_RELEASE_NOTIFY: &str = "WITH r AS (UPDATE raw_leases SET holder = NULL \
+     WHERE name = $1 AND token = $2 AND holder IS NOT NULL AND clock_timestamp() < expires_at \
+     RETURNING name) SELECT pg_notify('bench_release', name) FROM r";
 const GUARDED_UPDATE: &str = "WITH fence AS (SELECT pglease.assert_held($1, $2)) \
      UPDATE data SET value = value + 1 FROM fence WHERE id = $3";
 
@@ -180,39 +221,13 @@ async fn main() -> Result<(), Error> {
         let rows: Vec<(&str, Op, Op)> = vec![
             (
                 "try_acquire + release",
-                {
-                    let pool = pool.clone();
-                    op(move |c| {
-                        let pool = pool.clone();
-                        async move {
-                            let name = format!("cycle-{c}");
-                            let token: i64 = sqlx::query_scalar(RAW_ACQUIRE)
-                                .bind(&name)
-                                .bind("bench")
-                                .bind(LONG)
-                                .fetch_one(&pool)
-                                .await?;
-                            sqlx::query(RAW_RELEASE)
-                                .bind(&name)
-                                .bind(token)
-                                .execute(&pool)
-                                .await?;
-                            Ok(())
-                        }
-                    })
-                },
-                {
-                    let m = m.clone();
-                    op(move |c| {
-                        let m = m.clone();
-                        async move {
-                            let name = format!("cycle-{c}");
-                            let lease = m.try_acquire(&name, "bench", LONG).await?;
-                            m.release(&name, lease.token()).await?;
-                            Ok(())
-                        }
-                    })
-                },
+                raw_cycle(&pool, RAW_RELEASE),
+                lib_cycle(&m),
+            ),
+            (
+                "try_acquire + release (raw release also NOTIFYs)",
+                raw_cycle(&pool, RAW_RELEASE_NOTIFY),
+                lib_cycle(&m),
             ),
             (
                 "renew",

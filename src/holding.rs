@@ -404,6 +404,7 @@ impl LeaseManager {
         ttl: Duration,
         max_wait: Duration,
     ) -> Result<HeldLease> {
+        crate::input::check_ttl(ttl)?;
         let timing = self.shared().options.timing(ttl)?;
         let (lease, sent) = self.acquire_sent(name, holder, ttl, max_wait).await?;
         Ok(self.register(lease, sent, timing))
