@@ -307,13 +307,21 @@ BEGIN
        AND l.token = release.token
        AND l.holder IS NOT NULL
        AND clock_timestamp() < l.expires_at;
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    -- Wakes waiting acquirers (LISTEN pglease_release; the payload is the
+    -- name). Delivered at commit, and only if the release commits: nobody
+    -- hears of a release that did not happen.
+    PERFORM pg_notify('pglease_release', release.name);
+    RETURN true;
 END
 $$;
 
 COMMENT ON FUNCTION pglease.release(text, bigint) IS
-    'End lease NAME held under TOKEN at once. Returns true if this call ended '
-    'it, false if it was not valid (stale token, already released, expired).';
+    'End lease NAME held under TOKEN at once, and notify channel pglease_release '
+    'with the name. Returns true if this call ended it, false if it was not '
+    'valid (stale token, already released, expired).';
 
 ------------------------------------------------------------------------
 -- assert_held(name, token): the guarded-write check.

@@ -2,9 +2,8 @@
 --
 -- renew_many renews many leases in one statement and one commit, so that a
 -- process holding a thousand leases pays one round trip per renewal tick,
--- not a thousand. release now announces each release on the channel
--- 'pglease_release' (payload: the lease name), so that waiting acquirers
--- wake at once instead of at their next poll.
+-- not a thousand. (Waiting acquirers are woken by the notification that
+-- release sends, see 0001_core.sql.)
 --
 -- The CLOCK, LOCKS and DURABILITY rules of 0001_core.sql apply unchanged:
 -- renew_many decides with clock_timestamp() at each row update, takes the
@@ -99,42 +98,3 @@ COMMENT ON FUNCTION pglease.renew_many(text[], bigint[], interval[]) IS
     'ttls[i]). Returns a row per lease renewed (renewed = true, the new '
     'expires_at) and per element not renewed (renewed = false, the current '
     'token and holder).';
-
-------------------------------------------------------------------------
--- release(name, token): as in 0001, and announces the release.
-------------------------------------------------------------------------
-
-CREATE OR REPLACE FUNCTION pglease.release(name text, token bigint)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    checked       text;
-    checked_token bigint;
-BEGIN
-    checked := pglease._check_text('name', release.name);
-    checked_token := pglease._check_token(release.token);
-
-    UPDATE pglease.leases AS l
-       SET holder = NULL,
-           expires_at = clock_timestamp(),
-           released_at = clock_timestamp()
-     WHERE l.name = release.name
-       AND l.token = release.token
-       AND l.holder IS NOT NULL
-       AND clock_timestamp() < l.expires_at;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    -- Delivered at commit, and only if the release commits: a listener
-    -- never hears of a release that did not happen.
-    PERFORM pg_notify('pglease_release', release.name);
-    RETURN true;
-END
-$$;
-
-COMMENT ON FUNCTION pglease.release(text, bigint) IS
-    'End lease NAME held under TOKEN at once, and notify channel pglease_release '
-    'with the name. Returns true if this call ended it, false if it was not '
-    'valid (stale token, already released, expired).';

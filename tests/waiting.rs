@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{TestDb, poll_until};
-use pglease::{Error, LeaseManager, ManagerOptions};
+use pglease::{Error, Lease, LeaseManager, ManagerOptions};
 
 const BOUND: Duration = Duration::from_secs(30);
 /// Longer than any of these tests may take: a waiter that only polled or
@@ -20,6 +20,12 @@ async fn until_waiting(waiter: &LeaseManager) {
         s.waiting == 1 && s.acquire_attempts >= 1
     })
     .await;
+}
+
+/// B's acquisition of "job", waiting up to two minutes, on a task.
+fn spawn_acquire(waiter: &LeaseManager) -> tokio::task::JoinHandle<pglease::Result<Lease>> {
+    let waiter = waiter.clone();
+    tokio::spawn(async move { waiter.acquire("job", "B", SLOW, SLOW).await })
 }
 
 #[tokio::test]
@@ -40,10 +46,7 @@ async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
         .await
         .expect("warm-up");
     poll_until("the listener", BOUND, || async { waiter.stats().listening }).await;
-    let waiting = {
-        let waiter = waiter.clone();
-        tokio::spawn(async move { waiter.acquire("job", "B", SLOW, SLOW).await })
-    };
+    let waiting = spawn_acquire(&waiter);
     poll_until("the waiter to sleep", BOUND, || async {
         let s = waiter.stats();
         s.waiting == 1 && s.acquire_attempts == 2
@@ -99,10 +102,7 @@ async fn a_polling_waiter_gets_the_lease_after_a_release() {
     let waiter = db
         .manager_with("poller", ManagerOptions::default().notify(false))
         .await;
-    let waiting = {
-        let waiter = waiter.clone();
-        tokio::spawn(async move { waiter.acquire("job", "B", SLOW, SLOW).await })
-    };
+    let waiting = spawn_acquire(&waiter);
     until_waiting(&waiter).await;
     assert!(holder.release("job", first.token()).await.expect("release"));
     let second = tokio::time::timeout(BOUND, waiting)
@@ -158,10 +158,7 @@ async fn dropping_a_waiting_acquire_leaves_nothing_held() {
     db.wait_until_db_time(old.expires_at()).await;
 
     let waiter = db.manager_with("dropped", ManagerOptions::default()).await;
-    let waiting = {
-        let waiter = waiter.clone();
-        tokio::spawn(async move { waiter.acquire("job", "B", SLOW, SLOW).await })
-    };
+    let waiting = spawn_acquire(&waiter);
     poll_until("B's attempt to block", BOUND, || async {
         sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = 'dropped' \
