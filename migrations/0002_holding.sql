@@ -27,10 +27,11 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    bad       record;
-    checked   text;
-    started   timestamptz;
-    n_renewed bigint;
+    bad        record;
+    checked    text;
+    r_names    text[];
+    r_tokens   bigint[];
+    r_expiries timestamptz[];
 BEGIN
     IF names IS NULL OR tokens IS NULL OR ttls IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
@@ -64,31 +65,36 @@ BEGIN
     END IF;
 
     -- One UPDATE for the whole batch, with the same condition as renew and
-    -- the TTL in exact seconds; it is joined on the primary key.
-    started := clock_timestamp();
+    -- the TTL in exact seconds; it is joined on the primary key. What it
+    -- renewed is kept, to tell the rest apart exactly.
+    WITH upd AS (
+        UPDATE pglease.leases AS l
+           SET expires_at = clock_timestamp() + make_interval(secs => date_part('epoch', u.ttl)),
+               renewed_at = clock_timestamp()
+          FROM unnest(names, tokens, ttls) AS u(n, t, ttl)
+         WHERE l.name = u.n
+           AND l.token = u.t
+           AND l.holder IS NOT NULL
+           AND clock_timestamp() < l.expires_at
+        RETURNING l.name, l.token, l.expires_at
+    )
+    SELECT coalesce(array_agg(upd.name), '{}'), coalesce(array_agg(upd.token), '{}'),
+           coalesce(array_agg(upd.expires_at), '{}')
+      INTO r_names, r_tokens, r_expiries
+      FROM upd;
     RETURN QUERY
-    UPDATE pglease.leases AS l
-       SET expires_at = clock_timestamp() + make_interval(secs => date_part('epoch', u.ttl)),
-           renewed_at = clock_timestamp()
-      FROM unnest(names, tokens, ttls) AS u(n, t, ttl)
-     WHERE l.name = u.n
-       AND l.token = u.t
-       AND l.holder IS NOT NULL
-       AND clock_timestamp() < l.expires_at
-    RETURNING l.name, l.token, l.expires_at, true, NULL::bigint, NULL::text;
-    GET DIAGNOSTICS n_renewed = ROW_COUNT;
+    SELECT r.n, r.t, r.e, true, NULL::bigint, NULL::text
+      FROM unnest(r_names, r_tokens, r_expiries) AS r(n, t, e);
 
-    -- Usually every lease was renewed and this is skipped. Otherwise the
-    -- rest are the elements whose row this call did not just renew (only
-    -- this call can have renewed a row with this token since it started:
-    -- a lease it did not renew was not valid, and cannot be renewed again).
-    IF n_renewed < cardinality(names) THEN
+    -- Usually every lease was renewed and this is skipped. Otherwise: every
+    -- element not among those renewed, with its lease's current row.
+    IF cardinality(r_names) < cardinality(names) THEN
         RETURN QUERY
         SELECT u.n, u.t, NULL::timestamptz, false, nullif(c.token, 0), c.holder
           FROM unnest(names, tokens) AS u(n, t)
           LEFT JOIN pglease.leases AS c ON c.name = u.n
-         WHERE c.name IS NULL OR c.token <> u.t OR c.holder IS NULL
-            OR c.renewed_at IS NULL OR c.renewed_at < started;
+         WHERE NOT EXISTS (SELECT 1 FROM unnest(r_names, r_tokens) AS r(n, t)
+                            WHERE r.n = u.n AND r.t = u.t);
     END IF;
 END
 $$;

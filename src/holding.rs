@@ -44,7 +44,7 @@ pub struct ManagerStats {
     pub leases_renewed: u64,
     /// Renewal statements that failed or timed out (and were retried).
     pub renewal_failures: u64,
-    /// Acquisition statements sent (successful or not).
+    /// Acquisition statements answered (successful or not).
     pub acquire_attempts: u64,
     /// Acquirers waiting for a lease right now.
     pub waiting: usize,
@@ -69,7 +69,8 @@ pub(crate) struct Shared {
     registry: Mutex<HashMap<(String, i64), Entry>>,
     wake: Notify,
     pub(crate) stop: CancellationToken,
-    renewer: OnceLock<()>,
+    /// The renewal task; started again if the runtime it ran on has ended.
+    renewer: Mutex<Option<tokio::task::JoinHandle<()>>>,
     pub(crate) listener: OnceLock<Listener>,
     pub(crate) counters: Counters,
     shut_down: AtomicBool,
@@ -83,7 +84,7 @@ impl Shared {
             registry: Mutex::new(HashMap::new()),
             wake: Notify::new(),
             stop: CancellationToken::new(),
-            renewer: OnceLock::new(),
+            renewer: Mutex::new(None),
             listener: OnceLock::new(),
             counters: Counters::default(),
             shut_down: AtomicBool::new(false),
@@ -308,11 +309,13 @@ impl HeldLease {
     pub async fn lost(&self) -> LossReason {
         let mut view = self.state.view.subscribe();
         loop {
+            // Mark the current state seen *before* checking it, so that a
+            // loss fired in between wakes `changed()` below.
+            view.borrow_and_update();
             if let Some(reason) = self.state.check() {
                 return reason;
             }
             let fire_at = self.state.fire_at();
-            view.borrow_and_update();
             tokio::select! {
                 // The sender lives in `self.state`, so this never errors.
                 _ = view.changed() => {}
@@ -342,10 +345,13 @@ impl HeldLease {
     /// Stops renewing and releases the lease in the database. Returns
     /// `true` if this ended it, `false` if it had already ended (lost).
     pub async fn release(mut self) -> Result<bool> {
-        self.released = true;
         self.manager.shared().forget(&self.state.lease);
         self.state.fire(LossReason::Released);
-        self.manager.release(self.name(), self.token()).await
+        let outcome = self.manager.release(self.name(), self.token()).await;
+        // Only now: if this future is dropped before the database answers,
+        // `Drop` releases in the background instead.
+        self.released = true;
+        outcome
     }
 
     fn lost_error(&self, reason: LossReason) -> Error {
@@ -369,7 +375,7 @@ impl Drop for HeldLease {
 }
 
 /// Releases `lease` on a spawned task if a runtime is available.
-fn release_in_background(shared: &Arc<Shared>, lease: &Lease) {
+pub(crate) fn release_in_background(shared: &Arc<Shared>, lease: &Lease) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -452,19 +458,37 @@ impl LeaseManager {
     }
 
     /// Releases every lease this manager holds, stops its background tasks
-    /// and refuses further acquisitions with [`Error::ShutDown`]. Held
-    /// leases report [`LossReason::Released`]. Returns the first release
-    /// error, after trying them all.
+    /// and refuses further acquisitions with [`Error::ShutDown`]. Every held
+    /// lease reports [`LossReason::Released`] at once; then each is released
+    /// in the database (each release bounded by the renewal timeout).
+    /// Returns the first failure, after trying them all; a lease whose
+    /// release failed (or was not reached because this future was dropped)
+    /// ends at its expiry.
     pub async fn shutdown(&self) -> Result<()> {
         let shared = self.shared();
         shared.shut_down.store(true, Ordering::Release);
         let entries: Vec<Entry> = shared.registry().drain().map(|(_, e)| e).collect();
         shared.stop.cancel();
-        let mut first_error = None;
-        for entry in entries {
+        // Every holder hears of it before the first release is awaited.
+        for entry in &entries {
             entry.state.fire(LossReason::Released);
+        }
+        let limit = shared.options.renew_timeout_value();
+        let mut first_error = None;
+        for entry in &entries {
             let lease = &entry.state.lease;
-            if let Err(error) = self.release(lease.name(), lease.token()).await {
+            let release = self.release(lease.name(), lease.token());
+            let outcome = match tokio::time::timeout(limit, release).await {
+                Ok(outcome) => outcome.map(|_| ()),
+                Err(_) => Err(Error::Lost {
+                    name: lease.name().to_owned(),
+                    token: lease.token(),
+                    reason: LossReason::Unreachable {
+                        error: format!("no answer to its release within {limit:?}"),
+                    },
+                }),
+            };
+            if let Err(error) = outcome {
                 first_error.get_or_insert(error);
             }
         }
@@ -517,9 +541,14 @@ impl LeaseManager {
             state.fire(LossReason::Released);
             release_in_background(shared, &state.lease);
         } else {
-            shared.renewer.get_or_init(|| {
-                tokio::spawn(renewal_task(shared.clone()));
-            });
+            let mut renewer = shared
+                .renewer
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if renewer.as_ref().is_none_or(|task| task.is_finished()) {
+                *renewer = Some(tokio::spawn(renewal_task(shared.clone())));
+            }
+            drop(renewer);
             shared.wake.notify_one();
         }
         HeldLease {
@@ -534,7 +563,7 @@ impl LeaseManager {
 struct Batch {
     keys: Vec<(String, i64)>,
     ttls: Vec<PgInterval>,
-    /// The earliest instant at which a lease in the batch is given up.
+    /// The earliest instant at which any held lease is given up.
     first_fire_at: Instant,
 }
 
@@ -590,7 +619,13 @@ fn plan(shared: &Arc<Shared>, now: Instant, can_send: bool) -> (Option<Batch>, O
             // Fired by the holder's own check of the deadline.
             gone.push((key.clone(), Some(reason)));
         } else if now >= state.fire_at() {
-            let reason = state.deadline_reason();
+            let reason = match state.deadline_reason() {
+                // Not renewed because the statement before it hangs.
+                LossReason::Expired if !can_send => LossReason::Unreachable {
+                    error: "a renewal statement for other leases is unanswered".to_owned(),
+                },
+                reason => reason,
+            };
             state.fire(reason.clone());
             gone.push((key.clone(), Some(reason)));
         }
@@ -620,6 +655,9 @@ fn plan(shared: &Arc<Shared>, now: Instant, can_send: bool) -> (Option<Batch>, O
     let mut first_renew_at = now + Duration::from_secs(3600);
     for (key, entry) in registry.iter_mut() {
         wake_at(entry.state.fire_at());
+        // A statement in flight holds up every lease, not only its own:
+        // it must give up before the first lease anywhere would be lost.
+        batch.first_fire_at = batch.first_fire_at.min(entry.state.fire_at());
         if !can_send || entry.in_flight {
             continue;
         }
@@ -630,7 +668,6 @@ fn plan(shared: &Arc<Shared>, now: Instant, can_send: bool) -> (Option<Batch>, O
         first_renew_at = first_renew_at.min(entry.renew_at);
         batch.keys.push(key.clone());
         batch.ttls.push(interval(entry.state.timing.ttl));
-        batch.first_fire_at = batch.first_fire_at.min(entry.state.fire_at());
     }
     // Send only when something is due now; those due within half a period
     // then go along (sending for the early ones alone would renew a few

@@ -99,14 +99,18 @@ impl ManagerOptions {
     pub(crate) fn timing(&self, ttl: Duration) -> Result<Timing> {
         let margin = self.safety_margin.unwrap_or(ttl / 50);
         let period = ttl.mul_f64(self.renew_fraction);
-        // The renewal must be due before the local deadline, or the lease
+        // Fire the loss signal a little before the deadline, so that a
+        // timer that wakes late still fires by the deadline.
+        let early = (margin / 2).min(Duration::from_millis(250));
+        // The renewal must be due before the loss would fire, or the lease
         // would be given up before anyone tried to keep it.
-        if margin >= ttl || period >= ttl - margin {
+        if margin >= ttl || period + early >= ttl - margin {
             return Err(Error::invalid(
                 "safety_margin",
                 format!(
                     "{margin:?} leaves no time to renew a lease of {ttl:?} every {period:?}: \
-                     the margin must be less than the TTL minus the renewal period"
+                     the margin plus half the margin (at most 250 ms) must be less than \
+                     the TTL minus the renewal period"
                 ),
             ));
         }
@@ -114,9 +118,7 @@ impl ManagerOptions {
             ttl,
             period,
             margin,
-            // Fire the loss signal a little before the deadline, so that a
-            // timer that wakes late still fires by the deadline.
-            early: (margin / 2).min(Duration::from_millis(50)),
+            early,
         })
     }
 

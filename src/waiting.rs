@@ -5,8 +5,8 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::holding::{Shared, release_in_background};
 use crate::input::check_text;
 use crate::lease::{Lease, LeaseManager, interval};
 use crate::sql;
@@ -55,16 +56,39 @@ pub(crate) struct Listener {
     /// (the listener (re)connected and may have missed notifications).
     releases: broadcast::Sender<Option<String>>,
     listening: watch::Sender<bool>,
+    options: PgConnectOptions,
+    stop: CancellationToken,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Listener {
-    fn start(options: PgConnectOptions, stop: CancellationToken) -> Listener {
+    fn new(options: PgConnectOptions, stop: CancellationToken) -> Listener {
         let (releases, _) = broadcast::channel(256);
         let (listening, _) = watch::channel(false);
-        tokio::spawn(listen(options, releases.clone(), listening.clone(), stop));
         Listener {
             releases,
             listening,
+            options,
+            stop,
+            task: Mutex::new(None),
+        }
+    }
+
+    /// Starts the listening task, or starts it again if the runtime it ran
+    /// on has ended (it stops by itself only when the manager stops).
+    fn ensure_running(&self) {
+        let mut task = self
+            .task
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !self.stop.is_cancelled() && task.as_ref().is_none_or(|t| t.is_finished()) {
+            self.listening.send_replace(false);
+            *task = Some(tokio::spawn(listen(
+                self.options.clone(),
+                self.releases.clone(),
+                self.listening.clone(),
+                self.stop.clone(),
+            )));
         }
     }
 
@@ -134,6 +158,22 @@ async fn listen(
     }
 }
 
+/// An attempt's outcome on its way to the waiter. Dropped with an acquired
+/// lease still inside (the waiter stopped waiting), it releases the lease
+/// in the background.
+struct Delivery {
+    outcome: Option<Result<Attempt>>,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if let Some(Ok(Attempt::Acquired { lease, .. })) = self.outcome.take() {
+            release_in_background(&self.shared, &lease);
+        }
+    }
+}
+
 /// Counts a waiting acquirer for [`crate::ManagerStats::waiting`].
 struct Waiting<'a>(&'a AtomicUsize);
 
@@ -151,17 +191,18 @@ impl LeaseManager {
         holder: &str,
         ttl: PgInterval,
     ) -> Result<Attempt> {
-        self.shared()
-            .counters
-            .acquire_attempts
-            .fetch_add(1, Ordering::Relaxed);
         let sent = Instant::now();
         let row = sqlx::query(sql::ACQUIRE)
             .bind(name)
             .bind(holder)
             .bind(ttl)
             .fetch_one(self.pool())
-            .await?;
+            .await;
+        self.shared()
+            .counters
+            .acquire_attempts
+            .fetch_add(1, Ordering::Relaxed);
+        let row = row?;
         let token: Option<i64> = row.try_get("token")?;
         let expires_at: DateTime<Utc> = row.try_get("expires_at")?;
         let current_holder: String = row.try_get("holder")?;
@@ -180,29 +221,36 @@ impl LeaseManager {
     }
 
     /// One attempt on a task of its own, so that a caller who stops waiting
-    /// while the statement is in flight leaves nothing held: if the attempt
-    /// succeeds after the caller is gone, the task releases the lease.
+    /// while the statement is in flight leaves nothing held: an acquisition
+    /// that nobody takes delivery of is released in the background.
     async fn attempt_detached(&self, name: &str, holder: &str, ttl: PgInterval) -> Result<Attempt> {
         let (reply, answer) = oneshot::channel();
         let manager = self.clone();
-        let (name, holder, ttl) = (name.to_owned(), holder.to_owned(), ttl);
+        let (name, holder) = (name.to_owned(), holder.to_owned());
         tokio::spawn(async move {
             let outcome = manager.attempt(&name, &holder, ttl).await;
-            if let Err(Ok(Attempt::Acquired { lease, .. })) = reply.send(outcome) {
-                let _ = manager.release(lease.name(), lease.token()).await;
-            }
+            // If the waiter is gone, the returned delivery is dropped here.
+            let _ = reply.send(Delivery {
+                outcome: Some(outcome),
+                shared: Arc::clone(manager.shared()),
+            });
         });
-        answer.await.map_err(|_| Error::ShutDown)?
+        // No await between receiving and taking: cancellation cannot fall
+        // in between.
+        let mut delivery = answer.await.map_err(|_| Error::ShutDown)?;
+        delivery.outcome.take().unwrap_or(Err(Error::ShutDown))
     }
 
     fn listener(&self) -> &Listener {
         let shared = self.shared();
-        shared.listener.get_or_init(|| {
-            Listener::start(
+        let listener = shared.listener.get_or_init(|| {
+            Listener::new(
                 (*shared.pool.connect_options()).clone(),
                 shared.stop.clone(),
             )
-        })
+        });
+        listener.ensure_running();
+        listener
     }
 
     /// Acquires lease `name` for `holder` for `ttl`, waiting up to

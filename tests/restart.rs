@@ -25,7 +25,7 @@ async fn a_held_lease_survives_a_server_restart() {
     create_data_table(&db).await;
     let m = db.manager_with("restart", ManagerOptions::default()).await;
     let held = m
-        .hold("data", "A", Duration::from_secs(10), Duration::ZERO)
+        .hold("data", "A", Duration::from_secs(20), Duration::ZERO)
         .await
         .expect("hold");
 

@@ -40,7 +40,8 @@ async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
         .manager_with("waiter", ManagerOptions::default().max_poll_interval(SLOW))
         .await;
     // A first acquisition starts the waiter's listener; once it listens,
-    // the waiter below makes exactly one attempt before it sleeps.
+    // the waiter below makes exactly one attempt before it sleeps (attempts
+    // are counted when answered).
     waiter
         .acquire("warm-up", "B", SLOW, Duration::ZERO)
         .await
@@ -69,26 +70,39 @@ async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
 #[tokio::test]
 async fn a_waiter_takes_over_at_expiry_when_the_holder_vanished() {
     let db = TestDb::new().await;
-    // The holder acquires and disappears without releasing.
-    let gone = db
-        .manager()
-        .try_acquire("job", "A", Duration::from_secs(1))
-        .await
-        .expect("A acquires");
     // Listening for releases, the waiter sleeps until the holder's expiry
-    // (database time), then takes over.
+    // (database time), then takes over: one failed attempt and one that
+    // succeeds (a third if it woke a hair early), where a poller backing off
+    // from 10 ms would make about eight in the holder's second.
     let waiter = db
         .manager_with(
             "expiry-waiter",
             ManagerOptions::default().max_poll_interval(SLOW),
         )
         .await;
+    waiter
+        .acquire("warm-up", "B", SLOW, Duration::ZERO)
+        .await
+        .expect("warm-up");
+    poll_until("the listener", BOUND, || async { waiter.stats().listening }).await;
+
+    // The holder acquires and disappears without releasing.
+    let gone = db
+        .manager()
+        .try_acquire("job", "A", Duration::from_secs(1))
+        .await
+        .expect("A acquires");
     let lease = tokio::time::timeout(BOUND, waiter.acquire("job", "B", SLOW, SLOW))
         .await
         .expect("the waiter woke at the expiry")
         .expect("B acquires");
     assert!(lease.acquired_at() >= gone.expires_at());
     assert!(lease.token() > gone.token());
+    let attempts = waiter.stats().acquire_attempts - 1;
+    assert!(
+        (2..=3).contains(&attempts),
+        "{attempts} attempts: the waiter did not sleep until the expiry"
+    );
 }
 
 #[tokio::test]
