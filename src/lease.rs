@@ -271,6 +271,34 @@ impl LeaseManager {
         rows.iter().map(LeaseStatus::from_row).collect()
     }
 
+    /// Makes `table` (a name as SQL would resolve it, e.g. `public.orders`)
+    /// reject every INSERT, UPDATE, DELETE and TRUNCATE from a transaction
+    /// that has not declared a current token for lease `name`
+    /// ([`Error::NotDeclared`], SQLSTATE `LE002`) or whose declared token
+    /// is no longer valid at the write ([`Error::NotHeld`], `LE001`).
+    /// Fenced transactions declare their token. Needs the right to create
+    /// triggers on the table (its owner); protecting again replaces the
+    /// lease name.
+    pub async fn protect(&self, table: &str, name: &str) -> Result<()> {
+        check_text("name", name)?;
+        sqlx::query(sql::PROTECT)
+            .bind(table)
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Removes the protection [`LeaseManager::protect`] put on `table`;
+    /// returns whether it was protected.
+    pub async fn unprotect(&self, table: &str) -> Result<bool> {
+        let was: bool = sqlx::query_scalar(sql::UNPROTECT)
+            .bind(table)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(was)
+    }
+
     /// Separate-resource fencing: records `token` for `resource` and
     /// returns `true` iff it is at least the highest token seen there.
     ///

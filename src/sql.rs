@@ -43,3 +43,9 @@ pub(crate) const INSPECT: &str = status_select!("WHERE name = $1");
 
 /// Every lease ever acquired, by name.
 pub(crate) const LIST: &str = status_select!("ORDER BY name");
+
+/// Make a table reject writes from transactions that do not hold a lease.
+pub(crate) const PROTECT: &str = "SELECT pglease.protect($1::regclass, $2)";
+
+/// Remove that protection; true if the table was protected.
+pub(crate) const UNPROTECT: &str = "SELECT pglease.unprotect($1::regclass)";

@@ -1,0 +1,208 @@
+//! Protected tables reject writers that ignore the lease (LE002) and
+//! writers whose declared token is stale or expired at the write (LE001).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestDb, create_data_table, data_value};
+use pglease::{Error, SQLSTATE_NOT_DECLARED, SQLSTATE_NOT_HELD};
+use sqlx::Connection;
+
+const LONG: Duration = Duration::from_secs(600);
+
+/// The SQLSTATE `sql` fails with, run in its own transaction after
+/// `declare` (which may be empty).
+async fn rejection(db: &TestDb, declare: &str, sql: &str) -> Option<String> {
+    let mut conn = db.connect().await;
+    let mut tx = conn.begin().await.expect("begin");
+    if !declare.is_empty() {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(declare.to_owned()))
+            .execute(&mut *tx)
+            .await
+            .expect("declare");
+    }
+    let outcome = sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&mut *tx)
+        .await;
+    match outcome {
+        Ok(_) => {
+            tx.commit().await.expect("commit");
+            None
+        }
+        Err(e) => Some(
+            e.as_database_error()
+                .and_then(|d| d.code())
+                .map(|c| c.into_owned())
+                .unwrap_or_else(|| panic!("{sql}: not a database error: {e}")),
+        ),
+    }
+}
+
+const WRITES: [&str; 5] = [
+    "INSERT INTO data VALUES (2, 'inserted', NULL)",
+    "UPDATE data SET value = 'updated' WHERE id = 1",
+    "DELETE FROM data WHERE id = 1",
+    "TRUNCATE data",
+    "COPY data FROM PROGRAM 'echo 3,copied,' WITH (FORMAT csv)",
+];
+
+#[tokio::test]
+async fn writers_that_ignore_the_lease_are_rejected() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    m.protect("data", "data-lease").await.expect("protect");
+    let lease = m
+        .try_acquire("data-lease", "A", LONG)
+        .await
+        .expect("acquire");
+    let other = m.try_acquire("other", "A", LONG).await.expect("other");
+
+    for sql in WRITES {
+        assert_eq!(
+            rejection(&db, "", sql).await.as_deref(),
+            Some(SQLSTATE_NOT_DECLARED),
+            "{sql} without a declaration"
+        );
+        // A declaration for another lease does not count.
+        let declare = format!("SELECT pglease.assert_held('other', {})", other.token());
+        assert_eq!(
+            rejection(&db, &declare, sql).await.as_deref(),
+            Some(SQLSTATE_NOT_DECLARED),
+            "{sql} under another lease"
+        );
+    }
+    assert_eq!(data_value(&db).await, "initial");
+
+    // The holder's fenced transaction writes.
+    let mut tx = m
+        .begin_fenced("data-lease", lease.token())
+        .await
+        .expect("fenced");
+    sqlx::query("UPDATE data SET value = 'by the holder' WHERE id = 1")
+        .execute(&mut *tx)
+        .await
+        .expect("declared write");
+    tx.commit().await.expect("commit");
+    assert_eq!(data_value(&db).await, "by the holder");
+}
+
+#[tokio::test]
+async fn each_write_rechecks_the_declared_token() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    m.protect("data", "data-lease").await.expect("protect");
+    let lease = m
+        .try_acquire("data-lease", "A", Duration::from_millis(300))
+        .await
+        .expect("acquire");
+
+    // Declared while valid; the lease expires before the write.
+    let mut tx = m
+        .begin_fenced("data-lease", lease.token())
+        .await
+        .expect("fenced");
+    db.wait_until_db_time(lease.expires_at()).await;
+    match sqlx::query("UPDATE data SET value = 'late' WHERE id = 1")
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::from)
+    {
+        Err(Error::NotHeld { message }) => assert!(message.contains("expired"), "{message}"),
+        other => panic!("a write after expiry must fail with LE001, got {other:?}"),
+    }
+    drop(tx);
+
+    // A forged declaration of a stale token is checked like a real one ...
+    let newer = m
+        .try_acquire("data-lease", "B", LONG)
+        .await
+        .expect("B acquires");
+    let forged_stale = format!(
+        "SET LOCAL pglease.declared = '{{\"data-lease\": {}}}'",
+        lease.token()
+    );
+    for sql in WRITES {
+        assert_eq!(
+            rejection(&db, &forged_stale, sql).await.as_deref(),
+            Some(SQLSTATE_NOT_HELD),
+            "{sql} with a forged stale token"
+        );
+    }
+    assert_eq!(data_value(&db).await, "initial");
+
+    // ... and a forged current token is as good as a declaration: the
+    // token is a fence, not a secret (keeping code out is for grants).
+    let forged_current = format!(
+        "SET LOCAL pglease.declared = '{{\"data-lease\": {}}}'",
+        newer.token()
+    );
+    assert_eq!(
+        rejection(
+            &db,
+            &forged_current,
+            "UPDATE data SET value = 'B' WHERE id = 1"
+        )
+        .await,
+        None
+    );
+    assert_eq!(data_value(&db).await, "B");
+}
+
+#[tokio::test]
+async fn unprotect_lifts_the_protection_and_bad_input_is_rejected() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    sqlx::query("CREATE VIEW data_view AS SELECT * FROM data")
+        .execute(db.pool())
+        .await
+        .expect("view");
+    let before = db.snapshot().await;
+    assert!(matches!(
+        m.protect("data", "").await,
+        Err(Error::InvalidInput {
+            argument: "name",
+            ..
+        })
+    ));
+    for bad in [
+        "SELECT pglease.protect(NULL, 'x')",
+        "SELECT pglease.protect('data', NULL)",
+        "SELECT pglease.protect('data_view', 'x')",
+        "SELECT pglease.unprotect(NULL)",
+    ] {
+        let e = sqlx::query(bad)
+            .execute(db.pool())
+            .await
+            .expect_err("rejected");
+        assert_eq!(
+            e.as_database_error().and_then(|d| d.code()).as_deref(),
+            Some("22023"),
+            "{bad}"
+        );
+    }
+    assert!(matches!(
+        m.protect("no_such_table", "x").await,
+        Err(Error::Database(_))
+    ));
+    assert_eq!(db.snapshot().await, before);
+
+    m.protect("data", "data-lease").await.expect("protect");
+    let listed: Vec<(String, String)> =
+        sqlx::query_as("SELECT tbl::text, name FROM pglease.protected")
+            .fetch_all(db.pool())
+            .await
+            .expect("list");
+    assert_eq!(listed, vec![("data".to_owned(), "data-lease".to_owned())]);
+    assert_eq!(
+        rejection(&db, "", WRITES[1]).await.as_deref(),
+        Some(SQLSTATE_NOT_DECLARED)
+    );
+    assert!(m.unprotect("data").await.expect("unprotect"));
+    assert!(!m.unprotect("data").await.expect("unprotect twice"));
+    assert_eq!(rejection(&db, "", WRITES[1]).await, None);
+    assert_eq!(data_value(&db).await, "updated");
+}
