@@ -176,7 +176,10 @@ impl HeldState {
         }
         if let Some(sent) = status.sent_at {
             return LossReason::Unreachable {
-                error: format!("a renewal sent {:?} ago is unanswered", sent.elapsed()),
+                error: format!(
+                    "a renewal sent {} ms ago is unanswered",
+                    sent.elapsed().as_millis()
+                ),
             };
         }
         LossReason::Expired

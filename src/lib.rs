@@ -2,6 +2,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+mod advisory;
+pub mod compare;
 mod connect;
 pub mod demo;
 mod error;
@@ -14,6 +16,7 @@ mod options;
 mod sql;
 mod waiting;
 
+pub use advisory::{SessionLock, XactLock, advisory_key};
 pub use connect::libpq_defaults;
 pub use error::{
     Error, LossReason, Result, SQLSTATE_INVALID_INPUT, SQLSTATE_NOT_DECLARED, SQLSTATE_NOT_HELD,

@@ -66,10 +66,33 @@ async fn main() -> ExitCode {
             }
             let name = format!("pglease-demo-{}", std::process::id());
             let unit = Duration::from_millis(300);
-            match pglease::demo::paused_holder(&manager, &name, unit, |line| println!("{line}"))
-                .await
-            {
-                Ok(()) => ExitCode::SUCCESS,
+            let story =
+                pglease::demo::paused_holder(&manager, &name, unit, |line| println!("{line}"))
+                    .await;
+            let compared = match story {
+                Ok(()) => {
+                    println!(
+                        "\nThe same failures against a lease, a session advisory lock and a \
+                         transaction advisory lock (measured now):"
+                    );
+                    pglease::compare::run(&manager, Duration::from_millis(200), |o| {
+                        println!(
+                            "  {} / {}: {} - {}",
+                            o.scenario.label(),
+                            o.variant.label(),
+                            if o.safe { "safe" } else { "UNSAFE" },
+                            o.detail
+                        );
+                    })
+                    .await
+                }
+                Err(e) => Err(e),
+            };
+            match compared {
+                Ok(outcomes) => {
+                    println!("\n{}", pglease::compare::table(&outcomes));
+                    ExitCode::SUCCESS
+                }
                 Err(e) => {
                     eprintln!("pglease: demo failed: {e}");
                     ExitCode::from(EXIT_DATABASE)
@@ -88,7 +111,7 @@ async fn connect(cli: &Cli) -> Result<LeaseManager, ExitCode> {
         None => pglease::libpq_defaults(),
     };
     let pool = PgPoolOptions::new()
-        .max_connections(4)
+        .max_connections(8)
         .acquire_timeout(cli.connect_timeout)
         .connect_with(options)
         .await
