@@ -202,9 +202,14 @@ BEGIN
     END IF;
 
     IF NOT found_row THEN
-        -- First acquisition of this name: create the row with token 0. If a
-        -- concurrent first acquisition wins, this waits for it to end and
-        -- then locks its row below.
+        -- First acquisition of this name: create the row with token 0.
+        -- Creators of one name take turns (a transaction-level advisory
+        -- lock on the name's hash, in pglease's own key space 0x706c6561):
+        -- two speculative inserts racing on the primary key, followed by
+        -- the winner's key update (which inserts a new primary-key entry),
+        -- can otherwise deadlock. The second creator then finds the
+        -- committed row, inserts nothing, and locks that row below.
+        PERFORM pg_advisory_xact_lock(1886152033, hashtext(acquire.name));
         INSERT INTO pglease.leases AS l (name, holder, token, expires_at, acquired_at)
         VALUES (acquire.name, NULL, 0, '-infinity', clock_timestamp())
         ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;

@@ -106,3 +106,38 @@ async fn failed_attempts_on_a_held_lease_issue_no_token() {
         .expect("sequence");
     assert_eq!(last_value, lease.token(), "a failed attempt drew a token");
 }
+
+/// Racers creating brand-new names at once: before creators took turns,
+/// two speculative inserts and the winner's key update could deadlock
+/// (about one attempt in 400 under this load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_first_acquisitions_of_new_names_never_deadlock() {
+    const NAMES: usize = 60;
+    let db = TestDb::new().await;
+    let m = db.manager();
+    for n in 0..NAMES {
+        let barrier = Arc::new(Barrier::new(RACERS));
+        let tasks: Vec<_> = (0..RACERS)
+            .map(|i| {
+                let m = m.clone();
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    m.try_acquire(&format!("new-{n}"), &format!("worker-{i}"), LONG_TTL)
+                        .await
+                })
+            })
+            .collect();
+        let mut winners = 0;
+        for task in tasks {
+            match task.await.expect("racer task") {
+                Ok(_) => winners += 1,
+                Err(Error::Held { .. }) => {}
+                Err(e) => panic!("name {n}: unexpected error {e}"),
+            }
+        }
+        assert_eq!(winners, 1, "name {n}");
+    }
+}
+
+const LONG_TTL: Duration = Duration::from_secs(600);
