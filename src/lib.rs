@@ -7,6 +7,7 @@ pub mod compare;
 mod connect;
 pub mod demo;
 mod error;
+mod fence;
 mod fenced;
 mod holding;
 mod input;
@@ -21,6 +22,7 @@ pub use connect::libpq_defaults;
 pub use error::{
     Error, LossReason, Result, SQLSTATE_INVALID_INPUT, SQLSTATE_NOT_DECLARED, SQLSTATE_NOT_HELD,
 };
+pub use fence::HighWaterMark;
 pub use fenced::{FencedTransaction, assert_held};
 pub use holding::{HeldLease, ManagerStats};
 pub use input::{MAX_NAME_BYTES, MAX_TTL};
