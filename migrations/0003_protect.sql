@@ -18,7 +18,12 @@
 -- The triggers are statement-level BEFORE triggers: one check per write
 -- statement, whatever the number of rows (the benchmark reports the cost
 -- per row beside a row-level trigger). TRUNCATE only has statement-level
--- triggers anyway.
+-- triggers anyway. A statement checked before expiry may write its rows
+-- after it, as any write checked before expiry may commit after it; no
+-- other acquisition can commit meanwhile. INSERT ... ON CONFLICT, MERGE,
+-- writable CTEs and foreign-key cascades fire these triggers too.
+-- Statement-level triggers are not inherited, so partitioned tables,
+-- partitions and inheritance children are refused.
 
 CREATE FUNCTION pglease._guard()
 RETURNS trigger
@@ -63,13 +68,21 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'pglease: tbl must not be NULL';
     END IF;
     checked := pglease._check_text('name', protect.name);
-    IF (SELECT c.relkind FROM pg_class AS c WHERE c.oid = tbl) NOT IN ('r', 'p') THEN
+    IF (SELECT c.relkind FROM pg_class AS c WHERE c.oid = tbl) IS DISTINCT FROM 'r' THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('pglease: tbl %s is not a table', tbl);
+            MESSAGE = format('pglease: tbl %s is not an ordinary table', tbl);
     END IF;
-    -- Runs with the caller's rights: only someone allowed to create
-    -- triggers on the table (its owner) can protect or unprotect it.
-    -- Protecting again replaces the lease name.
+    -- Statement-level triggers are not inherited: on a partition or an
+    -- inheritance child (or parent), writes through the other member would
+    -- not fire them. Refuse rather than protect half a table.
+    IF EXISTS (SELECT 1 FROM pg_inherits AS i WHERE i.inhrelid = tbl OR i.inhparent = tbl) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('pglease: tbl %s is part of a partition or inheritance tree, '
+                             'which protect does not cover', tbl);
+    END IF;
+    -- Runs with the caller's rights: only a role allowed to create
+    -- triggers on the table (its owner, or one granted TRIGGER) can protect
+    -- or unprotect it. Protecting again replaces the lease name.
     EXECUTE format('CREATE OR REPLACE TRIGGER pglease_protect BEFORE INSERT OR UPDATE OR DELETE ON %s '
                    'FOR EACH STATEMENT EXECUTE FUNCTION pglease._guard(%L)', tbl, protect.name);
     EXECUTE format('CREATE OR REPLACE TRIGGER pglease_protect_truncate BEFORE TRUNCATE ON %s '

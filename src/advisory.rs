@@ -16,7 +16,7 @@ use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::{Connection, PgConnection, Postgres, Transaction};
 
 use crate::error::{Error, Result};
 use crate::input::check_text;
@@ -109,11 +109,20 @@ impl SessionLock {
         let Some(mut conn) = self.conn.take() else {
             return Ok(false);
         };
-        match sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
-            .bind(self.key)
-            .fetch_one(&mut *conn)
-            .await
-        {
+        // Session locks count: after relock() one unlock is not enough, so
+        // the connection drops every advisory lock it holds (it holds only
+        // this one) before it goes back to the pool.
+        let unlocked = async {
+            let released: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+                .bind(self.key)
+                .fetch_one(&mut *conn)
+                .await?;
+            sqlx::query("SELECT pg_advisory_unlock_all()")
+                .execute(&mut *conn)
+                .await?;
+            Ok::<_, sqlx::Error>(released)
+        };
+        match unlocked.await {
             Ok(released) => Ok(released),
             Err(e) => {
                 conn.close_on_drop();
@@ -225,6 +234,32 @@ impl DerefMut for XactLock {
     }
 }
 
+/// A pooled connection on its way to becoming a `SessionLock`: if the
+/// future is dropped or fails before then, the connection is closed rather
+/// than pooled, since it may hold the lock (or be about to).
+struct Unfinished(Option<PoolConnection<Postgres>>);
+
+impl Unfinished {
+    fn get(&mut self) -> &mut PgConnection {
+        // Only `finish` and `drop` take the connection out.
+        self.0
+            .as_deref_mut()
+            .expect("connection present until finished")
+    }
+
+    fn finish(mut self) -> PoolConnection<Postgres> {
+        self.0.take().expect("connection present until finished")
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(mut conn) = self.0.take() {
+            conn.close_on_drop();
+        }
+    }
+}
+
 impl LeaseManager {
     /// Tries to take the session-level advisory lock `name` on a connection
     /// of the pool, which stays out of the pool while the lock is held.
@@ -232,12 +267,13 @@ impl LeaseManager {
     pub async fn try_session_lock(&self, name: &str) -> Result<Option<SessionLock>> {
         check_text("name", name)?;
         let key = advisory_key(name);
-        let mut conn = self.pool().acquire().await?;
+        let mut conn = Unfinished(Some(self.pool().acquire().await?));
         let (locked, pid): (bool, i32) =
             sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")
                 .bind(key)
-                .fetch_one(&mut *conn)
+                .fetch_one(conn.get())
                 .await?;
+        let conn = conn.finish();
         Ok(locked.then(|| SessionLock {
             conn: Some(conn),
             name: name.to_owned(),
@@ -256,30 +292,35 @@ impl LeaseManager {
     ) -> Result<Option<SessionLock>> {
         check_text("name", name)?;
         let key = advisory_key(name);
-        let mut conn = self.pool().acquire().await?;
+        let mut conn = Unfinished(Some(self.pool().acquire().await?));
         let timeout_ms = max_wait.as_millis().clamp(1, i32::MAX as u128).to_string();
-        sqlx::query("SELECT set_config('lock_timeout', $1, false)")
+        // The timeout is set for this transaction only; the session lock
+        // taken inside it outlives the commit.
+        let mut tx = conn.get().begin().await?;
+        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
             .bind(&timeout_ms)
-            .execute(&mut *conn)
+            .execute(&mut *tx)
             .await?;
         let outcome = sqlx::query_scalar::<_, i32>(
             "SELECT pg_backend_pid() FROM (SELECT pg_advisory_lock($1)) AS locked",
         )
         .bind(key)
-        .fetch_one(&mut *conn)
+        .fetch_one(&mut *tx)
         .await;
-        sqlx::query("RESET lock_timeout")
-            .execute(&mut *conn)
-            .await?;
         match outcome {
-            Ok(pid) => Ok(Some(SessionLock {
-                conn: Some(conn),
-                name: name.to_owned(),
-                key,
-                pid,
-            })),
+            Ok(pid) => {
+                tx.commit().await?;
+                Ok(Some(SessionLock {
+                    conn: Some(conn.finish()),
+                    name: name.to_owned(),
+                    key,
+                    pid,
+                }))
+            }
             // lock_not_available: still held after max_wait.
             Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55P03") => {
+                tx.rollback().await?;
+                drop(conn.finish());
                 Ok(None)
             }
             Err(e) => Err(Error::from(e)),

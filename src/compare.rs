@@ -556,7 +556,7 @@ impl Harness {
         let took_over = start.elapsed();
         self.m.release(name, b.token()).await?;
         Ok((
-            true,
+            b.token() > 0,
             Some(took_over),
             format!(
                 "B took over {} ms after A's acquisition (TTL {} ms), whatever state A's host \
@@ -629,8 +629,14 @@ impl Harness {
         self.m.release(name, first.token()).await?;
         let second = self.m.try_acquire(name, "A", self.ttl() * 10).await?;
         let duplicate = self.m.release(name, first.token()).await?;
-        let b = self.m.try_acquire(name, "B", self.ttl()).await;
-        let b_got_it = b.is_ok();
+        let b_got_it = match self.m.try_acquire(name, "B", self.ttl()).await {
+            Ok(b) => {
+                self.m.release(name, b.token()).await?;
+                true
+            }
+            Err(Error::Held { .. }) => false,
+            Err(e) => return Err(e),
+        };
         self.m.release(name, second.token()).await?;
         Ok((
             !duplicate && !b_got_it,
@@ -748,8 +754,17 @@ impl Harness {
             .bind(name)
             .fetch_one(self.m.pool())
             .await?;
-        let refused = matches!(held.begin_fenced().await, Err(Error::Lost { .. }));
+        // Unblock first: a fenced transaction that does reach the database
+        // would wait behind the blocker's row lock.
         tx.rollback().await?;
+        let refused = match held.begin_fenced().await {
+            Err(Error::Lost { .. }) => true,
+            Ok(tx) => {
+                tx.rollback().await?;
+                false
+            }
+            Err(e) => return Err(e),
+        };
         drop(held);
         let safe = reason.is_some() && refused;
         Ok((
@@ -758,13 +773,14 @@ impl Harness {
             match reason {
                 Some(reason) => format!(
                     "the loss signal fired {} ms into the unanswered renewals ({reason}), while \
-                     the database {} the lease valid; new fenced work was refused",
+                     the database {} the lease valid; new fenced work was {}",
                     told_after.as_millis(),
                     if db_valid {
                         "still considered"
                     } else {
                         "no longer considered"
-                    }
+                    },
+                    if refused { "refused" } else { "ALLOWED" }
                 ),
                 None => format!("NO loss signal within {} ms", limit.as_millis()),
             },

@@ -39,12 +39,16 @@ async fn rejection(db: &TestDb, declare: &str, sql: &str) -> Option<String> {
     }
 }
 
-const WRITES: [&str; 5] = [
+const WRITES: [&str; 8] = [
     "INSERT INTO data VALUES (2, 'inserted', NULL)",
     "UPDATE data SET value = 'updated' WHERE id = 1",
     "DELETE FROM data WHERE id = 1",
     "TRUNCATE data",
     "COPY data FROM PROGRAM 'echo 3,copied,' WITH (FORMAT csv)",
+    "INSERT INTO data VALUES (1, 'x', NULL) ON CONFLICT (id) DO UPDATE SET value = 'upserted'",
+    "MERGE INTO data AS d USING (SELECT 1 AS id) AS s ON d.id = s.id \
+       WHEN MATCHED THEN UPDATE SET value = 'merged'",
+    "WITH w AS (UPDATE data SET value = 'cte' WHERE id = 1 RETURNING 1) SELECT count(*) FROM w",
 ];
 
 #[tokio::test]
@@ -160,7 +164,6 @@ async fn unprotect_lifts_the_protection_and_bad_input_is_rejected() {
         .execute(db.pool())
         .await
         .expect("view");
-    let before = db.snapshot().await;
     assert!(matches!(
         m.protect("data", "").await,
         Err(Error::InvalidInput {
@@ -168,10 +171,24 @@ async fn unprotect_lifts_the_protection_and_bad_input_is_rejected() {
             ..
         })
     ));
+    sqlx::raw_sql(
+        "CREATE TABLE parted (id int) PARTITION BY RANGE (id); \
+         CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (10); \
+         CREATE TABLE base (id int); CREATE TABLE child () INHERITS (base);",
+    )
+    .execute(db.pool())
+    .await
+    .expect("partition and inheritance trees");
+    let before = db.snapshot().await;
     for bad in [
         "SELECT pglease.protect(NULL, 'x')",
         "SELECT pglease.protect('data', NULL)",
         "SELECT pglease.protect('data_view', 'x')",
+        // Statement triggers are not inherited: half a tree would be open.
+        "SELECT pglease.protect('parted', 'x')",
+        "SELECT pglease.protect('parted_1', 'x')",
+        "SELECT pglease.protect('base', 'x')",
+        "SELECT pglease.protect('child', 'x')",
         "SELECT pglease.unprotect(NULL)",
     ] {
         let e = sqlx::query(bad)
