@@ -1,17 +1,29 @@
 //! The `pglease` command-line tool: argument parsing and process handling
 //! only; every lease operation lives in the library.
 
-use std::process::ExitCode;
+use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use clap::{Parser, Subcommand};
-use pglease::LeaseManager;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use pglease::{Error, HeldLease, Lease, LeaseManager, LeaseStatus};
+use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
+use tokio::signal::unix::{SignalKind, signal};
 
+/// Exit status for bad usage or bad input (clap uses it too).
+const EXIT_USAGE: u8 = 2;
+/// Exit status for "not acquired".
+const EXIT_NOT_ACQUIRED: u8 = 3;
+/// Exit status for "lease lost" (renew, release, run).
+const EXIT_LOST: u8 = 4;
 /// Exit status for "database unreachable or failed".
 const EXIT_DATABASE: u8 = 5;
-/// Exit status for bad usage or bad input.
-const EXIT_USAGE: u8 = 2;
+/// Exit status when CMD cannot be started.
+const EXIT_CANNOT_START: u8 = 127;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -21,7 +33,8 @@ const EXIT_USAGE: u8 = 2;
 )]
 struct Cli {
     /// PostgreSQL URL; without it (and without DATABASE_URL) the libpq
-    /// defaults apply: PGHOST, PGPORT, PGUSER, PGDATABASE, ... then localhost:5432.
+    /// defaults apply: PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD, then
+    /// localhost:5432.
     #[arg(long, global = true, env = "DATABASE_URL")]
     database_url: Option<String>,
 
@@ -37,91 +50,648 @@ struct Cli {
 enum Command {
     /// Create or upgrade the `pglease` schema.
     Migrate,
-    /// Show a paused holder's late write rejected by PostgreSQL (about 4 s).
+    /// Acquire a lease (exit 3 if it is held).
+    Acquire {
+        /// The lease name.
+        name: String,
+        /// How long the lease lasts unless renewed (e.g. 30s, 5m).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// Who holds it (default: host name and process id).
+        #[arg(long)]
+        holder: Option<String>,
+        /// Wait this long for the current holder to release it.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Extend a lease held under TOKEN (exit 4 if it is lost).
+    Renew {
+        /// The lease name.
+        name: String,
+        /// The token from `acquire`.
+        #[arg(long, allow_negative_numbers = true)]
+        token: i64,
+        /// The new time to live from now.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// End a lease held under TOKEN (exit 4 if it was not held).
+    Release {
+        /// The lease name.
+        name: String,
+        /// The token from `acquire`.
+        #[arg(long, allow_negative_numbers = true)]
+        token: i64,
+    },
+    /// Show one lease, or all of them.
+    Status {
+        /// The lease name (all leases without it).
+        name: Option<String>,
+        /// Print JSON (an object for one name, an array for all).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Hold a lease while CMD runs: renew it, stop CMD if it is lost.
+    Run {
+        /// The lease name.
+        name: String,
+        /// Time to live; renewed every third of it while CMD runs.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// Wait this long for the current holder (default: do not wait).
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+        /// Who holds it (default: host name and process id).
+        #[arg(long)]
+        holder: Option<String>,
+        /// Time between SIGTERM and SIGKILL when CMD must stop.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        grace: Duration,
+        /// The command and its arguments.
+        #[arg(required = true, last = true)]
+        cmd: Vec<String>,
+    },
+    /// The article's failures, live: leases vs advisory locks (under 30 s),
+    /// in a scratch database that is created and dropped.
     Demo,
 }
 
-#[tokio::main(flavor = "current_thread")]
+#[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let manager = match connect(&cli).await {
+    let options = match &cli.database_url {
+        Some(url) => match url.parse::<PgConnectOptions>() {
+            Ok(options) => options,
+            Err(e) => {
+                eprintln!("pglease: invalid --database-url: {e}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+        None => pglease::libpq_defaults(),
+    };
+    if let Command::Demo = cli.command {
+        return demo(&options, cli.connect_timeout).await;
+    }
+    let manager = match connect(&options, cli.connect_timeout).await {
         Ok(manager) => manager,
         Err(code) => return code,
     };
-    match cli.command {
-        Command::Migrate => match manager.migrate().await {
-            Ok(()) => {
+    let code = match cli.command {
+        Command::Migrate => manager
+            .migrate()
+            .await
+            .map(|()| {
                 eprintln!("pglease: schema is up to date");
                 ExitCode::SUCCESS
+            })
+            .map_err(|e| (e, "migrate")),
+        Command::Acquire {
+            name,
+            ttl,
+            holder,
+            wait,
+            json,
+        } => acquire(&manager, &name, ttl, holder, wait, json).await,
+        Command::Renew {
+            name,
+            token,
+            ttl,
+            json,
+        } => renew(&manager, &name, token, ttl, json).await,
+        Command::Release { name, token } => match manager.release(&name, token).await {
+            Ok(true) => Ok(ExitCode::SUCCESS),
+            Ok(false) => {
+                eprintln!(
+                    "pglease: lease {name:?} was not held under token {token} (already released, \
+                     expired, or taken over): nothing to release"
+                );
+                Ok(ExitCode::from(EXIT_LOST))
             }
-            Err(e) => {
-                eprintln!("pglease: migration failed: {e}");
-                ExitCode::from(EXIT_DATABASE)
-            }
+            Err(e) => Err((e, "release")),
         },
-        Command::Demo => {
-            if let Err(e) = manager.migrate().await {
-                eprintln!("pglease: migration failed: {e}");
-                return ExitCode::from(EXIT_DATABASE);
-            }
-            let name = format!("pglease-demo-{}", std::process::id());
-            let unit = Duration::from_millis(300);
-            let story =
-                pglease::demo::paused_holder(&manager, &name, unit, |line| println!("{line}"))
-                    .await;
-            let compared = match story {
-                Ok(()) => {
-                    println!(
-                        "\nThe same failures against a lease, a session advisory lock and a \
-                         transaction advisory lock (measured now):"
-                    );
-                    pglease::compare::run(&manager, Duration::from_millis(200), |o| {
-                        println!(
-                            "  {} / {}: {} - {}",
-                            o.scenario.label(),
-                            o.variant.label(),
-                            if o.safe { "safe" } else { "UNSAFE" },
-                            o.detail
-                        );
-                    })
-                    .await
-                }
-                Err(e) => Err(e),
-            };
-            match compared {
-                Ok(outcomes) => {
-                    println!("\n{}", pglease::compare::table(&outcomes));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("pglease: demo failed: {e}");
-                    ExitCode::from(EXIT_DATABASE)
-                }
-            }
+        Command::Status { name, json } => status(&manager, name.as_deref(), json).await,
+        Command::Run {
+            name,
+            ttl,
+            wait,
+            holder,
+            grace,
+            cmd,
+        } => {
+            let holder = holder.unwrap_or_else(default_holder);
+            run(
+                &manager,
+                &cli.database_url,
+                &name,
+                &holder,
+                ttl,
+                wait,
+                grace,
+                &cmd,
+            )
+            .await
+        }
+        Command::Demo => unreachable!("handled above"),
+    };
+    match code {
+        Ok(code) => code,
+        Err((e, what)) => fail(&e, what),
+    }
+}
+
+type Outcome = Result<ExitCode, (Error, &'static str)>;
+
+/// Maps a library error to a message and an exit status.
+fn fail(e: &Error, what: &str) -> ExitCode {
+    match e {
+        Error::InvalidInput { .. } => {
+            eprintln!("pglease: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }
+        Error::Database(db)
+            if db.as_database_error().and_then(|d| d.code()).as_deref() == Some("42883")
+                || db.as_database_error().and_then(|d| d.code()).as_deref() == Some("3F000") =>
+        {
+            eprintln!(
+                "pglease: {what} failed: the pglease schema is missing or out of date in this \
+                 database ({e}); run `pglease migrate` first"
+            );
+            ExitCode::from(EXIT_DATABASE)
+        }
+        _ => {
+            eprintln!("pglease: {what} failed: {e}");
+            ExitCode::from(EXIT_DATABASE)
         }
     }
 }
 
-async fn connect(cli: &Cli) -> Result<LeaseManager, ExitCode> {
-    let options = match &cli.database_url {
-        Some(url) => url.parse::<PgConnectOptions>().map_err(|e| {
-            eprintln!("pglease: invalid --database-url: {e}");
-            ExitCode::from(EXIT_USAGE)
-        })?,
-        None => pglease::libpq_defaults(),
-    };
+async fn connect(options: &PgConnectOptions, timeout: Duration) -> Result<LeaseManager, ExitCode> {
     let pool = PgPoolOptions::new()
         .max_connections(8)
-        .acquire_timeout(cli.connect_timeout)
-        .connect_with(options)
+        .acquire_timeout(timeout)
+        .connect_with(options.clone())
         .await
         .map_err(|e| {
             eprintln!(
                 "pglease: cannot connect to PostgreSQL: {e}\n\
-                 Set --database-url or DATABASE_URL (or PGHOST, PGPORT, PGUSER) \
+                 Set --database-url or DATABASE_URL (or PGHOST, PGPORT, PGUSER, PGDATABASE) \
                  to a reachable server."
             );
             ExitCode::from(EXIT_DATABASE)
         })?;
     Ok(LeaseManager::new(pool))
+}
+
+/// Host name and process id: unique and readable.
+fn default_holder() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown-host".to_owned());
+    format!("{host}:{}", std::process::id())
+}
+
+fn lease_json(
+    name: &str,
+    holder: Option<&str>,
+    token: Option<i64>,
+    expires_at: Option<DateTime<Utc>>,
+) -> serde_json::Value {
+    json!({
+        "name": name,
+        "holder": holder,
+        "token": token,
+        "expires_at": expires_at.map(|t| t.to_rfc3339()),
+    })
+}
+
+fn print_lease(lease: &Lease, json: bool) {
+    if json {
+        println!(
+            "{}",
+            lease_json(
+                lease.name(),
+                Some(lease.holder()),
+                Some(lease.token()),
+                Some(lease.expires_at())
+            )
+        );
+    } else {
+        println!(
+            "acquired {:?} for {:?}: token {} until {}",
+            lease.name(),
+            lease.holder(),
+            lease.token(),
+            lease.expires_at().to_rfc3339()
+        );
+    }
+}
+
+/// Acquires, first without waiting so that a wait can be announced.
+async fn acquire_announced(
+    manager: &LeaseManager,
+    name: &str,
+    holder: &str,
+    ttl: Duration,
+    wait: Duration,
+) -> Result<Lease, Error> {
+    match manager.try_acquire(name, holder, ttl).await {
+        Err(Error::Held {
+            holder: current,
+            expires_at,
+            ..
+        }) if !wait.is_zero() => {
+            eprintln!(
+                "pglease: {name:?} is held by {current:?} until {}; waiting up to {}",
+                expires_at.to_rfc3339(),
+                humantime::format_duration(wait)
+            );
+            manager.acquire(name, holder, ttl, wait).await
+        }
+        other => other,
+    }
+}
+
+async fn acquire(
+    manager: &LeaseManager,
+    name: &str,
+    ttl: Duration,
+    holder: Option<String>,
+    wait: Duration,
+    json: bool,
+) -> Outcome {
+    let holder = holder.unwrap_or_else(default_holder);
+    match acquire_announced(manager, name, &holder, ttl, wait).await {
+        Ok(lease) => {
+            print_lease(&lease, json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(Error::Held {
+            holder: current,
+            expires_at,
+            ..
+        }) => {
+            if json {
+                println!(
+                    "{}",
+                    lease_json(name, Some(&current), None, Some(expires_at))
+                );
+            }
+            eprintln!(
+                "pglease: not acquired: {name:?} is held by {current:?} until {}",
+                expires_at.to_rfc3339()
+            );
+            Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
+        }
+        Err(e) => Err((e, "acquire")),
+    }
+}
+
+async fn renew(
+    manager: &LeaseManager,
+    name: &str,
+    token: i64,
+    ttl: Duration,
+    json: bool,
+) -> Outcome {
+    match manager.renew(name, token, ttl).await {
+        Ok(expires_at) => {
+            if json {
+                let status = manager.inspect(name).await.map_err(|e| (e, "renew"))?;
+                println!(
+                    "{}",
+                    lease_json(
+                        name,
+                        status.holder.as_deref(),
+                        Some(token),
+                        Some(expires_at)
+                    )
+                );
+            } else {
+                println!(
+                    "renewed {name:?} under token {token} until {}",
+                    expires_at.to_rfc3339()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e @ Error::Lost { .. }) => {
+            eprintln!("pglease: {e}; acquire it again for a new token");
+            Ok(ExitCode::from(EXIT_LOST))
+        }
+        Err(e) => Err((e, "renew")),
+    }
+}
+
+fn status_json(s: &LeaseStatus) -> serde_json::Value {
+    let mut value = lease_json(&s.name, s.holder.as_deref(), s.token, s.expires_at);
+    value["held"] = json!(s.held);
+    value["remaining_ms"] = json!(s.remaining.map(|r| r.as_millis() as u64));
+    value
+}
+
+async fn status(manager: &LeaseManager, name: Option<&str>, json: bool) -> Outcome {
+    let leases = match name {
+        Some(name) => vec![manager.inspect(name).await.map_err(|e| (e, "status"))?],
+        None => manager.list().await.map_err(|e| (e, "status"))?,
+    };
+    if json {
+        let value = match name {
+            Some(_) => status_json(&leases[0]),
+            None => serde_json::Value::Array(leases.iter().map(status_json).collect()),
+        };
+        println!("{value}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(manager.pool())
+        .await
+        .map_err(|e| (Error::from(e), "status"))?;
+    println!("{:<32} {:<28} {:>10}  EXPIRES", "NAME", "HOLDER", "TOKEN");
+    for s in &leases {
+        let expires = match (s.expires_at, s.held) {
+            (None, _) => "never acquired".to_owned(),
+            (Some(at), true) => format!("in {}", short((at - now).to_std().unwrap_or_default())),
+            (Some(at), false) if s.holder.is_none() => {
+                format!(
+                    "released {} ago",
+                    short((now - at).to_std().unwrap_or_default())
+                )
+            }
+            (Some(at), false) => format!(
+                "expired {} ago",
+                short((now - at).to_std().unwrap_or_default())
+            ),
+        };
+        println!(
+            "{:<32} {:<28} {:>10}  {expires}",
+            s.name,
+            s.holder.as_deref().unwrap_or("-"),
+            s.token.map_or("-".to_owned(), |t| t.to_string()),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A duration rounded to what a person reads: 1h 2m, 3m 4s, 5.6s.
+fn short(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs >= 3600 {
+        format!("{}h {}m", secs / 3600, secs % 3600 / 60)
+    } else if secs >= 60 {
+        format!("{}m {}s", secs / 60, secs % 60)
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
+/// The exit status that reports `status` of CMD: its code, or 128+N for
+/// signal N.
+fn child_code(status: std::process::ExitStatus) -> ExitCode {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        (None, Some(signal)) => ExitCode::from(u8::try_from(128 + signal).unwrap_or(255)),
+        (None, None) => ExitCode::from(1),
+    }
+}
+
+fn signal_group(pgid: Pid, signal: Signal) {
+    // The group may already be gone; nothing else to do then.
+    let _ = killpg(pgid, signal);
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    manager: &LeaseManager,
+    database_url: &Option<String>,
+    name: &str,
+    holder: &str,
+    ttl: Duration,
+    wait: Duration,
+    grace: Duration,
+    cmd: &[String],
+) -> Outcome {
+    // Signals are watched from the start, so that none is lost while
+    // waiting for the lease.
+    let (Ok(mut sigterm), Ok(mut sigint)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        eprintln!("pglease: cannot watch for signals");
+        return Ok(ExitCode::from(EXIT_DATABASE));
+    };
+    let held: HeldLease = match manager.hold(name, holder, ttl, Duration::ZERO).await {
+        Ok(held) => held,
+        Err(Error::Held {
+            holder: current,
+            expires_at,
+            ..
+        }) if !wait.is_zero() => {
+            eprintln!(
+                "pglease: {name:?} is held by {current:?} until {}; waiting up to {}",
+                expires_at.to_rfc3339(),
+                humantime::format_duration(wait)
+            );
+            let waiting = manager.hold(name, holder, ttl, wait);
+            tokio::select! {
+                held = waiting => match held {
+                    Ok(held) => held,
+                    Err(e) => return not_acquired(e),
+                },
+                _ = sigterm.recv() => return Ok(ExitCode::from(128 + 15)),
+                _ = sigint.recv() => return Ok(ExitCode::from(128 + 2)),
+            }
+        }
+        Err(e) => return not_acquired(e),
+    };
+
+    let mut command = tokio::process::Command::new(&cmd[0]);
+    command
+        .args(&cmd[1..])
+        .process_group(0)
+        .stdin(Stdio::inherit())
+        .env("PGLEASE_NAME", name)
+        .env("PGLEASE_TOKEN", held.token().to_string())
+        .env("PGLEASE_HOLDER", holder);
+    if let Some(url) = database_url {
+        command.env("PGLEASE_DATABASE_URL", url);
+    }
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("pglease: cannot start {:?}: {e}", cmd[0]);
+            let _ = held.release().await;
+            return Ok(ExitCode::from(EXIT_CANNOT_START));
+        }
+    };
+    let Some(pgid) = child.id().map(|id| Pid::from_raw(id as i32)) else {
+        let _ = held.release().await;
+        return Ok(ExitCode::from(EXIT_CANNOT_START));
+    };
+
+    enum Ended {
+        Exited(std::process::ExitStatus),
+        Lost(pglease::LossReason),
+        Signalled(Signal),
+    }
+    let ended = tokio::select! {
+        biased;
+        status = child.wait() => match status {
+            Ok(status) => Ended::Exited(status),
+            Err(e) => {
+                eprintln!("pglease: lost track of the command: {e}");
+                Ended::Signalled(Signal::SIGTERM)
+            }
+        },
+        reason = held.lost() => Ended::Lost(reason),
+        _ = sigterm.recv() => Ended::Signalled(Signal::SIGTERM),
+        _ = sigint.recv() => Ended::Signalled(Signal::SIGINT),
+    };
+    match ended {
+        Ended::Exited(status) => {
+            release_after(held).await;
+            Ok(child_code(status))
+        }
+        Ended::Lost(reason) => {
+            eprintln!(
+                "pglease: lease {name:?} (token {}) lost: {reason}; stopping the command \
+                 (SIGTERM, then SIGKILL after {})",
+                held.token(),
+                humantime::format_duration(grace)
+            );
+            signal_group(pgid, Signal::SIGTERM);
+            if tokio::time::timeout(grace, child.wait()).await.is_err() {
+                signal_group(pgid, Signal::SIGKILL);
+                let _ = child.wait().await;
+            }
+            drop(held);
+            Ok(ExitCode::from(EXIT_LOST))
+        }
+        Ended::Signalled(signal) => {
+            signal_group(pgid, signal);
+            let status = child.wait().await;
+            release_after(held).await;
+            Ok(match status {
+                Ok(status) => child_code(status),
+                Err(_) => ExitCode::from(128 + signal as u8),
+            })
+        }
+    }
+}
+
+fn not_acquired(e: Error) -> Outcome {
+    match e {
+        Error::Held {
+            name,
+            holder,
+            expires_at,
+        } => {
+            eprintln!(
+                "pglease: not acquired: {name:?} is held by {holder:?} until {}",
+                expires_at.to_rfc3339()
+            );
+            Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
+        }
+        e => Err((e, "run")),
+    }
+}
+
+async fn release_after(held: HeldLease) {
+    let name = held.name().to_owned();
+    if let Err(e) = held.release().await {
+        eprintln!("pglease: could not release {name:?} ({e}); it ends at its expiry");
+    }
+}
+
+/// Runs the demo in a scratch database created for it and dropped after.
+async fn demo(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
+    let scratch = format!("pglease_demo_{}", std::process::id());
+    let admin = tokio::time::timeout(timeout, options.connect()).await;
+    let mut admin = match admin {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
+            eprintln!(
+                "pglease: cannot connect to PostgreSQL: {e}\n\
+                 Set --database-url or DATABASE_URL (or PGHOST, PGPORT, PGUSER, PGDATABASE) \
+                 to a reachable server."
+            );
+            return ExitCode::from(EXIT_DATABASE);
+        }
+        Err(_) => {
+            eprintln!(
+                "pglease: connecting to PostgreSQL timed out after {}",
+                humantime::format_duration(timeout)
+            );
+            return ExitCode::from(EXIT_DATABASE);
+        }
+    };
+    if let Err(e) = sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {scratch}")))
+        .execute(&mut admin)
+        .await
+    {
+        eprintln!(
+            "pglease: the demo needs a scratch database and could not create one: {e}\n\
+             Connect as a role with CREATEDB."
+        );
+        return ExitCode::from(EXIT_DATABASE);
+    }
+    println!("pglease demo in scratch database {scratch} (dropped at the end)\n");
+    let code = demo_in(&options.clone().database(&scratch), timeout).await;
+    let dropped = sqlx::query(AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {scratch} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await;
+    let _ = admin.close().await;
+    if let Err(e) = dropped {
+        eprintln!("pglease: could not drop the scratch database {scratch}: {e}");
+    }
+    code
+}
+
+async fn demo_in(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
+    let manager = match connect(options, timeout).await {
+        Ok(manager) => manager,
+        Err(code) => return code,
+    };
+    let outcome = async {
+        manager.migrate().await?;
+        println!("1. The article's failure: a paused holder's late write\n");
+        pglease::demo::paused_holder(&manager, "report", Duration::from_millis(300), |line| {
+            println!("  {line}")
+        })
+        .await?;
+        println!(
+            "\n2. The same failures against a lease, a session advisory lock and a transaction \
+             advisory lock, measured now:\n"
+        );
+        let outcomes = pglease::compare::run(&manager, Duration::from_millis(200), |o| {
+            println!(
+                "  {} / {}: {} - {}",
+                o.scenario.label(),
+                o.variant.label(),
+                if o.safe { "safe" } else { "UNSAFE" },
+                o.detail
+            );
+        })
+        .await?;
+        println!("\n{}", pglease::compare::table(&outcomes));
+        Ok::<_, Error>(())
+    }
+    .await;
+    manager.pool().close().await;
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pglease: demo failed: {e}");
+            ExitCode::from(EXIT_DATABASE)
+        }
+    }
 }
