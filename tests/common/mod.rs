@@ -22,6 +22,9 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, PgPool};
 const CONTAINER_TAG: &str = "16-alpine";
 
 static SERVER: OnceLock<PgConnectOptions> = OnceLock::new();
+/// The password of a container started by the tests (trust auth otherwise).
+const CONTAINER_PASSWORD: &str = "postgres";
+static IN_CONTAINER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 
 /// Options for the server, found once per test binary.
@@ -97,6 +100,7 @@ async fn start_container() -> Result<PgConnectOptions, String> {
         .get_host_port_ipv4(5432)
         .await
         .map_err(|e| e.to_string())?;
+    IN_CONTAINER.store(true, Ordering::Relaxed);
     // The container lives as long as the test process; testcontainers'
     // reaper removes it afterwards.
     std::mem::forget(container);
@@ -104,7 +108,7 @@ async fn start_container() -> Result<PgConnectOptions, String> {
         .host(&host.to_string())
         .port(port)
         .username("postgres")
-        .password("postgres")
+        .password(CONTAINER_PASSWORD)
         .database("postgres"))
 }
 
@@ -180,6 +184,46 @@ impl TestDb {
             .await
             .expect("connect a manager's pool");
         LeaseManager::with_options(pool, options).expect("valid manager options")
+    }
+
+    /// This database as a URL, for the command-line tool.
+    pub fn url(&self) -> String {
+        if let Ok(url) = std::env::var("DATABASE_URL") {
+            // Same server and credentials, this database.
+            let (base, query) = match url.split_once('?') {
+                Some((base, query)) => (base.to_owned(), format!("?{query}")),
+                None => (url.clone(), String::new()),
+            };
+            let authority_start = base.find("://").map_or(0, |i| i + 3);
+            let base = match base[authority_start..].find('/') {
+                Some(slash) => base[..authority_start + slash].to_owned(),
+                None => base,
+            };
+            return format!("{base}/{}{query}", self.name);
+        }
+        let o = &self.options;
+        let user = o.get_username();
+        let password = if IN_CONTAINER.load(Ordering::Relaxed) {
+            format!(":{CONTAINER_PASSWORD}")
+        } else {
+            String::new()
+        };
+        let host = o.get_host();
+        if host.starts_with('/') {
+            // A socket directory: the `host` parameter overrides the
+            // placeholder host name.
+            format!(
+                "postgres://{user}{password}@localhost:{}/{}?host={host}",
+                o.get_port(),
+                self.name
+            )
+        } else {
+            format!(
+                "postgres://{user}{password}@{host}:{}/{}",
+                o.get_port(),
+                self.name
+            )
+        }
     }
 
     pub fn options(&self) -> PgConnectOptions {

@@ -1,0 +1,355 @@
+//! The `pglease` binary driven as a user would: every command and exit
+//! status, `run`'s handling of its command, and a `run` paused with SIGSTOP
+//! past its TTL while another worker takes over.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::{TestDb, poll_until};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+const BIN: &str = env!("CARGO_BIN_EXE_pglease");
+const BOUND: Duration = Duration::from_secs(30);
+
+/// Runs `pglease --database-url <db> ARGS` to completion.
+fn pglease(db: &TestDb, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("--database-url")
+        .arg(db.url())
+        .args(args)
+        .output()
+        .expect("run the pglease binary")
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().expect("exited normally")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn json(output: &Output) -> serde_json::Value {
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(output)))
+}
+
+#[tokio::test]
+async fn acquire_renew_release_status_and_their_exit_codes() {
+    let db = TestDb::new().await;
+    let out = pglease(
+        &db,
+        &["acquire", "job", "--ttl", "30s", "--holder", "A", "--json"],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let lease = json(&out);
+    assert_eq!(lease["name"], "job");
+    assert_eq!(lease["holder"], "A");
+    let token = lease["token"].as_i64().expect("token");
+    let expires = lease["expires_at"].as_str().expect("expires_at");
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(expires).is_ok(),
+        "{expires}"
+    );
+
+    let held = pglease(&db, &["acquire", "job", "--ttl", "30s", "--holder", "B"]);
+    assert_eq!(code(&held), 3);
+    assert!(stderr(&held).contains("held by \"A\""), "{}", stderr(&held));
+
+    let t = token.to_string();
+    let renewed = pglease(
+        &db,
+        &["renew", "job", "--token", &t, "--ttl", "1m", "--json"],
+    );
+    assert_eq!(code(&renewed), 0, "{}", stderr(&renewed));
+    assert_eq!(json(&renewed)["token"], token);
+    let stale = (token - 1).to_string();
+    assert_eq!(
+        code(&pglease(
+            &db,
+            &["renew", "job", "--token", &stale, "--ttl", "1m"]
+        )),
+        4
+    );
+
+    let one = pglease(&db, &["status", "job", "--json"]);
+    assert_eq!(code(&one), 0);
+    assert_eq!(json(&one)["holder"], "A");
+    let never = json(&pglease(&db, &["status", "never", "--json"]));
+    assert!(
+        never["holder"].is_null() && never["token"].is_null(),
+        "{never}"
+    );
+    let all = json(&pglease(&db, &["status", "--json"]));
+    assert_eq!(all.as_array().map(Vec::len), Some(1));
+    let table = stdout(&pglease(&db, &["status"]));
+    assert!(table.contains("job") && table.contains(" A "), "{table}");
+
+    assert_eq!(code(&pglease(&db, &["release", "job", "--token", &t])), 0);
+    assert_eq!(code(&pglease(&db, &["release", "job", "--token", &t])), 4);
+    assert!(!db.manager().inspect("job").await.expect("inspect").held);
+}
+
+#[tokio::test]
+async fn bad_input_exits_2_and_an_unreachable_database_exits_5() {
+    let db = TestDb::new().await;
+    let before = db.snapshot().await;
+    for args in [
+        &["acquire", "", "--ttl", "1s"][..],
+        &["acquire", "job", "--ttl", "0s"],
+        &["acquire", "job", "--ttl", "8days"],
+        &["acquire", "job", "--ttl", "soon"],
+        &["acquire", "job"],
+        &["renew", "job", "--token", "x", "--ttl", "1s"],
+        &["run", "job", "--ttl", "1s"],
+        &["frobnicate"],
+    ] {
+        let out = pglease(&db, args);
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    }
+    assert_eq!(db.snapshot().await, before);
+
+    let out = Command::new(BIN)
+        .args(["--database-url", "postgres://nobody@127.0.0.1:1/none"])
+        .args(["--connect-timeout", "2s", "status"])
+        .output()
+        .expect("run");
+    assert_eq!(code(&out), 5);
+    assert!(stderr(&out).contains("DATABASE_URL"), "{}", stderr(&out));
+    let out = Command::new(BIN)
+        .args(["--database-url", "not a url", "status"])
+        .output()
+        .expect("run");
+    assert_eq!(code(&out), 2);
+}
+
+#[tokio::test]
+async fn run_passes_the_status_through_and_releases_at_once() {
+    let db = TestDb::new().await;
+    let out = pglease(
+        &db,
+        &[
+            "run",
+            "job",
+            "--ttl",
+            "10m",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$PGLEASE_NAME $PGLEASE_TOKEN $PGLEASE_HOLDER\"; exit 7",
+        ],
+    );
+    assert_eq!(code(&out), 7, "{}", stderr(&out));
+    let printed = stdout(&out);
+    let fields: Vec<&str> = printed.split_whitespace().collect();
+    assert_eq!(fields[0], "job");
+    let status = db.manager().inspect("job").await.expect("inspect");
+    assert_eq!(Some(fields[1].parse::<i64>().expect("token")), status.token);
+    assert!(!fields[2].is_empty());
+    // Released when the command exited, not at the end of the 10 min TTL.
+    assert!(!status.held);
+
+    let killed = pglease(
+        &db,
+        &["run", "job", "--ttl", "10m", "--", "sh", "-c", "kill -9 $$"],
+    );
+    assert_eq!(code(&killed), 128 + 9);
+    let missing = pglease(
+        &db,
+        &["run", "job", "--ttl", "10m", "--", "/no/such/command"],
+    );
+    assert_eq!(code(&missing), 127);
+    assert!(!db.manager().inspect("job").await.expect("inspect").held);
+
+    // Held by someone else: exit 3 without waiting, or after --wait.
+    let other = db
+        .manager()
+        .try_acquire("job", "other", Duration::from_secs(600))
+        .await
+        .expect("acquire");
+    assert_eq!(
+        code(&pglease(&db, &["run", "job", "--ttl", "1m", "--", "true"])),
+        3
+    );
+    let waited = pglease(
+        &db,
+        &["run", "job", "--ttl", "1m", "--wait", "300ms", "--", "true"],
+    );
+    assert_eq!(code(&waited), 3);
+    assert!(
+        stderr(&waited).contains("waiting up to"),
+        "{}",
+        stderr(&waited)
+    );
+    db.manager()
+        .release("job", other.token())
+        .await
+        .expect("release");
+}
+
+#[tokio::test]
+async fn run_forwards_sigterm_to_the_command_and_releases() {
+    let db = TestDb::new().await;
+    let mut child = Command::new(BIN)
+        .args([
+            "--database-url",
+            &db.url(),
+            "run",
+            "job",
+            "--ttl",
+            "10m",
+            "--",
+            "sleep",
+            "600",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start pglease run");
+    let m = db.manager();
+    poll_until("the lease to be held", BOUND, || async {
+        m.inspect("job").await.expect("inspect").held
+    })
+    .await;
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    // sleep died of the forwarded SIGTERM: 128 + 15.
+    assert_eq!(status.code(), Some(143));
+    assert!(!m.inspect("job").await.expect("inspect").held);
+}
+
+/// The whole `run` process is stopped (SIGSTOP) past its TTL; another
+/// worker takes over. The command, in its own process group, keeps trying
+/// fenced writes to a protected table: the database rejects them. On
+/// SIGCONT, `run` finds its lease lost, stops the command and exits 4.
+#[tokio::test]
+async fn a_stopped_run_loses_its_lease_and_its_command_is_fenced_off() {
+    let psql_present = Command::new("psql").arg("--version").output().is_ok();
+    assert!(
+        psql_present,
+        "this test drives writes with psql, which is not installed"
+    );
+    let db = TestDb::new().await;
+    let m = db.manager();
+    sqlx::query(
+        "CREATE TABLE log (token bigint NOT NULL, at timestamptz DEFAULT clock_timestamp())",
+    )
+    .execute(db.pool())
+    .await
+    .expect("create");
+    m.protect("log", "job").await.expect("protect");
+    let outcomes = std::env::temp_dir().join(format!(
+        "pglease-cli-{}-{}",
+        std::process::id(),
+        db.url().len()
+    ));
+    let _ = std::fs::remove_file(&outcomes);
+    let script = format!(
+        "while true; do \
+           if psql \"$PGLEASE_DATABASE_URL\" -qAt -v ON_ERROR_STOP=1 \
+                -c \"BEGIN; SELECT pglease.assert_held('$PGLEASE_NAME', $PGLEASE_TOKEN); \
+                     INSERT INTO log (token) VALUES ($PGLEASE_TOKEN); COMMIT;\" \
+                >/dev/null 2>&1; \
+           then echo ok >> {f}; else echo rejected >> {f}; fi; \
+           sleep 0.05; \
+         done",
+        f = outcomes.display()
+    );
+    let mut run = Command::new(BIN)
+        .args([
+            "--database-url",
+            &db.url(),
+            "run",
+            "job",
+            "--ttl",
+            "1s",
+            "--grace",
+            "2s",
+        ])
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start pglease run");
+    let pid = Pid::from_raw(run.id() as i32);
+    let read = |path: &PathBuf| std::fs::read_to_string(path).unwrap_or_default();
+    poll_until("the command's first fenced write", BOUND, || async {
+        read(&outcomes).contains("ok")
+    })
+    .await;
+    let old = m
+        .inspect("job")
+        .await
+        .expect("inspect")
+        .token
+        .expect("token");
+
+    kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
+    // Past the expiry on the database clock, another worker takes over.
+    let taken = loop {
+        match m.try_acquire("job", "B", Duration::from_secs(600)).await {
+            Ok(lease) => break lease,
+            Err(pglease::Error::Held { .. }) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("B's acquire: {e}"),
+        }
+    };
+    assert!(taken.token() > old);
+    let written: i64 = sqlx::query_scalar("SELECT count(*) FROM log")
+        .fetch_one(db.pool())
+        .await
+        .expect("count");
+    let seen = read(&outcomes).len();
+    poll_until(
+        "a fenced write after the takeover to be rejected",
+        BOUND,
+        || async { read(&outcomes)[seen..].contains("rejected") },
+    )
+    .await;
+
+    kill(pid, Signal::SIGCONT).expect("SIGCONT");
+    let status = tokio::task::spawn_blocking(move || run.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert_eq!(status.code(), Some(4), "run must report the lost lease");
+    // The command's group is gone: nothing is left to write.
+    let after_exit = read(&outcomes).len();
+    let still: i64 = sqlx::query_scalar("SELECT count(*) FROM log")
+        .fetch_one(db.pool())
+        .await
+        .expect("count");
+    assert_eq!(
+        still, written,
+        "a write under the old token landed after the takeover"
+    );
+    assert_eq!(read(&outcomes).len(), after_exit);
+    let _ = std::fs::remove_file(&outcomes);
+    m.release("job", taken.token()).await.expect("release");
+}
+
+#[tokio::test]
+async fn demo_runs_in_a_scratch_database_and_exits_0() {
+    let db = TestDb::new().await;
+    let out = pglease(&db, &["demo"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("REJECTED by PostgreSQL (LE001)"), "{text}");
+    assert!(text.contains("| scenario | lease + fencing |"), "{text}");
+    // The scratch database is gone.
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_database WHERE datname LIKE 'pglease_demo_%'")
+            .fetch_one(db.pool())
+            .await
+            .expect("count");
+    assert_eq!(left, 0);
+}
