@@ -256,7 +256,8 @@ async fn a_stopped_run_loses_its_lease_and_its_command_is_fenced_off() {
     ));
     let _ = std::fs::remove_file(&outcomes);
     let script = format!(
-        "while true; do \
+        "echo pid:$$ >> {f}; \
+         while true; do \
            if psql \"$PGLEASE_DATABASE_URL\" -qAt -v ON_ERROR_STOP=1 \
                 -c \"BEGIN; SELECT pglease.assert_held('$PGLEASE_NAME', $PGLEASE_TOKEN); \
                      INSERT INTO log (token) VALUES ($PGLEASE_TOKEN); COMMIT;\" \
@@ -322,8 +323,16 @@ async fn a_stopped_run_loses_its_lease_and_its_command_is_fenced_off() {
         .expect("join")
         .expect("wait");
     assert_eq!(status.code(), Some(4), "run must report the lost lease");
-    // The command's group is gone: nothing is left to write.
-    let after_exit = read(&outcomes).len();
+    // The command's process group is gone: nothing is left to write.
+    let group: i32 = read(&outcomes)
+        .lines()
+        .find_map(|l| l.strip_prefix("pid:"))
+        .and_then(|p| p.trim().parse().ok())
+        .expect("the command wrote its pid");
+    poll_until("the command's process group to end", BOUND, || async {
+        kill(Pid::from_raw(-group), None).is_err()
+    })
+    .await;
     let still: i64 = sqlx::query_scalar("SELECT count(*) FROM log")
         .fetch_one(db.pool())
         .await
@@ -332,7 +341,6 @@ async fn a_stopped_run_loses_its_lease_and_its_command_is_fenced_off() {
         still, written,
         "a write under the old token landed after the takeover"
     );
-    assert_eq!(read(&outcomes).len(), after_exit);
     let _ = std::fs::remove_file(&outcomes);
     m.release("job", taken.token()).await.expect("release");
 }
