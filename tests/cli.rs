@@ -361,3 +361,25 @@ async fn demo_runs_in_a_scratch_database_and_exits_0() {
             .expect("count");
     assert_eq!(left, 0);
 }
+
+#[tokio::test]
+async fn migrate_creates_the_schema_and_the_url_may_follow_the_command() {
+    let db = TestDb::empty().await;
+    // Before the schema exists: a database failure with a hint.
+    let missing = pglease(&db, &["status"]);
+    assert_eq!(code(&missing), 5);
+    assert!(
+        stderr(&missing).contains("pglease migrate"),
+        "{}",
+        stderr(&missing)
+    );
+    let out = Command::new(BIN)
+        .args(["migrate", "--database-url", &db.url()])
+        .output()
+        .expect("run");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(code(&pglease(&db, &["migrate"])), 0, "idempotent");
+    let out = pglease(&db, &["status", "--json"]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(json(&out), serde_json::json!([]));
+}

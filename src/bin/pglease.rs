@@ -215,8 +215,11 @@ fn fail(e: &Error, what: &str) -> ExitCode {
             ExitCode::from(EXIT_USAGE)
         }
         Error::Database(db)
-            if db.as_database_error().and_then(|d| d.code()).as_deref() == Some("42883")
-                || db.as_database_error().and_then(|d| d.code()).as_deref() == Some("3F000") =>
+            if matches!(
+                db.as_database_error().and_then(|d| d.code()).as_deref(),
+                // undefined function, undefined table, invalid schema name
+                Some("42883" | "42P01" | "3F000")
+            ) =>
         {
             eprintln!(
                 "pglease: {what} failed: the pglease schema is missing or out of date in this \
