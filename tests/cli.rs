@@ -42,6 +42,21 @@ fn json(output: &Output) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(output)))
 }
 
+/// Waits for `child` to exit, killing it and failing after [`BOUND`].
+async fn wait_bounded(mut child: std::process::Child) -> std::process::ExitStatus {
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("pglease did not exit within {BOUND:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test]
 async fn acquire_renew_release_status_and_their_exit_codes() {
     let db = TestDb::new().await;
@@ -142,6 +157,8 @@ async fn run_passes_the_status_through_and_releases_at_once() {
             "job",
             "--ttl",
             "10m",
+            "--holder",
+            "cron-host",
             "--",
             "sh",
             "-c",
@@ -154,7 +171,7 @@ async fn run_passes_the_status_through_and_releases_at_once() {
     assert_eq!(fields[0], "job");
     let status = db.manager().inspect("job").await.expect("inspect");
     assert_eq!(Some(fields[1].parse::<i64>().expect("token")), status.token);
-    assert!(!fields[2].is_empty());
+    assert_eq!(fields[2], "cron-host");
     // Released when the command exited, not at the end of the 10 min TTL.
     assert!(!status.held);
 
@@ -199,7 +216,7 @@ async fn run_passes_the_status_through_and_releases_at_once() {
 #[tokio::test]
 async fn run_forwards_sigterm_to_the_command_and_releases() {
     let db = TestDb::new().await;
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .args([
             "--database-url",
             &db.url(),
@@ -220,10 +237,7 @@ async fn run_forwards_sigterm_to_the_command_and_releases() {
     })
     .await;
     kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .expect("join")
-        .expect("wait");
+    let status = wait_bounded(child).await;
     // sleep died of the forwarded SIGTERM: 128 + 15.
     assert_eq!(status.code(), Some(143));
     assert!(!m.inspect("job").await.expect("inspect").held);
@@ -267,7 +281,7 @@ async fn a_stopped_run_loses_its_lease_and_its_command_is_fenced_off() {
          done",
         f = outcomes.display()
     );
-    let mut run = Command::new(BIN)
+    let run = Command::new(BIN)
         .args([
             "--database-url",
             &db.url(),
@@ -318,10 +332,7 @@ async fn a_stopped_run_loses_its_lease_and_its_command_is_fenced_off() {
     .await;
 
     kill(pid, Signal::SIGCONT).expect("SIGCONT");
-    let status = tokio::task::spawn_blocking(move || run.wait())
-        .await
-        .expect("join")
-        .expect("wait");
+    let status = wait_bounded(run).await;
     assert_eq!(status.code(), Some(4), "run must report the lost lease");
     // The command's process group is gone: nothing is left to write.
     let group: i32 = read(&outcomes)
@@ -353,13 +364,19 @@ async fn demo_runs_in_a_scratch_database_and_exits_0() {
     let text = stdout(&out);
     assert!(text.contains("REJECTED by PostgreSQL (LE001)"), "{text}");
     assert!(text.contains("| scenario | lease + fencing |"), "{text}");
-    // The scratch database is gone.
-    let left: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM pg_database WHERE datname LIKE 'pglease_demo_%'")
-            .fetch_one(db.pool())
-            .await
-            .expect("count");
-    assert_eq!(left, 0);
+    // Its scratch database is gone.
+    let scratch = text
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("pglease demo in scratch database "))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("the demo names its scratch database");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_database WHERE datname = $1")
+        .bind(scratch)
+        .fetch_one(db.pool())
+        .await
+        .expect("count");
+    assert_eq!(left, 0, "{scratch} was left behind");
 }
 
 #[tokio::test]

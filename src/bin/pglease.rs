@@ -39,7 +39,7 @@ struct Cli {
     database_url: Option<String>,
 
     /// Give up connecting after this long (exit status 5).
-    #[arg(long, global = true, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_connect_timeout)]
     connect_timeout: Duration,
 
     #[command(subcommand)]
@@ -122,14 +122,28 @@ enum Command {
     Demo,
 }
 
+/// A connection timeout: a `humantime` duration of at most a day.
+fn parse_connect_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if timeout.is_zero() || timeout > Duration::from_secs(86400) {
+        return Err("must be greater than zero and at most 1 day".to_owned());
+    }
+    Ok(timeout)
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // An empty DATABASE_URL means "not set".
+    let cli = Cli {
+        database_url: cli.database_url.filter(|url| !url.is_empty()),
+        ..cli
+    };
     let options = match &cli.database_url {
         Some(url) => match url.parse::<PgConnectOptions>() {
             Ok(options) => options,
             Err(e) => {
-                eprintln!("pglease: invalid --database-url: {e}");
+                eprintln!("pglease: invalid database URL (--database-url or DATABASE_URL): {e}");
                 return ExitCode::from(EXIT_USAGE);
             }
         },
@@ -483,9 +497,10 @@ async fn run(
 ) -> Outcome {
     // Signals are watched from the start, so that none is lost while
     // waiting for the lease.
-    let (Ok(mut sigterm), Ok(mut sigint)) = (
+    let (Ok(mut sigterm), Ok(mut sigint), Ok(mut sighup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) else {
         eprintln!("pglease: cannot watch for signals");
         return Ok(ExitCode::from(EXIT_DATABASE));
@@ -539,53 +554,63 @@ async fn run(
         return Ok(ExitCode::from(EXIT_CANNOT_START));
     };
 
-    enum Ended {
-        Exited(std::process::ExitStatus),
-        Lost(pglease::LossReason),
-        Signalled(Signal),
-    }
-    let ended = tokio::select! {
-        biased;
-        status = child.wait() => match status {
-            Ok(status) => Ended::Exited(status),
-            Err(e) => {
-                eprintln!("pglease: lost track of the command: {e}");
-                Ended::Signalled(Signal::SIGTERM)
+    // Wait for CMD, whatever else happens meanwhile: a lost lease stops it
+    // (SIGTERM, SIGKILL after the grace period); a signal to pglease is
+    // forwarded, and a second one kills the group.
+    let mut lost: Option<pglease::LossReason> = None;
+    let mut forwarded = false;
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let status = loop {
+        let deadline =
+            kill_at.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400));
+        tokio::select! {
+            biased;
+            status = child.wait() => break status,
+            reason = held.lost(), if lost.is_none() => {
+                eprintln!(
+                    "pglease: lease {name:?} (token {}) lost: {reason}; stopping the command \
+                     (SIGTERM, then SIGKILL after {})",
+                    held.token(),
+                    humantime::format_duration(grace)
+                );
+                lost = Some(reason);
+                signal_group(pgid, Signal::SIGTERM);
+                kill_at = Some(tokio::time::Instant::now() + grace);
             }
-        },
-        reason = held.lost() => Ended::Lost(reason),
-        _ = sigterm.recv() => Ended::Signalled(Signal::SIGTERM),
-        _ = sigint.recv() => Ended::Signalled(Signal::SIGINT),
-    };
-    match ended {
-        Ended::Exited(status) => {
-            release_after(held).await;
-            Ok(child_code(status))
-        }
-        Ended::Lost(reason) => {
-            eprintln!(
-                "pglease: lease {name:?} (token {}) lost: {reason}; stopping the command \
-                 (SIGTERM, then SIGKILL after {})",
-                held.token(),
-                humantime::format_duration(grace)
-            );
-            signal_group(pgid, Signal::SIGTERM);
-            if tokio::time::timeout(grace, child.wait()).await.is_err() {
+            () = tokio::time::sleep_until(deadline), if kill_at.is_some() => {
                 signal_group(pgid, Signal::SIGKILL);
-                let _ = child.wait().await;
+                kill_at = None;
             }
-            drop(held);
-            Ok(ExitCode::from(EXIT_LOST))
+            _ = sigterm.recv() => forward(pgid, Signal::SIGTERM, &mut forwarded),
+            _ = sigint.recv() => forward(pgid, Signal::SIGINT, &mut forwarded),
+            _ = sighup.recv() => forward(pgid, Signal::SIGHUP, &mut forwarded),
         }
-        Ended::Signalled(signal) => {
-            signal_group(pgid, signal);
-            let status = child.wait().await;
-            release_after(held).await;
-            Ok(match status {
-                Ok(status) => child_code(status),
-                Err(_) => ExitCode::from(128 + signal as u8),
-            })
+    };
+    if lost.is_some() {
+        // Members of the group that outlived its leader go too.
+        signal_group(pgid, Signal::SIGKILL);
+    }
+    release_after(held).await;
+    if lost.is_some() {
+        return Ok(ExitCode::from(EXIT_LOST));
+    }
+    match status {
+        Ok(status) => Ok(child_code(status)),
+        Err(e) => {
+            eprintln!("pglease: lost track of the command: {e}; killed its process group");
+            signal_group(pgid, Signal::SIGKILL);
+            Ok(ExitCode::from(1))
         }
+    }
+}
+
+/// Forwards `signal` to CMD's group; a second signal kills the group.
+fn forward(pgid: Pid, signal: Signal, forwarded: &mut bool) {
+    if *forwarded {
+        signal_group(pgid, Signal::SIGKILL);
+    } else {
+        signal_group(pgid, signal);
+        *forwarded = true;
     }
 }
 
@@ -608,14 +633,19 @@ fn not_acquired(e: Error) -> Outcome {
 
 async fn release_after(held: HeldLease) {
     let name = held.name().to_owned();
-    if let Err(e) = held.release().await {
-        eprintln!("pglease: could not release {name:?} ({e}); it ends at its expiry");
+    match tokio::time::timeout(Duration::from_secs(10), held.release()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => eprintln!("pglease: could not release {name:?} ({e}); it ends at its expiry"),
+        Err(_) => eprintln!("pglease: no answer to the release of {name:?}; it ends at its expiry"),
     }
 }
 
 /// Runs the demo in a scratch database created for it and dropped after.
 async fn demo(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
-    let scratch = format!("pglease_demo_{}", std::process::id());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let scratch = format!("pglease_demo_{}_{nanos}", std::process::id());
     let admin = tokio::time::timeout(timeout, options.connect()).await;
     let mut admin = match admin {
         Ok(Ok(conn)) => conn,
