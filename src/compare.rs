@@ -221,6 +221,19 @@ impl Harness {
         })
     }
 
+    /// Worker A's session lock on `name` (which nobody else holds yet).
+    async fn session(&self, name: &str) -> Result<SessionLock> {
+        self.m
+            .try_session_lock(name)
+            .await?
+            .ok_or_else(|| held(name))
+    }
+
+    /// Worker A's transaction lock on `name`.
+    async fn xact(&self, name: &str) -> Result<XactLock> {
+        self.m.try_xact_lock(name).await?.ok_or_else(|| held(name))
+    }
+
     fn ttl(&self) -> Duration {
         self.unit * 2
     }
@@ -389,11 +402,7 @@ impl Harness {
         let b_got_it;
         match variant {
             Variant::SessionLock => {
-                let mut a = self
-                    .m
-                    .try_session_lock(name)
-                    .await?
-                    .ok_or_else(|| held(name))?;
+                let mut a = self.session(name).await?;
                 let b = self.b_session_lock(name, pause).await?;
                 b_got_it = b.is_some();
                 if let Some(conn) = a.connection() {
@@ -405,11 +414,7 @@ impl Harness {
                 }
             }
             _ => {
-                let mut a = self
-                    .m
-                    .try_xact_lock(name)
-                    .await?
-                    .ok_or_else(|| held(name))?;
+                let mut a = self.xact(name).await?;
                 let b = self.b_xact_lock(name, pause).await?;
                 b_got_it = b.is_some();
                 self.write(&mut a, "A").await?;
@@ -472,11 +477,7 @@ impl Harness {
     }
 
     async fn killed_session(&self, name: &str) -> Result<(bool, Option<Duration>, String)> {
-        let mut a = self
-            .m
-            .try_session_lock(name)
-            .await?
-            .ok_or_else(|| held(name))?;
+        let mut a = self.session(name).await?;
         self.terminate(a.backend_pid()).await?;
         let (b, took_over) = self
             .b_session_lock(name, self.unit * 10)
@@ -503,11 +504,7 @@ impl Harness {
     }
 
     async fn killed_xact(&self, name: &str) -> Result<(bool, Option<Duration>, String)> {
-        let mut a = self
-            .m
-            .try_xact_lock(name)
-            .await?
-            .ok_or_else(|| held(name))?;
+        let mut a = self.xact(name).await?;
         let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&mut *a)
             .await?;
@@ -524,11 +521,7 @@ impl Harness {
         drop(a);
         let value_after_b = self.value().await?;
         // A redoes its unit of work, lock included, in a new transaction.
-        let mut again = self
-            .m
-            .try_xact_lock(name)
-            .await?
-            .ok_or_else(|| held(name))?;
+        let mut again = self.xact(name).await?;
         self.write(&mut again, "A").await?;
         again.commit().await?;
         Ok((
@@ -574,11 +567,7 @@ impl Harness {
     ) -> Result<(bool, Option<Duration>, String)> {
         let took_over = match variant {
             Variant::SessionLock => {
-                let a = self
-                    .m
-                    .try_session_lock(name)
-                    .await?
-                    .ok_or_else(|| held(name))?;
+                let a = self.session(name).await?;
                 // The process dies: its socket closes without a goodbye.
                 a.abandon();
                 let start = Instant::now();
@@ -591,11 +580,7 @@ impl Harness {
                 took
             }
             _ => {
-                let mut a = self
-                    .m
-                    .try_xact_lock(name)
-                    .await?
-                    .ok_or_else(|| held(name))?;
+                let mut a = self.xact(name).await?;
                 let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
                     .fetch_one(&mut *a)
                     .await?;
@@ -655,11 +640,7 @@ impl Harness {
     }
 
     async fn duplicate_session(&self, name: &str) -> Result<(bool, Option<Duration>, String)> {
-        let mut a = self
-            .m
-            .try_session_lock(name)
-            .await?
-            .ok_or_else(|| held(name))?;
+        let mut a = self.session(name).await?;
         a.unlock_once().await?; // A's release
         a.relock().await?; // A acquires again, same session
         let start = Instant::now();
@@ -677,32 +658,16 @@ impl Harness {
             format!(
                 "session locks carry no identity: the duplicate unlock {} A's new hold, and B {} \
                  while A believed it held the lock",
-                if duplicate {
-                    "RELEASED"
-                } else {
-                    "did not release"
-                },
-                if b_got_it {
-                    "TOOK IT"
-                } else {
-                    "could not take it"
-                }
+                pick(duplicate, "RELEASED", "did not release"),
+                pick(b_got_it, "TOOK IT", "could not take it")
             ),
         ))
     }
 
     async fn duplicate_xact(&self, name: &str) -> Result<(bool, Option<Duration>, String)> {
-        let first = self
-            .m
-            .try_xact_lock(name)
-            .await?
-            .ok_or_else(|| held(name))?;
+        let first = self.xact(name).await?;
         first.commit().await?; // A's release
-        let mut second = self
-            .m
-            .try_xact_lock(name)
-            .await?
-            .ok_or_else(|| held(name))?;
+        let mut second = self.xact(name).await?;
         // The only release message there is, sent late on A's connection.
         let duplicate: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
             .bind(second.key())
@@ -720,16 +685,8 @@ impl Harness {
             format!(
                 "a transaction lock is released only by its transaction's end; a late unlock \
                  {} it, and B {}",
-                if duplicate {
-                    "RELEASED"
-                } else {
-                    "did not release"
-                },
-                if b_got_it {
-                    "TOOK IT"
-                } else {
-                    "could not take it"
-                }
+                pick(duplicate, "RELEASED", "did not release"),
+                pick(b_got_it, "TOOK IT", "could not take it")
             ),
         ))
     }
@@ -788,11 +745,7 @@ impl Harness {
     }
 
     async fn timeout_session(&self, name: &str) -> Result<(bool, Option<Duration>, String)> {
-        let mut a = self
-            .m
-            .try_session_lock(name)
-            .await?
-            .ok_or_else(|| held(name))?;
+        let mut a = self.session(name).await?;
         let pid = a.backend_pid();
         // A's lock connection stalls (a statement that hangs stands for a
         // silent network); A's liveness check on it gets no answer.
@@ -840,11 +793,7 @@ impl Harness {
     }
 
     async fn timeout_xact(&self, name: &str) -> Result<(bool, Option<Duration>, String)> {
-        let mut a = self
-            .m
-            .try_xact_lock(name)
-            .await?
-            .ok_or_else(|| held(name))?;
+        let mut a = self.xact(name).await?;
         let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&mut *a)
             .await?;
@@ -879,6 +828,10 @@ impl Harness {
             ),
         ))
     }
+}
+
+fn pick(flag: bool, yes: &'static str, no: &'static str) -> &'static str {
+    if flag { yes } else { no }
 }
 
 fn held(name: &str) -> Error {

@@ -310,6 +310,15 @@ fn print_lease(lease: &Lease, json: bool) {
     }
 }
 
+/// Tells the user, on stderr, who holds the lease and how long pglease waits.
+fn announce_wait(name: &str, current: &str, expires_at: DateTime<Utc>, wait: Duration) {
+    eprintln!(
+        "pglease: {name:?} is held by {current:?} until {}; waiting up to {}",
+        expires_at.to_rfc3339(),
+        humantime::format_duration(wait)
+    );
+}
+
 /// Acquires, first without waiting so that a wait can be announced.
 async fn acquire_announced(
     manager: &LeaseManager,
@@ -324,11 +333,7 @@ async fn acquire_announced(
             expires_at,
             ..
         }) if !wait.is_zero() => {
-            eprintln!(
-                "pglease: {name:?} is held by {current:?} until {}; waiting up to {}",
-                expires_at.to_rfc3339(),
-                humantime::format_duration(wait)
-            );
+            announce_wait(name, &current, expires_at, wait);
             manager.acquire(name, holder, ttl, wait).await
         }
         other => other,
@@ -512,11 +517,7 @@ async fn run(
             expires_at,
             ..
         }) if !wait.is_zero() => {
-            eprintln!(
-                "pglease: {name:?} is held by {current:?} until {}; waiting up to {}",
-                expires_at.to_rfc3339(),
-                humantime::format_duration(wait)
-            );
+            announce_wait(name, &current, expires_at, wait);
             let waiting = manager.hold(name, holder, ttl, wait);
             tokio::select! {
                 held = waiting => match held {
