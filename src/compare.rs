@@ -334,33 +334,16 @@ impl Harness {
         name: &str,
         limit: Duration,
     ) -> Result<Option<(SessionLock, Duration)>> {
-        let start = Instant::now();
-        loop {
-            if let Some(lock) = self.m.try_session_lock(name).await? {
-                return Ok(Some((lock, start.elapsed())));
-            }
-            if start.elapsed() > limit {
-                return Ok(None);
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        poll_lock(limit, || self.m.try_session_lock(name)).await
     }
 
+    /// The same with `try_xact_lock`.
     async fn b_xact_lock(
         &self,
         name: &str,
         limit: Duration,
     ) -> Result<Option<(XactLock, Duration)>> {
-        let start = Instant::now();
-        loop {
-            if let Some(lock) = self.m.try_xact_lock(name).await? {
-                return Ok(Some((lock, start.elapsed())));
-            }
-            if start.elapsed() > limit {
-                return Ok(None);
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        poll_lock(limit, || self.m.try_xact_lock(name)).await
     }
 
     // (a) ------------------------------------------------------------
@@ -827,6 +810,24 @@ impl Harness {
                 if refused { "refused" } else { "ALLOWED" }
             ),
         ))
+    }
+}
+
+/// Calls `attempt` every 2 ms until it yields a lock or `limit` passes.
+async fn poll_lock<L, F, Fut>(limit: Duration, mut attempt: F) -> Result<Option<(L, Duration)>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<L>>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(lock) = attempt().await? {
+            return Ok(Some((lock, start.elapsed())));
+        }
+        if start.elapsed() > limit {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, LossReason, Result};
 use crate::fenced::FencedTransaction;
-use crate::lease::{Lease, LeaseManager};
+use crate::lease::{Lease, LeaseManager, interval};
 use crate::options::{ManagerOptions, Timing};
 use crate::sql;
 use crate::waiting::Listener;
@@ -120,6 +120,8 @@ struct Entry {
 struct HeldState {
     lease: Lease,
     timing: Timing,
+    /// The TTL as an interval, for the renewal statement.
+    pg_ttl: PgInterval,
     view: watch::Sender<View>,
     lost: CancellationToken,
     renewal: Mutex<RenewalStatus>,
@@ -413,10 +415,11 @@ impl LeaseManager {
         ttl: Duration,
         max_wait: Duration,
     ) -> Result<HeldLease> {
-        crate::input::check_ttl(ttl)?;
+        // The TTL as renewals send it, validated and converted once.
+        let pg_ttl = interval(ttl)?;
         let timing = self.shared().options.timing(ttl)?;
         let (lease, sent) = self.acquire_sent(name, holder, ttl, max_wait).await?;
-        Ok(self.register(lease, sent, timing))
+        Ok(self.register(lease, sent, timing, pg_ttl))
     }
 
     /// Runs `work` while holding lease `name`: acquires it (waiting up to
@@ -513,7 +516,13 @@ impl LeaseManager {
         }
     }
 
-    fn register(&self, lease: Lease, sent: Instant, timing: Timing) -> HeldLease {
+    fn register(
+        &self,
+        lease: Lease,
+        sent: Instant,
+        timing: Timing,
+        pg_ttl: PgInterval,
+    ) -> HeldLease {
         let shared = self.shared();
         let deadline = sent + timing.ttl - timing.margin;
         let (view, _) = watch::channel(View {
@@ -525,6 +534,7 @@ impl LeaseManager {
         let state = Arc::new(HeldState {
             lease,
             timing,
+            pg_ttl,
             view,
             lost: CancellationToken::new(),
             renewal: Mutex::new(RenewalStatus::default()),
@@ -670,7 +680,7 @@ fn plan(shared: &Arc<Shared>, now: Instant, can_send: bool) -> (Option<Batch>, O
         }
         first_renew_at = first_renew_at.min(entry.renew_at);
         batch.keys.push(key.clone());
-        batch.ttls.push(interval(entry.state.timing.ttl));
+        batch.ttls.push(entry.state.pg_ttl);
     }
     // Send only when something is due now; those due within half a period
     // then go along (sending for the early ones alone would renew a few
@@ -690,15 +700,6 @@ fn plan(shared: &Arc<Shared>, now: Instant, can_send: bool) -> (Option<Batch>, O
         }
     }
     (Some(batch), next_wake)
-}
-
-fn interval(ttl: Duration) -> PgInterval {
-    PgInterval {
-        months: 0,
-        days: 0,
-        // Held TTLs were validated at acquisition (at most 7 days).
-        microseconds: i64::try_from(ttl.as_nanos().div_ceil(1_000)).unwrap_or(i64::MAX),
-    }
 }
 
 /// Sends one renewal statement with a timeout. On timeout the connection is
@@ -824,7 +825,6 @@ fn apply(shared: &Arc<Shared>, outcome: BatchOutcome) {
 /// Backoff between renewal retries: 10 ms doubling, at most a quarter of the
 /// renewal period, with jitter so that many managers do not retry in step.
 fn retry_delay(failures: u32, period: Duration) -> Duration {
-    let base = Duration::from_millis(10).saturating_mul(1 << failures.min(16).saturating_sub(1));
     let cap = (period / 4).max(Duration::from_millis(10));
-    base.min(cap).mul_f64(0.5 + crate::waiting::jitter() / 2.0)
+    crate::waiting::backoff(Duration::from_millis(10), failures, cap)
 }

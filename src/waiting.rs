@@ -34,6 +34,14 @@ pub(crate) fn jitter() -> f64 {
     (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// Exponential backoff with jitter: `first` doubled for each attempt after
+/// the first (attempt 1 waits about `first`), at most `cap`, then scaled by
+/// a random factor in [0.5, 1) so that many clients do not retry in step.
+pub(crate) fn backoff(first: Duration, attempt: u32, cap: Duration) -> Duration {
+    let doubled = first.saturating_mul(1 << (attempt.clamp(1, 16) - 1));
+    doubled.min(cap).mul_f64(0.5 + jitter() / 2.0)
+}
+
 /// The outcome of one acquisition statement.
 pub(crate) enum Attempt {
     Acquired {
@@ -148,9 +156,11 @@ async fn listen(
                 tracing::debug!(%error, "cannot listen for releases; waiters poll");
             }
         }
-        let pause = Duration::from_millis(50)
-            .saturating_mul(1 << failures.min(6))
-            .mul_f64(0.5 + jitter() / 2.0);
+        let pause = backoff(
+            Duration::from_millis(50),
+            failures.saturating_add(1),
+            Duration::from_millis(50 << 6),
+        );
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(pause) => {}
@@ -342,10 +352,11 @@ impl LeaseManager {
                         .mul_f64(jitter() / 10.0)
             } else {
                 polls = polls.saturating_add(1);
-                let backoff = Duration::from_millis(10)
-                    .saturating_mul(1 << polls.min(16).saturating_sub(1))
-                    .min(shared.options.max_poll());
-                until_expiry.min(backoff.mul_f64(0.5 + jitter() / 2.0))
+                until_expiry.min(backoff(
+                    Duration::from_millis(10),
+                    polls,
+                    shared.options.max_poll(),
+                ))
             };
             let wake = (now + nap).min(deadline);
             loop {
