@@ -8,11 +8,35 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::TestDb;
-use pglease::Error;
+use pglease::{Error, Lease, LeaseManager};
 use tokio::sync::Barrier;
 
 const RACERS: usize = 8;
 const ROUNDS: usize = 12;
+
+/// `RACERS` tasks released at once by a barrier, each trying to acquire
+/// `name`; returns the winners (failing on anything but `Held`).
+async fn race(m: &LeaseManager, name: &str, ttl: Duration, what: &str) -> Vec<Lease> {
+    let barrier = Arc::new(Barrier::new(RACERS));
+    let tasks: Vec<_> = (0..RACERS)
+        .map(|i| {
+            let (m, barrier, name) = (m.clone(), barrier.clone(), name.to_owned());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                m.try_acquire(&name, &format!("worker-{i}"), ttl).await
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for task in tasks {
+        match task.await.expect("racer task") {
+            Ok(lease) => winners.push(lease),
+            Err(Error::Held { .. }) => {}
+            Err(e) => panic!("{what}: unexpected error {e}"),
+        }
+    }
+    winners
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_acquirers_have_one_winner_per_round_and_increasing_tokens() {
@@ -26,30 +50,12 @@ async fn racing_acquirers_have_one_winner_per_round_and_increasing_tokens() {
         if let Some(expiry) = last_expiry.take() {
             db.wait_until_db_time(expiry).await;
         }
-        let barrier = Arc::new(Barrier::new(RACERS));
         let ttl = if round % 2 == 1 {
             Duration::from_millis(150)
         } else {
             Duration::from_secs(600)
         };
-        let tasks: Vec<_> = (0..RACERS)
-            .map(|i| {
-                let m = m.clone();
-                let barrier = barrier.clone();
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    m.try_acquire("hot", &format!("worker-{i}"), ttl).await
-                })
-            })
-            .collect();
-        let mut winners = Vec::new();
-        for task in tasks {
-            match task.await.expect("racer task") {
-                Ok(lease) => winners.push(lease),
-                Err(Error::Held { .. }) => {}
-                Err(e) => panic!("round {round}: unexpected error {e}"),
-            }
-        }
+        let mut winners = race(&m, "hot", ttl, &format!("round {round}")).await;
         assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
         let winner = winners.remove(0);
         assert!(
@@ -116,27 +122,8 @@ async fn racing_first_acquisitions_of_new_names_never_deadlock() {
     let db = TestDb::new().await;
     let m = db.manager();
     for n in 0..NAMES {
-        let barrier = Arc::new(Barrier::new(RACERS));
-        let tasks: Vec<_> = (0..RACERS)
-            .map(|i| {
-                let m = m.clone();
-                let barrier = barrier.clone();
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    m.try_acquire(&format!("new-{n}"), &format!("worker-{i}"), LONG_TTL)
-                        .await
-                })
-            })
-            .collect();
-        let mut winners = 0;
-        for task in tasks {
-            match task.await.expect("racer task") {
-                Ok(_) => winners += 1,
-                Err(Error::Held { .. }) => {}
-                Err(e) => panic!("name {n}: unexpected error {e}"),
-            }
-        }
-        assert_eq!(winners, 1, "name {n}");
+        let winners = race(&m, &format!("new-{n}"), LONG_TTL, &format!("name {n}")).await;
+        assert_eq!(winners.len(), 1, "name {n}");
     }
 }
 

@@ -28,6 +28,21 @@ fn spawn_acquire(waiter: &LeaseManager) -> tokio::task::JoinHandle<pglease::Resu
     tokio::spawn(async move { waiter.acquire("job", "B", SLOW, SLOW).await })
 }
 
+/// A manager that polls at most every two minutes and whose release
+/// listener is already connected: its one acquisition so far ("warm-up")
+/// started the listener.
+async fn listening_waiter(db: &TestDb, app: &str) -> LeaseManager {
+    let waiter = db
+        .manager_with(app, ManagerOptions::default().max_poll_interval(SLOW))
+        .await;
+    waiter
+        .acquire("warm-up", "B", SLOW, Duration::ZERO)
+        .await
+        .expect("warm-up");
+    poll_until("the listener", BOUND, || async { waiter.stats().listening }).await;
+    waiter
+}
+
 #[tokio::test]
 async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
     let db = TestDb::new().await;
@@ -36,17 +51,9 @@ async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
         .try_acquire("job", "A", SLOW)
         .await
         .expect("A acquires");
-    let waiter = db
-        .manager_with("waiter", ManagerOptions::default().max_poll_interval(SLOW))
-        .await;
-    // A first acquisition starts the waiter's listener; once it listens,
-    // the waiter below makes exactly one attempt before it sleeps (attempts
-    // are counted when answered).
-    waiter
-        .acquire("warm-up", "B", SLOW, Duration::ZERO)
-        .await
-        .expect("warm-up");
-    poll_until("the listener", BOUND, || async { waiter.stats().listening }).await;
+    // Once it listens, the waiter below makes exactly one attempt before it
+    // sleeps (attempts are counted when answered).
+    let waiter = listening_waiter(&db, "waiter").await;
     let waiting = spawn_acquire(&waiter);
     poll_until("the waiter to sleep", BOUND, || async {
         let s = waiter.stats();
@@ -74,17 +81,7 @@ async fn a_waiter_takes_over_at_expiry_when_the_holder_vanished() {
     // (database time), then takes over: one failed attempt and one that
     // succeeds (a third if it woke a hair early), where a poller backing off
     // from 10 ms would make about eight in the holder's second.
-    let waiter = db
-        .manager_with(
-            "expiry-waiter",
-            ManagerOptions::default().max_poll_interval(SLOW),
-        )
-        .await;
-    waiter
-        .acquire("warm-up", "B", SLOW, Duration::ZERO)
-        .await
-        .expect("warm-up");
-    poll_until("the listener", BOUND, || async { waiter.stats().listening }).await;
+    let waiter = listening_waiter(&db, "expiry-waiter").await;
 
     // The holder acquires and disappears without releasing.
     let gone = db
