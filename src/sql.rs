@@ -16,8 +16,15 @@ pub(crate) const RENEW_MANY: &str = "SELECT name, token, expires_at, renewed, cu
      current_holder FROM pglease.renew_many($1, $2, $3)";
 
 /// End a valid lease; false when it was not valid. Notifies
-/// `pglease_release` when it ends one.
+/// `pglease_release` when it ends one that a session watches.
 pub(crate) const RELEASE: &str = "SELECT pglease.release($1, $2)";
+
+/// On the listening connection: be notified when a lease is released
+/// (false while a release of it is committing: try again).
+pub(crate) const WATCH: &str = "SELECT pglease.watch($1)";
+
+/// On the listening connection: undo one `WATCH`.
+pub(crate) const UNWATCH: &str = "SELECT pglease.unwatch($1)";
 
 /// Check a token inside a transaction and hold FOR KEY SHARE on the lease
 /// row until the transaction ends.

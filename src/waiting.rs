@@ -1,8 +1,10 @@
 //! Waiting acquisition: retry when the holder releases (LISTEN on the
-//! channel `pglease_release`, which `pglease.release` notifies), otherwise
-//! when the holder's lease expires, with backoff and jitter; polling only
-//! when no listener is available.
+//! channel `pglease_release`, which `pglease.release` notifies for names
+//! that a session watches with `pglease.watch`), otherwise when the
+//! holder's lease expires, with backoff and jitter; polling only when no
+//! listener is available.
 
+use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -13,7 +15,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use tokio::sync::{broadcast, oneshot, watch};
+use tokio::sync::{Notify, broadcast, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +27,14 @@ use crate::sql;
 
 /// The channel `pglease.release` notifies, with the lease name as payload.
 pub const RELEASE_CHANNEL: &str = "pglease_release";
+
+/// How long a waiter waits for the listener to confirm a watch before it
+/// falls back to polling for that round.
+const WATCH_CONFIRM: Duration = Duration::from_secs(1);
+
+/// How long one watch or unwatch statement on the listening connection may
+/// take before the connection is given up and opened again.
+const WATCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A number in [0, 1) for jitter. Each `RandomState` is seeded differently,
 /// which is all the randomness jitter needs.
@@ -58,12 +68,149 @@ pub(crate) enum Attempt {
     },
 }
 
+/// Where a watched name stands on the listening connection.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum WatchState {
+    /// Not watched on the current connection yet (or any more).
+    Pending,
+    /// `pglease.watch` succeeded: its releases are notified.
+    Watched,
+    /// `pglease.watch` returned false: a release was committing.
+    Refused,
+}
+
+struct WatchEntry {
+    waiters: usize,
+    state: WatchState,
+}
+
+/// The names waiters wait for, shared by the waiters (who add and drop
+/// interest) and the listening task (which watches and unwatches them on
+/// its connection).
+struct Watches {
+    entries: Mutex<HashMap<String, WatchEntry>>,
+    /// Wakes the listening task: some entry needs a statement.
+    poke: Notify,
+    /// Bumped whenever the task has changed an entry's state.
+    changes: watch::Sender<u64>,
+}
+
+impl Watches {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, WatchEntry>> {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A new or lost connection watches nothing: every name is pending.
+    fn reset(&self) {
+        let mut entries = self.entries();
+        entries.retain(|_, e| e.waiters > 0);
+        for entry in entries.values_mut() {
+            entry.state = WatchState::Pending;
+        }
+        drop(entries);
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Watches the pending names that waiters wait for, and unwatches the
+    /// names nobody waits for any more, one statement each.
+    async fn reconcile(&self, connection: &mut PgListener) -> std::result::Result<(), sqlx::Error> {
+        loop {
+            let next = {
+                let mut entries = self.entries();
+                entries.retain(|_, e| e.waiters > 0 || e.state == WatchState::Watched);
+                entries
+                    .iter()
+                    .find_map(|(name, e)| match (e.waiters > 0, e.state) {
+                        (true, WatchState::Pending) => Some((name.clone(), true)),
+                        (false, WatchState::Watched) => Some((name.clone(), false)),
+                        _ => None,
+                    })
+            };
+            let Some((name, watch)) = next else {
+                return Ok(());
+            };
+            let statement = if watch { sql::WATCH } else { sql::UNWATCH };
+            let done: bool = tokio::time::timeout(
+                WATCH_TIMEOUT,
+                sqlx::query_scalar(statement)
+                    .bind(&name)
+                    .fetch_one(&mut *connection),
+            )
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)??;
+            if let Some(entry) = self.entries().get_mut(&name) {
+                entry.state = match (watch, done) {
+                    (true, true) => WatchState::Watched,
+                    (true, false) => WatchState::Refused,
+                    (false, _) => WatchState::Pending,
+                };
+            }
+            self.changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}
+
+/// A waiter's interest in the releases of one name. Dropped, it lets the
+/// listener unwatch the name once no other waiter waits for it.
+pub(crate) struct Watching {
+    watches: Arc<Watches>,
+    name: String,
+}
+
+impl Watching {
+    /// Whether releases of the name are notified now. Waits up to
+    /// `WATCH_CONFIRM` for the listener to watch it; a watch refused
+    /// earlier (a release was committing) is asked for again.
+    async fn confirmed(&self, listening: bool) -> bool {
+        let mut changes = self.watches.changes.subscribe();
+        let state = |watches: &Watches| watches.entries().get(&self.name).map(|e| e.state);
+        {
+            let mut entries = self.watches.entries();
+            match entries.get_mut(&self.name) {
+                Some(entry) if entry.state == WatchState::Watched => return true,
+                Some(entry) if entry.state == WatchState::Refused => {
+                    entry.state = WatchState::Pending;
+                    self.watches.poke.notify_one();
+                }
+                _ => {}
+            }
+        }
+        if !listening {
+            return false;
+        }
+        let until = Instant::now() + WATCH_CONFIRM;
+        loop {
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return false },
+                () = tokio::time::sleep_until(until) => return false,
+            }
+            match state(&self.watches) {
+                Some(WatchState::Watched) => return true,
+                Some(WatchState::Pending) => {}
+                Some(WatchState::Refused) | None => return false,
+            }
+        }
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        if let Some(entry) = self.watches.entries().get_mut(&self.name) {
+            entry.waiters = entry.waiters.saturating_sub(1);
+        }
+        self.watches.poke.notify_one();
+    }
+}
+
 /// The manager's listener for releases, started by the first waiter.
 pub(crate) struct Listener {
     /// A released name, or `None` for "anything may have been released"
     /// (the listener (re)connected and may have missed notifications).
     releases: broadcast::Sender<Option<String>>,
     listening: watch::Sender<bool>,
+    watches: Arc<Watches>,
     options: PgConnectOptions,
     stop: CancellationToken,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -76,9 +223,31 @@ impl Listener {
         Listener {
             releases,
             listening,
+            watches: Arc::new(Watches {
+                entries: Mutex::new(HashMap::new()),
+                poke: Notify::new(),
+                changes: watch::channel(0).0,
+            }),
             options,
             stop,
             task: Mutex::new(None),
+        }
+    }
+
+    /// Registers a waiter's interest in the releases of `name`.
+    fn watch(&self, name: &str) -> Watching {
+        self.watches
+            .entries()
+            .entry(name.to_owned())
+            .or_insert(WatchEntry {
+                waiters: 0,
+                state: WatchState::Pending,
+            })
+            .waiters += 1;
+        self.watches.poke.notify_one();
+        Watching {
+            watches: Arc::clone(&self.watches),
+            name: name.to_owned(),
         }
     }
 
@@ -95,6 +264,7 @@ impl Listener {
                 self.options.clone(),
                 self.releases.clone(),
                 self.listening.clone(),
+                Arc::clone(&self.watches),
                 self.stop.clone(),
             )));
         }
@@ -105,12 +275,14 @@ impl Listener {
     }
 }
 
-/// Keeps one LISTEN connection open (its own, outside the manager's pool)
-/// and forwards notifications; reconnects with backoff when it drops.
+/// Keeps one LISTEN connection open (its own, outside the manager's pool),
+/// watches on it the names that waiters wait for, and forwards
+/// notifications; reconnects with backoff when it drops.
 async fn listen(
     options: PgConnectOptions,
     releases: broadcast::Sender<Option<String>>,
     listening: watch::Sender<bool>,
+    watches: Arc<Watches>,
     stop: CancellationToken,
 ) {
     let mut failures: u32 = 0;
@@ -132,22 +304,35 @@ async fn listen(
         match connected {
             Ok(mut listener) => {
                 failures = 0;
+                // This session watches nothing yet: watch what waiters
+                // wait for, then tell them to retry (releases while nobody
+                // listened went unheard).
+                watches.reset();
                 listening.send_replace(true);
-                // Releases while nobody listened went unheard: retry now.
+                let mut healthy = tokio::select! {
+                    () = stop.cancelled() => return,
+                    done = watches.reconcile(&mut listener) => done.is_ok(),
+                };
                 let _ = releases.send(None);
-                loop {
-                    let received = tokio::select! {
+                while healthy {
+                    tokio::select! {
                         () = stop.cancelled() => return,
-                        received = listener.try_recv() => received,
-                    };
-                    match received {
-                        Ok(Some(notification)) => {
-                            let _ = releases.send(Some(notification.payload().to_owned()));
+                        () = watches.poke.notified() => {
+                            healthy = tokio::select! {
+                                () = stop.cancelled() => return,
+                                done = watches.reconcile(&mut listener) => done.is_ok(),
+                            };
                         }
-                        Ok(None) | Err(_) => break,
+                        received = listener.try_recv() => match received {
+                            Ok(Some(notification)) => {
+                                let _ = releases.send(Some(notification.payload().to_owned()));
+                            }
+                            Ok(None) | Err(_) => healthy = false,
+                        },
                     }
                 }
                 listening.send_replace(false);
+                watches.reset();
                 let _ = releases.send(None);
                 tracing::debug!("release listener lost its connection; reconnecting");
             }
@@ -305,18 +490,21 @@ impl LeaseManager {
             .unwrap_or(start + Duration::from_secs(86400 * 365));
         // Subscribe before the first attempt, so that a release committed
         // after it is heard.
-        let (mut releases, mut listening) = if shared.options.notify_enabled() {
-            let listener = self.listener();
-            (
+        let listener = shared.options.notify_enabled().then(|| self.listener());
+        let (mut releases, mut listening) = match listener {
+            Some(listener) => (
                 Some(listener.releases.subscribe()),
                 Some(listener.listening.subscribe()),
-            )
-        } else {
-            (None, None)
+            ),
+            None => (None, None),
         };
         shared.counters.waiting.fetch_add(1, Ordering::Relaxed);
         let _waiting = Waiting(&shared.counters.waiting);
         let mut polls: u32 = 0;
+        // Releases are notified only for names a session watches: watched
+        // on the listening connection after the first failed attempt.
+        let mut watching: Option<Watching> = None;
+        let mut watched = false;
         loop {
             let (current, expires_at, checked_at) =
                 match self.attempt_detached(name, holder, ttl).await? {
@@ -338,11 +526,20 @@ impl LeaseManager {
             if shared.is_shut_down() {
                 return Err(Error::ShutDown);
             }
+            if let Some(listener) = listener.filter(|_| !watched) {
+                let watching = watching.get_or_insert_with(|| listener.watch(name));
+                if watching.confirmed(listener.is_listening()).await {
+                    // A release that committed before the watch took hold
+                    // notified nobody: look again now that one would.
+                    watched = true;
+                    continue;
+                }
+            }
             // Database time left on the holder's lease, as a duration on
             // this machine's clock (no clocks are compared).
             let until_expiry =
                 (expires_at - checked_at).to_std().unwrap_or_default() + Duration::from_millis(1);
-            let heard = listening.as_mut().is_some_and(|w| *w.borrow_and_update());
+            let heard = watched && listening.as_mut().is_some_and(|w| *w.borrow_and_update());
             let nap = if heard {
                 // A release wakes us; otherwise try again when it expires,
                 // spread a little so that many waiters do not arrive at once.
@@ -369,10 +566,18 @@ impl LeaseManager {
                             releases = None;
                             break;
                         }
-                        // This name, a possible miss, or a lag: try now.
+                        // The listener connected again: its watches are new.
+                        Ok(None) => {
+                            watched = false;
+                            break;
+                        }
+                        // This name, or a lag: try now.
                         _ => break,
                     },
-                    () = listening_changed(&mut listening) => break,
+                    () = listening_changed(&mut listening) => {
+                        watched = false;
+                        break;
+                    }
                 }
             }
         }

@@ -38,6 +38,12 @@ async fn application_role_calls_functions_but_cannot_update_leases() {
         .execute(&mut *tx)
         .await
         .expect("the application role checks its token");
+    let watched: (bool, bool) =
+        sqlx::query_as("SELECT pglease.watch('job'), pglease.unwatch('job')")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("the application role watches and unwatches");
+    assert_eq!(watched, (true, true));
     let held: bool = sqlx::query_scalar("SELECT held FROM pglease.status WHERE name = 'job'")
         .fetch_one(&mut *tx)
         .await
