@@ -75,8 +75,14 @@ enum WatchState {
     Pending,
     /// `pglease.watch` succeeded: its releases are notified.
     Watched,
-    /// `pglease.watch` returned false: a release was committing.
+    /// `pglease.watch` returned false (a release was committing), or
+    /// failed with a database error (the schema lacks it, or the role may
+    /// not call it).
     Refused,
+    /// Nobody waited any more and `pglease.unwatch` is on its way: not
+    /// watched, whatever the connection holds. A waiter who comes now
+    /// waits for the name to be watched again.
+    Unwatching,
 }
 
 struct WatchEntry {
@@ -93,6 +99,8 @@ struct Watches {
     poke: Notify,
     /// Bumped whenever the task has changed an entry's state.
     changes: watch::Sender<u64>,
+    /// Whether a failing `pglease.watch` has been reported already.
+    warned: std::sync::atomic::AtomicBool,
 }
 
 impl Watches {
@@ -114,17 +122,28 @@ impl Watches {
     }
 
     /// Watches the pending names that waiters wait for, and unwatches the
-    /// names nobody waits for any more, one statement each.
+    /// names nobody waits for any more, one statement each. Returns an
+    /// error only when the connection should be given up (a timeout or a
+    /// lost connection); a statement the database refuses leaves the name
+    /// refused, and its waiters poll.
     async fn reconcile(&self, connection: &mut PgListener) -> std::result::Result<(), sqlx::Error> {
         loop {
             let next = {
                 let mut entries = self.entries();
-                entries.retain(|_, e| e.waiters > 0 || e.state == WatchState::Watched);
+                entries.retain(|_, e| {
+                    e.waiters > 0 || matches!(e.state, WatchState::Watched | WatchState::Unwatching)
+                });
+                // The decision and the state change are made under one
+                // lock: no waiter can take a name that is being unwatched
+                // for a watched one.
                 entries
-                    .iter()
+                    .iter_mut()
                     .find_map(|(name, e)| match (e.waiters > 0, e.state) {
                         (true, WatchState::Pending) => Some((name.clone(), true)),
-                        (false, WatchState::Watched) => Some((name.clone(), false)),
+                        (false, WatchState::Watched) => {
+                            e.state = WatchState::Unwatching;
+                            Some((name.clone(), false))
+                        }
                         _ => None,
                     })
             };
@@ -132,20 +151,33 @@ impl Watches {
                 return Ok(());
             };
             let statement = if watch { sql::WATCH } else { sql::UNWATCH };
-            let done: bool = tokio::time::timeout(
+            let done = tokio::time::timeout(
                 WATCH_TIMEOUT,
-                sqlx::query_scalar(statement)
+                sqlx::query_scalar::<_, bool>(statement)
                     .bind(&name)
                     .fetch_one(&mut *connection),
             )
             .await
-            .map_err(|_| sqlx::Error::PoolTimedOut)??;
+            .map_err(|_| sqlx::Error::PoolTimedOut)?;
+            let state = match (watch, done) {
+                (true, Ok(true)) => WatchState::Watched,
+                (true, Ok(false)) => WatchState::Refused,
+                (true, Err(sqlx::Error::Database(error))) => {
+                    if !self.warned.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            %error,
+                            "pglease.watch failed (is the schema migrated?); waiters poll"
+                        );
+                    }
+                    WatchState::Refused
+                }
+                // Unwatched, or the database refused to: either way only
+                // a waiter that comes now needs the name watched again.
+                (false, Ok(_) | Err(sqlx::Error::Database(_))) => WatchState::Pending,
+                (_, Err(error)) => return Err(error),
+            };
             if let Some(entry) = self.entries().get_mut(&name) {
-                entry.state = match (watch, done) {
-                    (true, true) => WatchState::Watched,
-                    (true, false) => WatchState::Refused,
-                    (false, _) => WatchState::Pending,
-                };
+                entry.state = state;
             }
             self.changes.send_modify(|n| *n = n.wrapping_add(1));
         }
@@ -161,9 +193,10 @@ pub(crate) struct Watching {
 
 impl Watching {
     /// Whether releases of the name are notified now. Waits up to
-    /// `WATCH_CONFIRM` for the listener to watch it; a watch refused
-    /// earlier (a release was committing) is asked for again.
-    async fn confirmed(&self, listening: bool) -> bool {
+    /// `WATCH_CONFIRM` (at most until `deadline`) for the listener to watch
+    /// it; a watch refused earlier (a release was committing) is asked for
+    /// again.
+    async fn confirmed(&self, listening: bool, deadline: Instant) -> bool {
         let mut changes = self.watches.changes.subscribe();
         let state = |watches: &Watches| watches.entries().get(&self.name).map(|e| e.state);
         {
@@ -180,7 +213,7 @@ impl Watching {
         if !listening {
             return false;
         }
-        let until = Instant::now() + WATCH_CONFIRM;
+        let until = (Instant::now() + WATCH_CONFIRM).min(deadline);
         loop {
             tokio::select! {
                 changed = changes.changed() => if changed.is_err() { return false },
@@ -188,7 +221,7 @@ impl Watching {
             }
             match state(&self.watches) {
                 Some(WatchState::Watched) => return true,
-                Some(WatchState::Pending) => {}
+                Some(WatchState::Pending | WatchState::Unwatching) => {}
                 Some(WatchState::Refused) | None => return false,
             }
         }
@@ -227,6 +260,7 @@ impl Listener {
                 entries: Mutex::new(HashMap::new()),
                 poke: Notify::new(),
                 changes: watch::channel(0).0,
+                warned: std::sync::atomic::AtomicBool::new(false),
             }),
             options,
             stop,
@@ -528,7 +562,11 @@ impl LeaseManager {
             }
             if let Some(listener) = listener.filter(|_| !watched) {
                 let watching = watching.get_or_insert_with(|| listener.watch(name));
-                if watching.confirmed(listener.is_listening()).await {
+                let confirmed = tokio::select! {
+                    confirmed = watching.confirmed(listener.is_listening(), deadline) => confirmed,
+                    () = shared.stop.cancelled() => return Err(Error::ShutDown),
+                };
+                if confirmed {
                     // A release that committed before the watch took hold
                     // notified nobody: look again now that one would.
                     watched = true;
@@ -566,13 +604,15 @@ impl LeaseManager {
                             releases = None;
                             break;
                         }
-                        // The listener connected again: its watches are new.
-                        Ok(None) => {
+                        // The listener connected again (its watches are
+                        // new), or this waiter lagged and may have missed
+                        // that: watch again.
+                        Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => {
                             watched = false;
                             break;
                         }
-                        // This name, or a lag: try now.
-                        _ => break,
+                        // This name: try now.
+                        Ok(Some(_)) => break,
                     },
                     () = listening_changed(&mut listening) => {
                         watched = false;

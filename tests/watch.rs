@@ -215,3 +215,52 @@ async fn a_waiter_is_woken_after_its_listener_reconnected() {
         .expect("B acquires");
     assert!(second.token() > first.token());
 }
+
+/// Each release nobody watches keeps a lock until commit, so that no
+/// watch can slip in; a transaction that releases thousands of leases
+/// would fill the shared lock table. Past 32 such locks, release notifies
+/// instead.
+#[tokio::test]
+async fn a_transaction_releasing_many_leases_holds_few_locks() {
+    let db = TestDb::new().await;
+    let acquired: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM generate_series(1, 2000) AS g, \
+                LATERAL pglease.acquire('bulk-' || g, 'A', '10 minutes') AS a \
+          WHERE a.token IS NOT NULL",
+    )
+    .fetch_one(db.pool())
+    .await
+    .expect("acquire 2,000 leases");
+    assert_eq!(acquired, 2000);
+    let mut listener = listen(&db).await;
+    let mut tx = db.pool().begin().await.expect("begin");
+    let released: i64 = sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE pglease.release(l.name, l.token)) \
+           FROM pglease.leases AS l WHERE l.name LIKE 'bulk-%'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .expect("release 2,000 leases in one transaction");
+    assert_eq!(released, 2000);
+    let locks: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+            AND pid = pg_backend_pid() AND classid = 1886156641::oid",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .expect("count this transaction's release locks");
+    assert_eq!(locks, 32);
+    tx.commit().await.expect("commit");
+    // Past the cap, releases notified: nobody watched, but a waiter would
+    // have been told.
+    let first = tokio::time::timeout(BOUND, listener.recv())
+        .await
+        .expect("a notification")
+        .expect("recv");
+    assert!(first.payload().starts_with("bulk-"), "{}", first.payload());
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM pglease.status WHERE held")
+        .fetch_one(db.pool())
+        .await
+        .expect("status");
+    assert_eq!(held, 0);
+}
