@@ -381,6 +381,7 @@ async fn main() -> Result<(), Error> {
         seq_after - seq_before
     );
 
+    scale(&pool, secs).await?;
     protect_overhead(&pool, &m, secs).await?;
     renewal_batches(&m, secs).await?;
     handover(&pool).await?;
@@ -496,6 +497,109 @@ async fn handover(pool: &PgPool) -> Result<(), Error> {
             ms(percentile(&latencies, 0.99))
         );
     }
+    Ok(())
+}
+
+/// Tops `pglease.leases` up to `rows` rows with other leases, half of them
+/// held and half released, as a busy installation would have.
+async fn fill(pool: &PgPool, rows: i64) -> Result<(), Error> {
+    sqlx::query(
+        "INSERT INTO pglease.leases (name, holder, token, expires_at, acquired_at) \
+         SELECT 'filler-' || g, CASE WHEN g % 2 = 0 THEN 'filler' END, g, \
+                CASE WHEN g % 2 = 0 THEN now() + interval '1 day' ELSE now() END, now() \
+           FROM generate_series(1, $1 - (SELECT count(*) FROM pglease.leases)) AS g",
+    )
+    .bind(rows)
+    .execute(pool)
+    .await?;
+    sqlx::query("VACUUM ANALYZE pglease.leases")
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// P5: acquire (with release) and renew on a leases table of 1,000 rows
+/// and on one of 1,000,000 rows (a second database), alternated.
+async fn scale(small: &PgPool, secs: f64) -> Result<(), Error> {
+    const BIG: &str = "pglease_bench_1m";
+    let server = server()?;
+    let mut admin = server.connect().await?;
+    for statement in [
+        format!("DROP DATABASE IF EXISTS {BIG} WITH (FORCE)"),
+        format!("CREATE DATABASE {BIG}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(&mut admin)
+            .await?;
+    }
+    let big = PgPoolOptions::new()
+        .max_connections(8)
+        .connect_with(server.clone().database(BIG))
+        .await?;
+    let (small_m, big_m) = (
+        LeaseManager::new(small.clone()),
+        LeaseManager::new(big.clone()),
+    );
+    big_m.migrate().await?;
+    let started = Instant::now();
+    fill(&big, 1_000_000).await?;
+    fill(small, 1_000).await?;
+    println!(
+        "\nScale: the same operations with 1,000 and with 1,000,000 lease rows \
+         (filled in {:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "| operation | clients | 1,000 rows ops/s | 1,000,000 rows ops/s | ratio |\n\
+         |---|---:|---:|---:|---:|"
+    );
+    let mut tokens = Vec::new();
+    for m in [&small_m, &big_m] {
+        let mut mine = Vec::new();
+        for c in 0..8 {
+            mine.push(
+                m.try_acquire(&format!("scale-held-{c}"), "bench", LONG)
+                    .await?
+                    .token(),
+            );
+        }
+        tokens.push(Arc::new(mine));
+    }
+    let renew = |m: &LeaseManager, tokens: &Arc<Vec<i64>>| {
+        let (m, tokens) = (m.clone(), tokens.clone());
+        op(move |c| {
+            let m = m.clone();
+            let token = tokens[c];
+            async move {
+                m.renew(&format!("scale-held-{c}"), token, LONG).await?;
+                Ok(())
+            }
+        })
+    };
+    for clients in [1usize, 8] {
+        let rows: [(&str, Op, Op); 2] = [
+            (
+                "try_acquire + release",
+                lib_cycle(&small_m),
+                lib_cycle(&big_m),
+            ),
+            (
+                "renew",
+                renew(&small_m, &tokens[0]),
+                renew(&big_m, &tokens[1]),
+            ),
+        ];
+        for (label, at_small, at_big) in rows {
+            let (s, b) = pair(clients, secs, at_small, at_big).await;
+            println!("| {label} | {clients} | {s:.0} | {b:.0} | {:.2} |", b / s);
+        }
+    }
+    big.close().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {BIG} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await?;
     Ok(())
 }
 
