@@ -57,9 +57,11 @@ impl ManagerOptions {
         self
     }
 
-    /// Whether waiting acquirers LISTEN for releases (default `true`).
-    /// Turn it off behind a transaction-pooling proxy such as PgBouncer in
-    /// transaction mode, where LISTEN does not work: waiters then poll.
+    /// Whether waiting acquirers LISTEN for releases (default `true`), on
+    /// a connection of the manager's own that also watches the names they
+    /// wait for (`pglease.watch`, a session-level advisory lock). Turn it
+    /// off behind a transaction-pooling proxy such as PgBouncer in
+    /// transaction mode, where neither works: waiters then poll.
     pub fn notify(mut self, notify: bool) -> Self {
         self.notify = notify;
         self
