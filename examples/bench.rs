@@ -7,7 +7,8 @@
 //! drift evenly over both sides.
 //!
 //! Run: `cargo run --release --example bench` (uses DATABASE_URL or the
-//! libpq defaults; creates and drops the database `pglease_bench`).
+//! libpq defaults; creates and drops the databases `pglease_bench` and
+//! `pglease_bench_1m`).
 //! `BENCH_SECS` sets the seconds per measurement (default 2).
 
 use std::future::Future;
