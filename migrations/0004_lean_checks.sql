@@ -1,6 +1,6 @@
 -- pglease: the same functions, with less work per call.
 --
--- acquire, renew, release and assert_held are each one statement from the
+-- acquire, renew and assert_held are each one statement from the
 -- client, so their cost is the server's work inside the call. Measured in a
 -- loop of 100,000 calls on PostgreSQL 15, a failed acquire spent about 11 us
 -- per call with the 0001 bodies, against 3 us for the bare SELECT, and about
@@ -15,6 +15,8 @@
 --   * raise synchronous_commit inline rather than through a helper call;
 --   * in assert_held, write the transaction's declaration without parsing
 --     an empty one.
+--
+-- release gets the same treatment in 0005_watched_release.sql.
 --
 -- SECURITY DEFINER and the fixed search_path stay: they are what lets an
 -- application role call the functions without being able to update the
@@ -130,43 +132,6 @@ BEGIN
        AND clock_timestamp() < l.expires_at
     RETURNING l.expires_at INTO new_expiry;
     RETURN new_expiry; -- NULL: stale token, released, expired or unknown
-END
-$$;
-
-------------------------------------------------------------------------
--- release(name, token)
-------------------------------------------------------------------------
-
-CREATE OR REPLACE FUNCTION pglease.release(name text, token bigint)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    checked text;
-BEGIN
-    IF NOT coalesce(octet_length(release.name) BETWEEN 1 AND 255
-                    AND release.token IS NOT NULL, false) THEN
-        checked := pglease._check_text('name', release.name);
-        PERFORM pglease._check_token(release.token);
-    END IF;
-
-    -- Keyed on the token: a delayed release from an earlier acquisition
-    -- matches nothing; after expiry nothing changes.
-    UPDATE pglease.leases AS l
-       SET holder = NULL,
-           expires_at = clock_timestamp(),
-           released_at = clock_timestamp()
-     WHERE l.name = release.name
-       AND l.token = release.token
-       AND l.holder IS NOT NULL
-       AND clock_timestamp() < l.expires_at;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    -- Wakes waiting acquirers at commit (LISTEN pglease_release).
-    PERFORM pg_notify('pglease_release', release.name);
-    RETURN true;
 END
 $$;
 

@@ -74,7 +74,8 @@ COMMENT ON FUNCTION pglease.unwatch(text) IS
     'Undo one watch(NAME) of this session. Returns false if it watched NAME not at all.';
 
 ------------------------------------------------------------------------
--- release(name, token): as in 0004, notifying only watched names.
+-- release(name, token): validated with one combined test, as the
+-- functions of 0004_lean_checks.sql are, and notifying only watched names.
 ------------------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION pglease.release(name text, token bigint)
