@@ -161,28 +161,12 @@ async fn waiting_is_bounded_by_max_wait() {
 async fn dropping_a_waiting_acquire_leaves_nothing_held() {
     let db = TestDb::new().await;
     let holder = db.manager();
-    let old = holder
-        .try_acquire("job", "A", Duration::from_millis(300))
-        .await
-        .expect("A acquires");
-    let fenced = holder
-        .begin_fenced("job", old.token())
-        .await
-        .expect("A's fenced transaction");
-    db.wait_until_db_time(old.expires_at()).await;
+    let (old, fenced) = db.expired_but_fenced(&holder, "job").await;
 
     let waiter = db.manager_with("dropped", ManagerOptions::default()).await;
     let waiting = spawn_acquire(&waiter);
-    poll_until("B's attempt to block", BOUND, || async {
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = 'dropped' \
-               AND datname = current_database() AND wait_event_type = 'Lock')",
-        )
-        .fetch_one(db.pool())
-        .await
-        .expect("read pg_stat_activity")
-    })
-    .await;
+    // B's attempt blocks.
+    db.until_lock_wait(Some("dropped")).await;
     waiting.abort();
     assert!(waiting.await.expect_err("aborted").is_cancelled());
     fenced.commit().await.expect("A commits");

@@ -55,6 +55,32 @@ async fn acquire(m: &LeaseManager, name: &str) -> Lease {
     m.try_acquire(name, "A", SLOW).await.expect("A acquires")
 }
 
+/// B waits for "job" (held by A) through a manager that polls at most every
+/// two minutes, on a task; returns once its listener watches "job".
+async fn watching_waiter(
+    db: &TestDb,
+    app: &str,
+) -> tokio::task::JoinHandle<pglease::Result<Lease>> {
+    let waiter = db
+        .manager_with(app, ManagerOptions::default().max_poll_interval(SLOW))
+        .await;
+    let waiting = tokio::spawn(async move { waiter.acquire("job", "B", SLOW, SLOW).await });
+    poll_until("the waiter to watch", BOUND, || async {
+        watching_sessions(db).await.len() == 1
+    })
+    .await;
+    waiting
+}
+
+/// The lease B's waiting acquisition got, within [`BOUND`].
+async fn woken(waiting: tokio::task::JoinHandle<pglease::Result<Lease>>) -> Lease {
+    tokio::time::timeout(BOUND, waiting)
+        .await
+        .expect("woken by the release")
+        .expect("join")
+        .expect("B acquires")
+}
+
 #[tokio::test]
 async fn only_watched_names_are_notified() {
     let db = TestDb::new().await;
@@ -149,24 +175,9 @@ async fn a_waiter_watches_only_while_it_waits() {
     let db = TestDb::new().await;
     let holder = db.manager();
     let first = acquire(&holder, "job").await;
-    let waiter = db
-        .manager_with("watcher", ManagerOptions::default().max_poll_interval(SLOW))
-        .await;
-    let waiting = {
-        let waiter = waiter.clone();
-        tokio::spawn(async move { waiter.acquire("job", "B", SLOW, SLOW).await })
-    };
-    poll_until("the waiter to watch", BOUND, || async {
-        watching_sessions(&db).await.len() == 1
-    })
-    .await;
+    let waiting = watching_waiter(&db, "watcher").await;
     assert!(holder.release("job", first.token()).await.expect("release"));
-    let second = tokio::time::timeout(BOUND, waiting)
-        .await
-        .expect("woken by the release")
-        .expect("join")
-        .expect("B acquires");
-    assert!(second.token() > first.token());
+    assert!(woken(waiting).await.token() > first.token());
     poll_until("the watch to be dropped", BOUND, || async {
         watching_sessions(&db).await.is_empty()
     })
@@ -181,20 +192,7 @@ async fn a_waiter_is_woken_after_its_listener_reconnected() {
     let db = TestDb::new().await;
     let holder = db.manager();
     let first = acquire(&holder, "job").await;
-    let waiter = db
-        .manager_with(
-            "rewatcher",
-            ManagerOptions::default().max_poll_interval(SLOW),
-        )
-        .await;
-    let waiting = {
-        let waiter = waiter.clone();
-        tokio::spawn(async move { waiter.acquire("job", "B", SLOW, SLOW).await })
-    };
-    poll_until("the waiter to watch", BOUND, || async {
-        watching_sessions(&db).await.len() == 1
-    })
-    .await;
+    let waiting = watching_waiter(&db, "rewatcher").await;
     let old = watching_sessions(&db).await;
     let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(old[0])
@@ -208,12 +206,7 @@ async fn a_waiter_is_woken_after_its_listener_reconnected() {
     })
     .await;
     assert!(holder.release("job", first.token()).await.expect("release"));
-    let second = tokio::time::timeout(BOUND, waiting)
-        .await
-        .expect("woken by the release")
-        .expect("join")
-        .expect("B acquires");
-    assert!(second.token() > first.token());
+    assert!(woken(waiting).await.token() > first.token());
 }
 
 /// Each release nobody watches keeps a lock until commit, so that no

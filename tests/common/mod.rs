@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pglease::{LeaseManager, ManagerOptions};
+use pglease::{FencedTransaction, Lease, LeaseManager, ManagerOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, PgPool};
 
@@ -263,6 +263,47 @@ impl TestDb {
             tokio::time::sleep(left.min(Duration::from_millis(50)) + Duration::from_millis(1))
                 .await;
         }
+    }
+
+    /// Lease `name` acquired by `m` for 300 ms, under a fenced transaction
+    /// still open after it expired: an acquisition of `name` now waits in
+    /// the database until that transaction ends.
+    pub async fn expired_but_fenced(
+        &self,
+        m: &LeaseManager,
+        name: &str,
+    ) -> (Lease, FencedTransaction) {
+        let lease = m
+            .try_acquire(name, "A", Duration::from_millis(300))
+            .await
+            .expect("A acquires");
+        let fenced = m
+            .begin_fenced(name, lease.token())
+            .await
+            .expect("A's fenced transaction");
+        self.wait_until_db_time(lease.expires_at()).await;
+        (lease, fenced)
+    }
+
+    /// Waits until a session of this database (with `application_name`
+    /// `app`, if given) waits for a lock.
+    pub async fn until_lock_wait(&self, app: Option<&str>) {
+        poll_until(
+            "a session to wait for a lock",
+            Duration::from_secs(30),
+            || async {
+                sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                    AND ($1::text IS NULL OR application_name = $1))",
+                )
+                .bind(app)
+                .fetch_one(self.pool())
+                .await
+                .expect("read pg_stat_activity")
+            },
+        )
+        .await;
     }
 
     /// Everything the `pglease` schema stores, as text, to prove that a
