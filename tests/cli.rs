@@ -243,6 +243,44 @@ async fn run_forwards_sigterm_to_the_command_and_releases() {
     assert!(!m.inspect("job").await.expect("inspect").held);
 }
 
+/// Interrupted while its first attempt is stuck in the database (behind a
+/// fenced transaction on the expired lease), `run` exits at once with
+/// 128 + 2 and never starts its command.
+#[tokio::test]
+async fn run_interrupted_while_acquiring_exits_without_its_command() {
+    let db = TestDb::new().await;
+    let (_, fenced) = db.expired_but_fenced(&db.manager(), "job").await;
+
+    let marker = std::env::temp_dir().join(format!("pglease-interrupted-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let mut child = Command::new(BIN)
+        .args([
+            "--database-url",
+            &db.url(),
+            "run",
+            "job",
+            "--ttl",
+            "5s",
+            "--",
+        ])
+        .args(["sh", "-c", &format!("touch '{}'", marker.display())])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start pglease run");
+    // run's first attempt blocks.
+    db.until_lock_wait(None).await;
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).expect("SIGINT");
+    let mut err_pipe = child.stderr.take().expect("stderr is piped");
+    // Exits while its attempt is still blocked (killed, failing, otherwise).
+    let status = wait_bounded(child).await;
+    fenced.commit().await.expect("A commits");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut err_pipe, &mut err).expect("read stderr");
+    assert_eq!(status.code(), Some(128 + 2), "{err}");
+    assert!(err.contains("did not run"), "{err}");
+    assert!(!marker.exists(), "the command ran");
+}
+
 /// The whole `run` process is stopped (SIGSTOP) past its TTL; another
 /// worker takes over. The command, in its own process group, keeps trying
 /// fenced writes to a protected table: the database rejects them. On

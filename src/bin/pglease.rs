@@ -510,25 +510,31 @@ async fn run(
         eprintln!("pglease: cannot watch for signals");
         return Ok(ExitCode::from(EXIT_DATABASE));
     };
-    let held: HeldLease = match manager.hold(name, holder, ttl, Duration::ZERO).await {
-        Ok(held) => held,
-        Err(Error::Held {
-            holder: current,
-            expires_at,
-            ..
-        }) if !wait.is_zero() => {
-            announce_wait(name, &current, expires_at, wait);
-            let waiting = manager.hold(name, holder, ttl, wait);
-            tokio::select! {
-                held = waiting => match held {
-                    Ok(held) => held,
-                    Err(e) => return not_acquired(e),
-                },
-                _ = sigterm.recv() => return Ok(ExitCode::from(128 + 15)),
-                _ = sigint.recv() => return Ok(ExitCode::from(128 + 2)),
+    // The first attempt, and the wait if one is allowed. A signal ends
+    // either at once (also while an attempt is stuck in the database) and
+    // CMD never starts; an attempt still in flight that succeeds later is
+    // released if this process is still there, and expires otherwise.
+    let acquisition = async {
+        match manager.hold(name, holder, ttl, Duration::ZERO).await {
+            Err(Error::Held {
+                holder: current,
+                expires_at,
+                ..
+            }) if !wait.is_zero() => {
+                announce_wait(name, &current, expires_at, wait);
+                manager.hold(name, holder, ttl, wait).await
             }
+            other => other,
         }
-        Err(e) => return not_acquired(e),
+    };
+    let held: HeldLease = tokio::select! {
+        held = acquisition => match held {
+            Ok(held) => held,
+            Err(e) => return not_acquired(e),
+        },
+        _ = sigterm.recv() => return interrupted(name, 15),
+        _ = sigint.recv() => return interrupted(name, 2),
+        _ = sighup.recv() => return interrupted(name, 1),
     };
 
     let mut command = tokio::process::Command::new(&cmd[0]);
@@ -603,6 +609,12 @@ async fn run(
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// A signal before CMD started: exit 128 + the signal's number.
+fn interrupted(name: &str, signal: u8) -> Outcome {
+    eprintln!("pglease: interrupted before {name:?} was acquired; the command did not run");
+    Ok(ExitCode::from(128 + signal))
 }
 
 /// Forwards `signal` to CMD's group; a second signal kills the group.
