@@ -577,7 +577,10 @@ impl LeaseManager {
             // this machine's clock (no clocks are compared).
             let until_expiry =
                 (expires_at - checked_at).to_std().unwrap_or_default() + Duration::from_millis(1);
-            let heard = watched && listening.as_mut().is_some_and(|w| *w.borrow_and_update());
+            // Read (and mark seen) the listener's state whether or not this
+            // waiter is watched, so that an old change does not wake it.
+            let connected = listening.as_mut().is_some_and(|w| *w.borrow_and_update());
+            let heard = watched && connected;
             let nap = if heard {
                 // A release wakes us; otherwise try again when it expires,
                 // spread a little so that many waiters do not arrive at once.
