@@ -71,7 +71,7 @@ END
 $$;
 
 COMMENT ON FUNCTION pglease.unwatch(text) IS
-    'Undo one watch(NAME) of this session. Returns false if it watched NAME not at all.';
+    'Undo one watch(NAME) of this session. Returns false if this session did not watch NAME.';
 
 ------------------------------------------------------------------------
 -- release(name, token): validated with one combined test, as the
