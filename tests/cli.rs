@@ -245,11 +245,12 @@ async fn run_forwards_sigterm_to_the_command_and_releases() {
 
 /// Interrupted while its first attempt is stuck in the database (behind a
 /// fenced transaction on the expired lease), `run` exits at once with
-/// 128 + 2 and never starts its command.
+/// 128 + 2 and never starts its command; the server abandons the attempt,
+/// so the lease is not acquired afterwards for a process that is gone.
 #[tokio::test]
 async fn run_interrupted_while_acquiring_exits_without_its_command() {
     let db = TestDb::new().await;
-    let (_, fenced) = db.expired_but_fenced(&db.manager(), "job").await;
+    let (old, fenced) = db.expired_but_fenced(&db.manager(), "job").await;
 
     let marker = std::env::temp_dir().join(format!("pglease-interrupted-{}", std::process::id()));
     let _ = std::fs::remove_file(&marker);
@@ -273,11 +274,27 @@ async fn run_interrupted_while_acquiring_exits_without_its_command() {
     let mut err_pipe = child.stderr.take().expect("stderr is piped");
     // Exits while its attempt is still blocked (killed, failing, otherwise).
     let status = wait_bounded(child).await;
-    fenced.commit().await.expect("A commits");
     let mut err = String::new();
     std::io::Read::read_to_string(&mut err_pipe, &mut err).expect("read stderr");
     assert_eq!(status.code(), Some(128 + 2), "{err}");
     assert!(err.contains("did not run"), "{err}");
+
+    // The server notices that the client is gone and ends the waiting
+    // statement; only then does A commit.
+    poll_until("the abandoned attempt to end", BOUND, || async {
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+              WHERE datname = current_database() AND wait_event_type = 'Lock')",
+        )
+        .fetch_one(db.pool())
+        .await
+        .expect("read pg_stat_activity");
+        !waiting
+    })
+    .await;
+    fenced.commit().await.expect("A commits");
+    let status = db.manager().inspect("job").await.expect("inspect");
+    assert_eq!(status.token, Some(old.token()), "nobody acquired it since");
     assert!(!marker.exists(), "the command ran");
 }
 

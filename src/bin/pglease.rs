@@ -248,10 +248,25 @@ fn fail(e: &Error, what: &str) -> ExitCode {
     }
 }
 
+/// Run on every connection the tool opens: if this process goes away
+/// while a statement of it is still waiting in the server (an acquire
+/// blocked behind a fenced transaction, when `run` is interrupted), the
+/// server notices within a second and abandons the statement, instead of
+/// completing it (and acquiring a lease) for nobody. The setting exists
+/// from PostgreSQL 14; older servers skip it.
+const ABANDON_WHEN_GONE: &str = "SELECT set_config('client_connection_check_interval', '1000', false) \
+     WHERE current_setting('server_version_num')::integer >= 140000";
+
 async fn connect(options: &PgConnectOptions, timeout: Duration) -> Result<LeaseManager, ExitCode> {
     let pool = PgPoolOptions::new()
         .max_connections(8)
         .acquire_timeout(timeout)
+        .after_connect(|connection, _| {
+            Box::pin(async move {
+                sqlx::query(ABANDON_WHEN_GONE).execute(connection).await?;
+                Ok(())
+            })
+        })
         .connect_with(options.clone())
         .await
         .map_err(|e| {
