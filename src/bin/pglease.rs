@@ -527,8 +527,8 @@ async fn run(
     };
     // The first attempt, and the wait if one is allowed. A signal ends
     // either at once (also while an attempt is stuck in the database) and
-    // CMD never starts; an attempt still in flight that succeeds later is
-    // released if this process is still there, and expires otherwise.
+    // CMD never starts; the server abandons an attempt still waiting in it
+    // once this process has exited (see `ABANDON_WHEN_GONE`).
     let acquisition = async {
         match manager.hold(name, holder, ttl, Duration::ZERO).await {
             Err(Error::Held {
