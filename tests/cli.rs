@@ -15,14 +15,16 @@ use nix::unistd::Pid;
 const BIN: &str = env!("CARGO_BIN_EXE_pglease");
 const BOUND: Duration = Duration::from_secs(30);
 
+/// `pglease --database-url <db> ARGS`, not started yet.
+fn command(db: &TestDb, args: &[&str]) -> Command {
+    let mut command = Command::new(BIN);
+    command.arg("--database-url").arg(db.url()).args(args);
+    command
+}
+
 /// Runs `pglease --database-url <db> ARGS` to completion.
 fn pglease(db: &TestDb, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("--database-url")
-        .arg(db.url())
-        .args(args)
-        .output()
-        .expect("run the pglease binary")
+    command(db, args).output().expect("run the pglease binary")
 }
 
 fn code(output: &Output) -> i32 {
@@ -216,18 +218,7 @@ async fn run_passes_the_status_through_and_releases_at_once() {
 #[tokio::test]
 async fn run_forwards_sigterm_to_the_command_and_releases() {
     let db = TestDb::new().await;
-    let child = Command::new(BIN)
-        .args([
-            "--database-url",
-            &db.url(),
-            "run",
-            "job",
-            "--ttl",
-            "10m",
-            "--",
-            "sleep",
-            "600",
-        ])
+    let child = command(&db, &["run", "job", "--ttl", "10m", "--", "sleep", "600"])
         .stdout(Stdio::null())
         .spawn()
         .expect("start pglease run");
@@ -254,20 +245,14 @@ async fn run_interrupted_while_acquiring_exits_without_its_command() {
 
     let marker = std::env::temp_dir().join(format!("pglease-interrupted-{}", std::process::id()));
     let _ = std::fs::remove_file(&marker);
-    let mut child = Command::new(BIN)
-        .args([
-            "--database-url",
-            &db.url(),
-            "run",
-            "job",
-            "--ttl",
-            "5s",
-            "--",
-        ])
-        .args(["sh", "-c", &format!("touch '{}'", marker.display())])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start pglease run");
+    let touch = format!("touch '{}'", marker.display());
+    let mut child = command(
+        &db,
+        &["run", "job", "--ttl", "5s", "--", "sh", "-c", &touch],
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("start pglease run");
     // run's first attempt blocks.
     db.until_lock_wait(None).await;
     kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).expect("SIGINT");
@@ -336,21 +321,15 @@ async fn a_stopped_run_loses_its_lease_and_its_command_is_fenced_off() {
          done",
         f = outcomes.display()
     );
-    let run = Command::new(BIN)
-        .args([
-            "--database-url",
-            &db.url(),
-            "run",
-            "job",
-            "--ttl",
-            "1s",
-            "--grace",
-            "2s",
-        ])
-        .args(["--", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start pglease run");
+    let run = command(
+        &db,
+        &[
+            "run", "job", "--ttl", "1s", "--grace", "2s", "--", "sh", "-c", &script,
+        ],
+    )
+    .stdout(Stdio::null())
+    .spawn()
+    .expect("start pglease run");
     let pid = Pid::from_raw(run.id() as i32);
     let read = |path: &PathBuf| std::fs::read_to_string(path).unwrap_or_default();
     poll_until("the command's first fenced write", BOUND, || async {
