@@ -136,6 +136,20 @@ fn lib_cycle(m: &LeaseManager) -> Op {
     })
 }
 
+/// Renew, through the library, the lease `{prefix}{client}` held under
+/// `tokens[client]`.
+fn lib_renew(m: &LeaseManager, prefix: &'static str, tokens: &Arc<Vec<i64>>) -> Op {
+    let (m, tokens) = (m.clone(), tokens.clone());
+    op(move |c| {
+        let m = m.clone();
+        let token = tokens[c];
+        async move {
+            m.renew(&format!("{prefix}{c}"), token, LONG).await?;
+            Ok(())
+        }
+    })
+}
+
 async fn setup() -> Result<PgPool, Error> {
     let server = server()?;
     let mut admin = server.connect().await?;
@@ -255,18 +269,7 @@ async fn main() -> Result<(), Error> {
                         }
                     })
                 },
-                {
-                    let m = m.clone();
-                    let tokens = tokens.clone();
-                    op(move |c| {
-                        let m = m.clone();
-                        let token = tokens[c];
-                        async move {
-                            m.renew(&format!("held-{c}"), token, LONG).await?;
-                            Ok(())
-                        }
-                    })
-                },
+                lib_renew(&m, "held-", &tokens),
             ),
             (
                 "guarded write, one statement (vs unguarded UPDATE)",
@@ -572,17 +575,6 @@ async fn scale(small: &PgPool, secs: f64) -> Result<(), Error> {
         }
         tokens.push(Arc::new(mine));
     }
-    let renew = |m: &LeaseManager, tokens: &Arc<Vec<i64>>| {
-        let (m, tokens) = (m.clone(), tokens.clone());
-        op(move |c| {
-            let m = m.clone();
-            let token = tokens[c];
-            async move {
-                m.renew(&format!("scale-held-{c}"), token, LONG).await?;
-                Ok(())
-            }
-        })
-    };
     for clients in [1usize, 8] {
         let rows: [(&str, Op, Op); 2] = [
             (
@@ -592,8 +584,8 @@ async fn scale(small: &PgPool, secs: f64) -> Result<(), Error> {
             ),
             (
                 "renew",
-                renew(&small_m, &tokens[0]),
-                renew(&big_m, &tokens[1]),
+                lib_renew(&small_m, "scale-held-", &tokens[0]),
+                lib_renew(&big_m, "scale-held-", &tokens[1]),
             ),
         ];
         for (label, at_small, at_big) in rows {
