@@ -334,22 +334,21 @@ fn announce_wait(name: &str, current: &str, expires_at: DateTime<Utc>, wait: Dur
     );
 }
 
-/// Acquires, first without waiting so that a wait can be announced.
-async fn acquire_announced(
-    manager: &LeaseManager,
-    name: &str,
-    holder: &str,
-    ttl: Duration,
-    wait: Duration,
-) -> Result<Lease, Error> {
-    match manager.try_acquire(name, holder, ttl).await {
+/// `attempt(Duration::ZERO)` first, so that a wait can be announced; then,
+/// if the lease is held and `wait` allows it, `attempt(wait)`.
+async fn announced<T, F, Fut>(name: &str, wait: Duration, attempt: F) -> Result<T, Error>
+where
+    F: Fn(Duration) -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    match attempt(Duration::ZERO).await {
         Err(Error::Held {
             holder: current,
             expires_at,
             ..
         }) if !wait.is_zero() => {
             announce_wait(name, &current, expires_at, wait);
-            manager.acquire(name, holder, ttl, wait).await
+            attempt(wait).await
         }
         other => other,
     }
@@ -364,7 +363,19 @@ async fn acquire(
     json: bool,
 ) -> Outcome {
     let holder = holder.unwrap_or_else(default_holder);
-    match acquire_announced(manager, name, &holder, ttl, wait).await {
+    // The first attempt without the release listener (try_acquire), as the
+    // command is often a one-shot.
+    let attempt = |wait: Duration| {
+        let holder = &holder;
+        async move {
+            if wait.is_zero() {
+                manager.try_acquire(name, holder, ttl).await
+            } else {
+                manager.acquire(name, holder, ttl, wait).await
+            }
+        }
+    };
+    match announced(name, wait, attempt).await {
         Ok(lease) => {
             print_lease(&lease, json);
             Ok(ExitCode::SUCCESS)
@@ -529,19 +540,7 @@ async fn run(
     // either at once (also while an attempt is stuck in the database) and
     // CMD never starts; the server abandons an attempt still waiting in it
     // once this process has exited (see `ABANDON_WHEN_GONE`).
-    let acquisition = async {
-        match manager.hold(name, holder, ttl, Duration::ZERO).await {
-            Err(Error::Held {
-                holder: current,
-                expires_at,
-                ..
-            }) if !wait.is_zero() => {
-                announce_wait(name, &current, expires_at, wait);
-                manager.hold(name, holder, ttl, wait).await
-            }
-            other => other,
-        }
-    };
+    let acquisition = announced(name, wait, |wait| manager.hold(name, holder, ttl, wait));
     let held: HeldLease = tokio::select! {
         held = acquisition => match held {
             Ok(held) => held,
