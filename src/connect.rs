@@ -1,7 +1,76 @@
-//! Connection defaults that follow libpq, so that `pglease` finds the same
-//! server `psql` finds.
+//! Connecting: defaults that follow libpq, so that `pglease` finds the same
+//! server `psql` finds; the pool settings pglease recommends; and a first
+//! connection that reports a refused one at once.
 
-use sqlx::postgres::PgConnectOptions;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgConnection};
+
+use crate::error::{Error, Result};
+
+/// Run on every new connection of [`pool_options`]: if the client goes
+/// away while a statement of its own still runs or waits in the server (an
+/// acquisition held up behind a lock when the process is killed), the
+/// server notices within a second and abandons the statement, instead of
+/// completing it and holding a lease for nobody until it expires. The
+/// setting exists from PostgreSQL 14; older servers skip it.
+const ABANDON_WHEN_GONE: &str = "SELECT set_config('client_connection_check_interval', '1000', false) \
+     WHERE current_setting('server_version_num')::integer >= 140000";
+
+/// How long [`LeaseManager::connect`](crate::LeaseManager::connect) waits
+/// for a server that does not answer.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Pool settings for leases: at most 8 connections, and on each new
+/// connection `client_connection_check_interval = 1s` (PostgreSQL 14 and
+/// later), so that the server abandons a statement whose client has gone.
+/// [`LeaseManager::connect`](crate::LeaseManager::connect) uses them; if you
+/// build your own pool, start from these (or set the same parameter in
+/// your own `after_connect`, or for the role: `ALTER ROLE app SET
+/// client_connection_check_interval = '1s'`).
+pub fn pool_options() -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(8)
+        .after_connect(|connection, _| {
+            Box::pin(async move {
+                abandon_when_gone(connection).await?;
+                Ok(())
+            })
+        })
+}
+
+async fn abandon_when_gone(connection: &mut PgConnection) -> sqlx::Result<()> {
+    sqlx::query(ABANDON_WHEN_GONE).execute(connection).await?;
+    Ok(())
+}
+
+/// A pool of [`pool_options`] for `options`, after one connection of its
+/// own has shown that the server answers. sqlx's pool would retry a
+/// refused connection until its acquire timeout and then report only that
+/// it timed out; this reports the refusal (or any other cause) at once,
+/// and a timeout only for a server that does not answer within `timeout`.
+pub(crate) async fn connect_pool(options: PgConnectOptions, timeout: Duration) -> Result<PgPool> {
+    match tokio::time::timeout(timeout, options.connect()).await {
+        Ok(Ok(connection)) => {
+            let _ = connection.close().await;
+        }
+        Ok(Err(error)) => return Err(Error::from(error)),
+        Err(_) => {
+            return Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no answer from {}:{} within {timeout:?}",
+                    options.get_host(),
+                    options.get_port()
+                ),
+            ))));
+        }
+    }
+    Ok(pool_options()
+        .acquire_timeout(timeout)
+        .connect_lazy_with(options))
+}
 
 /// Connection options from the libpq environment (`PGHOST`, `PGPORT`,
 /// `PGUSER`, `PGPASSWORD`, `PGDATABASE`, ...), defaulting like libpq: the

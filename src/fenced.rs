@@ -10,7 +10,7 @@ use std::ops::{Deref, DerefMut};
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::error::{Error, Result};
-use crate::input::check_text;
+use crate::input::{check_positive_token, check_text};
 use crate::lease::LeaseManager;
 use crate::sql;
 
@@ -20,9 +20,20 @@ use crate::sql;
 /// `name` from committing until the transaction ends.
 ///
 /// Call it in an open transaction; in autocommit mode the lock ends with the
-/// statement and protects nothing.
+/// statement and protects nothing. The transaction protects its writes
+/// until it ends, as long as the lease stays valid: once the lease has
+/// ended (expired without renewal, or released), the next acquisition of
+/// `name` ends this transaction's session, which rolls it back (see the
+/// README, "Taking over from a frozen holder").
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] for a bad name or a token below 1 (nothing is
+/// sent); [`Error::NotHeld`] if the token is not current and unexpired
+/// (the transaction is then aborted); [`Error::Database`] otherwise.
 pub async fn assert_held(conn: &mut PgConnection, name: &str, token: i64) -> Result<()> {
     check_text("name", name)?;
+    check_positive_token(token)?;
     sqlx::query(sql::ASSERT_HELD)
         .bind(name)
         .bind(token)
@@ -115,6 +126,7 @@ impl LeaseManager {
     /// current and unexpired on the database clock.
     pub async fn begin_fenced(&self, name: &str, token: i64) -> Result<FencedTransaction> {
         check_text("name", name)?;
+        check_positive_token(token)?;
         let mut tx = self.pool().begin().await?;
         assert_held(&mut tx, name, token).await?;
         Ok(FencedTransaction {

@@ -24,9 +24,11 @@ use sqlx::postgres::{PgPool, PgRow};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::error::{Error, LossReason, Result};
 use crate::fenced::FencedTransaction;
+use crate::input::check_duration;
 use crate::lease::{Lease, LeaseManager, interval};
 use crate::options::{ManagerOptions, Timing};
 use crate::sql;
@@ -74,6 +76,10 @@ pub(crate) struct Shared {
     pub(crate) listener: OnceLock<Listener>,
     pub(crate) counters: Counters,
     shut_down: AtomicBool,
+    /// Releases sent in the background (dropped leases, abandoned
+    /// acquisitions, leases given up locally): `shutdown` waits for them,
+    /// so that a process that stops cleanly leaves nothing held.
+    releases: TaskTracker,
 }
 
 impl Shared {
@@ -88,6 +94,7 @@ impl Shared {
             listener: OnceLock::new(),
             counters: Counters::default(),
             shut_down: AtomicBool::new(false),
+            releases: TaskTracker::new(),
         }
     }
 
@@ -359,6 +366,37 @@ impl HeldLease {
         outcome
     }
 
+    /// Stops renewing the lease and lets it expire `after` from now
+    /// (database clock) instead of releasing it: nobody else can acquire it
+    /// until then. For work that must not run again elsewhere too soon after
+    /// it finished here (`pglease run --min-hold`). `after` may be shorter
+    /// or longer than the TTL. Returns the new expiry (database clock).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] if `after` is not between 1 µs and
+    /// [`MAX_TTL`](crate::MAX_TTL) (the handle is then dropped, which
+    /// releases the lease); [`Error::Lost`] if the lease was already lost;
+    /// [`Error::Database`] if the statement failed (the lease then expires
+    /// at its last expiry, unless the statement got through).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before the database answers, the lease is neither renewed
+    /// in the background nor released: it expires at its last expiry, or
+    /// `after` from now if the statement got through.
+    pub async fn expire_in(mut self, after: Duration) -> Result<DateTime<Utc>> {
+        check_duration("after", after)?;
+        if let Some(reason) = self.state.check() {
+            return Err(self.lost_error(reason));
+        }
+        // From here on neither renewed nor released (not even by Drop).
+        self.released = true;
+        self.manager.shared().forget(&self.state.lease);
+        self.state.fire(LossReason::Released);
+        self.manager.renew(self.name(), self.token(), after).await
+    }
+
     fn lost_error(&self, reason: LossReason) -> Error {
         Error::Lost {
             name: self.name().to_owned(),
@@ -374,12 +412,20 @@ impl Drop for HeldLease {
             return;
         }
         self.manager.shared().forget(&self.state.lease);
+        // No longer valid in the database: nothing to give back.
+        let stale = matches!(
+            self.state.view.borrow().lost,
+            Some(LossReason::Stale { .. })
+        );
         self.state.fire(LossReason::Released);
-        release_in_background(self.manager.shared(), &self.state.lease);
+        if !stale {
+            release_in_background(self.manager.shared(), &self.state.lease);
+        }
     }
 }
 
-/// Releases `lease` on a spawned task if a runtime is available.
+/// Releases `lease` on a spawned task if a runtime is available; the
+/// manager's [`shutdown`](LeaseManager::shutdown) waits for it.
 pub(crate) fn release_in_background(shared: &Arc<Shared>, lease: &Lease) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
@@ -387,17 +433,20 @@ pub(crate) fn release_in_background(shared: &Arc<Shared>, lease: &Lease) {
     let pool = shared.pool.clone();
     let limit = shared.options.renew_timeout_value();
     let (name, token) = (lease.name().to_owned(), lease.token());
-    runtime.spawn(async move {
-        let release = sqlx::query(sql::RELEASE)
-            .bind(&name)
-            .bind(token)
-            .execute(&pool);
-        match tokio::time::timeout(limit, release).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => tracing::debug!(name, token, %error, "background release failed"),
-            Err(_) => tracing::debug!(name, token, "background release timed out"),
-        }
-    });
+    shared.releases.spawn_on(
+        async move {
+            let release = sqlx::query(sql::RELEASE)
+                .bind(&name)
+                .bind(token)
+                .execute(&pool);
+            match tokio::time::timeout(limit, release).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => tracing::debug!(name, token, %error, "background release failed"),
+                Err(_) => tracing::debug!(name, token, "background release timed out"),
+            }
+        },
+        &runtime,
+    );
 }
 
 impl LeaseManager {
@@ -466,10 +515,26 @@ impl LeaseManager {
     /// Releases every lease this manager holds, stops its background tasks
     /// and refuses further acquisitions with [`Error::ShutDown`]. Every held
     /// lease reports [`LossReason::Released`] at once; then each is released
-    /// in the database (each release bounded by the renewal timeout).
-    /// Returns the first failure, after trying them all; a lease whose
-    /// release failed (or was not reached because this future was dropped)
-    /// ends at its expiry.
+    /// in the database (each release bounded by the renewal timeout), and
+    /// the releases already under way in the background (of
+    /// [`HeldLease`]s dropped before, for instance with the work future
+    /// that held them) are waited for, bounded the same way. Call it last
+    /// before the process exits: after it, nothing this manager acquired is
+    /// left held, and the next holder takes over at once instead of after
+    /// a TTL. See [`shutdown_signal`](crate::shutdown_signal) for tying it
+    /// to SIGTERM.
+    ///
+    /// # Errors
+    ///
+    /// The first failure among the held leases' releases, after trying them
+    /// all; a lease whose release failed ends at its expiry. Failures of
+    /// background releases are logged, not returned.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped early, the manager is shut down all the same (every held
+    /// lease has reported its loss), but the leases whose release was not
+    /// reached end at their expiry.
     pub async fn shutdown(&self) -> Result<()> {
         let shared = self.shared();
         shared.shut_down.store(true, Ordering::Release);
@@ -497,6 +562,22 @@ impl LeaseManager {
             if let Err(error) = outcome {
                 first_error.get_or_insert(error);
             }
+        }
+        // Leases dropped before this call, acquisitions nobody took
+        // delivery of and leases given up locally are being released in
+        // the background: wait for those too, so that a process that
+        // returns from `main` after this leaves nothing held. Each of them
+        // gives up after `limit` by itself.
+        shared.releases.close();
+        let background = limit + Duration::from_secs(1);
+        if tokio::time::timeout(background, shared.releases.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?background,
+                "background releases still unfinished at shutdown"
+            );
         }
         first_error.map_or(Ok(()), Err)
     }

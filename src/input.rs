@@ -35,24 +35,40 @@ pub(crate) fn check_text(argument: &'static str, value: &str) -> Result<()> {
 }
 
 /// Checks a TTL and converts it to whole microseconds, the resolution of a
-/// PostgreSQL interval; sub-microsecond parts are rounded up so that a
-/// positive TTL never becomes zero.
+/// PostgreSQL interval. A TTL under one microsecond would be zero there, so
+/// it is refused; a sub-microsecond part of a longer one is rounded up.
 pub(crate) fn check_ttl(ttl: Duration) -> Result<i64> {
+    check_duration("ttl", ttl)
+}
+
+/// [`check_ttl`] for any duration the database adds to its clock (a TTL,
+/// a minimum hold), named `argument` in the error.
+pub(crate) fn check_duration(argument: &'static str, ttl: Duration) -> Result<i64> {
     if ttl.is_zero() {
-        return Err(Error::invalid("ttl", "must be greater than zero"));
+        return Err(Error::invalid(argument, "must be greater than zero"));
+    }
+    if ttl < Duration::from_micros(1) {
+        return Err(Error::invalid(
+            argument,
+            format!(
+                "must be at least 1 microsecond (the resolution of a PostgreSQL interval), \
+                 got {ttl:?}"
+            ),
+        ));
     }
     if ttl > MAX_TTL {
         return Err(Error::invalid(
-            "ttl",
+            argument,
             format!("must be at most 7 days, got {ttl:?}"),
         ));
     }
     // At most 7 days, so this cannot overflow an i64 of microseconds.
     let micros = ttl.as_nanos().div_ceil(1_000);
-    i64::try_from(micros).map_err(|_| Error::invalid("ttl", format!("{ttl:?} is too large")))
+    i64::try_from(micros).map_err(|_| Error::invalid(argument, format!("{ttl:?} is too large")))
 }
 
-/// Checks a token for `advance`: tokens are issued from 1 upwards.
+/// Checks a token: tokens are issued from 1 upwards, so zero or less was
+/// never issued and can only be a mistake.
 pub(crate) fn check_positive_token(token: i64) -> Result<()> {
     if token <= 0 {
         return Err(Error::invalid(
@@ -70,7 +86,10 @@ mod tests {
     #[test]
     fn ttl_bounds() {
         assert!(check_ttl(Duration::ZERO).is_err());
-        assert_eq!(check_ttl(Duration::from_nanos(1)).ok(), Some(1));
+        assert!(check_ttl(Duration::from_nanos(1)).is_err());
+        assert!(check_ttl(Duration::from_nanos(999)).is_err());
+        assert_eq!(check_ttl(Duration::from_micros(1)).ok(), Some(1));
+        assert_eq!(check_ttl(Duration::from_nanos(1_001)).ok(), Some(2));
         assert_eq!(check_ttl(Duration::from_millis(1500)).ok(), Some(1_500_000));
         assert!(check_ttl(MAX_TTL).is_ok());
         assert!(check_ttl(MAX_TTL + Duration::from_nanos(1)).is_err());

@@ -7,12 +7,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::postgres::types::PgInterval;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool};
 
 use std::sync::Arc;
 
 use tokio_util::sync::DropGuard;
 
+use crate::connect::{DEFAULT_CONNECT_TIMEOUT, connect_pool};
 use crate::error::{Error, LossReason, Result};
 use crate::holding::Shared;
 use crate::input::{check_positive_token, check_text, check_ttl};
@@ -67,10 +68,17 @@ impl Lease {
         self.token
     }
 
-    /// The expiry the database set at acquisition, on the database clock.
-    /// Compare it only with database time, never with this machine's clock.
+    /// The expiry the database set at acquisition (or at the renewal that
+    /// confirmed an acquisition whose answer came late), on the database
+    /// clock. Compare it only with database time, never with this
+    /// machine's clock.
     pub fn expires_at(&self) -> DateTime<Utc> {
         self.expires_at
+    }
+
+    /// This lease with the expiry a confirming renewal set.
+    pub(crate) fn confirmed(self, expires_at: DateTime<Utc>) -> Self {
+        Lease { expires_at, ..self }
     }
 
     /// Database time of the acquisition.
@@ -171,10 +179,51 @@ impl LeaseManager {
         }
     }
 
-    /// Connects a small pool to `url` and builds a manager on it.
+    /// Connects a pool of [`pool_options`](crate::pool_options) to `url`
+    /// and builds a manager on it, with the default [`ManagerOptions`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] for a URL that does not parse, or when the server
+    /// cannot be reached: at once for a refused connection or a failed
+    /// login, after [`DEFAULT_CONNECT_TIMEOUT`](crate::DEFAULT_CONNECT_TIMEOUT)
+    /// (10 s) for a server that does not answer.
     pub async fn connect(url: &str) -> Result<Self> {
-        let pool = PgPoolOptions::new().max_connections(8).connect(url).await?;
+        let options: PgConnectOptions = url.parse()?;
+        Self::connect_with(options, DEFAULT_CONNECT_TIMEOUT).await
+    }
+
+    /// Like [`LeaseManager::connect`], with connect options and the time to
+    /// wait for a server that does not answer (also the pool's acquire
+    /// timeout).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the server cannot be reached: at once for a
+    /// refused connection or a failed login, after `connect_timeout` for a
+    /// server that does not answer.
+    pub async fn connect_with(
+        options: PgConnectOptions,
+        connect_timeout: Duration,
+    ) -> Result<Self> {
+        let pool = connect_pool(options, connect_timeout).await?;
         Ok(LeaseManager::new(pool))
+    }
+
+    /// Whether the role that owns the `pglease` functions may end the
+    /// sessions of stale fenced transactions (it is a superuser, or has the
+    /// privileges of `pg_signal_backend`), which a takeover from a holder
+    /// frozen inside a fenced transaction needs. See the README,
+    /// "Taking over from a frozen holder".
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] if the schema is missing or the database fails.
+    pub async fn can_end_stale_transactions(&self) -> Result<bool> {
+        let can: Option<bool> = sqlx::query_scalar(sql::CAN_END_STALE)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(can.unwrap_or(false))
     }
 
     /// The pool this manager uses.
@@ -205,12 +254,10 @@ impl LeaseManager {
         match self.attempt(name, holder, ttl).await? {
             Attempt::Acquired { lease, .. } => Ok(lease),
             Attempt::Held {
-                holder, expires_at, ..
-            } => Err(Error::Held {
-                name: name.to_owned(),
                 holder,
                 expires_at,
-            }),
+                checked_at,
+            } => Err(Attempt::refusal(name, holder, expires_at, checked_at)),
         }
     }
 
@@ -222,6 +269,7 @@ impl LeaseManager {
     /// retry after a lost response succeeds while the lease is still valid.
     pub async fn renew(&self, name: &str, token: i64, ttl: Duration) -> Result<DateTime<Utc>> {
         check_text("name", name)?;
+        check_positive_token(token)?;
         let ttl = interval(ttl)?;
         let expires_at: Option<DateTime<Utc>> = sqlx::query_scalar(sql::RENEW)
             .bind(name)
@@ -243,6 +291,7 @@ impl LeaseManager {
     /// when the holder name is the same.
     pub async fn release(&self, name: &str, token: i64) -> Result<bool> {
         check_text("name", name)?;
+        check_positive_token(token)?;
         let released: bool = sqlx::query_scalar(sql::RELEASE)
             .bind(name)
             .bind(token)
@@ -319,7 +368,7 @@ impl LeaseManager {
 impl LeaseManager {
     /// The error for a lease that `renew` found lost, with the reason read
     /// from the status view (one extra read, on the failure path only).
-    async fn lost(&self, name: &str, token: i64) -> Error {
+    pub(crate) async fn lost(&self, name: &str, token: i64) -> Error {
         let reason = match self.inspect(name).await {
             Ok(status) if status.token == Some(token) && status.holder.is_none() => {
                 LossReason::Released
@@ -345,4 +394,9 @@ pub(crate) fn interval(ttl: Duration) -> Result<PgInterval> {
         days: 0,
         microseconds: check_ttl(ttl)?,
     })
+}
+
+/// The TTL an interval made by [`interval`] stands for.
+pub(crate) fn ttl_duration(ttl: PgInterval) -> Duration {
+    Duration::from_micros(ttl.microseconds.unsigned_abs())
 }

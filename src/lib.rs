@@ -14,11 +14,12 @@ mod input;
 mod lease;
 mod migrate;
 mod options;
+mod signal;
 mod sql;
 mod waiting;
 
 pub use advisory::{SessionLock, XactLock, advisory_key};
-pub use connect::libpq_defaults;
+pub use connect::{DEFAULT_CONNECT_TIMEOUT, libpq_defaults, pool_options};
 pub use error::{
     Error, LossReason, Result, SQLSTATE_INVALID_INPUT, SQLSTATE_NOT_DECLARED, SQLSTATE_NOT_HELD,
 };
@@ -29,4 +30,5 @@ pub use input::{MAX_NAME_BYTES, MAX_TTL};
 pub use lease::{Lease, LeaseManager, LeaseStatus};
 pub use migrate::MIGRATIONS_TABLE;
 pub use options::ManagerOptions;
+pub use signal::shutdown_signal;
 pub use waiting::RELEASE_CHANNEL;

@@ -124,6 +124,15 @@ impl ManagerOptions {
         })
     }
 
+    /// How late an acquisition's answer may come (after its statement was
+    /// sent) before the lease is confirmed with an immediate renewal: one
+    /// renewal period. A later answer has spent most of the local trust
+    /// window that started at the send (it waited in the database, or the
+    /// process was paused), though the database gave the lease a full TTL.
+    pub(crate) fn confirm_after(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.renew_fraction)
+    }
+
     pub(crate) fn renew_timeout_value(&self) -> Duration {
         self.renew_timeout
     }

@@ -56,3 +56,6 @@ pub(crate) const PROTECT: &str = "SELECT pglease.protect($1::regclass, $2)";
 
 /// Remove that protection; true if the table was protected.
 pub(crate) const UNPROTECT: &str = "SELECT pglease.unprotect($1::regclass)";
+
+/// Whether the owner of the functions may end stale fenced sessions.
+pub(crate) const CAN_END_STALE: &str = "SELECT pglease.can_end_stale_transactions()";

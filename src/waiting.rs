@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, Result};
 use crate::holding::{Shared, release_in_background};
 use crate::input::check_text;
-use crate::lease::{Lease, LeaseManager, interval};
+use crate::lease::{Lease, LeaseManager, interval, ttl_duration};
 use crate::sql;
 
 /// The channel `pglease.release` notifies, with the lease name as payload.
@@ -56,16 +56,51 @@ pub(crate) fn backoff(first: Duration, attempt: u32, cap: Duration) -> Duration 
 pub(crate) enum Attempt {
     Acquired {
         lease: Lease,
-        /// When the statement was sent (the start of the local deadline).
+        /// When the statement that last confirmed the lease was sent (the
+        /// start of the local deadline): the acquisition, or the renewal
+        /// that confirmed a late one.
         sent: Instant,
     },
     Held {
-        holder: String,
+        /// The current or last holder (`None` once released).
+        holder: Option<String>,
         expires_at: DateTime<Utc>,
         /// The database time of the decision, to turn `expires_at` into a
         /// wait without comparing clocks.
         checked_at: DateTime<Utc>,
     },
+}
+
+impl Attempt {
+    /// For a lease found held: the error to report, [`Error::Pinned`] when
+    /// the lease has ended but a stale fenced transaction still holds it.
+    pub(crate) fn refusal(
+        name: &str,
+        holder: Option<String>,
+        expires_at: DateTime<Utc>,
+        checked_at: DateTime<Utc>,
+    ) -> Error {
+        let pinned = pinned(holder.as_deref(), expires_at, checked_at);
+        match holder {
+            Some(holder) if !pinned => Error::Held {
+                name: name.to_owned(),
+                holder,
+                expires_at,
+            },
+            holder => Error::Pinned {
+                name: name.to_owned(),
+                holder,
+                ended_at: expires_at,
+            },
+        }
+    }
+}
+
+/// Whether a "not acquired" answer describes a lease that has ended (it
+/// expired before the decision, or was released) and is only pinned by a
+/// transaction that could not be ended.
+fn pinned(holder: Option<&str>, expires_at: DateTime<Utc>, checked_at: DateTime<Utc>) -> bool {
+    holder.is_none() || expires_at <= checked_at
 }
 
 /// Where a watched name stands on the listening connection.
@@ -413,7 +448,8 @@ impl Drop for Waiting<'_> {
 }
 
 impl LeaseManager {
-    /// One acquisition statement (one round trip).
+    /// One acquisition statement (one round trip), and, if its answer came
+    /// late, the renewal that confirms it.
     pub(crate) async fn attempt(
         &self,
         name: &str,
@@ -434,19 +470,56 @@ impl LeaseManager {
         let row = row?;
         let token: Option<i64> = row.try_get("token")?;
         let expires_at: DateTime<Utc> = row.try_get("expires_at")?;
-        let current_holder: String = row.try_get("holder")?;
+        let current_holder: Option<String> = row.try_get("holder")?;
         let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
-        Ok(match token {
-            Some(token) => Attempt::Acquired {
-                lease: Lease::new(name, current_holder, token, expires_at, checked_at),
-                sent,
-            },
-            None => Attempt::Held {
+        let Some(token) = token else {
+            return Ok(Attempt::Held {
                 holder: current_holder,
                 expires_at,
                 checked_at,
-            },
-        })
+            });
+        };
+        let lease = Lease::new(
+            name,
+            current_holder.unwrap_or_else(|| holder.to_owned()),
+            token,
+            expires_at,
+            checked_at,
+        );
+        let window = self.shared().options.confirm_after(ttl_duration(ttl));
+        if sent.elapsed() <= window {
+            return Ok(Attempt::Acquired { lease, sent });
+        }
+        self.confirm(lease, ttl).await
+    }
+
+    /// Confirms an acquisition whose answer came late with a renewal under
+    /// the same token: the database gave the lease a full TTL from its
+    /// decision, but the local deadline, counted from the send, would have
+    /// little or nothing of it left. The deadline starts again from this
+    /// renewal's send; only a failed renewal makes it a loss.
+    async fn confirm(&self, lease: Lease, ttl: PgInterval) -> Result<Attempt> {
+        let sent = Instant::now();
+        let renewed: std::result::Result<Option<DateTime<Utc>>, sqlx::Error> =
+            sqlx::query_scalar(sql::RENEW)
+                .bind(lease.name())
+                .bind(lease.token())
+                .bind(ttl)
+                .fetch_one(self.pool())
+                .await;
+        match renewed {
+            Ok(Some(expires_at)) => Ok(Attempt::Acquired {
+                lease: lease.confirmed(expires_at),
+                sent,
+            }),
+            Ok(None) => Err(self.lost(lease.name(), lease.token()).await),
+            Err(error) => {
+                // Nobody will use a lease whose confirmation failed: give
+                // it back rather than leave it held until it expires.
+                release_in_background(self.shared(), &lease);
+                Err(error.into())
+            }
+        }
     }
 
     /// One attempt on a task of its own, so that a caller who stops waiting
@@ -549,18 +622,15 @@ impl LeaseManager {
                         checked_at,
                     } => (holder, expires_at, checked_at),
                 };
+            let pinned = pinned(current.as_deref(), expires_at, checked_at);
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::Held {
-                    name: name.to_owned(),
-                    holder: current,
-                    expires_at,
-                });
+                return Err(Attempt::refusal(name, current, expires_at, checked_at));
             }
             if shared.is_shut_down() {
                 return Err(Error::ShutDown);
             }
-            if let Some(listener) = listener.filter(|_| !watched) {
+            if let Some(listener) = listener.filter(|_| !watched && !pinned) {
                 let watching = watching.get_or_insert_with(|| listener.watch(name));
                 let confirmed = tokio::select! {
                     confirmed = watching.confirmed(listener.is_listening(), deadline) => confirmed,
@@ -581,7 +651,12 @@ impl LeaseManager {
             // waiter is watched, so that an old change does not wake it.
             let connected = listening.as_mut().is_some_and(|w| *w.borrow_and_update());
             let heard = watched && connected;
-            let nap = if heard {
+            let nap = if pinned {
+                // Ended but pinned by a transaction the database could not
+                // end: no release or expiry will announce when it lets go.
+                polls = polls.saturating_add(1);
+                backoff(Duration::from_millis(10), polls, shared.options.max_poll())
+            } else if heard {
                 // A release wakes us; otherwise try again when it expires,
                 // spread a little so that many waiters do not arrive at once.
                 until_expiry

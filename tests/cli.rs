@@ -62,6 +62,14 @@ async fn wait_bounded(mut child: std::process::Child) -> std::process::ExitStatu
 #[tokio::test]
 async fn acquire_renew_release_status_and_their_exit_codes() {
     let db = TestDb::new().await;
+    // Tokens start at 1; one acquisition first, so that "token - 1" below
+    // is an issued (stale) token, not an impossible one.
+    let m = db.manager();
+    let warm_up = m
+        .try_acquire("job", "A", Duration::from_secs(60))
+        .await
+        .expect("warm-up");
+    m.release("job", warm_up.token()).await.expect("release");
     let out = pglease(
         &db,
         &["acquire", "job", "--ttl", "30s", "--holder", "A", "--json"],
@@ -125,8 +133,31 @@ async fn bad_input_exits_2_and_an_unreachable_database_exits_5() {
         &["acquire", "job", "--ttl", "8days"],
         &["acquire", "job", "--ttl", "soon"],
         &["acquire", "job"],
+        &["acquire", "job", "--ttl", "500ns"],
         &["renew", "job", "--token", "x", "--ttl", "1s"],
+        &["renew", "job", "--token", "0", "--ttl", "1s"],
+        &["release", "job", "--token", "-1"],
         &["run", "job", "--ttl", "1s"],
+        &[
+            "run",
+            "job",
+            "--ttl",
+            "1s",
+            "--min-hold",
+            "0s",
+            "--",
+            "true",
+        ],
+        &[
+            "run",
+            "job",
+            "--ttl",
+            "1s",
+            "--min-hold",
+            "8days",
+            "--",
+            "true",
+        ],
         &["frobnicate"],
     ] {
         let out = pglease(&db, args);
@@ -135,13 +166,39 @@ async fn bad_input_exits_2_and_an_unreachable_database_exits_5() {
     }
     assert_eq!(db.snapshot().await, before);
 
+    // Nothing listens on port 1: refused, said at once (the default
+    // connect timeout is 10 s), with the cause.
+    let started = std::time::Instant::now();
     let out = Command::new(BIN)
         .args(["--database-url", "postgres://nobody@127.0.0.1:1/none"])
-        .args(["--connect-timeout", "2s", "status"])
+        .arg("status")
+        .output()
+        .expect("run");
+    let took = started.elapsed();
+    assert_eq!(code(&out), 5);
+    assert!(stderr(&out).contains("DATABASE_URL"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("refused"),
+        "the cause is named: {}",
+        stderr(&out)
+    );
+    assert!(took < Duration::from_secs(5), "refused after {took:?}");
+
+    // A server that accepts the connection but never answers: the connect
+    // timeout applies.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = silent.local_addr().expect("address").port();
+    let out = Command::new(BIN)
+        .args([
+            "--database-url",
+            &format!("postgres://nobody@127.0.0.1:{port}/none"),
+        ])
+        .args(["--connect-timeout", "1s", "status"])
         .output()
         .expect("run");
     assert_eq!(code(&out), 5);
-    assert!(stderr(&out).contains("DATABASE_URL"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no answer"), "{}", stderr(&out));
+    drop(silent);
     let out = Command::new(BIN)
         .args(["--database-url", "not a url", "status"])
         .output()
@@ -215,6 +272,94 @@ async fn run_passes_the_status_through_and_releases_at_once() {
         .expect("release");
 }
 
+/// `--min-hold`: a short job keeps its lease until acquisition + D, so the
+/// same job started elsewhere meanwhile exits 3; it then expires (it is
+/// not released). A job that runs longer than D releases at exit.
+#[tokio::test]
+async fn min_hold_keeps_a_short_job_from_running_again_too_soon() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let first = pglease(
+        &db,
+        &[
+            "run",
+            "job",
+            "--ttl",
+            "10s",
+            "--min-hold",
+            "2s",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(code(&first), 0, "{}", stderr(&first));
+    let status = m.inspect("job").await.expect("inspect");
+    assert!(status.held, "released at exit despite --min-hold");
+    let token = status.token;
+
+    let second = pglease(&db, &["run", "job", "--ttl", "10s", "--", "true"]);
+    assert_eq!(code(&second), 3, "{}", stderr(&second));
+
+    // It expires at acquisition + 2 s (not after the 10 s TTL) and then
+    // the job may run again.
+    let expires_at = status.expires_at.expect("expiry");
+    db.wait_until_db_time(expires_at).await;
+    let status = m.inspect("job").await.expect("inspect");
+    assert!(!status.held);
+    assert_eq!(status.token, token, "nobody acquired it meanwhile");
+    assert!(status.holder.is_some(), "it expired; it was not released");
+    let third = pglease(
+        &db,
+        &[
+            "run",
+            "job",
+            "--ttl",
+            "10s",
+            "--min-hold",
+            "50ms",
+            "--",
+            "sleep",
+            "0.2",
+        ],
+    );
+    assert_eq!(code(&third), 0, "{}", stderr(&third));
+    let status = m.inspect("job").await.expect("inspect");
+    assert!(
+        !status.held,
+        "a job longer than --min-hold releases at exit"
+    );
+    assert!(status.holder.is_none());
+}
+
+/// `run` whose acquisition waits in the database for longer than its TTL
+/// (behind another acquisition that is slow to commit, then rolls back)
+/// confirms the lease with a renewal, runs its command and exits 0.
+#[tokio::test]
+async fn a_run_held_up_in_the_database_past_its_ttl_runs_its_command() {
+    let db = TestDb::new().await;
+    let (_, blocker) = db.held_up(&db.manager(), "job").await;
+    let child = command(
+        &db,
+        &[
+            "run", "job", "--ttl", "1s", "--wait", "30s", "--", "sh", "-c", "echo ran",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("start pglease run");
+    db.until_lock_wait(None).await;
+    let since = db.db_now().await;
+    db.wait_until_db_time(since + chrono::Duration::milliseconds(2500))
+        .await;
+    blocker.rollback().await.expect("X gives up");
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "ran");
+}
+
 #[tokio::test]
 async fn run_forwards_sigterm_to_the_command_and_releases() {
     let db = TestDb::new().await;
@@ -234,14 +379,14 @@ async fn run_forwards_sigterm_to_the_command_and_releases() {
     assert!(!m.inspect("job").await.expect("inspect").held);
 }
 
-/// Interrupted while its first attempt is stuck in the database (behind a
-/// fenced transaction on the expired lease), `run` exits at once with
+/// Interrupted while its first attempt is stuck in the database (behind
+/// another acquisition that has not committed), `run` exits at once with
 /// 128 + 2 and never starts its command; the server abandons the attempt,
 /// so the lease is not acquired afterwards for a process that is gone.
 #[tokio::test]
 async fn run_interrupted_while_acquiring_exits_without_its_command() {
     let db = TestDb::new().await;
-    let (old, fenced) = db.expired_but_fenced(&db.manager(), "job").await;
+    let (old, blocker) = db.held_up(&db.manager(), "job").await;
 
     let marker = std::env::temp_dir().join(format!("pglease-interrupted-{}", std::process::id()));
     let _ = std::fs::remove_file(&marker);
@@ -265,7 +410,7 @@ async fn run_interrupted_while_acquiring_exits_without_its_command() {
     assert!(err.contains("did not run"), "{err}");
 
     // The server notices that the client is gone and ends the waiting
-    // statement; only then does A commit.
+    // statement; only then does X give up.
     poll_until("the abandoned attempt to end", BOUND, || async {
         let waiting: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
@@ -277,7 +422,7 @@ async fn run_interrupted_while_acquiring_exits_without_its_command() {
         !waiting
     })
     .await;
-    fenced.commit().await.expect("A commits");
+    blocker.rollback().await.expect("X gives up");
     let status = db.manager().inspect("job").await.expect("inspect");
     assert_eq!(status.token, Some(old.token()), "nobody acquired it since");
     assert!(!marker.exists(), "the command ran");

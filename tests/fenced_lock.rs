@@ -1,57 +1,32 @@
-//! While a fenced transaction holds its check, no other acquisition of the
-//! lease can commit; renewal and release by the holder are not blocked.
+//! While its lease is valid, a fenced transaction holds off every other
+//! acquisition; renewal and release by the holder are not blocked. Once the
+//! lease has ended, the next acquisition ends the stale transaction, which
+//! rolls back, and takes the lease.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{TestDb, create_data_table, data_value, poll_until};
+use common::{TestDb, create_data_table, data_value};
 use pglease::{Error, LeaseManager};
 use sqlx::Connection;
 
 const LONG: Duration = Duration::from_secs(600);
+/// A bound for liveness: far above the takeover grace (1 s), far below
+/// "waits until the stale transaction ends by itself" (never, here).
+const BOUND: Duration = Duration::from_secs(10);
 
-/// Waits until backend `pid` is blocked on a lock.
-async fn wait_until_blocked(db: &TestDb, pid: i32) {
-    poll_until(
-        "the acquirer to block on a lock",
-        Duration::from_secs(20),
-        || async {
-            sqlx::query_scalar(
-                "SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) \
-               FROM pg_stat_activity WHERE pid = $1",
-            )
-            .bind(pid)
-            .fetch_one(db.pool())
-            .await
-            .expect("read pg_stat_activity")
-        },
-    )
-    .await
-}
-
-/// Starts B's acquisition of lease "data" on a connection of its own and
-/// returns once PostgreSQL shows it waiting on a lock.
-async fn spawn_blocked_acquire(db: &TestDb) -> tokio::task::JoinHandle<Option<i64>> {
-    let mut b_conn = db.connect().await;
-    let b_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut b_conn)
+/// The sessions fenced on lease `name` right now.
+async fn fenced_on(db: &TestDb, name: &str) -> Vec<i32> {
+    sqlx::query_scalar("SELECT pid FROM pglease.fenced WHERE name = $1 ORDER BY pid")
+        .bind(name)
+        .fetch_all(db.pool())
         .await
-        .expect("pid");
-    let b = tokio::spawn(async move {
-        let row: (Option<i64>,) =
-            sqlx::query_as("SELECT token FROM pglease.acquire('data', 'B', '10 min')")
-                .fetch_one(&mut b_conn)
-                .await
-                .expect("B's acquire");
-        row.0
-    });
-    wait_until_blocked(db, b_pid).await;
-    b
+        .expect("read pglease.fenced")
 }
 
 #[tokio::test]
-async fn open_fenced_transaction_holds_off_takeover_until_commit() {
+async fn an_acquisition_after_expiry_ends_the_stale_fenced_transaction() {
     let db = TestDb::new().await;
     create_data_table(&db).await;
     let m = db.manager();
@@ -64,30 +39,29 @@ async fn open_fenced_transaction_holds_off_takeover_until_commit() {
         .execute(&mut *tx)
         .await
         .expect("A writes while valid");
-    // A's lease expires while its checked transaction is still open.
+    let a_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *tx)
+        .await
+        .expect("A's pid");
+    assert_eq!(fenced_on(&db, "data").await, vec![a_pid]);
+    // A's lease expires while its checked transaction is still open, idle.
     db.wait_until_db_time(old.expires_at()).await;
 
-    let b = spawn_blocked_acquire(&db).await;
-    assert!(!b.is_finished(), "B acquired while A's check was held");
-    let status = m.inspect("data").await.expect("inspect");
-    assert_eq!(
-        status.token,
-        Some(old.token()),
-        "no new token is visible yet"
-    );
-
-    tx.commit().await.expect("A's checked write commits");
-    let b_token = tokio::time::timeout(Duration::from_secs(20), b)
+    // One attempt, bounded: it ends A's session and takes the lease.
+    let b = tokio::time::timeout(BOUND, m.try_acquire("data", "B", LONG))
         .await
-        .expect("B acquires once A commits")
-        .expect("B's task")
-        .expect("B acquired");
-    assert!(b_token > old.token());
-    assert_eq!(
-        data_value(&db).await,
-        "a-1",
-        "A's write committed before B's takeover"
+        .expect("B's acquisition must not wait for A's transaction")
+        .expect("B acquires");
+    assert!(b.token() > old.token());
+    assert!(fenced_on(&db, "data").await.is_empty());
+
+    // A's transaction never commits, and its write is gone.
+    assert!(
+        tx.commit().await.is_err(),
+        "A's stale transaction committed"
     );
+    assert_eq!(data_value(&db).await, "initial");
+    m.release("data", b.token()).await.expect("release");
 }
 
 #[tokio::test]
@@ -98,18 +72,17 @@ async fn fenced_transaction_does_not_block_renew_release_or_held_check() {
     let tx = m.begin_fenced("data", lease.token()).await.expect("fenced");
 
     let other = LeaseManager::new(db.pool().clone());
-    let bounded = Duration::from_secs(10);
     // A failed acquire of a held lease returns at once, even while the row
     // is locked by a fenced transaction.
-    let attempt = tokio::time::timeout(bounded, other.try_acquire("data", "B", LONG))
+    let attempt = tokio::time::timeout(BOUND, other.try_acquire("data", "B", LONG))
         .await
         .expect("acquire of a held lease must not wait");
     assert!(matches!(attempt, Err(Error::Held { .. })));
-    tokio::time::timeout(bounded, other.renew("data", lease.token(), LONG))
+    tokio::time::timeout(BOUND, other.renew("data", lease.token(), LONG))
         .await
         .expect("renew must not wait for the fenced transaction")
         .expect("renew");
-    let released = tokio::time::timeout(bounded, other.release("data", lease.token()))
+    let released = tokio::time::timeout(BOUND, other.release("data", lease.token()))
         .await
         .expect("release must not wait for the fenced transaction")
         .expect("release");
@@ -118,8 +91,9 @@ async fn fenced_transaction_does_not_block_renew_release_or_held_check() {
 }
 
 #[tokio::test]
-async fn released_lease_is_not_reacquired_until_open_fenced_transaction_ends() {
+async fn a_released_lease_is_taken_at_once_from_its_open_fenced_transaction() {
     let db = TestDb::new().await;
+    create_data_table(&db).await;
     let m = db.manager();
     let lease = m.try_acquire("data", "A", LONG).await.expect("acquire");
     let mut conn = db.connect().await;
@@ -127,27 +101,65 @@ async fn released_lease_is_not_reacquired_until_open_fenced_transaction_ends() {
     pglease::assert_held(&mut tx, "data", lease.token())
         .await
         .expect("check");
+    sqlx::query("UPDATE data SET value = 'a-1' WHERE id = 1")
+        .execute(&mut *tx)
+        .await
+        .expect("A writes while valid");
     assert!(m.release("data", lease.token()).await.expect("release"));
 
-    // The released lease is free, but B's acquisition waits for the
-    // transaction that still holds A's check.
-    let b = spawn_blocked_acquire(&db).await;
-    assert!(!b.is_finished());
+    // The released lease is free; the transaction that still holds A's
+    // check is stale, and the acquisition ends it.
+    let b = tokio::time::timeout(BOUND, m.try_acquire("data", "B", LONG))
+        .await
+        .expect("B's acquisition must not wait for A's transaction")
+        .expect("B acquires");
+    assert!(b.token() > lease.token());
+    assert!(
+        tx.commit().await.is_err(),
+        "A's stale transaction committed"
+    );
+    assert_eq!(data_value(&db).await, "initial");
+}
 
-    // A write checked after the release is rejected; the error aborts A's
-    // transaction, which ends its lock (and discards its writes), so B
-    // proceeds.
-    assert!(matches!(
-        pglease::assert_held(&mut tx, "data", lease.token()).await,
-        Err(Error::NotHeld { .. })
-    ));
-    let b_token = tokio::time::timeout(Duration::from_secs(20), b)
+#[tokio::test]
+async fn a_renewed_holder_keeps_its_fenced_transaction_past_one_ttl() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let a = db.manager();
+    let ttl = Duration::from_millis(500);
+    let held = a
+        .hold("data", "A", ttl, Duration::ZERO)
         .await
-        .expect("B acquires once A's transaction is aborted")
-        .expect("B's task")
-        .expect("B acquired");
-    assert!(b_token > lease.token());
-    tx.rollback()
+        .expect("hold");
+    let first_expiry = held.expires_at();
+    let mut tx = held.begin_fenced().await.expect("A checks");
+    sqlx::query("UPDATE data SET value = 'a-1' WHERE id = 1")
+        .execute(&mut *tx)
         .await
-        .expect("roll back A's failed transaction");
+        .expect("A writes");
+
+    // B keeps trying while A renews, for two TTLs past the first expiry:
+    // every attempt is refused, and none ends A's transaction.
+    let b = LeaseManager::new(db.pool().clone());
+    let until = first_expiry + chrono::Duration::from_std(ttl * 2).expect("ttl");
+    let mut attempts = 0;
+    while db.db_now().await < until {
+        match b.try_acquire("data", "B", LONG).await {
+            Err(Error::Held { holder, .. }) => assert_eq!(holder, "A"),
+            other => panic!("B's attempt while A renews: {other:?}"),
+        }
+        attempts += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(attempts > 10, "B tried {attempts} times");
+    assert!(!held.is_lost(), "{:?}", held.loss_reason());
+
+    // Written and committed well after the first TTL ran out.
+    sqlx::query("UPDATE data SET value = 'a-2' WHERE id = 1")
+        .execute(&mut *tx)
+        .await
+        .expect("A writes after the first TTL");
+    tx.commit().await.expect("A's fenced transaction commits");
+    assert_eq!(data_value(&db).await, "a-2");
+    assert!(held.release().await.expect("release"));
 }

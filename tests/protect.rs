@@ -223,3 +223,106 @@ async fn unprotect_lifts_the_protection_and_bad_input_is_rejected() {
     assert_eq!(rejection(&db, "", WRITES[1]).await, None);
     assert_eq!(data_value(&db).await, "updated");
 }
+
+/// The SQLSTATE `sql` fails with when run as `role`, or `None` if it
+/// succeeds (and commits).
+async fn as_role(db: &TestDb, role: &str, sql: &'static str) -> Option<String> {
+    let mut conn = db.connect().await;
+    let mut tx = conn.begin().await.expect("begin");
+    sqlx::query(sqlx::AssertSqlSafe(format!("SET LOCAL ROLE {role}")))
+        .execute(&mut *tx)
+        .await
+        .expect("become the role");
+    match sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut *tx)
+        .await
+    {
+        Ok(_) => {
+            tx.commit().await.expect("commit");
+            None
+        }
+        Err(e) => Some(
+            e.as_database_error()
+                .and_then(|d| d.code())
+                .map(|c| c.into_owned())
+                .unwrap_or_else(|| panic!("{sql}: not a database error: {e}")),
+        ),
+    }
+}
+
+/// A role granted every privilege on a table (TRIGGER included) may not
+/// point its protection at a lease it controls, nor lift it; a member of
+/// the owning role may.
+#[tokio::test]
+async fn only_the_table_owner_may_protect_or_unprotect_it() {
+    let db = TestDb::new().await;
+    let suffix = std::process::id();
+    let (app, owners) = (
+        format!("pglease_granted_{suffix}"),
+        format!("pglease_owners_{suffix}"),
+    );
+    let setup = [
+        format!("DROP ROLE IF EXISTS {app}"),
+        format!("DROP ROLE IF EXISTS {owners}"),
+        format!("CREATE ROLE {app} NOLOGIN"),
+        format!("CREATE ROLE {owners} NOLOGIN"),
+        "CREATE TABLE ledger (id int PRIMARY KEY)".to_owned(),
+        format!("GRANT ALL ON ledger TO {app}"),
+        format!("GRANT USAGE ON SCHEMA pglease TO {app}"),
+    ];
+    for sql in setup {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(db.pool())
+            .await
+            .expect("set up");
+    }
+    db.manager()
+        .protect("ledger", "ledger-lease")
+        .await
+        .expect("the owner protects");
+    assert_eq!(
+        as_role(&db, &app, "SELECT pglease.protect('ledger', 'other')")
+            .await
+            .as_deref(),
+        Some("42501")
+    );
+    assert_eq!(
+        as_role(&db, &app, "SELECT pglease.unprotect('ledger')")
+            .await
+            .as_deref(),
+        Some("42501")
+    );
+    let name: String =
+        sqlx::query_scalar("SELECT name FROM pglease.protected WHERE tbl = 'ledger'::regclass")
+            .fetch_one(db.pool())
+            .await
+            .expect("still protected");
+    assert_eq!(name, "ledger-lease", "the fence was re-pointed");
+
+    // Ownership through a role the caller belongs to is enough.
+    for sql in [
+        format!("ALTER TABLE ledger OWNER TO {owners}"),
+        format!("GRANT {owners} TO {app}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(db.pool())
+            .await
+            .expect("owning role");
+    }
+    assert_eq!(
+        as_role(&db, &app, "SELECT pglease.unprotect('ledger')").await,
+        None
+    );
+
+    for sql in [
+        "DROP TABLE ledger".to_owned(),
+        format!("DROP OWNED BY {app}"),
+        format!("DROP ROLE {app}"),
+        format!("DROP ROLE {owners}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(db.pool())
+            .await
+            .expect("clean up");
+    }
+}

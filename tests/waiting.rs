@@ -154,14 +154,14 @@ async fn waiting_is_bounded_by_max_wait() {
     );
 }
 
-/// The waiter gives up while its attempt is inside the database (blocked
-/// behind a fenced transaction on the expired lease); the attempt then
+/// The waiter gives up while its attempt is inside the database (held up
+/// behind another acquisition that has not committed); the attempt then
 /// succeeds, and what it acquired is released rather than left held.
 #[tokio::test]
 async fn dropping_a_waiting_acquire_leaves_nothing_held() {
     let db = TestDb::new().await;
     let holder = db.manager();
-    let (old, fenced) = db.expired_but_fenced(&holder, "job").await;
+    let (old, blocker) = db.held_up(&holder, "job").await;
 
     let waiter = db.manager_with("dropped", ManagerOptions::default()).await;
     let waiting = spawn_acquire(&waiter);
@@ -169,7 +169,7 @@ async fn dropping_a_waiting_acquire_leaves_nothing_held() {
     db.until_lock_wait(Some("dropped")).await;
     waiting.abort();
     assert!(waiting.await.expect_err("aborted").is_cancelled());
-    fenced.commit().await.expect("A commits");
+    blocker.rollback().await.expect("X gives up");
 
     // The attempt went through after all, and was handed back.
     poll_until("the orphaned acquisition to be released", BOUND, || async {
@@ -177,4 +177,37 @@ async fn dropping_a_waiting_acquire_leaves_nothing_held() {
         status.token > Some(old.token()) && !status.held
     })
     .await;
+}
+
+/// An acquisition that waited in the database for longer than its TTL is
+/// still a good one: it is confirmed with a renewal at once, and held (and
+/// renewed) from there, not reported lost on arrival.
+#[tokio::test]
+async fn an_acquisition_held_up_in_the_database_past_its_ttl_is_kept() {
+    let db = TestDb::new().await;
+    let (_, blocker) = db.held_up(&db.manager(), "job").await;
+    let b = db.manager_with("late", ManagerOptions::default()).await;
+    let ttl = Duration::from_millis(500);
+    let waiting = {
+        let b = b.clone();
+        tokio::spawn(async move { b.hold("job", "B", ttl, BOUND).await })
+    };
+    db.until_lock_wait(Some("late")).await;
+    // Held up for two TTLs, on the database clock.
+    let since = db.db_now().await;
+    db.wait_until_db_time(since + chrono::Duration::from_std(ttl * 2).expect("ttl"))
+        .await;
+    blocker.rollback().await.expect("X gives up");
+
+    let held = waiting.await.expect("B's task").expect("B holds the lease");
+    assert!(!held.is_lost(), "lost on arrival: {:?}", held.loss_reason());
+    assert!(held.remaining() > ttl / 2, "{:?} left", held.remaining());
+    // Renewed from there on: still held a full TTL after its expiry at
+    // the confirmation.
+    let confirmed = held.expires_at();
+    db.wait_until_db_time(confirmed + chrono::Duration::from_std(ttl).expect("ttl"))
+        .await;
+    assert!(!held.is_lost(), "{:?}", held.loss_reason());
+    assert!(b.inspect("job").await.expect("inspect").held);
+    assert!(held.release().await.expect("release"));
 }

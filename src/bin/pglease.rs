@@ -10,7 +10,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use pglease::{Error, HeldLease, Lease, LeaseManager, LeaseStatus};
 use serde_json::json;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -113,6 +113,12 @@ enum Command {
         /// Time between SIGTERM and SIGKILL when CMD must stop.
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         grace: Duration,
+        /// Keep the lease at least this long after acquiring it: if CMD
+        /// finishes sooner, the lease expires then instead of being
+        /// released, so that the same job started elsewhere meanwhile
+        /// exits 3 (at most 7 days).
+        #[arg(long, value_parser = parse_min_hold)]
+        min_hold: Option<Duration>,
         /// The command and its arguments.
         #[arg(required = true, last = true)]
         cmd: Vec<String>,
@@ -129,6 +135,15 @@ fn parse_connect_timeout(text: &str) -> Result<Duration, String> {
         return Err("must be greater than zero and at most 1 day".to_owned());
     }
     Ok(timeout)
+}
+
+/// A minimum hold: a `humantime` duration from 1 µs to 7 days, like a TTL.
+fn parse_min_hold(text: &str) -> Result<Duration, String> {
+    let hold = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if hold < Duration::from_micros(1) || hold > pglease::MAX_TTL {
+        return Err("must be at least 1 microsecond and at most 7 days".to_owned());
+    }
+    Ok(hold)
 }
 
 #[tokio::main]
@@ -157,14 +172,7 @@ async fn main() -> ExitCode {
         Err(code) => return code,
     };
     let code = match cli.command {
-        Command::Migrate => manager
-            .migrate()
-            .await
-            .map(|()| {
-                eprintln!("pglease: schema is up to date");
-                ExitCode::SUCCESS
-            })
-            .map_err(|e| (e, "migrate")),
+        Command::Migrate => migrate(&manager).await,
         Command::Acquire {
             name,
             ttl,
@@ -196,20 +204,17 @@ async fn main() -> ExitCode {
             wait,
             holder,
             grace,
+            min_hold,
             cmd,
         } => {
             let holder = holder.unwrap_or_else(default_holder);
-            run(
-                &manager,
-                &cli.database_url,
-                &name,
-                &holder,
+            let timing = RunTiming {
                 ttl,
                 wait,
                 grace,
-                &cmd,
-            )
-            .await
+                min_hold,
+            };
+            run(&manager, &cli.database_url, &name, &holder, timing, &cmd).await
         }
         Command::Demo => unreachable!("handled above"),
     };
@@ -248,36 +253,52 @@ fn fail(e: &Error, what: &str) -> ExitCode {
     }
 }
 
-/// Run on every connection the tool opens: if this process goes away
-/// while a statement of it is still waiting in the server (an acquire
-/// blocked behind a fenced transaction, when `run` is interrupted), the
-/// server notices within a second and abandons the statement, instead of
-/// completing it (and acquiring a lease) for nobody. The setting exists
-/// from PostgreSQL 14; older servers skip it.
-const ABANDON_WHEN_GONE: &str = "SELECT set_config('client_connection_check_interval', '1000', false) \
-     WHERE current_setting('server_version_num')::integer >= 140000";
-
+/// Connects through the library: a refused connection or a failed login is
+/// reported at once with its cause; `timeout` applies only to a server
+/// that does not answer. The pool's connections abandon a statement still
+/// waiting in the server once this process is gone (see
+/// `pglease::pool_options`), so an interrupted acquisition acquires nothing.
 async fn connect(options: &PgConnectOptions, timeout: Duration) -> Result<LeaseManager, ExitCode> {
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .acquire_timeout(timeout)
-        .after_connect(|connection, _| {
-            Box::pin(async move {
-                sqlx::query(ABANDON_WHEN_GONE).execute(connection).await?;
-                Ok(())
-            })
-        })
-        .connect_with(options.clone())
+    LeaseManager::connect_with(options.clone(), timeout)
         .await
         .map_err(|e| {
             eprintln!(
-                "pglease: cannot connect to PostgreSQL: {e}\n\
+                "pglease: cannot connect to PostgreSQL at {}:{}: {e}\n\
                  Set --database-url or DATABASE_URL (or PGHOST, PGPORT, PGUSER, PGDATABASE) \
-                 to a reachable server."
+                 to a reachable server.",
+                options.get_host(),
+                options.get_port()
             );
             ExitCode::from(EXIT_DATABASE)
-        })?;
-    Ok(LeaseManager::new(pool))
+        })
+}
+
+/// Applies the schema, then says whether a takeover from a holder frozen
+/// inside a fenced transaction can work here (see the README).
+async fn migrate(manager: &LeaseManager) -> Outcome {
+    manager.migrate().await.map_err(|e| (e, "migrate"))?;
+    eprintln!("pglease: schema is up to date");
+    let can_end = manager
+        .can_end_stale_transactions()
+        .await
+        .map_err(|e| (e, "migrate"))?;
+    if !can_end {
+        let owner: String = sqlx::query_scalar(
+            "SELECT r.rolname::text FROM pg_proc AS p JOIN pg_roles AS r ON r.oid = p.proowner \
+              WHERE p.oid = 'pglease.acquire(text, text, interval)'::regprocedure",
+        )
+        .fetch_one(manager.pool())
+        .await
+        .map_err(|e| (Error::from(e), "migrate"))?;
+        eprintln!(
+            "pglease: note: role {owner:?}, which owns the pglease functions, is neither a \
+             superuser nor a member of pg_signal_backend. An expired lease whose holder froze \
+             inside a fenced transaction then stays pinned until that transaction ends (and \
+             acquire reports it as pinned) unless the holders connect as {owner:?} itself. \
+             To allow the takeover, a superuser runs: GRANT pg_signal_backend TO {owner};"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Host name and process id: unique and readable.
@@ -350,8 +371,26 @@ where
             announce_wait(name, &current, expires_at, wait);
             attempt(wait).await
         }
+        Err(e @ Error::Pinned { .. }) if !wait.is_zero() => {
+            eprintln!(
+                "pglease: {e}; waiting up to {}",
+                humantime::format_duration(wait)
+            );
+            attempt(wait).await
+        }
         other => other,
     }
+}
+
+/// The message for a lease found pinned: the library's explanation and
+/// what to do about it.
+fn pinned_hint(e: &Error) -> String {
+    format!(
+        "pglease: not acquired: {e}.\n\
+         To let pglease end such transactions, a superuser runs \
+         `GRANT pg_signal_backend TO <owner of the pglease schema>`; \
+         see `pglease migrate`'s note."
+    )
 }
 
 async fn acquire(
@@ -395,6 +434,22 @@ async fn acquire(
                 "pglease: not acquired: {name:?} is held by {current:?} until {}",
                 expires_at.to_rfc3339()
             );
+            Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
+        }
+        Err(e @ Error::Pinned { .. }) => {
+            if let (
+                true,
+                Error::Pinned {
+                    holder, ended_at, ..
+                },
+            ) = (json, &e)
+            {
+                println!(
+                    "{}",
+                    lease_json(name, holder.as_deref(), None, Some(*ended_at))
+                );
+            }
+            eprintln!("{}", pinned_hint(&e));
             Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
         }
         Err(e) => Err((e, "acquire")),
@@ -515,17 +570,28 @@ fn signal_group(pgid: Pid, signal: Signal) {
     let _ = killpg(pgid, signal);
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The durations of `run`, each with its own role.
+struct RunTiming {
+    ttl: Duration,
+    wait: Duration,
+    grace: Duration,
+    min_hold: Option<Duration>,
+}
+
 async fn run(
     manager: &LeaseManager,
     database_url: &Option<String>,
     name: &str,
     holder: &str,
-    ttl: Duration,
-    wait: Duration,
-    grace: Duration,
+    timing: RunTiming,
     cmd: &[String],
 ) -> Outcome {
+    let RunTiming {
+        ttl,
+        wait,
+        grace,
+        min_hold,
+    } = timing;
     // Signals are watched from the start, so that none is lost while
     // waiting for the lease.
     let (Ok(mut sigterm), Ok(mut sigint), Ok(mut sighup)) = (
@@ -550,6 +616,9 @@ async fn run(
         _ = sigint.recv() => return interrupted(name, 2),
         _ = sighup.recv() => return interrupted(name, 1),
     };
+    // After the database's decision: a minimum hold counted from here ends
+    // no earlier than acquisition + min_hold on the database clock.
+    let acquired = tokio::time::Instant::now();
 
     let mut command = tokio::process::Command::new(&cmd[0]);
     command
@@ -611,7 +680,14 @@ async fn run(
         // Members of the group that outlived its leader go too.
         signal_group(pgid, Signal::SIGKILL);
     }
-    release_after(held).await;
+    let keep = min_hold
+        .filter(|_| lost.is_none())
+        .and_then(|hold| hold.checked_sub(acquired.elapsed()))
+        .filter(|left| *left >= Duration::from_micros(1));
+    match keep {
+        Some(left) => expire_after(held, left).await,
+        None => release_after(held).await,
+    }
     if lost.is_some() {
         return Ok(ExitCode::from(EXIT_LOST));
     }
@@ -654,7 +730,27 @@ fn not_acquired(e: Error) -> Outcome {
             );
             Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
         }
+        e @ Error::Pinned { .. } => {
+            eprintln!("{}", pinned_hint(&e));
+            Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
+        }
         e => Err((e, "run")),
+    }
+}
+
+/// The minimum hold: the lease is left to expire `left` from now instead of
+/// being released.
+async fn expire_after(held: HeldLease, left: Duration) {
+    let name = held.name().to_owned();
+    match tokio::time::timeout(Duration::from_secs(10), held.expire_in(left)).await {
+        Ok(Ok(expires_at)) => eprintln!(
+            "pglease: keeping {name:?} until {} (--min-hold)",
+            expires_at.to_rfc3339()
+        ),
+        Ok(Err(e)) => eprintln!("pglease: could not keep {name:?} for --min-hold ({e})"),
+        Err(_) => eprintln!(
+            "pglease: no answer when keeping {name:?} for --min-hold; it ends at its expiry"
+        ),
     }
 }
 

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pglease::{FencedTransaction, Lease, LeaseManager, ManagerOptions};
+use pglease::{Lease, LeaseManager, ManagerOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, PgPool};
 
@@ -265,24 +265,54 @@ impl TestDb {
         }
     }
 
-    /// Lease `name` acquired by `m` for 300 ms, under a fenced transaction
-    /// still open after it expired: an acquisition of `name` now waits in
-    /// the database until that transaction ends.
-    pub async fn expired_but_fenced(
+    /// Lease `name` acquired by `m` for 300 ms and expired, then acquired
+    /// again by "X" in a transaction that stays open (returned): until it
+    /// ends, any other acquisition of `name` waits inside the database
+    /// (behind X's row lock), as one does behind an acquisition or a
+    /// release that is slow to commit.
+    pub async fn held_up(
         &self,
         m: &LeaseManager,
         name: &str,
-    ) -> (Lease, FencedTransaction) {
+    ) -> (Lease, sqlx::Transaction<'static, sqlx::Postgres>) {
         let lease = m
             .try_acquire(name, "A", Duration::from_millis(300))
             .await
             .expect("A acquires");
-        let fenced = m
-            .begin_fenced(name, lease.token())
-            .await
-            .expect("A's fenced transaction");
         self.wait_until_db_time(lease.expires_at()).await;
-        (lease, fenced)
+        let mut blocker = self.pool.begin().await.expect("X begins");
+        let token: Option<i64> =
+            sqlx::query_scalar("SELECT token FROM pglease.acquire($1, 'X', '10 min')")
+                .bind(name)
+                .fetch_one(&mut *blocker)
+                .await
+                .expect("X acquires, uncommitted");
+        assert!(token.is_some(), "X acquires the expired lease");
+        (lease, blocker)
+    }
+
+    /// A URL for this database as `user` with `password`.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        let o = &self.options;
+        let host = o.get_host();
+        if host.starts_with('/') {
+            format!(
+                "postgres://{user}:{password}@localhost:{}/{}?host={host}",
+                o.get_port(),
+                self.name
+            )
+        } else {
+            format!(
+                "postgres://{user}:{password}@{host}:{}/{}",
+                o.get_port(),
+                self.name
+            )
+        }
+    }
+
+    /// This database's name.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Waits until a session of this database (with `application_name`
