@@ -250,9 +250,9 @@ COMMENT ON FUNCTION pglease.acquire(text, text, interval) IS
 -- assert_held(name, token)
 ------------------------------------------------------------------------
 
--- As in 0004_lean_checks.sql, plus the marker: once the token is found
--- valid, the shared advisory lock (1886152293, id) until the transaction
--- ends. The guard trigger of protected tables calls this again at each
+-- As in 0004_lean_checks.sql, plus the marker by which an acquisition
+-- after the lease has ended finds this transaction (and ends it): the
+-- shared advisory lock (1886152293, id) until the transaction ends. The guard trigger of protected tables calls this again at each
 -- write; taking a lock this transaction already holds costs a look-up in
 -- the session's own lock table.
 CREATE OR REPLACE FUNCTION pglease.assert_held(name text, token bigint)
@@ -266,7 +266,6 @@ DECLARE
     cur_holder   text;
     cur_expiry   timestamptz;
     cur_released timestamptz;
-    cur_id       integer;
     t            timestamptz;
     declared     text;
 BEGIN
@@ -278,8 +277,13 @@ BEGIN
 
     -- FOR KEY SHARE lasts until the caller's transaction ends and blocks
     -- the key update every acquisition makes (see LOCKS in 0001_core.sql).
-    SELECT l.token, l.holder, l.expires_at, l.released_at, l.id
-      INTO cur_token, cur_holder, cur_expiry, cur_released, cur_id
+    -- The marker is taken in the same statement, to save a second one: if
+    -- the check below fails, the error that it raises undoes both locks
+    -- with the (sub)transaction it aborts, so no marker outlives a failed
+    -- check.
+    SELECT l.token, l.holder, l.expires_at, l.released_at,
+           pg_advisory_xact_lock_shared(1886152293, l.id)
+      INTO cur_token, cur_holder, cur_expiry, cur_released, checked
       FROM pglease.leases AS l WHERE l.name = assert_held.name FOR KEY SHARE;
     -- The clock is read after the lock is held.
     t := clock_timestamp();
@@ -307,10 +311,6 @@ BEGIN
             MESSAGE = format('pglease: lease %L is not held under token %s: it expired at %s (database time now %s)',
                              assert_held.name, assert_held.token, cur_expiry, t);
     END IF;
-
-    -- The marker by which an acquisition after the lease has ended finds
-    -- this transaction (and ends it): see the top of this file.
-    PERFORM pg_advisory_xact_lock_shared(1886152293, cur_id);
 
     -- Record the declaration for the rest of the transaction (protected
     -- tables read it): a JSON object mapping lease name to token.

@@ -163,3 +163,41 @@ async fn a_renewed_holder_keeps_its_fenced_transaction_past_one_ttl() {
     assert_eq!(data_value(&db).await, "a-2");
     assert!(held.release().await.expect("release"));
 }
+
+/// A check that fails inside a savepoint leaves neither its row lock nor
+/// its marker behind once the savepoint is rolled back: the transaction is
+/// not fenced on the lease, and an acquisition does not end it.
+#[tokio::test]
+async fn a_failed_check_rolled_back_to_a_savepoint_leaves_no_marker() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let stale = m.try_acquire("data", "A", LONG).await.expect("A acquires");
+    assert!(m.release("data", stale.token()).await.expect("release"));
+    let mut conn = db.connect().await;
+    let mut tx = conn.begin().await.expect("begin");
+    sqlx::query("SAVEPOINT check_it")
+        .execute(&mut *tx)
+        .await
+        .expect("savepoint");
+    assert!(matches!(
+        pglease::assert_held(&mut tx, "data", stale.token()).await,
+        Err(Error::NotHeld { .. })
+    ));
+    sqlx::query("ROLLBACK TO SAVEPOINT check_it")
+        .execute(&mut *tx)
+        .await
+        .expect("roll back to the savepoint");
+    assert!(fenced_on(&db, "data").await.is_empty());
+
+    let b = tokio::time::timeout(BOUND, m.try_acquire("data", "B", LONG))
+        .await
+        .expect("bounded")
+        .expect("B acquires");
+    // The transaction was not ended: it still works and commits.
+    sqlx::query("SELECT 1")
+        .execute(&mut *tx)
+        .await
+        .expect("the transaction is alive");
+    tx.commit().await.expect("commit");
+    m.release("data", b.token()).await.expect("release");
+}
