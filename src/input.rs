@@ -43,28 +43,29 @@ pub(crate) fn check_ttl(ttl: Duration) -> Result<i64> {
 
 /// [`check_ttl`] for any duration the database adds to its clock (a TTL,
 /// a minimum hold), named `argument` in the error.
-pub(crate) fn check_duration(argument: &'static str, ttl: Duration) -> Result<i64> {
-    if ttl.is_zero() {
+pub(crate) fn check_duration(argument: &'static str, duration: Duration) -> Result<i64> {
+    if duration.is_zero() {
         return Err(Error::invalid(argument, "must be greater than zero"));
     }
-    if ttl < Duration::from_micros(1) {
+    if duration < Duration::from_micros(1) {
         return Err(Error::invalid(
             argument,
             format!(
                 "must be at least 1 microsecond (the resolution of a PostgreSQL interval), \
-                 got {ttl:?}"
+                 got {duration:?}"
             ),
         ));
     }
-    if ttl > MAX_TTL {
+    if duration > MAX_TTL {
         return Err(Error::invalid(
             argument,
-            format!("must be at most 7 days, got {ttl:?}"),
+            format!("must be at most 7 days, got {duration:?}"),
         ));
     }
     // At most 7 days, so this cannot overflow an i64 of microseconds.
-    let micros = ttl.as_nanos().div_ceil(1_000);
-    i64::try_from(micros).map_err(|_| Error::invalid(argument, format!("{ttl:?} is too large")))
+    let micros = duration.as_nanos().div_ceil(1_000);
+    i64::try_from(micros)
+        .map_err(|_| Error::invalid(argument, format!("{duration:?} is too large")))
 }
 
 /// Checks a token: tokens are issued from 1 upwards, so zero or less was
