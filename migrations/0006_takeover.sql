@@ -15,23 +15,38 @@
 -- pg_locks shows which sessions hold it (view pglease.fenced).
 --
 -- acquire, when it finds the row locked, takes FOR NO KEY UPDATE, which
--- waits only for another acquirer, renewal or release (short) and never for
--- a fenced transaction; while it holds that lock nobody can renew, release
--- or acquire the lease, so its decision cannot go stale. If the lease is
--- still valid, it reports it held. If the lease has ended (expired or
--- released), every transaction still fenced on it declared a token that is
--- no longer valid: acquire ends their sessions (pg_terminate_backend), so
--- that they roll back and never commit, and takes the lease as soon as their
--- locks are gone. It waits for that at most TAKEOVER_GRACE (1 s, the one
--- literal below); an attempt that cannot finish in that time, or may not end
--- those sessions, returns "not acquired" with a WARNING that says why.
+-- conflicts with another acquirer, a renewal or a release (short) and never
+-- with a fenced transaction; while it holds that lock nobody can renew,
+-- release or acquire the lease, so its decision cannot go stale. If the
+-- lease is still valid, it reports it held. If the lease has ended (expired
+-- or released), every transaction still fenced on it declared a token that
+-- is no longer valid: acquire ends their sessions (pg_terminate_backend),
+-- so that they roll back and never commit, and takes the lease as soon as
+-- their locks are gone.
 --
--- SAFETY. Nothing is ended while its lease is valid: the decision is made
--- on the database clock while renewals are held off. A holder that keeps
--- renewing keeps its fenced transactions for as long as it likes. Only
--- sessions holding the marker of *this* lease are ended (its id, not a
--- hash), never the acquirer's own.
+-- NO WAIT WITHOUT BOUND. acquire takes these locks with SKIP LOCKED and
+-- polls (every 2 ms) instead of queueing, for at most TAKEOVER_GRACE (1 s,
+-- the one literal below) per stage: an attempt answers within about 2 s
+-- whatever holds the row. When it cannot finish, it returns "not acquired"
+-- with a WARNING that says why: it may not end the stale sessions, the row
+-- is locked by something it cannot end (a prepared transaction, a lock
+-- taken without assert_held), or an acquisition, renewal or release of the
+-- lease has stayed uncommitted. In that last case, when the lease has
+-- ended on its committed row, it first ends the transactions fenced on the
+-- lease and waits one more grace: a fenced transaction that renewed or
+-- released the lease itself and then froze holds the row that way (renew
+-- and release belong in transactions of their own).
 --
+-- SAFETY. Nothing is ended while its lease is valid on its committed row:
+-- the decision is made on the database clock, and, but for the case just
+-- described, while renewals are held off. A holder that keeps renewing
+-- keeps its fenced transactions for as long as it likes. Only sessions
+-- holding the marker of *this* lease are ended (its id, not a hash), never
+-- the acquirer's own; a session is ended as a whole, with whatever else its
+-- transaction did, and a session whose fenced transaction ends in the
+-- microseconds between the look-up in pg_locks and the signal is ended all
+-- the same.
+
 -- PRIVILEGE. pg_terminate_backend runs with the rights of the role that owns
 -- these functions (they are SECURITY DEFINER). It may end the sessions of
 -- roles it has the privileges of, or any non-superuser session if it has
@@ -70,73 +85,137 @@ COMMENT ON COLUMN pglease.leases.id IS
     '(1886152293, id) until they end (view pglease.fenced).';
 
 ------------------------------------------------------------------------
--- _take_over(name, lease_id): end the stale fenced transactions.
+-- _end_fenced(name, lease_id): end the sessions fenced on a lease.
 ------------------------------------------------------------------------
 
--- Called by acquire only, while it holds FOR NO KEY UPDATE on the row and
--- has found the lease ended: every session still holding the marker of
--- this lease is fenced under a token that is no longer valid. Ends those
--- sessions and returns true once this transaction holds FOR UPDATE on the
--- row; returns false, with a WARNING, when it may not end them or they do
--- not let go within the grace. Not callable by anyone else: it does not
--- check validity itself.
-CREATE FUNCTION pglease._take_over(name text, lease_id integer)
+-- Ends every session (but this one) that holds the marker of lease_id.
+-- Returns false, with a WARNING, when the role that owns the functions may
+-- not end one of them. Internal: it does not check that the lease has
+-- ended, so nobody but the owner may call it.
+CREATE FUNCTION pglease._end_fenced(name text, lease_id integer)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    -- TAKEOVER_GRACE: the longest an acquisition waits for stale fenced
-    -- transactions to go once it has ended them.
-    give_up timestamptz := clock_timestamp() + interval '1 second';
-    stale   integer;
-    db      oid := (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+    db oid := (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+BEGIN
+    -- One statement, so that the look-up and the signals are as close
+    -- together as they can be. The sessions roll back and exit; their
+    -- locks go with them.
+    PERFORM pg_terminate_backend(k.pid)
+       FROM pg_locks AS k
+      WHERE k.locktype = 'advisory' AND k.database = db
+        AND k.classid = 1886152293 AND k.objid = lease_id::oid AND k.objsubid = 2
+        AND k.granted AND k.pid <> pg_backend_pid();
+    RETURN true;
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE WARNING USING
+        MESSAGE = format('pglease: lease %L has ended, but sessions %s still hold it in '
+                         'transactions fenced under an earlier token, and role %I, which owns '
+                         'the pglease functions, may not end them (%s)',
+                         _end_fenced.name,
+                         (SELECT string_agg(k.pid::text, ', ') FROM pg_locks AS k
+                           WHERE k.locktype = 'advisory' AND k.database = db
+                             AND k.classid = 1886152293 AND k.objid = lease_id::oid
+                             AND k.objsubid = 2 AND k.granted),
+                         current_user, SQLERRM),
+        HINT = format('GRANT pg_signal_backend TO %I (sessions of superusers can only be '
+                      'ended by a superuser); until then the lease is free only once those '
+                      'transactions end.', current_user);
+    RETURN false;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._end_fenced(text, integer) FROM PUBLIC;
+
+------------------------------------------------------------------------
+-- _take_over(name): lock an ended lease from its stale holders.
+------------------------------------------------------------------------
+
+-- Called by acquire only, once FOR UPDATE SKIP LOCKED has found the row
+-- locked by someone else. Returns true when this transaction holds FOR
+-- UPDATE on the row and the lease has ended; false when the lease is held
+-- (valid), or cannot be taken within the grace (with a WARNING). See the
+-- top of this file.
+CREATE FUNCTION pglease._take_over(name text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- TAKEOVER_GRACE: how long each stage may wait for locks to go.
+    give_up    timestamptz := clock_timestamp() + interval '1 second';
+    ended_them boolean := false;
+    cur_holder text;
+    cur_expiry timestamptz;
+    cur_id     integer;
 BEGIN
     LOOP
-        PERFORM 1 FROM pglease.leases AS l WHERE l.name = _take_over.name FOR UPDATE SKIP LOCKED;
+        SELECT l.holder, l.expires_at, l.id INTO cur_holder, cur_expiry, cur_id
+          FROM pglease.leases AS l WHERE l.name = _take_over.name FOR NO KEY UPDATE SKIP LOCKED;
         IF FOUND THEN
-            RETURN true;
-        END IF;
-        FOR stale IN
-            SELECT k.pid FROM pg_locks AS k
-             WHERE k.locktype = 'advisory' AND k.database = db
-               AND k.classid = 1886152293 AND k.objid = lease_id::oid AND k.objsubid = 2
-               AND k.granted AND k.pid <> pg_backend_pid()
-        LOOP
-            BEGIN
-                -- The session rolls back its transaction and exits; its
-                -- locks go with it.
-                PERFORM pg_terminate_backend(stale);
-            EXCEPTION WHEN insufficient_privilege THEN
-                RAISE WARNING USING
-                    MESSAGE = format('pglease: lease %L has ended, but session %s still holds it '
-                                     'in a transaction fenced under an earlier token, and role %I, '
-                                     'which owns the pglease functions, may not end that session (%s)',
-                                     _take_over.name, stale, current_user, SQLERRM),
-                    HINT = format('GRANT pg_signal_backend TO %I (sessions of superusers can only '
-                                  'be ended by a superuser); until then the lease is free only '
-                                  'once that transaction ends.', current_user);
+            -- Nobody can renew, release or acquire the lease now: decide.
+            IF cur_holder IS NOT NULL AND clock_timestamp() < cur_expiry THEN
                 RETURN false;
-            END;
-        END LOOP;
-        IF clock_timestamp() >= give_up THEN
-            RAISE WARNING USING
-                MESSAGE = format('pglease: lease %L has ended, but its row is still locked after '
-                                 '1 s by a transaction that pglease cannot end (one that locks the '
-                                 'row without pglease.assert_held, a prepared transaction, or a '
-                                 'session that does not exit)', _take_over.name);
+            END IF;
+            -- It has ended: the transactions still fenced on it are stale.
+            LOOP
+                PERFORM 1 FROM pglease.leases AS l
+                 WHERE l.name = _take_over.name FOR UPDATE SKIP LOCKED;
+                IF FOUND THEN
+                    RETURN true;
+                END IF;
+                IF NOT pglease._end_fenced(_take_over.name, cur_id) THEN
+                    RETURN false;
+                END IF;
+                IF clock_timestamp() >= give_up THEN
+                    RAISE WARNING USING MESSAGE = format(
+                        'pglease: lease %L has ended, but its row is still locked after 1 s by a '
+                        'transaction that pglease cannot end (one that locked the row without '
+                        'pglease.assert_held, a prepared transaction, or a session that does not '
+                        'exit)', _take_over.name);
+                    RETURN false;
+                END IF;
+                PERFORM pg_sleep(0.002);
+            END LOOP;
+        END IF;
+        -- An acquisition, renewal or release of the lease has not committed
+        -- yet (usually a matter of milliseconds). Meanwhile, a lease that
+        -- is valid on its committed row is simply held.
+        SELECT l.holder, l.expires_at, l.id INTO cur_holder, cur_expiry, cur_id
+          FROM pglease.leases AS l WHERE l.name = _take_over.name;
+        IF cur_holder IS NOT NULL AND clock_timestamp() < cur_expiry THEN
             RETURN false;
+        END IF;
+        IF clock_timestamp() >= give_up THEN
+            IF ended_them THEN
+                RAISE WARNING USING MESSAGE = format(
+                    'pglease: lease %L has ended, but its row has been locked for over 1 s by an '
+                    'acquisition, renewal or release of it that has not committed (a transaction '
+                    'left open: call acquire, renew and release in transactions of their own)',
+                    _take_over.name);
+                RETURN false;
+            END IF;
+            -- Ended on its committed row for the whole grace: a fenced
+            -- transaction that renewed or released the lease itself and
+            -- froze holds the row so. End the fenced ones; wait once more.
+            IF NOT pglease._end_fenced(_take_over.name, cur_id) THEN
+                RETURN false;
+            END IF;
+            ended_them := true;
+            give_up := clock_timestamp() + interval '1 second';
         END IF;
         PERFORM pg_sleep(0.002);
     END LOOP;
 END
 $$;
 
-REVOKE ALL ON FUNCTION pglease._take_over(text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglease._take_over(text) FROM PUBLIC;
 
-COMMENT ON FUNCTION pglease._take_over(text, integer) IS
-    'Internal to pglease.acquire: end the sessions still fenced on an ended lease '
-    'and lock its row FOR UPDATE within 1 s.';
+COMMENT ON FUNCTION pglease._take_over(text) IS
+    'Internal to pglease.acquire: lock an ended lease FOR UPDATE, ending the sessions '
+    'still fenced on it, within about 2 s.';
 
 ------------------------------------------------------------------------
 -- acquire(name, holder, ttl)
@@ -144,8 +223,8 @@ COMMENT ON FUNCTION pglease._take_over(text, integer) IS
 
 -- As in 0004_lean_checks.sql, except for the locking once the fast path has
 -- found the lease free or expired: FOR UPDATE SKIP LOCKED when nobody else
--- locks the row (the usual case, one row lock as before); otherwise FOR NO
--- KEY UPDATE, a decision, and _take_over for an ended lease.
+-- locks the row (the usual case, one row lock as before); otherwise
+-- _take_over.
 CREATE OR REPLACE FUNCTION pglease.acquire(name text, holder text, ttl interval)
 RETURNS pglease.acquisition
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -156,8 +235,8 @@ DECLARE
     checked    text;
     cur_holder text;
     cur_expiry timestamptz;
-    cur_id     integer;
     found_row  boolean;
+    taken      boolean;
     t          timestamptz;
     result     pglease.acquisition;
 BEGIN
@@ -193,21 +272,14 @@ BEGIN
     SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
       FROM pglease.leases AS l WHERE l.name = acquire.name FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
-        -- Locked by another acquirer, a renewal or release that is about to
-        -- commit, or transactions fenced on the lease. FOR NO KEY UPDATE
-        -- waits for the first three only, and from then on nobody can
-        -- renew, release or acquire the lease until this transaction ends.
-        SELECT l.holder, l.expires_at, l.id INTO cur_holder, cur_expiry, cur_id
-          FROM pglease.leases AS l WHERE l.name = acquire.name FOR NO KEY UPDATE;
-        t := clock_timestamp();
-        IF cur_holder IS NOT NULL AND t < cur_expiry THEN
-            RETURN ROW(NULL, cur_expiry, cur_holder, t)::pglease.acquisition;
-        END IF;
-        -- The lease has ended and cannot be renewed any more: transactions
-        -- still fenced on it are stale. End them, then lock FOR UPDATE.
-        IF NOT pglease._take_over(acquire.name, cur_id) THEN
-            -- Not acquired: expires_at is in the past (or holder NULL),
-            -- which tells the caller the lease is pinned, not held.
+        taken := pglease._take_over(acquire.name);
+        -- Either way, the committed row: locked by this transaction if
+        -- taken; otherwise it says who holds the lease, or, if the lease
+        -- has ended (expires_at <= checked_at, or holder NULL), that a
+        -- transaction that could not be ended pins it.
+        SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
+          FROM pglease.leases AS l WHERE l.name = acquire.name;
+        IF NOT taken THEN
             RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp())::pglease.acquisition;
         END IF;
     END IF;
@@ -241,7 +313,7 @@ $$;
 
 COMMENT ON FUNCTION pglease.acquire(text, text, interval) IS
     'Acquire lease NAME for HOLDER for TTL if it is free or expired, ending the '
-    'sessions of transactions still fenced on an ended lease (within 1 s). Returns '
+    'sessions of transactions still fenced on an ended lease. Answers within about 2 s. Returns '
     '(token, expires_at, holder, checked_at); token is NULL when not acquired, and '
     'then expires_at and holder describe the current holder (expires_at <= checked_at: '
     'the lease has ended but a transaction that could not be ended still holds it).';
@@ -252,9 +324,10 @@ COMMENT ON FUNCTION pglease.acquire(text, text, interval) IS
 
 -- As in 0004_lean_checks.sql, plus the marker by which an acquisition
 -- after the lease has ended finds this transaction (and ends it): the
--- shared advisory lock (1886152293, id) until the transaction ends. The guard trigger of protected tables calls this again at each
--- write; taking a lock this transaction already holds costs a look-up in
--- the session's own lock table.
+-- shared advisory lock (1886152293, id) until the transaction ends. The
+-- guard trigger of protected tables calls this again at each write; taking
+-- a lock this transaction already holds costs a look-up in the session's
+-- own lock table.
 CREATE OR REPLACE FUNCTION pglease.assert_held(name text, token bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -266,6 +339,7 @@ DECLARE
     cur_holder   text;
     cur_expiry   timestamptz;
     cur_released timestamptz;
+    cur_id       integer;
     t            timestamptz;
     declared     text;
 BEGIN
@@ -277,13 +351,8 @@ BEGIN
 
     -- FOR KEY SHARE lasts until the caller's transaction ends and blocks
     -- the key update every acquisition makes (see LOCKS in 0001_core.sql).
-    -- The marker is taken in the same statement, to save a second one: if
-    -- the check below fails, the error that it raises undoes both locks
-    -- with the (sub)transaction it aborts, so no marker outlives a failed
-    -- check.
-    SELECT l.token, l.holder, l.expires_at, l.released_at,
-           pg_advisory_xact_lock_shared(1886152293, l.id)
-      INTO cur_token, cur_holder, cur_expiry, cur_released, checked
+    SELECT l.token, l.holder, l.expires_at, l.released_at, l.id
+      INTO cur_token, cur_holder, cur_expiry, cur_released, cur_id
       FROM pglease.leases AS l WHERE l.name = assert_held.name FOR KEY SHARE;
     -- The clock is read after the lock is held.
     t := clock_timestamp();
@@ -310,6 +379,19 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'LE001',
             MESSAGE = format('pglease: lease %L is not held under token %s: it expired at %s (database time now %s)',
                              assert_held.name, assert_held.token, cur_expiry, t);
+    END IF;
+
+    -- The marker, taken only once the token is found valid (a session is
+    -- never ended for a check that fails). A try, so that nobody can make
+    -- checks wait by holding the key exclusively: then this transaction
+    -- is not marked, and an acquisition after the lease has ended cannot
+    -- end it (it reports the lease pinned instead).
+    IF NOT pg_try_advisory_xact_lock_shared(1886152293, cur_id) THEN
+        RAISE WARNING USING MESSAGE = format(
+            'pglease: lease %L: advisory lock (1886152293, %s) is held exclusively by another '
+            'session, so this transaction is not marked as fenced, and an acquisition after '
+            'the lease ends cannot end it; that key space (0x706c6665) is pglease''s',
+            assert_held.name, cur_id);
     END IF;
 
     -- Record the declaration for the rest of the transaction (protected

@@ -24,7 +24,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Pool settings for leases: at most 8 connections, and on each new
 /// connection `client_connection_check_interval = 1s` (PostgreSQL 14 and
-/// later), so that the server abandons a statement whose client has gone.
+/// later, where the platform supports it), so that the server abandons a
+/// statement whose client has gone.
 /// [`LeaseManager::connect`](crate::LeaseManager::connect) uses them; if you
 /// build your own pool, start from these (or set the same parameter in
 /// your own `after_connect`, or for the role: `ALTER ROLE app SET
@@ -32,16 +33,19 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn pool_options() -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(8)
-        .after_connect(|connection, _| {
-            Box::pin(async move {
-                abandon_when_gone(connection).await?;
-                Ok(())
-            })
-        })
+        .after_connect(|connection, _| Box::pin(abandon_when_gone(connection)))
 }
 
+/// Sets [`ABANDON_WHEN_GONE`] where the server allows it. On platforms
+/// without the support the server refuses any value but 0: the connection
+/// is then used without it rather than refused.
 async fn abandon_when_gone(connection: &mut PgConnection) -> sqlx::Result<()> {
-    sqlx::query(ABANDON_WHEN_GONE).execute(connection).await?;
+    if let Err(error) = sqlx::query(ABANDON_WHEN_GONE).execute(connection).await {
+        if error.as_database_error().is_none() {
+            return Err(error);
+        }
+        tracing::debug!(%error, "client_connection_check_interval not set");
+    }
     Ok(())
 }
 

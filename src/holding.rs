@@ -76,10 +76,15 @@ pub(crate) struct Shared {
     pub(crate) listener: OnceLock<Listener>,
     pub(crate) counters: Counters,
     shut_down: AtomicBool,
-    /// Releases sent in the background (dropped leases, abandoned
-    /// acquisitions, leases given up locally): `shutdown` waits for them,
-    /// so that a process that stops cleanly leaves nothing held.
-    releases: TaskTracker,
+    /// Work that may leave a lease held if it is cut short: acquisition
+    /// attempts on tasks of their own, releases sent in the background
+    /// (dropped leases, abandoned acquisitions, leases given up locally),
+    /// and `hold` calls until their lease is registered. `shutdown` waits
+    /// for all of it, so that a process that stops cleanly leaves nothing
+    /// held.
+    pub(crate) background: TaskTracker,
+    /// Bumped each time a renewal statement's outcome has been applied.
+    applied: watch::Sender<u64>,
 }
 
 impl Shared {
@@ -94,7 +99,8 @@ impl Shared {
             listener: OnceLock::new(),
             counters: Counters::default(),
             shut_down: AtomicBool::new(false),
-            releases: TaskTracker::new(),
+            background: TaskTracker::new(),
+            applied: watch::channel(0).0,
         }
     }
 
@@ -109,9 +115,10 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn forget(&self, lease: &Lease) {
+    /// Stops renewing `lease`; returns its registry entry if it had one.
+    fn forget(&self, lease: &Lease) -> Option<Entry> {
         self.registry()
-            .remove(&(lease.name().to_owned(), lease.token()));
+            .remove(&(lease.name().to_owned(), lease.token()))
     }
 }
 
@@ -383,8 +390,9 @@ impl HeldLease {
     /// # Cancel safety
     ///
     /// Dropped before the database answers, the lease is neither renewed
-    /// in the background nor released: it expires at its last expiry, or
-    /// `after` from now if the statement got through.
+    /// in the background nor released: it expires a TTL after the last
+    /// renewal that got through, or `after` from now if this statement
+    /// got through.
     pub async fn expire_in(mut self, after: Duration) -> Result<DateTime<Utc>> {
         check_duration("after", after)?;
         if let Some(reason) = self.state.check() {
@@ -392,8 +400,18 @@ impl HeldLease {
         }
         // From here on neither renewed nor released (not even by Drop).
         self.released = true;
-        self.manager.shared().forget(&self.state.lease);
+        let shared = self.manager.shared();
+        let mut applied = shared.applied.subscribe();
+        let in_flight = shared
+            .forget(&self.state.lease)
+            .is_some_and(|e| e.in_flight);
         self.state.fire(LossReason::Released);
+        if in_flight {
+            // A renewal already sent would, landing after the statement
+            // below, set the expiry to a TTL from then: let it land first.
+            let limit = shared.options.renew_timeout_value();
+            let _ = tokio::time::timeout(limit, applied.changed()).await;
+        }
         self.manager.renew(self.name(), self.token(), after).await
     }
 
@@ -433,7 +451,7 @@ pub(crate) fn release_in_background(shared: &Arc<Shared>, lease: &Lease) {
     let pool = shared.pool.clone();
     let limit = shared.options.renew_timeout_value();
     let (name, token) = (lease.name().to_owned(), lease.token());
-    shared.releases.spawn_on(
+    shared.background.spawn_on(
         async move {
             let release = sqlx::query(sql::RELEASE)
                 .bind(&name)
@@ -467,6 +485,9 @@ impl LeaseManager {
         // The TTL as renewals send it, validated and converted once.
         let pg_ttl = interval(ttl)?;
         let timing = self.shared().options.timing(ttl)?;
+        // Until the lease is registered (or released, if a shutdown came
+        // first), `shutdown` waits for this call.
+        let _busy = self.shared().background.token();
         let (lease, sent) = self.acquire_sent(name, holder, ttl, max_wait).await?;
         Ok(self.register(lease, sent, timing, pg_ttl))
     }
@@ -565,12 +586,13 @@ impl LeaseManager {
         }
         // Leases dropped before this call, acquisitions nobody took
         // delivery of and leases given up locally are being released in
-        // the background: wait for those too, so that a process that
-        // returns from `main` after this leaves nothing held. Each of them
-        // gives up after `limit` by itself.
-        shared.releases.close();
+        // the background, and attempts may still be in the database (they
+        // answer within about 2 s, and `hold` then releases what it got,
+        // since the manager is shut down): wait for those too, so that a
+        // process that returns from `main` after this leaves nothing held.
+        shared.background.close();
         let background = limit + Duration::from_secs(1);
-        if tokio::time::timeout(background, shared.releases.wait())
+        if tokio::time::timeout(background, shared.background.wait())
             .await
             .is_err()
         {
@@ -846,6 +868,8 @@ fn apply(shared: &Arc<Shared>, outcome: BatchOutcome) {
                     entry.renew_at = now + retry_delay(entry.failures, entry.state.timing.period);
                 }
             }
+            drop(registry);
+            shared.applied.send_modify(|n| *n = n.wrapping_add(1));
             shared.wake.notify_one();
             return;
         }
@@ -901,6 +925,8 @@ fn apply(shared: &Arc<Shared>, outcome: BatchOutcome) {
         .counters
         .leases_renewed
         .fetch_add(renewed, Ordering::Relaxed);
+    drop(registry);
+    shared.applied.send_modify(|n| *n = n.wrapping_add(1));
 }
 
 /// Backoff between renewal retries: 10 ms doubling, at most a quarter of the

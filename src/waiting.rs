@@ -529,7 +529,9 @@ impl LeaseManager {
         let (reply, answer) = oneshot::channel();
         let manager = self.clone();
         let (name, holder) = (name.to_owned(), holder.to_owned());
-        tokio::spawn(async move {
+        // Tracked, so that `shutdown` waits for an attempt still in the
+        // database and for the release of what it acquired for nobody.
+        self.shared().background.spawn(async move {
             let outcome = manager.attempt(&name, &holder, ttl).await;
             // If the waiter is gone, the returned delivery is dropped here.
             let _ = reply.send(Delivery {
@@ -614,13 +616,17 @@ impl LeaseManager {
         let mut watched = false;
         loop {
             let (current, expires_at, checked_at) =
-                match self.attempt_detached(name, holder, ttl).await? {
-                    Attempt::Acquired { lease, sent } => return Ok((lease, sent)),
-                    Attempt::Held {
+                match self.attempt_detached(name, holder, ttl).await {
+                    Ok(Attempt::Acquired { lease, sent }) => return Ok((lease, sent)),
+                    Ok(Attempt::Held {
                         holder,
                         expires_at,
                         checked_at,
-                    } => (holder, expires_at, checked_at),
+                    }) => (holder, expires_at, checked_at),
+                    // Acquired so late that it was lost before its
+                    // confirming renewal: another attempt, while allowed.
+                    Err(Error::Lost { .. }) if Instant::now() < deadline => continue,
+                    Err(error) => return Err(error),
                 };
             let pinned = pinned(current.as_deref(), expires_at, checked_at);
             let now = Instant::now();

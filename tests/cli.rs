@@ -296,6 +296,19 @@ async fn min_hold_keeps_a_short_job_from_running_again_too_soon() {
     let status = m.inspect("job").await.expect("inspect");
     assert!(status.held, "released at exit despite --min-hold");
     let token = status.token;
+    // Kept until about acquisition + 2 s: not released, and not simply
+    // left to run out its 10 s TTL.
+    let kept: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM expires_at - acquired_at)::float8 \
+           FROM pglease.leases WHERE name = 'job'",
+    )
+    .fetch_one(db.pool())
+    .await
+    .expect("read the lease row");
+    assert!(
+        (2.0..5.0).contains(&kept),
+        "kept for {kept} s after acquisition"
+    );
 
     let second = pglease(&db, &["run", "job", "--ttl", "10s", "--", "true"]);
     assert_eq!(code(&second), 3, "{}", stderr(&second));
@@ -347,9 +360,11 @@ async fn a_run_held_up_in_the_database_past_its_ttl_runs_its_command() {
     .stdout(Stdio::piped())
     .spawn()
     .expect("start pglease run");
-    db.until_lock_wait(None).await;
+    db.until_acquiring(None).await;
+    // Longer than the TTL, shorter than the 2 s after which the attempt
+    // would give up.
     let since = db.db_now().await;
-    db.wait_until_db_time(since + chrono::Duration::milliseconds(2500))
+    db.wait_until_db_time(since + chrono::Duration::milliseconds(1200))
         .await;
     blocker.rollback().await.expect("X gives up");
     let out = tokio::task::spawn_blocking(move || child.wait_with_output())
@@ -398,8 +413,8 @@ async fn run_interrupted_while_acquiring_exits_without_its_command() {
     .stderr(Stdio::piped())
     .spawn()
     .expect("start pglease run");
-    // run's first attempt blocks.
-    db.until_lock_wait(None).await;
+    // run's first attempt is held up in the database.
+    db.until_acquiring(None).await;
     kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).expect("SIGINT");
     let mut err_pipe = child.stderr.take().expect("stderr is piped");
     // Exits while its attempt is still blocked (killed, failing, otherwise).
@@ -409,19 +424,9 @@ async fn run_interrupted_while_acquiring_exits_without_its_command() {
     assert_eq!(status.code(), Some(128 + 2), "{err}");
     assert!(err.contains("did not run"), "{err}");
 
-    // The server notices that the client is gone and ends the waiting
-    // statement; only then does X give up.
-    poll_until("the abandoned attempt to end", BOUND, || async {
-        let waiting: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
-              WHERE datname = current_database() AND wait_event_type = 'Lock')",
-        )
-        .fetch_one(db.pool())
-        .await
-        .expect("read pg_stat_activity");
-        !waiting
-    })
-    .await;
+    // The attempt ends (the server notices that the client is gone, or it
+    // gives up by itself); only then does X give up.
+    db.until_not_acquiring().await;
     blocker.rollback().await.expect("X gives up");
     let status = db.manager().inspect("job").await.expect("inspect");
     assert_eq!(status.token, Some(old.token()), "nobody acquired it since");

@@ -140,3 +140,46 @@ async fn a_service_stopped_by_sigterm_hands_its_lease_over_at_once() {
     );
     m.release("job", b.token()).await.expect("release");
 }
+
+/// `shutdown()` called while an acquisition is still in the database (the
+/// work that asked for it was dropped) waits for it: what it acquires for
+/// nobody is released before `shutdown()` returns, and the runtime may end
+/// right after.
+#[tokio::test]
+async fn shutdown_waits_for_an_acquisition_still_in_the_database() {
+    let db = TestDb::new().await;
+    let (_, blocker) = db.held_up(&db.manager(), "job").await;
+    let options = db.options().application_name("stopping");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (shutting_down, shutting) = tokio::sync::oneshot::channel::<()>();
+    let service = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let m = LeaseManager::connect_with(options, BOUND)
+                .await
+                .expect("connect");
+            tokio::select! {
+                held = m.hold("job", "svc", TTL, BOUND) => panic!("acquired too early: {held:?}"),
+                _ = stopped => {}
+            }
+            let _ = shutting_down.send(());
+            m.shutdown().await.expect("shutdown");
+        });
+    });
+    db.until_acquiring(Some("stopping")).await;
+    stop.send(()).expect("stop the service");
+    shutting.await.expect("the service shuts down");
+    // The attempt still in the database now goes through.
+    blocker.rollback().await.expect("X gives up");
+    tokio::task::spawn_blocking(move || service.join())
+        .await
+        .expect("join")
+        .expect("the service thread");
+
+    let status = db.manager().inspect("job").await.expect("inspect");
+    assert_eq!(status.holder.as_deref(), None, "{status:?}");
+    assert!(!status.held, "still held for {:?}", status.remaining);
+}

@@ -59,8 +59,12 @@ async fn holder_process() {
         let slept = sqlx::query("SELECT pg_sleep(600)").execute(&mut *tx).await;
         println!("statement: {}", outcome(slept.map(|_| ())));
     } else {
-        let mut line = String::new();
-        let _ = std::io::stdin().read_line(&mut line);
+        // Off the runtime's thread, so that renewal goes on until SIGSTOP.
+        let _ = tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line)
+        })
+        .await;
     }
     let wrote = sqlx::query(insert)
         .bind(held.token())
@@ -397,7 +401,7 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
         .await
         .expect("connect as the application");
     let old = as_app
-        .try_acquire("job", "A", Duration::from_millis(300))
+        .try_acquire("job", "A", Duration::from_secs(1))
         .await
         .expect("A acquires");
     let mut tx = as_app

@@ -387,10 +387,16 @@ where
 fn pinned_hint(e: &Error) -> String {
     format!(
         "pglease: not acquired: {e}.\n\
-         To let pglease end such transactions, a superuser runs \
-         `GRANT pg_signal_backend TO <owner of the pglease schema>`; \
-         see `pglease migrate`'s note."
+         If the database's warning says that the owner of the pglease functions may not end \
+         that session, a superuser runs `GRANT pg_signal_backend TO <that owner>` \
+         (`pglease migrate` names it)."
     )
+}
+
+/// The message for an acquisition lost before its confirming renewal (it
+/// arrived so late that the lease had expired again).
+fn lost_on_arrival(e: &Error) -> String {
+    format!("pglease: not acquired: acquired too late to be kept: {e}")
 }
 
 async fn acquire(
@@ -434,6 +440,10 @@ async fn acquire(
                 "pglease: not acquired: {name:?} is held by {current:?} until {}",
                 expires_at.to_rfc3339()
             );
+            Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
+        }
+        Err(e @ Error::Lost { .. }) => {
+            eprintln!("{}", lost_on_arrival(&e));
             Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
         }
         Err(e @ Error::Pinned { .. }) => {
@@ -732,6 +742,10 @@ fn not_acquired(e: Error) -> Outcome {
         }
         e @ Error::Pinned { .. } => {
             eprintln!("{}", pinned_hint(&e));
+            Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
+        }
+        e @ Error::Lost { .. } => {
+            eprintln!("{}", lost_on_arrival(&e));
             Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
         }
         e => Err((e, "run")),

@@ -267,9 +267,10 @@ impl TestDb {
 
     /// Lease `name` acquired by `m` for 300 ms and expired, then acquired
     /// again by "X" in a transaction that stays open (returned): until it
-    /// ends, any other acquisition of `name` waits inside the database
-    /// (behind X's row lock), as one does behind an acquisition or a
-    /// release that is slow to commit.
+    /// ends, any other acquisition of `name` is held up inside the
+    /// database behind X's row lock, as behind an acquisition or a release
+    /// that is slow to commit, for up to about 2 s (then it reports the
+    /// lease pinned).
     pub async fn held_up(
         &self,
         m: &LeaseManager,
@@ -316,18 +317,39 @@ impl TestDb {
     }
 
     /// Waits until a session of this database (with `application_name`
-    /// `app`, if given) waits for a lock.
-    pub async fn until_lock_wait(&self, app: Option<&str>) {
+    /// `app`, if given) is running `pglease.acquire`: held up inside the
+    /// database, as behind [`TestDb::held_up`]'s open acquisition.
+    pub async fn until_acquiring(&self, app: Option<&str>) {
         poll_until(
-            "a session to wait for a lock",
+            "a session to be held up in pglease.acquire",
             Duration::from_secs(30),
             || async {
                 sqlx::query_scalar(
                     "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
-                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
-                    AND ($1::text IS NULL OR application_name = $1))",
+                      WHERE datname = current_database() AND state = 'active' \
+                        AND query LIKE '%pglease.acquire(%' AND pid <> pg_backend_pid() \
+                        AND ($1::text IS NULL OR application_name = $1))",
                 )
                 .bind(app)
+                .fetch_one(self.pool())
+                .await
+                .expect("read pg_stat_activity")
+            },
+        )
+        .await;
+    }
+
+    /// Waits until no session of this database runs `pglease.acquire`.
+    pub async fn until_not_acquiring(&self) {
+        poll_until(
+            "no session to be in pglease.acquire",
+            Duration::from_secs(30),
+            || async {
+                sqlx::query_scalar(
+                    "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity \
+                      WHERE datname = current_database() AND state = 'active' \
+                        AND query LIKE '%pglease.acquire(%' AND pid <> pg_backend_pid())",
+                )
                 .fetch_one(self.pool())
                 .await
                 .expect("read pg_stat_activity")
