@@ -85,20 +85,30 @@ COMMENT ON COLUMN pglease.leases.id IS
     '(1886152293, id) until they end (view pglease.fenced).';
 
 ------------------------------------------------------------------------
+-- Why an attempt was not acquired, in its answer.
+------------------------------------------------------------------------
+
+-- acquire's answer gains a column: NULL, except when the lease has ended
+-- but could not be taken, where it says why (the same text as the WARNING,
+-- for callers who cannot read the server's log).
+ALTER TYPE pglease.acquisition ADD ATTRIBUTE note text;
+
+------------------------------------------------------------------------
 -- _end_fenced(name, lease_id): end the sessions fenced on a lease.
 ------------------------------------------------------------------------
 
 -- Ends every session (but this one) that holds the marker of lease_id.
--- Returns false, with a WARNING, when the role that owns the functions may
--- not end one of them. Internal: it does not check that the lease has
--- ended, so nobody but the owner may call it.
+-- Returns NULL, or, when the role that owns the functions may not end one
+-- of them, why (and raises it as a WARNING). Internal: it does not check
+-- that the lease has ended, so nobody but the owner may call it.
 CREATE FUNCTION pglease._end_fenced(name text, lease_id integer)
-RETURNS boolean
+RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    db oid := (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+    db   oid := (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+    note text;
 BEGIN
     -- One statement, so that the look-up and the signals are as close
     -- together as they can be. The sessions roll back and exit; their
@@ -108,22 +118,19 @@ BEGIN
       WHERE k.locktype = 'advisory' AND k.database = db
         AND k.classid = 1886152293 AND k.objid = lease_id::oid AND k.objsubid = 2
         AND k.granted AND k.pid <> pg_backend_pid();
-    RETURN true;
+    RETURN NULL;
 EXCEPTION WHEN insufficient_privilege THEN
-    RAISE WARNING USING
-        MESSAGE = format('pglease: lease %L has ended, but sessions %s still hold it in '
-                         'transactions fenced under an earlier token, and role %I, which owns '
-                         'the pglease functions, may not end them (%s)',
-                         _end_fenced.name,
-                         (SELECT string_agg(k.pid::text, ', ') FROM pg_locks AS k
-                           WHERE k.locktype = 'advisory' AND k.database = db
-                             AND k.classid = 1886152293 AND k.objid = lease_id::oid
-                             AND k.objsubid = 2 AND k.granted),
-                         current_user, SQLERRM),
-        HINT = format('GRANT pg_signal_backend TO %I (sessions of superusers can only be '
-                      'ended by a superuser); until then the lease is free only once those '
-                      'transactions end.', current_user);
-    RETURN false;
+    note := format('sessions %s are fenced on it under an earlier token, and role %I, which '
+                   'owns the pglease functions, may not end them (%s); a superuser can allow '
+                   'it: GRANT pg_signal_backend TO %I (sessions of superusers only a superuser '
+                   'can end)',
+                   (SELECT string_agg(k.pid::text, ', ' ORDER BY k.pid) FROM pg_locks AS k
+                     WHERE k.locktype = 'advisory' AND k.database = db
+                       AND k.classid = 1886152293 AND k.objid = lease_id::oid
+                       AND k.objsubid = 2 AND k.granted AND k.pid <> pg_backend_pid()),
+                   current_user, SQLERRM, current_user);
+    RAISE WARNING USING MESSAGE = format('pglease: lease %L has ended, but %s', _end_fenced.name, note);
+    RETURN note;
 END
 $$;
 
@@ -134,12 +141,12 @@ REVOKE ALL ON FUNCTION pglease._end_fenced(text, integer) FROM PUBLIC;
 ------------------------------------------------------------------------
 
 -- Called by acquire only, once FOR UPDATE SKIP LOCKED has found the row
--- locked by someone else. Returns true when this transaction holds FOR
--- UPDATE on the row and the lease has ended; false when the lease is held
--- (valid), or cannot be taken within the grace (with a WARNING). See the
--- top of this file.
+-- locked by someone else. Returns NULL when this transaction holds FOR
+-- UPDATE on the row and the lease has ended; '' when the lease is held
+-- (valid); otherwise why it cannot be taken within the grace (also raised
+-- as a WARNING). See the top of this file.
 CREATE FUNCTION pglease._take_over(name text)
-RETURNS boolean
+RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -150,6 +157,7 @@ DECLARE
     cur_holder text;
     cur_expiry timestamptz;
     cur_id     integer;
+    note       text;
 BEGIN
     LOOP
         SELECT l.holder, l.expires_at, l.id INTO cur_holder, cur_expiry, cur_id
@@ -157,25 +165,26 @@ BEGIN
         IF FOUND THEN
             -- Nobody can renew, release or acquire the lease now: decide.
             IF cur_holder IS NOT NULL AND clock_timestamp() < cur_expiry THEN
-                RETURN false;
+                RETURN '';
             END IF;
             -- It has ended: the transactions still fenced on it are stale.
             LOOP
                 PERFORM 1 FROM pglease.leases AS l
                  WHERE l.name = _take_over.name FOR UPDATE SKIP LOCKED;
                 IF FOUND THEN
-                    RETURN true;
+                    RETURN NULL;
                 END IF;
-                IF NOT pglease._end_fenced(_take_over.name, cur_id) THEN
-                    RETURN false;
+                note := pglease._end_fenced(_take_over.name, cur_id);
+                IF note IS NOT NULL THEN
+                    RETURN note;
                 END IF;
                 IF clock_timestamp() >= give_up THEN
-                    RAISE WARNING USING MESSAGE = format(
-                        'pglease: lease %L has ended, but its row is still locked after 1 s by a '
-                        'transaction that pglease cannot end (one that locked the row without '
-                        'pglease.assert_held, a prepared transaction, or a session that does not '
-                        'exit)', _take_over.name);
-                    RETURN false;
+                    note := 'its row is still locked after 1 s by a transaction that pglease '
+                            'cannot end: one that locked the row without pglease.assert_held, '
+                            'a prepared transaction, or a session that does not exit';
+                    RAISE WARNING USING MESSAGE = format('pglease: lease %L has ended, but %s',
+                                                         _take_over.name, note);
+                    RETURN note;
                 END IF;
                 PERFORM pg_sleep(0.002);
             END LOOP;
@@ -186,22 +195,23 @@ BEGIN
         SELECT l.holder, l.expires_at, l.id INTO cur_holder, cur_expiry, cur_id
           FROM pglease.leases AS l WHERE l.name = _take_over.name;
         IF cur_holder IS NOT NULL AND clock_timestamp() < cur_expiry THEN
-            RETURN false;
+            RETURN '';
         END IF;
         IF clock_timestamp() >= give_up THEN
             IF ended_them THEN
-                RAISE WARNING USING MESSAGE = format(
-                    'pglease: lease %L has ended, but its row has been locked for over 1 s by an '
-                    'acquisition, renewal or release of it that has not committed (a transaction '
-                    'left open: call acquire, renew and release in transactions of their own)',
-                    _take_over.name);
-                RETURN false;
+                note := 'its row has been locked for over 1 s by an acquisition, renewal or '
+                        'release of it that has not committed (a transaction left open: call '
+                        'acquire, renew and release in transactions of their own)';
+                RAISE WARNING USING MESSAGE = format('pglease: lease %L has ended, but %s',
+                                                     _take_over.name, note);
+                RETURN note;
             END IF;
             -- Ended on its committed row for the whole grace: a fenced
             -- transaction that renewed or released the lease itself and
             -- froze holds the row so. End the fenced ones; wait once more.
-            IF NOT pglease._end_fenced(_take_over.name, cur_id) THEN
-                RETURN false;
+            note := pglease._end_fenced(_take_over.name, cur_id);
+            IF note IS NOT NULL THEN
+                RETURN note;
             END IF;
             ended_them := true;
             give_up := clock_timestamp() + interval '1 second';
@@ -215,7 +225,7 @@ REVOKE ALL ON FUNCTION pglease._take_over(text) FROM PUBLIC;
 
 COMMENT ON FUNCTION pglease._take_over(text) IS
     'Internal to pglease.acquire: lock an ended lease FOR UPDATE, ending the sessions '
-    'still fenced on it, within about 2 s.';
+    'still fenced on it, within about 2 s; otherwise say why not.';
 
 ------------------------------------------------------------------------
 -- acquire(name, holder, ttl)
@@ -236,7 +246,7 @@ DECLARE
     cur_holder text;
     cur_expiry timestamptz;
     found_row  boolean;
-    taken      boolean;
+    note       text;
     t          timestamptz;
     result     pglease.acquisition;
 BEGIN
@@ -256,7 +266,7 @@ BEGIN
     found_row := FOUND;
     t := clock_timestamp();
     IF cur_holder IS NOT NULL AND t < cur_expiry THEN
-        RETURN ROW(NULL, cur_expiry, cur_holder, t)::pglease.acquisition;
+        RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL)::pglease.acquisition;
     END IF;
 
     IF NOT found_row THEN
@@ -272,21 +282,22 @@ BEGIN
     SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
       FROM pglease.leases AS l WHERE l.name = acquire.name FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
-        taken := pglease._take_over(acquire.name);
+        note := pglease._take_over(acquire.name);
         -- Either way, the committed row: locked by this transaction if
         -- taken; otherwise it says who holds the lease, or, if the lease
         -- has ended (expires_at <= checked_at, or holder NULL), that a
-        -- transaction that could not be ended pins it.
+        -- transaction that could not be ended pins it, and note says why.
         SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
           FROM pglease.leases AS l WHERE l.name = acquire.name;
-        IF NOT taken THEN
-            RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp())::pglease.acquisition;
+        IF note IS NOT NULL THEN
+            RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(),
+                       nullif(note, ''))::pglease.acquisition;
         END IF;
     END IF;
     -- Decide on the latest row version and a clock read after the lock.
     t := clock_timestamp();
     IF cur_holder IS NOT NULL AND t < cur_expiry THEN
-        RETURN ROW(NULL, cur_expiry, cur_holder, t)::pglease.acquisition;
+        RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL)::pglease.acquisition;
     END IF;
 
     -- Durable whatever the session's synchronous_commit (see DURABILITY
@@ -314,9 +325,10 @@ $$;
 COMMENT ON FUNCTION pglease.acquire(text, text, interval) IS
     'Acquire lease NAME for HOLDER for TTL if it is free or expired, ending the '
     'sessions of transactions still fenced on an ended lease. Answers within about 2 s. Returns '
-    '(token, expires_at, holder, checked_at); token is NULL when not acquired, and '
+    '(token, expires_at, holder, checked_at, note); token is NULL when not acquired, and '
     'then expires_at and holder describe the current holder (expires_at <= checked_at: '
-    'the lease has ended but a transaction that could not be ended still holds it).';
+    'the lease has ended but a transaction that could not be ended still holds it, and '
+    'note says why).';
 
 ------------------------------------------------------------------------
 -- assert_held(name, token)

@@ -88,20 +88,14 @@ pub enum Error {
         expires_at: DateTime<Utc>,
     },
 
-    /// The lease has ended (expired or released), but a transaction fenced
-    /// on it under an earlier token still holds its row, and the database
-    /// could not end that transaction: the role that owns the `pglease`
-    /// functions may not end its session (it needs `pg_signal_backend`), or
-    /// the transaction did not let go within the takeover grace (1 s). The
-    /// database logs a WARNING that says which. The lease can be acquired
-    /// once that transaction ends; a waiting acquisition keeps trying until
-    /// its `max_wait`.
-    #[error(
-        "lease {name:?} has ended (at {ended_at}), but a transaction that {} fenced on it still \
-         holds it and could not be ended; it is free once that transaction ends (the database \
-         log says why: usually the owner of the pglease functions lacks pg_signal_backend)",
-        .holder.as_deref().map_or_else(|| "its last holder".to_owned(), |h| format!("{h:?}"))
-    )]
+    /// The lease has ended (expired or released), but its row is still
+    /// held by a transaction that the database could not end within the
+    /// takeover grace: typically a transaction fenced on it under an
+    /// earlier token whose session the role that owns the `pglease`
+    /// functions may not end (it needs `pg_signal_backend`); `reason` says
+    /// which. The lease can be acquired once that transaction ends; a
+    /// waiting acquisition keeps trying until its `max_wait`.
+    #[error("lease {name:?} has ended (at {ended_at}) but cannot be taken yet: {reason}")]
     Pinned {
         /// The lease name.
         name: String,
@@ -109,6 +103,9 @@ pub enum Error {
         holder: Option<String>,
         /// When the lease ended, on the database clock.
         ended_at: DateTime<Utc>,
+        /// What holds it, from the database (the same text as the WARNING
+        /// in the server's log).
+        reason: String,
     },
 
     /// The database rejected a guarded check or write: the token is stale,

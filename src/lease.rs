@@ -275,7 +275,8 @@ impl LeaseManager {
                 holder,
                 expires_at,
                 checked_at,
-            } => Err(Attempt::refusal(name, holder, expires_at, checked_at)),
+                note,
+            } => Err(Attempt::refusal(name, holder, expires_at, checked_at, note)),
         }
     }
 

@@ -3,8 +3,10 @@
 //! at the function it calls, in `migrations/`.
 
 /// Acquire if free or expired. Database clock (`clock_timestamp()` after the
-/// row lock); read-only when the lease is held.
-pub(crate) const ACQUIRE: &str = "SELECT token, expires_at, holder, checked_at \
+/// row lock); read-only when the lease is held; ends the sessions still
+/// fenced on an ended lease; answers within about 2 s, with a note saying
+/// why an ended lease could not be taken.
+pub(crate) const ACQUIRE: &str = "SELECT token, expires_at, holder, checked_at, note \
      FROM pglease.acquire($1, $2, $3)";
 
 /// Extend a valid lease; NULL when lost. Database clock at the row update.

@@ -68,6 +68,8 @@ pub(crate) enum Attempt {
         /// The database time of the decision, to turn `expires_at` into a
         /// wait without comparing clocks.
         checked_at: DateTime<Utc>,
+        /// Why an ended lease could not be taken.
+        note: Option<String>,
     },
 }
 
@@ -79,6 +81,7 @@ impl Attempt {
         holder: Option<String>,
         expires_at: DateTime<Utc>,
         checked_at: DateTime<Utc>,
+        note: Option<String>,
     ) -> Error {
         let pinned = pinned(holder.as_deref(), expires_at, checked_at);
         match holder {
@@ -91,6 +94,9 @@ impl Attempt {
                 name: name.to_owned(),
                 holder,
                 ended_at: expires_at,
+                reason: note.unwrap_or_else(|| {
+                    "a transaction that the database could not end holds its row".to_owned()
+                }),
             },
         }
     }
@@ -477,6 +483,7 @@ impl LeaseManager {
                 holder: current_holder,
                 expires_at,
                 checked_at,
+                note: row.try_get("note")?,
             });
         };
         let lease = Lease::new(
@@ -615,14 +622,15 @@ impl LeaseManager {
         let mut watching: Option<Watching> = None;
         let mut watched = false;
         loop {
-            let (current, expires_at, checked_at) =
+            let (current, expires_at, checked_at, note) =
                 match self.attempt_detached(name, holder, ttl).await {
                     Ok(Attempt::Acquired { lease, sent }) => return Ok((lease, sent)),
                     Ok(Attempt::Held {
                         holder,
                         expires_at,
                         checked_at,
-                    }) => (holder, expires_at, checked_at),
+                        note,
+                    }) => (holder, expires_at, checked_at, note),
                     // Acquired so late that it was lost before its
                     // confirming renewal: another attempt, while allowed.
                     Err(Error::Lost { .. }) if Instant::now() < deadline => continue,
@@ -631,7 +639,9 @@ impl LeaseManager {
             let pinned = pinned(current.as_deref(), expires_at, checked_at);
             let now = Instant::now();
             if now >= deadline {
-                return Err(Attempt::refusal(name, current, expires_at, checked_at));
+                return Err(Attempt::refusal(
+                    name, current, expires_at, checked_at, note,
+                ));
             }
             if shared.is_shut_down() {
                 return Err(Error::ShutDown);

@@ -253,7 +253,10 @@ async fn a_lock_taken_without_assert_held_pins_the_lease_within_a_bound() {
         .expect("lock the row");
     db.wait_until_db_time(old.expires_at()).await;
     match tokio::time::timeout(BOUND, m.try_acquire("data", "B", LONG)).await {
-        Ok(Err(Error::Pinned { holder, .. })) => assert_eq!(holder.as_deref(), Some("A")),
+        Ok(Err(Error::Pinned { holder, reason, .. })) => {
+            assert_eq!(holder.as_deref(), Some("A"));
+            assert!(reason.contains("cannot end"), "{reason}");
+        }
         other => panic!("expected Pinned within {BOUND:?}, got {other:?}"),
     }
     tx.commit().await.expect("the lock goes");

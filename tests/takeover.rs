@@ -417,9 +417,20 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
 
     let b = LeaseManager::new(as_app.pool().clone());
     match tokio::time::timeout(BOUND, b.try_acquire("job", "B", LONG)).await {
-        Ok(Err(Error::Pinned { name, holder, .. })) => {
+        Ok(Err(Error::Pinned {
+            name,
+            holder,
+            reason,
+            ..
+        })) => {
             assert_eq!(name, "job");
             assert_eq!(holder.as_deref(), Some("A"));
+            // The answer itself says what is missing, for callers who
+            // cannot read the server's log.
+            assert!(
+                reason.contains(&format!("GRANT pg_signal_backend TO {owner}")),
+                "{reason}"
+            );
         }
         other => panic!("expected Pinned at once, got {other:?}"),
     }

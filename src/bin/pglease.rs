@@ -262,10 +262,18 @@ async fn connect(options: &PgConnectOptions, timeout: Duration) -> Result<LeaseM
     LeaseManager::connect_with(options.clone(), timeout)
         .await
         .map_err(|e| {
+            // The server answered and refused (a role, a password or a
+            // database that does not exist), or it could not be reached.
+            let answered = matches!(&e, Error::Database(db) if db.as_database_error().is_some());
+            let next = if answered {
+                "Check the user, password and database name in --database-url or DATABASE_URL \
+                 (or PGUSER, PGPASSWORD, PGDATABASE)."
+            } else {
+                "Set --database-url or DATABASE_URL (or PGHOST, PGPORT, PGUSER, PGDATABASE) \
+                 to a reachable server."
+            };
             eprintln!(
-                "pglease: cannot connect to PostgreSQL at {}:{}: {e}\n\
-                 Set --database-url or DATABASE_URL (or PGHOST, PGPORT, PGUSER, PGDATABASE) \
-                 to a reachable server.",
+                "pglease: cannot connect to PostgreSQL at {}:{}: {e}\n{next}",
                 options.get_host(),
                 options.get_port()
             );
@@ -385,18 +393,17 @@ where
 /// The message for a lease found pinned: the library's explanation and
 /// what to do about it.
 fn pinned_hint(e: &Error) -> String {
-    format!(
-        "pglease: not acquired: {e}.\n\
-         If the database's warning says that the owner of the pglease functions may not end \
-         that session, a superuser runs `GRANT pg_signal_backend TO <that owner>` \
-         (`pglease migrate` names it)."
-    )
+    format!("pglease: not acquired: {e}")
 }
 
 /// The message for an acquisition lost before its confirming renewal (it
 /// arrived so late that the lease had expired again).
 fn lost_on_arrival(e: &Error) -> String {
-    format!("pglease: not acquired: acquired too late to be kept: {e}")
+    format!(
+        "pglease: not acquired: the answer came later than a third of the TTL, and the lease \
+         had expired before a renewal could confirm it ({e}); use a --ttl well above the time \
+         a round trip to the database takes"
+    )
 }
 
 async fn acquire(
