@@ -104,8 +104,8 @@ ALTER TYPE pglease.acquisition ADD ATTRIBUTE note text;
 
 -- Ends every session (but this one) that holds the marker of lease_id.
 -- Returns NULL, or, when the role that owns the functions may not end one
--- of them, why (and raises it as a WARNING). Internal: it does not check
--- that the lease has ended, so nobody but the owner may call it.
+-- of them, why. Internal: it does not check that the lease has ended, so
+-- nobody but the owner may call it.
 CREATE FUNCTION pglease._end_fenced(name text, lease_id integer)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -134,7 +134,6 @@ EXCEPTION WHEN insufficient_privilege THEN
                        AND k.classid = 1886152293 AND k.objid = lease_id::oid
                        AND k.objsubid = 2 AND k.granted AND k.pid <> pg_backend_pid()),
                    current_user, SQLERRM, current_user);
-    RAISE WARNING USING MESSAGE = format('pglease: lease %L has ended, but %s', _end_fenced.name, note);
     RETURN note;
 END
 $$;
@@ -148,8 +147,8 @@ REVOKE ALL ON FUNCTION pglease._end_fenced(text, integer) FROM PUBLIC;
 -- Called by acquire only, once FOR UPDATE SKIP LOCKED has found the row
 -- locked by someone else. Returns NULL when this transaction holds FOR
 -- UPDATE on the row and the lease has ended; '' when the lease is held
--- (valid); otherwise why it cannot be taken within the grace (also raised
--- as a WARNING). See the top of this file.
+-- (valid); otherwise why it cannot be taken within the grace. See the top
+-- of this file.
 CREATE FUNCTION pglease._take_over(name text)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -184,12 +183,9 @@ BEGIN
                     RETURN note;
                 END IF;
                 IF clock_timestamp() >= give_up THEN
-                    note := 'its row is still locked after 1 s by a transaction that pglease '
-                            'cannot end: one that locked the row without pglease.assert_held, '
-                            'a prepared transaction, or a session that does not exit';
-                    RAISE WARNING USING MESSAGE = format('pglease: lease %L has ended, but %s',
-                                                         _take_over.name, note);
-                    RETURN note;
+                    RETURN 'its row is still locked after 1 s by a transaction that pglease '
+                           'cannot end: one that locked the row without pglease.assert_held, '
+                           'a prepared transaction, or a session that does not exit';
                 END IF;
                 PERFORM pg_sleep(0.002);
             END LOOP;
@@ -204,12 +200,9 @@ BEGIN
         END IF;
         IF clock_timestamp() >= give_up THEN
             IF ended_them THEN
-                note := 'its row has been locked for over 1 s by an acquisition, renewal or '
-                        'release of it that has not committed (a transaction left open: call '
-                        'acquire, renew and release in transactions of their own)';
-                RAISE WARNING USING MESSAGE = format('pglease: lease %L has ended, but %s',
-                                                     _take_over.name, note);
-                RETURN note;
+                RETURN 'its row has been locked for over 1 s by an acquisition, renewal or '
+                       'release of it that has not committed (a transaction left open: call '
+                       'acquire, renew and release in transactions of their own)';
             END IF;
             -- Ended on its committed row for the whole grace: a fenced
             -- transaction that renewed or released the lease itself and
@@ -295,6 +288,11 @@ BEGIN
         SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
           FROM pglease.leases AS l WHERE l.name = acquire.name;
         IF note IS NOT NULL THEN
+            IF note <> '' THEN
+                -- For the server's log (the caller gets it in the answer).
+                RAISE WARNING USING MESSAGE = format('pglease: lease %L has ended, but %s',
+                                                     acquire.name, note);
+            END IF;
             RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(),
                        nullif(note, ''))::pglease.acquisition;
         END IF;

@@ -8,13 +8,24 @@ mod common;
 use std::time::Duration;
 
 use common::{TestDb, create_data_table, data_value};
-use pglease::{Error, LeaseManager};
+use pglease::{Error, Lease, LeaseManager};
 use sqlx::Connection;
 
 const LONG: Duration = Duration::from_secs(600);
 /// A bound for liveness: far above the takeover grace (1 s), far below
 /// "waits until the stale transaction ends by itself" (never, here).
 const BOUND: Duration = Duration::from_secs(10);
+
+/// B's one attempt at lease "data", bounded: it must end the stale
+/// transaction that holds the row and take the lease, with a larger token.
+async fn b_takes_over(m: &LeaseManager, old: &Lease) -> Lease {
+    let b = tokio::time::timeout(BOUND, m.try_acquire("data", "B", LONG))
+        .await
+        .expect("B's acquisition must not wait for A's transaction")
+        .expect("B acquires");
+    assert!(b.token() > old.token());
+    b
+}
 
 /// The sessions fenced on lease `name` right now.
 async fn fenced_on(db: &TestDb, name: &str) -> Vec<i32> {
@@ -48,11 +59,7 @@ async fn an_acquisition_after_expiry_ends_the_stale_fenced_transaction() {
     db.wait_until_db_time(old.expires_at()).await;
 
     // One attempt, bounded: it ends A's session and takes the lease.
-    let b = tokio::time::timeout(BOUND, m.try_acquire("data", "B", LONG))
-        .await
-        .expect("B's acquisition must not wait for A's transaction")
-        .expect("B acquires");
-    assert!(b.token() > old.token());
+    let b = b_takes_over(&m, &old).await;
     assert!(fenced_on(&db, "data").await.is_empty());
 
     // A's transaction never commits, and its write is gone.
@@ -109,11 +116,7 @@ async fn a_released_lease_is_taken_at_once_from_its_open_fenced_transaction() {
 
     // The released lease is free; the transaction that still holds A's
     // check is stale, and the acquisition ends it.
-    let b = tokio::time::timeout(BOUND, m.try_acquire("data", "B", LONG))
-        .await
-        .expect("B's acquisition must not wait for A's transaction")
-        .expect("B acquires");
-    assert!(b.token() > lease.token());
+    b_takes_over(&m, &lease).await;
     assert!(
         tx.commit().await.is_err(),
         "A's stale transaction committed"
@@ -191,10 +194,7 @@ async fn a_failed_check_rolled_back_to_a_savepoint_leaves_no_marker() {
         .expect("roll back to the savepoint");
     assert!(fenced_on(&db, "data").await.is_empty());
 
-    let b = tokio::time::timeout(BOUND, m.try_acquire("data", "B", LONG))
-        .await
-        .expect("bounded")
-        .expect("B acquires");
+    let b = b_takes_over(&m, &stale).await;
     // The transaction was not ended: it still works and commits.
     sqlx::query("SELECT 1")
         .execute(&mut *tx)
@@ -223,11 +223,7 @@ async fn a_fenced_transaction_that_renewed_inside_itself_is_ended_after_the_grac
         .await
         .expect("A renews inside its fenced transaction");
     db.wait_until_db_time(old.expires_at()).await;
-    let b = tokio::time::timeout(BOUND, m.try_acquire("data", "B", LONG))
-        .await
-        .expect("B's acquisition answers within a bound")
-        .expect("B acquires");
-    assert!(b.token() > old.token());
+    b_takes_over(&m, &old).await;
     assert!(
         tx.commit().await.is_err(),
         "A's stale transaction committed"

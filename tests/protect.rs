@@ -224,32 +224,6 @@ async fn unprotect_lifts_the_protection_and_bad_input_is_rejected() {
     assert_eq!(data_value(&db).await, "updated");
 }
 
-/// The SQLSTATE `sql` fails with when run as `role`, or `None` if it
-/// succeeds (and commits).
-async fn as_role(db: &TestDb, role: &str, sql: &'static str) -> Option<String> {
-    let mut conn = db.connect().await;
-    let mut tx = conn.begin().await.expect("begin");
-    sqlx::query(sqlx::AssertSqlSafe(format!("SET LOCAL ROLE {role}")))
-        .execute(&mut *tx)
-        .await
-        .expect("become the role");
-    match sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .execute(&mut *tx)
-        .await
-    {
-        Ok(_) => {
-            tx.commit().await.expect("commit");
-            None
-        }
-        Err(e) => Some(
-            e.as_database_error()
-                .and_then(|d| d.code())
-                .map(|c| c.into_owned())
-                .unwrap_or_else(|| panic!("{sql}: not a database error: {e}")),
-        ),
-    }
-}
-
 /// A role granted every privilege on a table (TRIGGER included) may not
 /// point its protection at a lease it controls, nor lift it; a member of
 /// the owning role may.
@@ -280,14 +254,15 @@ async fn only_the_table_owner_may_protect_or_unprotect_it() {
         .protect("ledger", "ledger-lease")
         .await
         .expect("the owner protects");
+    let set_role = format!("SET LOCAL ROLE {app}");
     assert_eq!(
-        as_role(&db, &app, "SELECT pglease.protect('ledger', 'other')")
+        rejection(&db, &set_role, "SELECT pglease.protect('ledger', 'other')")
             .await
             .as_deref(),
         Some("42501")
     );
     assert_eq!(
-        as_role(&db, &app, "SELECT pglease.unprotect('ledger')")
+        rejection(&db, &set_role, "SELECT pglease.unprotect('ledger')")
             .await
             .as_deref(),
         Some("42501")
@@ -310,7 +285,7 @@ async fn only_the_table_owner_may_protect_or_unprotect_it() {
             .expect("owning role");
     }
     assert_eq!(
-        as_role(&db, &app, "SELECT pglease.unprotect('ledger')").await,
+        rejection(&db, &set_role, "SELECT pglease.unprotect('ledger')").await,
         None
     );
 

@@ -18,6 +18,22 @@ const BOUND: Duration = Duration::from_secs(30);
 /// Far longer than the tests: a lease left held would still be held.
 const TTL: Duration = Duration::from_secs(600);
 
+/// Runs `service` on a runtime of its own, on a thread of its own: when it
+/// returns, the runtime ends with every task it had not run, as when a
+/// service's `main` returns.
+fn on_own_runtime<F>(service: F) -> std::thread::JoinHandle<()>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(service);
+    })
+}
+
 /// A service's last steps on a runtime of its own, as in a `main` that
 /// returns right after `shutdown()`: the runtime, and every task still on
 /// it, is gone afterwards.
@@ -25,24 +41,17 @@ const TTL: Duration = Duration::from_secs(600);
 async fn a_lease_dropped_before_shutdown_is_released_before_it_returns() {
     let db = TestDb::new().await;
     let pool_options = db.options();
-    let service = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let m = LeaseManager::connect_with(pool_options, BOUND)
-                .await
-                .expect("connect");
-            let held = m
-                .hold("job", "svc", TTL, Duration::ZERO)
-                .await
-                .expect("hold");
-            // As when the work future that held it is dropped.
-            drop(held);
-            m.shutdown().await.expect("shutdown");
-        });
-        // The runtime ends here, with whatever it had not run.
+    let service = on_own_runtime(async move {
+        let m = LeaseManager::connect_with(pool_options, BOUND)
+            .await
+            .expect("connect");
+        let held = m
+            .hold("job", "svc", TTL, Duration::ZERO)
+            .await
+            .expect("hold");
+        // As when the work future that held it is dropped.
+        drop(held);
+        m.shutdown().await.expect("shutdown");
     });
     service.join().expect("the service thread");
 
@@ -152,22 +161,16 @@ async fn shutdown_waits_for_an_acquisition_still_in_the_database() {
     let options = db.options().application_name("stopping");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (shutting_down, shutting) = tokio::sync::oneshot::channel::<()>();
-    let service = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let m = LeaseManager::connect_with(options, BOUND)
-                .await
-                .expect("connect");
-            tokio::select! {
-                held = m.hold("job", "svc", TTL, BOUND) => panic!("acquired too early: {held:?}"),
-                _ = stopped => {}
-            }
-            let _ = shutting_down.send(());
-            m.shutdown().await.expect("shutdown");
-        });
+    let service = on_own_runtime(async move {
+        let m = LeaseManager::connect_with(options, BOUND)
+            .await
+            .expect("connect");
+        tokio::select! {
+            held = m.hold("job", "svc", TTL, BOUND) => panic!("acquired too early: {held:?}"),
+            _ = stopped => {}
+        }
+        let _ = shutting_down.send(());
+        m.shutdown().await.expect("shutdown");
     });
     db.until_acquiring(Some("stopping")).await;
     stop.send(()).expect("stop the service");

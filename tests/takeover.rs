@@ -16,7 +16,7 @@ use common::{TestDb, poll_until};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use pglease::{Error, LeaseManager};
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
+use sqlx::{AssertSqlSafe, Connection};
 
 const BOUND: Duration = Duration::from_secs(30);
 const LONG: Duration = Duration::from_secs(600);
@@ -312,26 +312,12 @@ impl Drop for RolesDb {
     fn drop(&mut self) {
         drop(self.db.take());
         let roles = std::mem::take(&mut self.roles);
-        let server = common::server();
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                if let Ok(mut admin) = server.connect().await {
-                    for role in roles {
-                        let _ = sqlx::query(AssertSqlSafe(format!("DROP ROLE IF EXISTS {role}")))
-                            .execute(&mut admin)
-                            .await;
-                    }
-                    let _ = admin.close().await;
-                }
-            });
-        })
-        .join();
+        common::cleanup(
+            roles
+                .into_iter()
+                .map(|role| format!("DROP ROLE IF EXISTS {role}"))
+                .collect(),
+        );
     }
 }
 

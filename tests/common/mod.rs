@@ -378,30 +378,37 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let name = self.name.clone();
-        let server = server();
-        // Dropping must finish before the test ends, but Drop cannot await:
-        // do it on a thread with its own runtime and wait for it.
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                if let Ok(mut admin) = server.connect().await {
-                    let _ = sqlx::query(AssertSqlSafe(format!(
-                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                    )))
-                    .execute(&mut admin)
-                    .await;
-                    let _ = admin.close().await;
-                }
-            });
-        })
-        .join();
+        cleanup(vec![format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        )]);
     }
+}
+
+/// Runs `statements` on a connection of its own to the server, ignoring
+/// failures: clean-up that must finish before a test ends but runs in
+/// `Drop`, which cannot await, so on a thread with its own runtime.
+pub fn cleanup(statements: Vec<String>) {
+    let server = server();
+    let _ = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async move {
+            if let Ok(mut admin) = server.connect().await {
+                for statement in statements {
+                    let _ = sqlx::query(AssertSqlSafe(statement))
+                        .execute(&mut admin)
+                        .await;
+                }
+                let _ = admin.close().await;
+            }
+        });
+    })
+    .join();
 }
 
 /// Polls `check` every 10 ms until it yields true, failing after `limit`:
