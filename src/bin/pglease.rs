@@ -390,22 +390,6 @@ where
     }
 }
 
-/// The message for a lease found pinned: the library's explanation and
-/// what to do about it.
-fn pinned_hint(e: &Error) -> String {
-    format!("pglease: not acquired: {e}")
-}
-
-/// The message for an acquisition lost before its confirming renewal (it
-/// arrived so late that the lease had expired again).
-fn lost_on_arrival(e: &Error) -> String {
-    format!(
-        "pglease: not acquired: the answer came later than a third of the TTL, and the lease \
-         had expired before a renewal could confirm it ({e}); use a --ttl well above the time \
-         a round trip to the database takes"
-    )
-}
-
 async fn acquire(
     manager: &LeaseManager,
     name: &str,
@@ -432,44 +416,22 @@ async fn acquire(
             print_lease(&lease, json);
             Ok(ExitCode::SUCCESS)
         }
-        Err(Error::Held {
-            holder: current,
-            expires_at,
-            ..
-        }) => {
-            if json {
-                println!(
-                    "{}",
-                    lease_json(name, Some(&current), None, Some(expires_at))
-                );
-            }
-            eprintln!(
-                "pglease: not acquired: {name:?} is held by {current:?} until {}",
-                expires_at.to_rfc3339()
-            );
-            Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
-        }
-        Err(e @ Error::Lost { .. }) => {
-            eprintln!("{}", lost_on_arrival(&e));
-            Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
-        }
-        Err(e @ Error::Pinned { .. }) => {
-            if let (
-                true,
+        Err(e) => {
+            // The lease as found, in JSON, when it was held or pinned.
+            let found = match &e {
+                Error::Held {
+                    holder, expires_at, ..
+                } => Some(lease_json(name, Some(holder), None, Some(*expires_at))),
                 Error::Pinned {
                     holder, ended_at, ..
-                },
-            ) = (json, &e)
-            {
-                println!(
-                    "{}",
-                    lease_json(name, holder.as_deref(), None, Some(*ended_at))
-                );
+                } => Some(lease_json(name, holder.as_deref(), None, Some(*ended_at))),
+                _ => None,
+            };
+            if let (true, Some(found)) = (json, found) {
+                println!("{found}");
             }
-            eprintln!("{}", pinned_hint(&e));
-            Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
+            not_acquired(e, "acquire")
         }
-        Err(e) => Err((e, "acquire")),
     }
 }
 
@@ -627,7 +589,7 @@ async fn run(
     let held: HeldLease = tokio::select! {
         held = acquisition => match held {
             Ok(held) => held,
-            Err(e) => return not_acquired(e),
+            Err(e) => return not_acquired(e, "run"),
         },
         _ = sigterm.recv() => return interrupted(name, 15),
         _ = sigint.recv() => return interrupted(name, 2),
@@ -734,29 +696,27 @@ fn forward(pgid: Pid, signal: Signal, forwarded: &mut bool) {
     }
 }
 
-fn not_acquired(e: Error) -> Outcome {
+/// Exit 3 with the reason for an acquisition refused (held, pinned, or
+/// lost before it could be confirmed); any other error is `what` failing.
+fn not_acquired(e: Error, what: &'static str) -> Outcome {
     match e {
         Error::Held {
             name,
             holder,
             expires_at,
-        } => {
-            eprintln!(
-                "pglease: not acquired: {name:?} is held by {holder:?} until {}",
-                expires_at.to_rfc3339()
-            );
-            Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
-        }
-        e @ Error::Pinned { .. } => {
-            eprintln!("{}", pinned_hint(&e));
-            Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
-        }
-        e @ Error::Lost { .. } => {
-            eprintln!("{}", lost_on_arrival(&e));
-            Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
-        }
-        e => Err((e, "run")),
+        } => eprintln!(
+            "pglease: not acquired: {name:?} is held by {holder:?} until {}",
+            expires_at.to_rfc3339()
+        ),
+        Error::Pinned { .. } => eprintln!("pglease: not acquired: {e}"),
+        Error::Lost { .. } => eprintln!(
+            "pglease: not acquired: the answer came later than a third of the TTL, and the \
+             lease had expired before a renewal could confirm it ({e}); use a --ttl well above \
+             the time a round trip to the database takes"
+        ),
+        e => return Err((e, what)),
     }
+    Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
 }
 
 /// The minimum hold: the lease is left to expire `left` from now instead of
