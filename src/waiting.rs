@@ -507,24 +507,20 @@ impl LeaseManager {
     /// renewal's send; only a failed renewal makes it a loss.
     async fn confirm(&self, lease: Lease, ttl: PgInterval) -> Result<Attempt> {
         let sent = Instant::now();
-        let renewed: std::result::Result<Option<DateTime<Utc>>, sqlx::Error> =
-            sqlx::query_scalar(sql::RENEW)
-                .bind(lease.name())
-                .bind(lease.token())
-                .bind(ttl)
-                .fetch_one(self.pool())
-                .await;
-        match renewed {
-            Ok(Some(expires_at)) => Ok(Attempt::Acquired {
+        match self
+            .renew(lease.name(), lease.token(), ttl_duration(ttl))
+            .await
+        {
+            Ok(expires_at) => Ok(Attempt::Acquired {
                 lease: lease.confirmed(expires_at),
                 sent,
             }),
-            Ok(None) => Err(self.lost(lease.name(), lease.token()).await),
+            Err(lost @ Error::Lost { .. }) => Err(lost),
             Err(error) => {
                 // Nobody will use a lease whose confirmation failed: give
                 // it back rather than leave it held until it expires.
                 release_in_background(self.shared(), &lease);
-                Err(error.into())
+                Err(error)
             }
         }
     }
