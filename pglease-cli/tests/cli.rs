@@ -2,15 +2,17 @@
 //! status, `run`'s handling of its command, and a `run` paused with SIGSTOP
 //! past its TTL while another worker takes over.
 
+#[path = "../../pglease/tests/common/mod.rs"]
 mod common;
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{TestDb, poll_until};
+use common::{RolesDb, TestDb, poll_until};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use sqlx::AssertSqlSafe;
 
 const BIN: &str = env!("CARGO_BIN_EXE_pglease");
 const BOUND: Duration = Duration::from_secs(30);
@@ -583,4 +585,37 @@ async fn migrate_creates_the_schema_and_the_url_may_follow_the_command() {
     let out = pglease(&db, &["status", "--json"]);
     assert_eq!(code(&out), 0);
     assert_eq!(json(&out), serde_json::json!([]));
+}
+
+/// A schema owner that may not end other roles' sessions cannot take over
+/// a lease frozen inside a fenced transaction: `migrate` says so, with the
+/// exact GRANT, and still succeeds.
+#[tokio::test]
+async fn migrate_names_the_grant_an_owner_without_pg_signal_backend_lacks() {
+    let owner = format!("pglease_cli_owner_{}", std::process::id());
+    let guard = RolesDb {
+        db: Some(TestDb::empty().await),
+        roles: vec![owner.clone()],
+    };
+    let db = guard.db();
+    for sql in [
+        format!("DROP ROLE IF EXISTS {owner}"),
+        format!("CREATE ROLE {owner} LOGIN PASSWORD 'pw'"),
+        format!("GRANT CREATE ON DATABASE {} TO {owner}", db.name()),
+    ] {
+        sqlx::query(AssertSqlSafe(sql.clone()))
+            .execute(db.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let out = Command::new(BIN)
+        .args(["--database-url", &db.url_as(&owner, "pw"), "migrate"])
+        .output()
+        .expect("run pglease migrate");
+    let said = stderr(&out);
+    assert_eq!(code(&out), 0, "{said}");
+    assert!(
+        said.contains(&format!("GRANT pg_signal_backend TO {owner}")),
+        "{said}"
+    );
 }

@@ -801,7 +801,7 @@ async fn demo_in(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
     let outcome = async {
         manager.migrate().await?;
         println!("1. The article's failure: a paused holder's late write\n");
-        pglease::demo::paused_holder(&manager, "report", Duration::from_millis(300), |line| {
+        pglease_cli::demo::paused_holder(&manager, "report", Duration::from_millis(300), |line| {
             println!("  {line}")
         })
         .await?;
@@ -809,7 +809,7 @@ async fn demo_in(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
             "\n2. The same failures against a lease, a session advisory lock and a transaction \
              advisory lock, measured now:\n"
         );
-        let outcomes = pglease::compare::run(&manager, Duration::from_millis(200), |o| {
+        let outcomes = pglease_cli::compare::run(&manager, Duration::from_millis(200), |o| {
             println!(
                 "  {} / {}: {} - {}",
                 o.scenario.label(),
@@ -819,7 +819,7 @@ async fn demo_in(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
             );
         })
         .await?;
-        println!("\n{}", pglease::compare::table(&outcomes));
+        println!("\n{}", pglease_cli::compare::table(&outcomes));
         Ok::<_, Error>(())
     }
     .await;

@@ -2,12 +2,13 @@
 //! stale write is rejected under leases, and the advisory locks' weaknesses
 //! show up where the article predicts (and their strengths where it does).
 
+#[path = "../../pglease/tests/common/mod.rs"]
 mod common;
 
 use std::time::Duration;
 
 use common::TestDb;
-use pglease::compare::{self, Scenario, Variant};
+use pglease_cli::compare::{self, Scenario, Variant};
 
 #[tokio::test]
 async fn every_scenario_against_every_variant() {

@@ -58,7 +58,13 @@ async fn session_locks_exclude_wait_and_leave_no_lock_in_the_pool() {
 
     // Re-entrant: two holds on one session need two unlocks; release
     // clears both before the connection goes back to the pool.
-    assert!(a.relock().await.expect("relock"));
+    let conn = a.connection().expect("the lock's connection");
+    let relocked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        .bind(key)
+        .fetch_one(conn)
+        .await
+        .expect("relock");
+    assert!(relocked);
     assert_eq!(holders(&db, key).await, 1);
     assert!(a.release().await.expect("release"));
     assert_eq!(holders(&db, key).await, 0);

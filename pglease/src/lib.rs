@@ -1,11 +1,9 @@
-#![doc = include_str!("../README.md")]
+#![doc = include_str!("../../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
 mod advisory;
-pub mod compare;
 mod connect;
-pub mod demo;
 mod error;
 mod fence;
 mod fenced;
@@ -14,6 +12,7 @@ mod input;
 mod lease;
 mod migrate;
 mod options;
+#[cfg(feature = "signal")]
 mod signal;
 mod sql;
 mod waiting;
@@ -30,5 +29,6 @@ pub use input::{MAX_NAME_BYTES, MAX_TTL};
 pub use lease::{Lease, LeaseManager, LeaseStatus};
 pub use migrate::MIGRATIONS_TABLE;
 pub use options::ManagerOptions;
+#[cfg(feature = "signal")]
 pub use signal::shutdown_signal;
 pub use waiting::RELEASE_CHANNEL;

@@ -1,6 +1,7 @@
 //! The demo scenario: the paused holder's late write is rejected by the
 //! database and its delayed release is ignored.
 
+#[path = "../../pglease/tests/common/mod.rs"]
 mod common;
 
 use std::time::Duration;
@@ -11,7 +12,7 @@ use common::TestDb;
 async fn demo_shows_paused_holder_rejected_by_the_database() {
     let db = TestDb::new().await;
     let mut lines = Vec::new();
-    pglease::demo::paused_holder(&db.manager(), "demo", Duration::from_millis(100), |l| {
+    pglease_cli::demo::paused_holder(&db.manager(), "demo", Duration::from_millis(100), |l| {
         lines.push(l.to_owned())
     })
     .await

@@ -470,3 +470,29 @@ pub async fn fenced_write(
         })
         .await
 }
+
+/// A scratch database and roles made for it; the roles are dropped after
+/// the database.
+pub struct RolesDb {
+    pub db: Option<TestDb>,
+    pub roles: Vec<String>,
+}
+
+impl RolesDb {
+    pub fn db(&self) -> &TestDb {
+        self.db.as_ref().expect("the database")
+    }
+}
+
+impl Drop for RolesDb {
+    fn drop(&mut self) {
+        drop(self.db.take());
+        let roles = std::mem::take(&mut self.roles);
+        cleanup(
+            roles
+                .into_iter()
+                .map(|role| format!("DROP ROLE IF EXISTS {role}"))
+                .collect(),
+        );
+    }
+}

@@ -130,42 +130,6 @@ impl SessionLock {
             }
         }
     }
-
-    /// Sends an unlock for this lock's key on the holding connection
-    /// without giving the lock up locally: what a delayed duplicate release
-    /// does. Session locks count: after lock, unlock, lock, a duplicate
-    /// unlock frees the second hold.
-    pub async fn unlock_once(&mut self) -> Result<bool> {
-        let Some(conn) = self.conn.as_deref_mut() else {
-            return Ok(false);
-        };
-        let released: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
-            .bind(self.key)
-            .fetch_one(conn)
-            .await?;
-        Ok(released)
-    }
-
-    /// Takes the lock again on the same connection (session locks are
-    /// re-entrant: each lock needs its own unlock).
-    pub async fn relock(&mut self) -> Result<bool> {
-        let Some(conn) = self.conn.as_deref_mut() else {
-            return Ok(false);
-        };
-        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-            .bind(self.key)
-            .fetch_one(conn)
-            .await?;
-        Ok(locked)
-    }
-
-    /// Drops the connection without unlocking or saying goodbye, as a
-    /// process that dies does: the server frees the lock when it notices.
-    pub fn abandon(mut self) {
-        if let Some(conn) = self.conn.take() {
-            drop(conn.detach());
-        }
-    }
 }
 
 impl Drop for SessionLock {

@@ -2,7 +2,7 @@
 //! the host application's own migrations.
 
 use sqlx::migrate::Migrator;
-use sqlx::{Connection, PgConnection};
+use sqlx::postgres::PgPoolOptions;
 
 use crate::error::Result;
 use crate::lease::LeaseManager;
@@ -25,23 +25,37 @@ impl LeaseManager {
     /// advisory lock, so do not call this from inside another migration run
     /// on the same database.
     ///
-    /// Runs on a dedicated connection that is closed afterwards, so that a
+    /// Runs on a connection of its own that is closed afterwards, so that a
     /// failed migration cannot leave that lock held on a pooled connection.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`](crate::Error::Database) if the server cannot be
+    /// reached or a migration fails (nothing of a failed migration stays
+    /// applied: each runs in a transaction);
+    /// [`Error::Migrate`](crate::Error::Migrate) if the database holds a
+    /// `pglease` schema this version does not know (applied by a newer or a
+    /// pre-release version).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future closes its connection; the server then rolls
+    /// back the migration in progress, if any.
     pub async fn migrate(&self) -> Result<()> {
-        let options = self.pool().connect_options();
-        let mut conn = PgConnection::connect_with(&options).await?;
-        // `run_direct` on a plain connection keeps this future `Send`
-        // (`Migrator::run` over `Acquire` is not, for a borrowed connection).
-        let outcome = migrator().run_direct(None, &mut conn, false).await;
+        let one = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .connect_lazy_with(self.pool().connect_options().as_ref().clone());
+        let outcome = migrator().run(&one).await;
         if outcome.is_err() {
             // A failure can leave the migrator's advisory lock held. Free it
             // before returning, not when the server gets round to ending the
             // session after the close below (that happens asynchronously).
             let _ = sqlx::query("SELECT pg_advisory_unlock_all()")
-                .execute(&mut conn)
+                .execute(&one)
                 .await;
         }
-        let _ = conn.close().await;
+        one.close().await;
         outcome?;
         Ok(())
     }

@@ -12,7 +12,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{TestDb, poll_until};
+use common::{RolesDb, TestDb, poll_until};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use pglease::{Error, LeaseManager};
@@ -297,30 +297,6 @@ async fn a_holder_frozen_in_a_long_fenced_statement_is_taken_over() {
 
 /// Two roles made for one test, and its database, all dropped afterwards
 /// (roles are cluster-wide: the database goes first, then the roles).
-struct RolesDb {
-    db: Option<TestDb>,
-    roles: Vec<String>,
-}
-
-impl RolesDb {
-    fn db(&self) -> &TestDb {
-        self.db.as_ref().expect("the database")
-    }
-}
-
-impl Drop for RolesDb {
-    fn drop(&mut self) {
-        drop(self.db.take());
-        let roles = std::mem::take(&mut self.roles);
-        common::cleanup(
-            roles
-                .into_iter()
-                .map(|role| format!("DROP ROLE IF EXISTS {role}"))
-                .collect(),
-        );
-    }
-}
-
 async fn run_sql(db: &TestDb, statements: &[String]) {
     for sql in statements {
         sqlx::query(AssertSqlSafe(sql.clone()))
@@ -332,8 +308,7 @@ async fn run_sql(db: &TestDb, statements: &[String]) {
 
 /// The schema owned by a role that is not a superuser: without
 /// pg_signal_backend it cannot end another role's stale session, and the
-/// lease is reported pinned at once (not a hang); `pglease migrate` says
-/// so. Granted pg_signal_backend, the same acquisition goes through.
+/// lease is reported pinned at once (not a hang). Granted pg_signal_backend, the same acquisition goes through.
 #[tokio::test]
 async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
     let suffix = std::process::id();
@@ -374,15 +349,6 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
             .await
             .expect("set up as the owner");
     }
-    // The command line says what is missing.
-    let out = Command::new(env!("CARGO_BIN_EXE_pglease"))
-        .args(["--database-url", &db.url_as(&owner, "pw"), "migrate"])
-        .output()
-        .expect("run pglease migrate");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{said}");
-    assert!(said.contains("GRANT pg_signal_backend TO"), "{said}");
-
     let as_app = LeaseManager::connect(&db.url_as(&app, "pw"))
         .await
         .expect("connect as the application");

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
-use crate::advisory::{SessionLock, XactLock};
-use crate::error::{Error, Result};
-use crate::lease::LeaseManager;
+use pglease::LeaseManager;
+use pglease::{Error, Result};
+use pglease::{SessionLock, XactLock};
 
 /// A way of guarding a resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -551,8 +551,9 @@ impl Harness {
         let took_over = match variant {
             Variant::SessionLock => {
                 let a = self.session(name).await?;
-                // The process dies: its socket closes without a goodbye.
-                a.abandon();
+                // The process dies: its connection closes and nothing
+                // unlocks first.
+                drop(a);
                 let start = Instant::now();
                 let (b, _) = self
                     .b_session_lock(name, self.unit * 10)
@@ -624,10 +625,10 @@ impl Harness {
 
     async fn duplicate_session(&self, name: &str) -> Result<(bool, Option<Duration>, String)> {
         let mut a = self.session(name).await?;
-        a.unlock_once().await?; // A's release
-        a.relock().await?; // A acquires again, same session
+        unlock_once(&mut a).await?; // A's release
+        relock(&mut a).await?; // A acquires again, same session
         let start = Instant::now();
-        let duplicate = a.unlock_once().await?; // the delayed duplicate
+        let duplicate = unlock_once(&mut a).await?; // the delayed duplicate
         let b = self.m.try_session_lock(name).await?;
         let took_over = b.as_ref().map(|_| start.elapsed());
         let b_got_it = b.is_some();
@@ -841,4 +842,31 @@ fn held(name: &str) -> Error {
         holder: "another session".to_owned(),
         expires_at: DateTime::<Utc>::MAX_UTC,
     }
+}
+
+/// Sends an unlock for the lock's key on its connection without giving the
+/// lock up locally: what a delayed duplicate release does. Session locks
+/// count: after lock, unlock, lock, a duplicate unlock frees the second hold.
+async fn unlock_once(lock: &mut SessionLock) -> Result<bool> {
+    let key = lock.key();
+    let Some(conn) = lock.connection() else {
+        return Ok(false);
+    };
+    Ok(sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+        .bind(key)
+        .fetch_one(conn)
+        .await?)
+}
+
+/// Takes the lock again on the same connection (session locks are
+/// re-entrant: each lock needs its own unlock).
+async fn relock(lock: &mut SessionLock) -> Result<bool> {
+    let key = lock.key();
+    let Some(conn) = lock.connection() else {
+        return Ok(false);
+    };
+    Ok(sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        .bind(key)
+        .fetch_one(conn)
+        .await?)
 }

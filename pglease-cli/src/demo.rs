@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use sqlx::{Connection, PgConnection};
 
-use crate::error::{Error, Result};
-use crate::fenced::assert_held;
-use crate::lease::LeaseManager;
+use pglease::LeaseManager;
+use pglease::assert_held;
+use pglease::{Error, Result};
 
 /// Runs the paused-holder scenario on lease `name`, reporting each step to
 /// `report`. One step of the scenario is `unit` long (the whole run is
