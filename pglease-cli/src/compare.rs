@@ -11,9 +11,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
-use pglease::LeaseManager;
-use pglease::{Error, Result};
-use pglease::{SessionLock, XactLock};
+use pglease::{Acquire, Error, Fence, LeaseManager, Result, SessionLock, Token, XactLock};
 
 /// A way of guarding a resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,11 +267,11 @@ impl Harness {
 
     /// A fenced write: `Ok(true)` if it committed, `Ok(false)` if the
     /// database rejected the token (LE001).
-    async fn fenced_write(&self, name: &str, token: i64, who: &str) -> Result<bool> {
+    async fn fenced_write(&self, lease: &Fence, who: &str) -> Result<bool> {
         let update = self.update();
         let outcome = self
             .m
-            .fenced(name, token, async |conn| {
+            .fenced(lease, async |conn| {
                 sqlx::query(AssertSqlSafe(update))
                     .bind(who)
                     .execute(&mut *conn)
@@ -350,13 +348,19 @@ impl Harness {
 
     async fn paused_lease(&self, name: &str) -> Result<(bool, Option<Duration>, String)> {
         let start = Instant::now();
-        let a = self.m.try_acquire(name, "A", self.ttl()).await?;
+        let a = self
+            .m
+            .acquire(name, Acquire::ttl(self.ttl()).holder("A"))
+            .await?;
         self.pause_until(a.expires_at()).await?;
-        let b = self.m.try_acquire(name, "B", self.ttl()).await?;
+        let b = self
+            .m
+            .acquire(name, Acquire::ttl(self.ttl()).holder("B"))
+            .await?;
         let took_over = start.elapsed();
-        let b_wrote = self.fenced_write(name, b.token(), "B").await?;
-        let a_landed = self.fenced_write(name, a.token(), "A").await?;
-        self.m.release(name, b.token()).await?;
+        let b_wrote = self.fenced_write(b.fence(), "B").await?;
+        let a_landed = self.fenced_write(a.fence(), "A").await?;
+        self.m.release(&b).await?;
         let value = self.value().await?;
         let safe = b_wrote && !a_landed && value == "B";
         Ok((
@@ -436,12 +440,17 @@ impl Harness {
         let start = Instant::now();
         let b = self
             .m
-            .acquire(name, "B", self.ttl(), self.unit * 10)
+            .acquire(
+                name,
+                Acquire::ttl(self.ttl()).holder("B").wait(self.unit * 10),
+            )
             .await?;
         let took_over = start.elapsed();
-        self.fenced_write(name, b.token(), "B").await?;
-        let a_landed = self.fenced_write(name, token, "A").await?;
-        self.m.release(name, b.token()).await?;
+        self.fenced_write(b.fence(), "B").await?;
+        let a_landed = self
+            .fenced_write(&Fence::new(name, Token::new(token)?)?, "A")
+            .await?;
+        self.m.release(&b).await?;
         let value = self.value().await?;
         Ok((
             !a_landed && value == "B",
@@ -523,14 +532,19 @@ impl Harness {
 
     async fn dead_lease(&self, name: &str) -> Result<(bool, Option<Duration>, String)> {
         let start = Instant::now();
-        self.m.try_acquire(name, "A", self.ttl()).await?;
+        self.m
+            .acquire(name, Acquire::ttl(self.ttl()).holder("A"))
+            .await?;
         // A dies here. B waits for the lease.
         let b = self
             .m
-            .acquire(name, "B", self.ttl(), self.unit * 10)
+            .acquire(
+                name,
+                Acquire::ttl(self.ttl()).holder("B").wait(self.unit * 10),
+            )
             .await?;
         let took_over = start.elapsed();
-        self.m.release(name, b.token()).await?;
+        self.m.release(&b).await?;
         Ok((
             b.token() > 0,
             Some(took_over),
@@ -594,19 +608,29 @@ impl Harness {
     // (d) ------------------------------------------------------------
 
     async fn duplicate_lease(&self, name: &str) -> Result<(bool, Option<Duration>, String)> {
-        let first = self.m.try_acquire(name, "A", self.ttl() * 10).await?;
-        self.m.release(name, first.token()).await?;
-        let second = self.m.try_acquire(name, "A", self.ttl() * 10).await?;
-        let duplicate = self.m.release(name, first.token()).await?;
-        let b_got_it = match self.m.try_acquire(name, "B", self.ttl()).await {
+        let first = self
+            .m
+            .acquire(name, Acquire::ttl(self.ttl() * 10).holder("A"))
+            .await?;
+        self.m.release(&first).await?;
+        let second = self
+            .m
+            .acquire(name, Acquire::ttl(self.ttl() * 10).holder("A"))
+            .await?;
+        let duplicate = self.m.release(&first).await?;
+        let b_got_it = match self
+            .m
+            .acquire(name, Acquire::ttl(self.ttl()).holder("B"))
+            .await
+        {
             Ok(b) => {
-                self.m.release(name, b.token()).await?;
+                self.m.release(&b).await?;
                 true
             }
             Err(Error::Held { .. }) => false,
             Err(e) => return Err(e),
         };
-        self.m.release(name, second.token()).await?;
+        self.m.release(&second).await?;
         Ok((
             !duplicate && !b_got_it,
             None,
@@ -679,7 +703,7 @@ impl Harness {
 
     async fn timeout_lease(&self, name: &str) -> Result<(bool, Option<Duration>, String)> {
         let ttl = self.unit * 3;
-        let held = self.m.hold(name, "A", ttl, Duration::ZERO).await?;
+        let held = self.m.hold(name, Acquire::ttl(ttl).holder("A")).await?;
         // Every renewal from now on blocks behind this row lock.
         let mut blocker = PgConnection::connect_with(&self.m.pool().connect_options()).await?;
         let mut tx = blocker.begin().await?;

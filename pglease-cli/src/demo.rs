@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use sqlx::{Connection, PgConnection};
 
-use pglease::LeaseManager;
-use pglease::assert_held;
-use pglease::{Error, Result};
+use pglease::{Acquire, Error, Lease, LeaseManager, Result, assert_held};
 
 /// Runs the paused-holder scenario on lease `name`, reporting each step to
 /// `report`. One step of the scenario is `unit` long (the whole run is
@@ -26,12 +24,14 @@ pub async fn paused_holder(
         .execute(&mut conn)
         .await?;
 
-    let a = manager.try_acquire(name, "worker-A", ttl).await?;
+    let a = manager
+        .acquire(name, Acquire::ttl(ttl).holder("worker-A"))
+        .await?;
     report(&format!(
         "worker-A acquires {name:?} for {ttl:?}: token {}",
         a.token()
     ));
-    write(&mut conn, name, "worker-A", a.token(), &mut report).await?;
+    write(&mut conn, "worker-A", &a, &mut report).await?;
 
     report(&format!(
         "worker-A pauses for {:?} (a GC pause, a stopped VM...): its lease expires",
@@ -39,17 +39,19 @@ pub async fn paused_holder(
     ));
     tokio::time::sleep(unit * 4).await;
 
-    let b = manager.try_acquire(name, "worker-B", ttl).await?;
+    let b = manager
+        .acquire(name, Acquire::ttl(ttl).holder("worker-B"))
+        .await?;
     report(&format!(
         "worker-B acquires the expired lease: token {} > {}",
         b.token(),
         a.token()
     ));
-    write(&mut conn, name, "worker-B", b.token(), &mut report).await?;
+    write(&mut conn, "worker-B", &b, &mut report).await?;
 
     report("worker-A resumes and sends the write it had prepared:");
-    write(&mut conn, name, "worker-A", a.token(), &mut report).await?;
-    let released = manager.release(name, a.token()).await?;
+    write(&mut conn, "worker-A", &a, &mut report).await?;
+    let released = manager.release(&a).await?;
     report(&format!(
         "worker-A's delayed release with token {}: {}",
         a.token(),
@@ -59,7 +61,7 @@ pub async fn paused_holder(
             "ignored, worker-B still holds it"
         }
     ));
-    manager.release(name, b.token()).await?;
+    manager.release(&b).await?;
 
     let rows: Vec<(String, i64)> =
         sqlx::query_as("SELECT written_by, token FROM pglease_demo_data")
@@ -73,13 +75,13 @@ pub async fn paused_holder(
 
 async fn write(
     conn: &mut PgConnection,
-    name: &str,
     who: &str,
-    token: i64,
+    lease: &Lease,
     report: &mut impl FnMut(&str),
 ) -> Result<()> {
+    let token = lease.token();
     let mut tx = conn.begin().await?;
-    match assert_held(&mut tx, name, token).await {
+    match assert_held(&mut tx, lease).await {
         Ok(()) => {
             sqlx::query("INSERT INTO pglease_demo_data VALUES ($1, $2)")
                 .bind(who)
@@ -90,9 +92,9 @@ async fn write(
             report(&format!("  {who} writes under token {token}: committed"));
             Ok(())
         }
-        Err(Error::NotHeld { message }) => {
+        Err(rejected @ Error::NotHeld { .. }) => {
             report(&format!(
-                "  {who} writes under token {token}: REJECTED by PostgreSQL (LE001): {message}"
+                "  {who} writes under token {token}: REJECTED by PostgreSQL (LE001): {rejected}"
             ));
             Ok(())
         }

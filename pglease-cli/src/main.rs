@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 use clap::{Parser, Subcommand};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use pglease::{Error, HeldLease, Lease, LeaseManager, LeaseStatus};
+use pglease::{
+    Acquire, Error, Fence, HeldLease, Lease, LeaseManager, LeaseStatus, Token, default_holder,
+};
 use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
@@ -73,7 +75,7 @@ enum Command {
         name: String,
         /// The token from `acquire`.
         #[arg(long, allow_negative_numbers = true)]
-        token: i64,
+        token: Token,
         /// The new time to live from now.
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: Duration,
@@ -87,7 +89,7 @@ enum Command {
         name: String,
         /// The token from `acquire`.
         #[arg(long, allow_negative_numbers = true)]
-        token: i64,
+        token: Token,
     },
     /// Show one lease, or all of them.
     Status {
@@ -186,15 +188,8 @@ async fn main() -> ExitCode {
             ttl,
             json,
         } => renew(&manager, &name, token, ttl, json).await,
-        Command::Release { name, token } => match manager.release(&name, token).await {
-            Ok(true) => Ok(ExitCode::SUCCESS),
-            Ok(false) => {
-                eprintln!(
-                    "pglease: lease {name:?} was not held under token {token} (already released, \
-                     expired, or taken over): nothing to release"
-                );
-                Ok(ExitCode::from(EXIT_LOST))
-            }
+        Command::Release { name, token } => match fence(&name, token) {
+            Ok(fence) => release(&manager, &fence).await,
             Err(e) => Err((e, "release")),
         },
         Command::Status { name, json } => status(&manager, name.as_deref(), json).await,
@@ -310,24 +305,37 @@ async fn migrate(manager: &LeaseManager) -> Outcome {
 }
 
 /// Host name and process id: unique and readable.
-fn default_holder() -> String {
-    let host = nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "unknown-host".to_owned());
-    format!("{host}:{}", std::process::id())
+/// The fence of a lease named on the command line.
+fn fence(name: &str, token: Token) -> pglease::Result<Fence> {
+    Fence::new(name, token)
+}
+
+async fn release(manager: &LeaseManager, fence: &Fence) -> Outcome {
+    match manager.release(fence).await {
+        Ok(true) => Ok(ExitCode::SUCCESS),
+        Ok(false) => {
+            eprintln!(
+                "pglease: lease {:?} was not held under token {} (already released, \
+                     expired, or taken over): nothing to release",
+                fence.name(),
+                fence.token()
+            );
+            Ok(ExitCode::from(EXIT_LOST))
+        }
+        Err(e) => Err((e, "release")),
+    }
 }
 
 fn lease_json(
     name: &str,
     holder: Option<&str>,
-    token: Option<i64>,
+    token: Option<Token>,
     expires_at: Option<DateTime<Utc>>,
 ) -> serde_json::Value {
     json!({
         "name": name,
         "holder": holder,
-        "token": token,
+        "token": token.map(Token::get),
         "expires_at": expires_at.map(|t| t.to_rfc3339()),
     })
 }
@@ -399,17 +407,11 @@ async fn acquire(
     json: bool,
 ) -> Outcome {
     let holder = holder.unwrap_or_else(default_holder);
-    // The first attempt without the release listener (try_acquire), as the
-    // command is often a one-shot.
+    // Without --wait one attempt; the library starts its release listener
+    // only once an attempt with time to wait has failed.
     let attempt = |wait: Duration| {
-        let holder = &holder;
-        async move {
-            if wait.is_zero() {
-                manager.try_acquire(name, holder, ttl).await
-            } else {
-                manager.acquire(name, holder, ttl, wait).await
-            }
-        }
+        let how = Acquire::ttl(ttl).holder(holder.as_str()).wait(wait);
+        manager.acquire(name, how)
     };
     match announced(name, wait, attempt).await {
         Ok(lease) => {
@@ -438,11 +440,12 @@ async fn acquire(
 async fn renew(
     manager: &LeaseManager,
     name: &str,
-    token: i64,
+    token: Token,
     ttl: Duration,
     json: bool,
 ) -> Outcome {
-    match manager.renew(name, token, ttl).await {
+    let fence = fence(name, token).map_err(|e| (e, "renew"))?;
+    match manager.renew(&fence, ttl).await {
         Ok(expires_at) => {
             if json {
                 let status = manager.inspect(name).await.map_err(|e| (e, "renew"))?;
@@ -585,7 +588,9 @@ async fn run(
     // either at once (also while an attempt is stuck in the database) and
     // CMD never starts; the server abandons an attempt still waiting in it
     // once this process has exited (see `ABANDON_WHEN_GONE`).
-    let acquisition = announced(name, wait, |wait| manager.hold(name, holder, ttl, wait));
+    let acquisition = announced(name, wait, |wait| {
+        manager.hold(name, Acquire::ttl(ttl).holder(holder).wait(wait))
+    });
     let held: HeldLease = tokio::select! {
         held = acquisition => match held {
             Ok(held) => held,

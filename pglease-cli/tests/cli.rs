@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::{RolesDb, TestDb, poll_until};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use pglease::Acquire;
 use sqlx::AssertSqlSafe;
 
 const BIN: &str = env!("CARGO_BIN_EXE_pglease");
@@ -68,10 +69,12 @@ async fn acquire_renew_release_status_and_their_exit_codes() {
     // is an issued (stale) token, not an impossible one.
     let m = db.manager();
     let warm_up = m
-        .try_acquire("job", "A", Duration::from_secs(60))
+        .acquire("job", Acquire::ttl(Duration::from_secs(60)).holder("A"))
         .await
         .expect("warm-up");
-    m.release("job", warm_up.token()).await.expect("release");
+    m.release(&common::fence("job", warm_up.token()))
+        .await
+        .expect("release");
     let out = pglease(
         &db,
         &["acquire", "job", "--ttl", "30s", "--holder", "A", "--json"],
@@ -231,7 +234,10 @@ async fn run_passes_the_status_through_and_releases_at_once() {
     let fields: Vec<&str> = printed.split_whitespace().collect();
     assert_eq!(fields[0], "job");
     let status = db.manager().inspect("job").await.expect("inspect");
-    assert_eq!(Some(fields[1].parse::<i64>().expect("token")), status.token);
+    assert_eq!(
+        Some(fields[1].parse::<pglease::Token>().expect("token")),
+        status.token
+    );
     assert_eq!(fields[2], "cron-host");
     // Released when the command exited, not at the end of the 10 min TTL.
     assert!(!status.held);
@@ -251,7 +257,10 @@ async fn run_passes_the_status_through_and_releases_at_once() {
     // Held by someone else: exit 3 without waiting, or after --wait.
     let other = db
         .manager()
-        .try_acquire("job", "other", Duration::from_secs(600))
+        .acquire(
+            "job",
+            Acquire::ttl(Duration::from_secs(600)).holder("other"),
+        )
         .await
         .expect("acquire");
     assert_eq!(
@@ -269,7 +278,7 @@ async fn run_passes_the_status_through_and_releases_at_once() {
         stderr(&waited)
     );
     db.manager()
-        .release("job", other.token())
+        .release(&common::fence("job", other.token()))
         .await
         .expect("release");
 }
@@ -498,7 +507,10 @@ async fn a_stopped_run_loses_its_lease_and_its_command_is_fenced_off() {
     kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
     // Past the expiry on the database clock, another worker takes over.
     let taken = loop {
-        match m.try_acquire("job", "B", Duration::from_secs(600)).await {
+        match m
+            .acquire("job", Acquire::ttl(Duration::from_secs(600)).holder("B"))
+            .await
+        {
             Ok(lease) => break lease,
             Err(pglease::Error::Held { .. }) => tokio::time::sleep(Duration::from_millis(20)).await,
             Err(e) => panic!("B's acquire: {e}"),
@@ -539,7 +551,9 @@ async fn a_stopped_run_loses_its_lease_and_its_command_is_fenced_off() {
         "a write under the old token landed after the takeover"
     );
     let _ = std::fs::remove_file(&outcomes);
-    m.release("job", taken.token()).await.expect("release");
+    m.release(&common::fence("job", taken.token()))
+        .await
+        .expect("release");
 }
 
 #[tokio::test]

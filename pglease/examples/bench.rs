@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use pglease::{Error, LeaseManager, ManagerOptions};
+use pglease::{Acquire, Error, Lease, LeaseManager, ManagerOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
@@ -129,22 +129,20 @@ fn lib_cycle(m: &LeaseManager) -> Op {
         let m = m.clone();
         async move {
             let name = format!("cycle-{c}");
-            let lease = m.try_acquire(&name, "bench", LONG).await?;
-            m.release(&name, lease.token()).await?;
+            let lease = m.acquire(&name, Acquire::ttl(LONG).holder("bench")).await?;
+            m.release(&lease).await?;
             Ok(())
         }
     })
 }
 
-/// Renew, through the library, the lease `{prefix}{client}` held under
-/// `tokens[client]`.
-fn lib_renew(m: &LeaseManager, prefix: &'static str, tokens: &Arc<Vec<i64>>) -> Op {
-    let (m, tokens) = (m.clone(), tokens.clone());
+/// Renew, through the library, the lease `leases[client]`.
+fn lib_renew(m: &LeaseManager, leases: &Arc<Vec<Lease>>) -> Op {
+    let (m, leases) = (m.clone(), leases.clone());
     op(move |c| {
-        let m = m.clone();
-        let token = tokens[c];
+        let (m, leases) = (m.clone(), leases.clone());
         async move {
-            m.renew(&format!("{prefix}{c}"), token, LONG).await?;
+            m.renew(&leases[c], LONG).await?;
             Ok(())
         }
     })
@@ -214,9 +212,8 @@ async fn main() -> Result<(), Error> {
     let mut tokens = Vec::new();
     for c in 0..8 {
         tokens.push(
-            m.try_acquire(&format!("held-{c}"), "bench", LONG)
-                .await?
-                .token(),
+            m.acquire(&format!("held-{c}"), Acquire::ttl(LONG).holder("bench"))
+                .await?,
         );
     }
     let tokens = Arc::new(tokens);
@@ -241,12 +238,12 @@ async fn main() -> Result<(), Error> {
     for clients in [1usize, 8] {
         let rows: Vec<(&str, Op, Op)> = vec![
             (
-                "try_acquire + release",
+                "acquire + release",
                 raw_cycle(&pool, RAW_RELEASE),
                 lib_cycle(&m),
             ),
             (
-                "try_acquire + release (raw release also NOTIFYs)",
+                "acquire + release (raw release also NOTIFYs)",
                 raw_cycle(&pool, RAW_RELEASE_NOTIFY),
                 lib_cycle(&m),
             ),
@@ -269,7 +266,7 @@ async fn main() -> Result<(), Error> {
                         }
                     })
                 },
-                lib_renew(&m, "held-", &tokens),
+                lib_renew(&m, &tokens),
             ),
             (
                 "guarded write, one statement (vs unguarded UPDATE)",
@@ -279,7 +276,7 @@ async fn main() -> Result<(), Error> {
                     let tokens = tokens.clone();
                     op(move |c| {
                         let pool = pool.clone();
-                        let token = tokens[c];
+                        let token = tokens[c].token();
                         async move {
                             sqlx::query(GUARDED_UPDATE)
                                 .bind(format!("held-{c}"))
@@ -314,9 +311,9 @@ async fn main() -> Result<(), Error> {
                     let tokens = tokens.clone();
                     op(move |c| {
                         let m = m.clone();
-                        let token = tokens[c];
+                        let tokens = tokens.clone();
                         async move {
-                            let mut tx = m.begin_fenced(&format!("held-{c}"), token).await?;
+                            let mut tx = m.begin_fenced(&tokens[c]).await?;
                             sqlx::query(RAW_UPDATE)
                                 .bind(c as i32)
                                 .execute(&mut *tx)
@@ -328,7 +325,7 @@ async fn main() -> Result<(), Error> {
                 },
             ),
             (
-                "failed try_acquire on a held lease",
+                "failed acquire on a held lease",
                 {
                     let pool = pool.clone();
                     op(move |c| {
@@ -350,7 +347,10 @@ async fn main() -> Result<(), Error> {
                     op(move |c| {
                         let m = m.clone();
                         async move {
-                            match m.try_acquire("held-0", &format!("other-{c}"), LONG).await {
+                            match m
+                                .acquire("held-0", Acquire::ttl(LONG).holder(format!("other-{c}")))
+                                .await
+                            {
                                 Err(Error::Held { .. }) => Ok(()),
                                 Err(e) => Err(e),
                                 Ok(_) => panic!("acquired a held lease"),
@@ -375,7 +375,9 @@ async fn main() -> Result<(), Error> {
         .await?;
     let attempts = 1000;
     for i in 0..attempts {
-        let _ = m.try_acquire("held-0", &format!("other-{i}"), LONG).await;
+        let _ = m
+            .acquire("held-0", Acquire::ttl(LONG).holder(format!("other-{i}")))
+            .await;
     }
     let wal_bytes: i64 =
         sqlx::query_scalar("SELECT (pg_current_wal_insert_lsn() - $1::text::pg_lsn)::bigint")
@@ -414,15 +416,14 @@ async fn renewal_batches(m: &LeaseManager, secs: f64) -> Result<(), Error> {
     println!("\nRenewal of N held leases: one renew_many statement vs N renew statements");
     println!("| N | batched µs/lease | one by one µs/lease | batched / one by one |");
     println!("|---:|---:|---:|---:|");
-    let mut held: Vec<(String, i64)> = Vec::new();
+    let mut held: Vec<Lease> = Vec::new();
     for n in [1usize, 100, 1000] {
         while held.len() < n {
             let name = format!("renew-{:04}", held.len());
-            let lease = m.try_acquire(&name, "bench", LONG).await?;
-            held.push((name, lease.token()));
+            held.push(m.acquire(&name, Acquire::ttl(LONG).holder("bench")).await?);
         }
-        let names: Vec<&str> = held.iter().map(|h| h.0.as_str()).collect();
-        let tokens: Vec<i64> = held.iter().map(|h| h.1).collect();
+        let names: Vec<&str> = held.iter().map(Lease::name).collect();
+        let tokens: Vec<i64> = held.iter().map(|h| h.token().get()).collect();
         let ttls = vec![LONG; n];
         let (mut batched, mut single) = (Vec::new(), Vec::new());
         // Alternate rounds until each side had its share of the time.
@@ -438,8 +439,8 @@ async fn renewal_batches(m: &LeaseManager, secs: f64) -> Result<(), Error> {
             assert_eq!(rows.len(), n);
             batched.push(start.elapsed());
             let start = Instant::now();
-            for (name, token) in &held {
-                m.renew(name, *token, LONG).await?;
+            for lease in &held {
+                m.renew(lease, LONG).await?;
             }
             single.push(start.elapsed());
         }
@@ -479,12 +480,16 @@ async fn handover(pool: &PgPool) -> Result<(), Error> {
         let mut latencies = Vec::new();
         for round in 0..ROUNDS {
             let name = format!("handover-{label}-{round}");
-            let held = holder.try_acquire(&name, "holder", LONG).await?;
+            let held = holder
+                .acquire(&name, Acquire::ttl(LONG).holder("holder"))
+                .await?;
             let attempts = waiter.stats().acquire_attempts;
             let task = {
                 let (waiter, name) = (waiter.clone(), name.clone());
                 tokio::spawn(async move {
-                    let got = waiter.acquire(&name, "waiter", LONG, LONG).await;
+                    let got = waiter
+                        .acquire(&name, Acquire::ttl(LONG).holder("waiter").wait(LONG))
+                        .await;
                     (got, Instant::now())
                 })
             };
@@ -494,11 +499,11 @@ async fn handover(pool: &PgPool) -> Result<(), Error> {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
             let released = Instant::now();
-            holder.release(&name, held.token()).await?;
+            holder.release(&held).await?;
             let (got, at) = task.await.expect("waiter task");
             let lease = got?;
             latencies.push(at - released);
-            waiter.release(&name, lease.token()).await?;
+            waiter.release(&lease).await?;
         }
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
@@ -568,24 +573,22 @@ async fn scale(small: &PgPool, secs: f64) -> Result<(), Error> {
         let mut mine = Vec::new();
         for c in 0..8 {
             mine.push(
-                m.try_acquire(&format!("scale-held-{c}"), "bench", LONG)
-                    .await?
-                    .token(),
+                m.acquire(
+                    &format!("scale-held-{c}"),
+                    Acquire::ttl(LONG).holder("bench"),
+                )
+                .await?,
             );
         }
         tokens.push(Arc::new(mine));
     }
     for clients in [1usize, 8] {
         let rows: [(&str, Op, Op); 2] = [
-            (
-                "try_acquire + release",
-                lib_cycle(&small_m),
-                lib_cycle(&big_m),
-            ),
+            ("acquire + release", lib_cycle(&small_m), lib_cycle(&big_m)),
             (
                 "renew",
-                lib_renew(&small_m, "scale-held-", &tokens[0]),
-                lib_renew(&big_m, "scale-held-", &tokens[1]),
+                lib_renew(&small_m, &tokens[0]),
+                lib_renew(&big_m, &tokens[1]),
             ),
         ];
         for (label, at_small, at_big) in rows {
@@ -622,13 +625,17 @@ async fn takeover(pool: &PgPool) -> Result<(), Error> {
         for (kind, frozen) in [false, true].into_iter().enumerate() {
             let name = format!("takeover-{round}-{kind}");
             let start = Instant::now();
-            let lease = holder.try_acquire(&name, "holder", TTL).await?;
+            let lease = holder
+                .acquire(&name, Acquire::ttl(TTL).holder("holder"))
+                .await?;
             let fenced = if frozen {
-                Some(holder.begin_fenced(&name, lease.token()).await?)
+                Some(holder.begin_fenced(&lease).await?)
             } else {
                 None
             };
-            let got = waiter.acquire(&name, "waiter", LONG, LONG).await?;
+            let got = waiter
+                .acquire(&name, Acquire::ttl(LONG).holder("waiter").wait(LONG))
+                .await?;
             after[kind].1.push(start.elapsed());
             after[kind].0.push(
                 (got.acquired_at() - lease.expires_at())
@@ -637,7 +644,7 @@ async fn takeover(pool: &PgPool) -> Result<(), Error> {
             );
             // The frozen holder's session was ended by the takeover.
             drop(fenced);
-            waiter.release(&name, got.token()).await?;
+            waiter.release(&got).await?;
         }
     }
     println!(
@@ -677,7 +684,9 @@ async fn protect_overhead(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<
     )
     .execute(pool)
     .await?;
-    let token = m.try_acquire("prot", "bench", LONG).await?.token();
+    let lease = m
+        .acquire("prot", Acquire::ttl(LONG).holder("bench"))
+        .await?;
     println!("\nProtected tables: a fenced transaction inserting N rows in one statement");
     println!(
         "| rows per statement | unprotected µs/row | protect (statement trigger) µs/row | \
@@ -690,7 +699,7 @@ async fn protect_overhead(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<
         while Instant::now() < until || times[0].len() < 3 {
             for (i, table) in ["prot_none", "prot_stmt", "prot_row"].iter().enumerate() {
                 let start = Instant::now();
-                let mut tx = m.begin_fenced("prot", token).await?;
+                let mut tx = m.begin_fenced(&lease).await?;
                 sqlx::query(sqlx::AssertSqlSafe(format!(
                     "INSERT INTO {table} (v) SELECT generate_series(1, $1)"
                 )))

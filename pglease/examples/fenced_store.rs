@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use pglease::{Error, HighWaterMark, LeaseManager};
+use pglease::{Acquire, Error, HighWaterMark, LeaseManager, Token};
 use sqlx::postgres::PgPoolOptions;
 
 /// The store: one file per key, and `.fence` with the highest token.
@@ -41,7 +41,7 @@ impl FileStore {
     }
 
     /// Writes `value` under `key` if `token` is at least the highest seen.
-    fn put(&self, key: &str, value: &str, token: i64) -> std::io::Result<bool> {
+    fn put(&self, key: &str, value: &str, token: Token) -> std::io::Result<bool> {
         let _turn = self.write.lock().unwrap_or_else(|e| e.into_inner());
         if !self.mark.admit(token) {
             return Ok(false);
@@ -70,7 +70,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let name = format!("report-store-{}", std::process::id());
     let ttl = Duration::from_millis(500);
 
-    let a = leases.try_acquire(&name, "worker-A", ttl).await?;
+    let a = leases
+        .acquire(&name, Acquire::ttl(ttl).holder("worker-A"))
+        .await?;
     println!(
         "A acquires token {} and writes: accepted = {}",
         a.token(),
@@ -78,7 +80,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("A pauses past its TTL ...");
     tokio::time::sleep(ttl * 2).await;
-    let b = match leases.try_acquire(&name, "worker-B", ttl).await {
+    let b = match leases
+        .acquire(&name, Acquire::ttl(ttl).holder("worker-B"))
+        .await
+    {
         Ok(b) => b,
         Err(Error::Held { .. }) => return Err("the lease did not expire".into()),
         Err(e) => return Err(e.into()),
@@ -108,7 +113,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         leases.advance(&resource, a.token()).await?
     );
 
-    leases.release(&name, b.token()).await?;
+    leases.release(&b).await?;
     fs::remove_dir_all(&dir)?;
     assert!(!late, "the store accepted a stale token");
     Ok(())

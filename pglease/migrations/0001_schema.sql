@@ -145,7 +145,8 @@ CREATE TYPE pglease.acquisition AS (
 
 ------------------------------------------------------------------------
 -- Input validation: SQLSTATE 22023 (invalid_parameter_value), a message
--- naming the argument, raised before anything is read or written.
+-- naming the argument, and the argument's name in the error's COLUMN field
+-- (for clients), raised before anything is read or written.
 ------------------------------------------------------------------------
 
 -- The hot functions test all their arguments in one expression and call
@@ -159,15 +160,15 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
     IF value IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = argument,
             MESSAGE = format('pglease: %s must not be NULL', argument);
     END IF;
     IF octet_length(value) = 0 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = argument,
             MESSAGE = format('pglease: %s must not be empty', argument);
     END IF;
     IF octet_length(value) > pglease._max_text_bytes() THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = argument,
             MESSAGE = format('pglease: %s is %s bytes long; the limit is %s bytes of UTF-8',
                              argument, octet_length(value), pglease._max_text_bytes());
     END IF;
@@ -181,7 +182,7 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
     IF token IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'token',
             MESSAGE = 'pglease: token must not be NULL';
     END IF;
     RETURN token;
@@ -197,16 +198,16 @@ DECLARE
     seconds numeric;
 BEGIN
     IF ttl IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'ttl',
             MESSAGE = 'pglease: ttl must not be NULL';
     END IF;
     seconds := extract(epoch FROM ttl);
     IF seconds <= 0 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'ttl',
             MESSAGE = format('pglease: ttl must be greater than zero, got %s', ttl);
     END IF;
     IF seconds > pglease._max_ttl_seconds() THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'ttl',
             MESSAGE = format('pglease: ttl must be at most %s, got %s',
                              justify_hours(make_interval(secs => pglease._max_ttl_seconds())), ttl);
     END IF;

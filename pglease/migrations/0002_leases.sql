@@ -352,18 +352,19 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    bad        record;
-    checked    text;
+    bad         record;
+    checked     text;
+    column_name text;
     r_names    text[];
     r_tokens   bigint[];
     r_expiries timestamptz[];
 BEGIN
     IF names IS NULL OR tokens IS NULL OR ttls IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
             MESSAGE = 'pglease: names, tokens and ttls must not be NULL';
     END IF;
     IF cardinality(names) <> cardinality(tokens) OR cardinality(names) <> cardinality(ttls) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
             MESSAGE = format('pglease: names, tokens and ttls must have the same length, got %s, %s and %s',
                              cardinality(names), cardinality(tokens), cardinality(ttls));
     END IF;
@@ -384,7 +385,8 @@ BEGIN
             PERFORM pglease._check_token(bad.t);
             PERFORM pglease._check_ttl(bad.ttl);
         EXCEPTION WHEN invalid_parameter_value THEN
-            RAISE EXCEPTION USING ERRCODE = '22023',
+            GET STACKED DIAGNOSTICS column_name = COLUMN_NAME;
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = column_name,
                 MESSAGE = replace(SQLERRM, 'pglease: ', format('pglease: element %s: ', bad.ord));
         END;
     END IF;

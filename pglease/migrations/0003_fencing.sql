@@ -51,10 +51,15 @@ BEGIN
     t := clock_timestamp();
     IF NOT (FOUND AND cur_token = assert_held.token AND cur_token <> 0
             AND cur_holder IS NOT NULL AND t < cur_expiry) THEN
+        -- DETAIL says the same as data, for clients: space-separated
+        -- key=value fields, name last (it may contain spaces); times in
+        -- RFC 3339, UTC.
         IF NOT FOUND OR cur_token = 0 THEN
             RAISE EXCEPTION USING ERRCODE = 'LE001',
                 MESSAGE = format('pglease: lease %L is not held: it has never been acquired',
-                                 assert_held.name);
+                                 assert_held.name),
+                DETAIL = format('reason=never_acquired token=%s name=%s',
+                                assert_held.token, assert_held.name);
         END IF;
         IF cur_token <> assert_held.token THEN
             RAISE EXCEPTION USING ERRCODE = 'LE001',
@@ -62,16 +67,25 @@ BEGIN
                                  assert_held.name, assert_held.token,
                                  CASE WHEN assert_held.token < cur_token
                                       THEN format('the token is stale, the lease was acquired again with token %s', cur_token)
-                                      ELSE 'no such token has been issued for this lease' END);
+                                      ELSE 'no such token has been issued for this lease' END),
+                DETAIL = format('reason=%s token=%s current_token=%s name=%s',
+                                CASE WHEN assert_held.token < cur_token THEN 'stale' ELSE 'not_issued' END,
+                                assert_held.token, cur_token, assert_held.name);
         END IF;
         IF cur_holder IS NULL THEN
             RAISE EXCEPTION USING ERRCODE = 'LE001',
                 MESSAGE = format('pglease: lease %L is not held under token %s: it was released at %s',
-                                 assert_held.name, assert_held.token, cur_released);
+                                 assert_held.name, assert_held.token, cur_released),
+                DETAIL = format('reason=released token=%s at=%s name=%s', assert_held.token,
+                                to_char(cur_released AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                                assert_held.name);
         END IF;
         RAISE EXCEPTION USING ERRCODE = 'LE001',
             MESSAGE = format('pglease: lease %L is not held under token %s: it expired at %s (database time now %s)',
-                             assert_held.name, assert_held.token, cur_expiry, t);
+                             assert_held.name, assert_held.token, cur_expiry, t),
+            DETAIL = format('reason=expired token=%s at=%s name=%s', assert_held.token,
+                            to_char(cur_expiry AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                            assert_held.name);
     END IF;
 
     -- The marker, taken only once the token is found valid (a session is
@@ -179,7 +193,8 @@ DECLARE
     owner   oid;
 BEGIN
     IF tbl IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'pglease: tbl must not be NULL';
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'tbl',
+            MESSAGE = 'pglease: tbl must not be NULL';
     END IF;
     checked := pglease._check_text('name', protect.name);
     SELECT c.relowner INTO owner FROM pg_class AS c WHERE c.oid = tbl;
@@ -191,11 +206,11 @@ BEGIN
             MESSAGE = format('pglease: must be the owner of table %s to protect it', tbl);
     END IF;
     IF (SELECT c.relkind FROM pg_class AS c WHERE c.oid = tbl) IS DISTINCT FROM 'r' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'tbl',
             MESSAGE = format('pglease: tbl %s is not an ordinary table', tbl);
     END IF;
     IF EXISTS (SELECT 1 FROM pg_inherits AS i WHERE i.inhrelid = tbl OR i.inhparent = tbl) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'tbl',
             MESSAGE = format('pglease: tbl %s is part of a partition or inheritance tree, '
                              'which protect does not cover', tbl);
     END IF;
@@ -220,7 +235,8 @@ DECLARE
     owner oid;
 BEGIN
     IF tbl IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'pglease: tbl must not be NULL';
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'tbl',
+            MESSAGE = 'pglease: tbl must not be NULL';
     END IF;
     SELECT c.relowner INTO owner FROM pg_class AS c WHERE c.oid = tbl;
     IF owner IS NOT NULL AND NOT pg_has_role(current_user, owner, 'USAGE') THEN
@@ -257,7 +273,7 @@ BEGIN
     checked := pglease._check_text('resource', advance.resource);
     checked_token := pglease._check_token(advance.token);
     IF advance.token <= 0 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'token',
             MESSAGE = format('pglease: token must be positive, got %s', advance.token);
     END IF;
 

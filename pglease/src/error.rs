@@ -1,6 +1,12 @@
 //! The one error type, and the single place where SQLSTATEs are mapped.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
+use sqlx::postgres::PgDatabaseError;
+
+use crate::lease::Token;
 
 /// SQLSTATE raised by `pglease` functions for invalid arguments.
 pub const SQLSTATE_INVALID_INPUT: &str = "22023";
@@ -10,7 +16,7 @@ pub const SQLSTATE_NOT_HELD: &str = "LE001";
 pub const SQLSTATE_NOT_DECLARED: &str = "LE002";
 
 /// Why a held lease is no longer to be trusted.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum LossReason {
     /// The local deadline (last confirmed renewal sent + TTL − safety
@@ -23,7 +29,7 @@ pub enum LossReason {
     /// or was acquired again (`current_token` is then larger).
     Stale {
         /// The lease's latest token, if it was ever acquired.
-        current_token: Option<i64>,
+        current_token: Option<Token>,
         /// The lease's current or last holder (`None` once released).
         current_holder: Option<String>,
     },
@@ -33,10 +39,37 @@ pub enum LossReason {
     /// Renewals failed or got no answer until the local deadline; the last
     /// renewal's outcome is unknown (it may still commit).
     Unreachable {
-        /// The last renewal error seen.
-        error: String,
+        /// The last renewal error seen ([`Error::Timeout`] for a renewal
+        /// that got no answer).
+        error: Arc<Error>,
     },
 }
+
+/// Two `Unreachable` reasons are equal when their errors read the same.
+impl PartialEq for LossReason {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (LossReason::Expired, LossReason::Expired)
+            | (LossReason::Released, LossReason::Released) => true,
+            (
+                LossReason::Stale {
+                    current_token: a,
+                    current_holder: b,
+                },
+                LossReason::Stale {
+                    current_token: c,
+                    current_holder: d,
+                },
+            ) => a == c && b == d,
+            (LossReason::Unreachable { error: a }, LossReason::Unreachable { error: b }) => {
+                Arc::ptr_eq(a, b) || a.to_string() == b.to_string()
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Eq for LossReason {}
 
 impl std::fmt::Display for LossReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -62,6 +95,38 @@ impl std::fmt::Display for LossReason {
     }
 }
 
+/// Why the database refused a token ([`Error::NotHeld`], SQLSTATE `LE001`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NotHeldReason {
+    /// The lease has never been acquired.
+    NeverAcquired,
+    /// The lease was acquired again since: the token is stale.
+    Stale {
+        /// The lease's latest token.
+        current_token: Token,
+    },
+    /// No such token has been issued for this lease (it is larger than the
+    /// latest).
+    NotIssued {
+        /// The lease's latest token.
+        current_token: Token,
+    },
+    /// The lease was released under this token.
+    Released {
+        /// When, on the database clock.
+        at: DateTime<Utc>,
+    },
+    /// The lease expired under this token without renewal.
+    Expired {
+        /// When, on the database clock.
+        at: DateTime<Utc>,
+    },
+    /// The reason could not be read (a server with another version of the
+    /// schema); the error's message still says it.
+    Unknown,
+}
+
 /// Everything that can go wrong in `pglease`, named for what a caller can do
 /// about it.
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +142,7 @@ pub enum Error {
     },
 
     /// The lease is held by someone else and has not expired (a failed
-    /// `try_acquire`). Retry after `expires_at`, or wait for a release.
+    /// acquisition). Retry after `expires_at`, or wait for a release.
     #[error("lease {name:?} is held by {holder:?} until {expires_at}")]
     Held {
         /// The lease name.
@@ -94,7 +159,7 @@ pub enum Error {
     /// earlier token whose session the role that owns the `pglease`
     /// functions may not end (it needs `pg_signal_backend`); `reason` says
     /// which. The lease can be acquired once that transaction ends; a
-    /// waiting acquisition keeps trying until its `max_wait`.
+    /// waiting acquisition keeps trying until its wait is over.
     #[error("lease {name:?} has ended (at {ended_at}) but cannot be taken yet: {reason}")]
     Pinned {
         /// The lease name.
@@ -108,13 +173,17 @@ pub enum Error {
         reason: String,
     },
 
-    /// The database rejected a guarded check or write: the token is stale,
-    /// the lease expired, was released, or was never acquired (SQLSTATE
-    /// `LE001`). Stop acting on the resource; acquire again for a new token.
-    #[error("{message}")]
+    /// The database rejected a guarded check or write (SQLSTATE `LE001`):
+    /// stop acting on the resource; acquire again for a new token.
+    #[error("lease {name:?} is not held under token {}: {}", DisplayToken(*token), NotHeldText(reason))]
     NotHeld {
-        /// The database's explanation, naming the lease and the reason.
-        message: String,
+        /// The lease name.
+        name: String,
+        /// The token that was refused (`None` if the lease was never
+        /// acquired, where the database does not say).
+        token: Option<Token>,
+        /// Why.
+        reason: NotHeldReason,
     },
 
     /// A write to a protected table came from a transaction that declared
@@ -133,9 +202,18 @@ pub enum Error {
         /// The lease name.
         name: String,
         /// The token that is no longer valid.
-        token: i64,
+        token: Token,
         /// Why the lease is considered lost.
         reason: LossReason,
+    },
+
+    /// A statement got no answer in time (a renewal or a release).
+    #[error("no answer to the {operation}{}", after.map(|a| format!(" within {a:?}")).unwrap_or_default())]
+    Timeout {
+        /// What was sent.
+        operation: &'static str,
+        /// How long it waited, when known.
+        after: Option<Duration>,
     },
 
     /// The manager was shut down ([`LeaseManager::shutdown`](crate::LeaseManager::shutdown)):
@@ -145,23 +223,81 @@ pub enum Error {
 
     /// Applying the `pglease` schema failed.
     #[error("pglease migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(#[source] sqlx::migrate::MigrateError),
 
     /// The database could not be reached or failed for another reason.
-    #[error("database error: {0}")]
+    #[error("{}", DatabaseText(.0))]
     Database(#[source] sqlx::Error),
+}
+
+struct DisplayToken(Option<Token>);
+
+impl std::fmt::Display for DisplayToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(token) => token.fmt(f),
+            None => f.write_str("(any)"),
+        }
+    }
+}
+
+struct NotHeldText<'a>(&'a NotHeldReason);
+
+impl std::fmt::Display for NotHeldText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            NotHeldReason::NeverAcquired => f.write_str("it has never been acquired"),
+            NotHeldReason::Stale { current_token } => write!(
+                f,
+                "the token is stale, the lease was acquired again with token {current_token}"
+            ),
+            NotHeldReason::NotIssued { current_token } => write!(
+                f,
+                "no such token has been issued (the latest is {current_token})"
+            ),
+            NotHeldReason::Released { at } => write!(f, "it was released at {at}"),
+            NotHeldReason::Expired { at } => write!(f, "it expired at {at}"),
+            NotHeldReason::Unknown => f.write_str("the database refused it"),
+        }
+    }
+}
+
+/// A database error said once: the server's message and its SQLSTATE,
+/// without sqlx's prefixes or the server's source location.
+struct DatabaseText<'a>(&'a sqlx::Error);
+
+impl std::fmt::Display for DatabaseText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            sqlx::Error::Database(db) => {
+                let message = db.message();
+                let message = message.strip_prefix("pglease: ").unwrap_or(message);
+                match db.code() {
+                    Some(code) => write!(f, "database error {code}: {message}"),
+                    None => write!(f, "database error: {message}"),
+                }
+            }
+            sqlx::Error::Io(io) => write!(f, "cannot reach the database: {io}"),
+            sqlx::Error::Tls(tls) => write!(f, "cannot reach the database (TLS): {tls}"),
+            sqlx::Error::PoolTimedOut => {
+                f.write_str("cannot reach the database: no connection within the pool's timeout")
+            }
+            sqlx::Error::PoolClosed => f.write_str("the connection pool is closed"),
+            other => write!(f, "database error: {other}"),
+        }
+    }
 }
 
 impl Error {
     /// The SQLSTATE behind this error, when the database raised it.
-    pub fn sqlstate(&self) -> Option<String> {
+    pub fn sqlstate(&self) -> Option<&str> {
         match self {
-            Error::NotHeld { .. } => Some(SQLSTATE_NOT_HELD.to_owned()),
-            Error::NotDeclared { .. } => Some(SQLSTATE_NOT_DECLARED.to_owned()),
+            Error::NotHeld { .. } => Some(SQLSTATE_NOT_HELD),
+            Error::NotDeclared { .. } => Some(SQLSTATE_NOT_DECLARED),
             Error::Database(e) => e
                 .as_database_error()
-                .and_then(|d| d.code())
-                .map(|c| c.into_owned()),
+                .and_then(|d| d.try_downcast_ref::<PgDatabaseError>())
+                .map(PgDatabaseError::code),
             _ => None,
         }
     }
@@ -174,31 +310,88 @@ impl Error {
     }
 }
 
+/// The arguments the SQL functions name (in the error's COLUMN field).
+const ARGUMENTS: [&str; 9] = [
+    "name", "holder", "ttl", "token", "resource", "tbl", "names", "tokens", "ttls",
+];
+
 impl From<sqlx::Error> for Error {
     /// Maps the SQLSTATEs that `pglease` functions raise to their variants;
     /// everything else is `Database`.
     fn from(e: sqlx::Error) -> Self {
-        let Some(db) = e.as_database_error() else {
+        let Some(db) = e
+            .as_database_error()
+            .and_then(|d| d.try_downcast_ref::<PgDatabaseError>())
+        else {
             return Error::Database(e);
         };
-        let message = db.message().to_owned();
-        match db.code().as_deref() {
-            Some(SQLSTATE_NOT_HELD) => Error::NotHeld { message },
-            Some(SQLSTATE_NOT_DECLARED) => Error::NotDeclared { message },
-            Some(SQLSTATE_INVALID_INPUT) if message.starts_with("pglease: ") => {
-                // The functions' messages start with the argument's name.
-                let named = message.trim_start_matches("pglease: ");
-                let argument = ["name", "holder", "ttl", "token", "resource"]
-                    .into_iter()
-                    .find(|a| named.starts_with(&format!("{a} ")))
+        match db.code() {
+            SQLSTATE_NOT_HELD => not_held(db.detail()),
+            SQLSTATE_NOT_DECLARED => Error::NotDeclared {
+                message: db.message().trim_start_matches("pglease: ").to_owned(),
+            },
+            SQLSTATE_INVALID_INPUT if db.message().starts_with("pglease: ") => {
+                let argument = db
+                    .column()
+                    .and_then(|c| ARGUMENTS.into_iter().find(|a| *a == c))
                     .unwrap_or("argument");
                 Error::InvalidInput {
                     argument,
-                    reason: message,
+                    reason: db.message().trim_start_matches("pglease: ").to_owned(),
                 }
             }
             _ => Error::Database(e),
         }
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for Error {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        match e {
+            sqlx::migrate::MigrateError::Execute(e) => Error::from(e),
+            e => Error::Migrate(e),
+        }
+    }
+}
+
+/// `assert_held`'s DETAIL: `key=value` fields separated by spaces, `name`
+/// last (it may contain spaces). See `migrations/0003_fencing.sql`.
+fn not_held(detail: Option<&str>) -> Error {
+    let detail = detail.unwrap_or_default();
+    let (fields, name) = match detail.split_once(" name=") {
+        Some((fields, name)) => (fields, name.to_owned()),
+        None => (detail, String::new()),
+    };
+    let field = |key: &str| {
+        fields
+            .split(' ')
+            .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+    };
+    let token_field = |key: &str| {
+        field(key)
+            .and_then(|v| v.parse::<i64>().ok())
+            .map(Token::issued)
+    };
+    let time_field = |key: &str| {
+        field(key)
+            .and_then(|v| DateTime::parse_from_rfc3339(v).ok())
+            .map(|t| t.with_timezone(&Utc))
+    };
+    let reason = match field("reason") {
+        Some("never_acquired") => Some(NotHeldReason::NeverAcquired),
+        Some("stale") => {
+            token_field("current_token").map(|current_token| NotHeldReason::Stale { current_token })
+        }
+        Some("not_issued") => token_field("current_token")
+            .map(|current_token| NotHeldReason::NotIssued { current_token }),
+        Some("released") => time_field("at").map(|at| NotHeldReason::Released { at }),
+        Some("expired") => time_field("at").map(|at| NotHeldReason::Expired { at }),
+        _ => None,
+    };
+    Error::NotHeld {
+        name,
+        token: token_field("token"),
+        reason: reason.unwrap_or(NotHeldReason::Unknown),
     }
 }
 

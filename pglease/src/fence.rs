@@ -9,6 +9,8 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use crate::lease::Token;
+
 /// The highest token a resource has accepted, for a service that fences
 /// its writers itself (an HTTP service, a file store). Persist
 /// [`HighWaterMark::highest`] with the data if the mark must survive a
@@ -33,7 +35,8 @@ impl HighWaterMark {
 
     /// Accepts `token` iff it is at least the highest seen, and records it:
     /// the same rule as `pglease.advance`. Safe to call from many threads.
-    pub fn admit(&self, token: i64) -> bool {
+    pub fn admit(&self, token: Token) -> bool {
+        let token = token.get();
         self.highest
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |highest| {
                 (token >= highest).then_some(token)
@@ -51,18 +54,22 @@ impl HighWaterMark {
 mod tests {
     use super::*;
 
+    fn t(token: i64) -> Token {
+        Token::issued(token)
+    }
+
     #[test]
     fn admits_equal_and_higher_tokens_only() {
         let mark = HighWaterMark::new();
-        assert!(mark.admit(5));
+        assert!(mark.admit(t(5)));
         assert!(
-            mark.admit(5),
+            mark.admit(t(5)),
             "the holder of the highest token keeps writing"
         );
-        assert!(!mark.admit(4), "a lower token is stale");
-        assert!(mark.admit(9));
-        assert!(!mark.admit(5));
+        assert!(!mark.admit(t(4)), "a lower token is stale");
+        assert!(mark.admit(t(9)));
+        assert!(!mark.admit(t(5)));
         assert_eq!(mark.highest(), 9);
-        assert!(!HighWaterMark::starting_at(9).admit(8));
+        assert!(!HighWaterMark::starting_at(9).admit(t(8)));
     }
 }

@@ -9,15 +9,14 @@ use std::ops::{Deref, DerefMut};
 
 use sqlx::{PgConnection, Postgres, Transaction};
 
-use crate::error::{Error, Result};
-use crate::input::{check_positive_token, check_text};
-use crate::lease::LeaseManager;
+use crate::error::{Error, NotHeldReason, Result};
+use crate::lease::{Fence, LeaseManager, Token};
 use crate::sql;
 
 /// Declares, inside the caller's own transaction on `conn`, that it writes
-/// under lease `name` with `token`: fails with [`Error::NotHeld`] unless the
-/// token is current and unexpired, and keeps any other acquisition of
-/// `name` from committing until the transaction ends.
+/// under `lease` (its name and token): fails with [`Error::NotHeld`] unless
+/// the token is current and unexpired, and keeps any other acquisition of
+/// the lease from committing until the transaction ends.
 ///
 /// Call it in an open transaction; in autocommit mode the lock ends with the
 /// statement and protects nothing. The transaction protects its writes
@@ -28,15 +27,18 @@ use crate::sql;
 ///
 /// # Errors
 ///
-/// [`Error::InvalidInput`] for a bad name or a token below 1 (nothing is
-/// sent); [`Error::NotHeld`] if the token is not current and unexpired
-/// (the transaction is then aborted); [`Error::Database`] otherwise.
-pub async fn assert_held(conn: &mut PgConnection, name: &str, token: i64) -> Result<()> {
-    check_text("name", name)?;
-    check_positive_token(token)?;
+/// [`Error::NotHeld`] if the token is not current and unexpired (the
+/// transaction is then aborted), with the reason; [`Error::Database`]
+/// otherwise.
+///
+/// # Cancel safety
+///
+/// Dropped in flight, the transaction's state is unknown: roll it back.
+pub async fn assert_held(conn: &mut PgConnection, lease: impl AsRef<Fence>) -> Result<()> {
+    let fence = lease.as_ref();
     sqlx::query(sql::ASSERT_HELD)
-        .bind(name)
-        .bind(token)
+        .bind(fence.name())
+        .bind(fence.token())
         .execute(conn)
         .await?;
     Ok(())
@@ -50,31 +52,38 @@ pub async fn assert_held(conn: &mut PgConnection, name: &str, token: i64) -> Res
 #[derive(Debug)]
 pub struct FencedTransaction {
     tx: Transaction<'static, Postgres>,
-    name: String,
-    token: i64,
+    fence: Fence,
     /// Why a re-check failed: the transaction is aborted, and PostgreSQL
     /// would silently turn a COMMIT into a ROLLBACK.
-    failed: Option<String>,
+    failed: Option<NotHeldReason>,
 }
 
 impl FencedTransaction {
     /// The lease this transaction writes under.
     pub fn name(&self) -> &str {
-        &self.name
+        self.fence.name()
     }
 
     /// The token it declared.
-    pub fn token(&self) -> i64 {
-        self.token
+    pub fn token(&self) -> Token {
+        self.fence.token()
     }
 
     /// Checks the declaration again now, on the database clock: use it in a
     /// long transaction before each step that must still be under a valid
     /// lease. Fails with [`Error::NotHeld`] once the lease has expired.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] with the reason; [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the transaction's state is unknown: roll it back.
     pub async fn recheck(&mut self) -> Result<()> {
-        let outcome = assert_held(&mut self.tx, &self.name, self.token).await;
-        if let Err(Error::NotHeld { message }) = &outcome {
-            self.failed = Some(message.clone());
+        let outcome = assert_held(&mut self.tx, &self.fence).await;
+        if let Err(Error::NotHeld { reason, .. }) = &outcome {
+            self.failed = Some(reason.clone());
         }
         outcome
     }
@@ -86,15 +95,33 @@ impl FencedTransaction {
     /// statement PostgreSQL itself answers COMMIT with a rollback.) An
     /// error from the commit itself, such as a dropped connection, leaves
     /// the outcome unknown, as for any commit.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] after a failed re-check; [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the commit may or may not happen, as for any
+    /// commit whose answer is lost.
     pub async fn commit(self) -> Result<()> {
-        if let Some(message) = self.failed {
+        if let Some(reason) = self.failed {
             let _ = self.tx.rollback().await;
-            return Err(Error::NotHeld { message });
+            return Err(Error::NotHeld {
+                name: self.fence.name().to_owned(),
+                token: Some(self.fence.token()),
+                reason,
+            });
         }
         self.tx.commit().await.map_err(Error::from)
     }
 
     /// Rolls back the caller's writes.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] if the connection failed (nothing commits then
+    /// either).
     pub async fn rollback(self) -> Result<()> {
         self.tx.rollback().await.map_err(Error::from)
     }
@@ -120,31 +147,46 @@ impl DerefMut for FencedTransaction {
 }
 
 impl LeaseManager {
-    /// Begins a transaction and declares lease `name` with `token` in it.
+    /// Begins a transaction and declares `lease` in it
+    /// ([`assert_held`]): its writes can commit only while the lease is
+    /// held under that token.
     ///
-    /// Fails with [`Error::NotHeld`] (and rolls back) unless the token is
-    /// current and unexpired on the database clock.
-    pub async fn begin_fenced(&self, name: &str, token: i64) -> Result<FencedTransaction> {
-        check_text("name", name)?;
-        check_positive_token(token)?;
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] (after rolling back) unless the token is current
+    /// and unexpired on the database clock; [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, the transaction rolls back.
+    pub async fn begin_fenced(&self, lease: impl AsRef<Fence>) -> Result<FencedTransaction> {
+        let fence = lease.as_ref();
         let mut tx = self.pool().begin().await?;
-        assert_held(&mut tx, name, token).await?;
+        assert_held(&mut tx, fence).await?;
         Ok(FencedTransaction {
             tx,
-            name: name.to_owned(),
-            token,
+            fence: fence.clone(),
             failed: None,
         })
     }
 
-    /// Runs `work` in a fenced transaction for lease `name` under `token`,
-    /// committing if it returns `Ok` and rolling back if it returns `Err`.
-    pub async fn fenced<T, E, F>(&self, name: &str, token: i64, work: F) -> Result<T, E>
+    /// Runs `work` in a fenced transaction for `lease`, committing if it
+    /// returns `Ok` and rolling back if it returns `Err`.
+    ///
+    /// # Errors
+    ///
+    /// `work`'s error, or the errors of [`LeaseManager::begin_fenced`] and
+    /// [`FencedTransaction::commit`] converted into `E`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before the commit is sent, the transaction rolls back.
+    pub async fn fenced<T, E, F>(&self, lease: impl AsRef<Fence>, work: F) -> Result<T, E>
     where
         F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
         E: From<Error>,
     {
-        let mut tx = self.begin_fenced(name, token).await?;
+        let mut tx = self.begin_fenced(lease).await?;
         match work(&mut tx).await {
             Ok(value) => {
                 tx.commit().await?;

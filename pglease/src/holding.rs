@@ -29,7 +29,7 @@ use tokio_util::task::TaskTracker;
 use crate::error::{Error, LossReason, Result};
 use crate::fenced::FencedTransaction;
 use crate::input::check_duration;
-use crate::lease::{Lease, LeaseManager, interval};
+use crate::lease::{Acquire, Fence, Lease, LeaseManager, Token, interval};
 use crate::options::{ManagerOptions, Timing};
 use crate::sql;
 use crate::waiting::Listener;
@@ -118,7 +118,7 @@ impl Shared {
     /// Stops renewing `lease`; returns its registry entry if it had one.
     fn forget(&self, lease: &Lease) -> Option<Entry> {
         self.registry()
-            .remove(&(lease.name().to_owned(), lease.token()))
+            .remove(&(lease.name().to_owned(), lease.token().get()))
     }
 }
 
@@ -151,7 +151,7 @@ struct View {
 
 #[derive(Default)]
 struct RenewalStatus {
-    last_error: Option<String>,
+    last_error: Option<Arc<Error>>,
     sent_at: Option<Instant>,
 }
 
@@ -168,7 +168,7 @@ impl HeldState {
             if v.lost.is_some() {
                 return false;
             }
-            tracing::warn!(name = self.lease.name(), token = self.lease.token(), %reason, "lease lost");
+            tracing::warn!(name = self.lease.name(), token = self.lease.token().get(), %reason, "lease lost");
             v.lost = Some(reason);
             v.lost_at = Some(Instant::now());
             true
@@ -192,10 +192,10 @@ impl HeldState {
         }
         if let Some(sent) = status.sent_at {
             return LossReason::Unreachable {
-                error: format!(
-                    "a renewal sent {} ms ago is unanswered",
-                    sent.elapsed().as_millis()
-                ),
+                error: Arc::new(Error::Timeout {
+                    operation: "renewal",
+                    after: Some(sent.elapsed()),
+                }),
             };
         }
         LossReason::Expired
@@ -213,7 +213,7 @@ impl HeldState {
         self.view.borrow().lost.clone()
     }
 
-    fn set_renewal(&self, last_error: Option<String>, sent_at: Option<Instant>) {
+    fn set_renewal(&self, last_error: Option<Arc<Error>>, sent_at: Option<Instant>) {
         let mut status = self
             .renewal
             .lock()
@@ -247,52 +247,61 @@ impl HeldState {
 /// Dropping it releases the lease in the background, best effort (it needs
 /// a running tokio runtime; otherwise the lease simply expires after its
 /// TTL). Prefer [`HeldLease::release`], which reports the outcome.
+#[derive(Clone)]
 pub struct HeldLease {
+    inner: Arc<Held>,
+}
+
+/// What the clones of one [`HeldLease`] share; released when the last one
+/// is dropped.
+struct Held {
     manager: LeaseManager,
     state: Arc<HeldState>,
-    released: bool,
+    /// Released, or handed over to `expire_in`: nothing for `Drop` to do.
+    released: AtomicBool,
 }
 
 impl std::fmt::Debug for HeldLease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HeldLease")
-            .field("lease", &self.state.lease)
-            .field("view", &*self.state.view.borrow())
-            .finish()
+            .field("lease", &self.inner.state.lease)
+            .field("view", &*self.inner.state.view.borrow())
+            .finish_non_exhaustive()
     }
 }
 
 impl HeldLease {
     /// The acquisition: name, holder, token.
     pub fn lease(&self) -> &Lease {
-        &self.state.lease
+        &self.inner.state.lease
     }
 
     /// The lease name.
     pub fn name(&self) -> &str {
-        self.state.lease.name()
+        self.inner.state.lease.name()
     }
 
     /// The fencing token; carry it into fenced transactions.
-    pub fn token(&self) -> i64 {
-        self.state.lease.token()
+    pub fn token(&self) -> Token {
+        self.inner.state.lease.token()
     }
 
     /// The TTL each renewal asks for.
     pub fn ttl(&self) -> Duration {
-        self.state.timing.ttl
+        self.inner.state.timing.ttl
     }
 
     /// Until when this process may act under the lease, on the monotonic
     /// clock: the last confirmed renewal's send time + TTL − safety margin.
     /// It moves forward only when a renewal is confirmed.
     pub fn deadline(&self) -> std::time::Instant {
-        self.state.view.borrow().deadline.into_std()
+        self.inner.state.view.borrow().deadline.into_std()
     }
 
     /// Time left before [`HeldLease::deadline`] (zero once past).
     pub fn remaining(&self) -> Duration {
-        self.state
+        self.inner
+            .state
             .view
             .borrow()
             .deadline
@@ -302,41 +311,46 @@ impl HeldLease {
     /// The expiry the database set at the last confirmed renewal (database
     /// clock; compare it only with database time).
     pub fn expires_at(&self) -> DateTime<Utc> {
-        self.state.view.borrow().expires_at
+        self.inner.state.view.borrow().expires_at
     }
 
     /// Whether the lease is lost (this also notices a deadline that has
     /// passed while the renewal task could not run).
     pub fn is_lost(&self) -> bool {
-        self.state.check().is_some()
+        self.inner.state.check().is_some()
     }
 
     /// Why the lease is lost, if it is.
     pub fn loss_reason(&self) -> Option<LossReason> {
-        self.state.check()
+        self.inner.state.check()
     }
 
     /// When the loss signal fired, if it has.
     pub fn lost_at(&self) -> Option<std::time::Instant> {
-        self.state.check();
-        self.state.view.borrow().lost_at.map(Instant::into_std)
+        self.inner.state.check();
+        self.inner
+            .state
+            .view
+            .borrow()
+            .lost_at
+            .map(Instant::into_std)
     }
 
     /// Resolves when the lease is lost, with the reason; at the latest at
     /// the local deadline, whatever the database does. Cancel-safe, so it
     /// can sit in a `tokio::select!` beside the work.
     pub async fn lost(&self) -> LossReason {
-        let mut view = self.state.view.subscribe();
+        let mut view = self.inner.state.view.subscribe();
         loop {
             // Mark the current state seen *before* checking it, so that a
             // loss fired in between wakes `changed()` below.
             view.borrow_and_update();
-            if let Some(reason) = self.state.check() {
+            if let Some(reason) = self.inner.state.check() {
                 return reason;
             }
-            let fire_at = self.state.fire_at();
+            let fire_at = self.inner.state.fire_at();
             tokio::select! {
-                // The sender lives in `self.state`, so this never errors.
+                // The sender lives in `self.inner.state`, so this never errors.
                 _ = view.changed() => {}
                 () = tokio::time::sleep_until(fire_at) => {}
             }
@@ -347,29 +361,29 @@ impl HeldLease {
     /// speaks `CancellationToken`. Cancelling it yourself affects only your
     /// copy, not the lease.
     pub fn loss_token(&self) -> CancellationToken {
-        self.state.check();
-        self.state.lost.child_token()
+        self.inner.state.check();
+        self.inner.state.lost.child_token()
     }
 
     /// Begins a fenced transaction under this lease, refusing with
     /// [`Error::Lost`] if the lease is already lost locally (the database
     /// checks the token again either way).
     pub async fn begin_fenced(&self) -> Result<FencedTransaction> {
-        if let Some(reason) = self.state.check() {
+        if let Some(reason) = self.inner.state.check() {
             return Err(self.lost_error(reason));
         }
-        self.manager.begin_fenced(self.name(), self.token()).await
+        self.inner.manager.begin_fenced(self).await
     }
 
     /// Stops renewing and releases the lease in the database. Returns
     /// `true` if this ended it, `false` if it had already ended (lost).
-    pub async fn release(mut self) -> Result<bool> {
-        self.manager.shared().forget(&self.state.lease);
-        self.state.fire(LossReason::Released);
-        let outcome = self.manager.release(self.name(), self.token()).await;
+    pub async fn release(self) -> Result<bool> {
+        self.inner.manager.shared().forget(&self.inner.state.lease);
+        self.inner.state.fire(LossReason::Released);
+        let outcome = self.inner.manager.release(&self).await;
         // Only now: if this future is dropped before the database answers,
         // `Drop` releases in the background instead.
-        self.released = true;
+        self.inner.released.store(true, Ordering::Release);
         outcome
     }
 
@@ -393,26 +407,26 @@ impl HeldLease {
     /// in the background nor released: it expires a TTL after the last
     /// renewal that got through, or `after` from now if this statement
     /// got through.
-    pub async fn expire_in(mut self, after: Duration) -> Result<DateTime<Utc>> {
+    pub async fn expire_in(self, after: Duration) -> Result<DateTime<Utc>> {
         check_duration("after", after)?;
-        if let Some(reason) = self.state.check() {
+        if let Some(reason) = self.inner.state.check() {
             return Err(self.lost_error(reason));
         }
         // From here on neither renewed nor released (not even by Drop).
-        self.released = true;
-        let shared = self.manager.shared();
+        self.inner.released.store(true, Ordering::Release);
+        let shared = self.inner.manager.shared();
         let mut applied = shared.applied.subscribe();
         let in_flight = shared
-            .forget(&self.state.lease)
+            .forget(&self.inner.state.lease)
             .is_some_and(|e| e.in_flight);
-        self.state.fire(LossReason::Released);
+        self.inner.state.fire(LossReason::Released);
         if in_flight {
             // A renewal already sent would, landing after the statement
             // below, set the expiry to a TTL from then: let it land first.
             let limit = shared.options.renew_timeout_value();
             let _ = tokio::time::timeout(limit, applied.changed()).await;
         }
-        self.manager.renew(self.name(), self.token(), after).await
+        self.inner.manager.renew(&self, after).await
     }
 
     fn lost_error(&self, reason: LossReason) -> Error {
@@ -424,9 +438,15 @@ impl HeldLease {
     }
 }
 
-impl Drop for HeldLease {
+impl AsRef<Fence> for HeldLease {
+    fn as_ref(&self) -> &Fence {
+        self.inner.state.lease.fence()
+    }
+}
+
+impl Drop for Held {
     fn drop(&mut self) {
-        if self.released {
+        if self.released.load(Ordering::Acquire) {
             return;
         }
         self.manager.shared().forget(&self.state.lease);
@@ -450,7 +470,7 @@ pub(crate) fn release_in_background(shared: &Arc<Shared>, lease: &Lease) {
     };
     let pool = shared.pool.clone();
     let limit = shared.options.renew_timeout_value();
-    let (name, token) = (lease.name().to_owned(), lease.token());
+    let (name, token) = (lease.name().to_owned(), lease.token().get());
     shared.background.spawn_on(
         async move {
             let release = sqlx::query(sql::RELEASE)
@@ -468,52 +488,76 @@ pub(crate) fn release_in_background(shared: &Arc<Shared>, lease: &Lease) {
 }
 
 impl LeaseManager {
-    /// Acquires lease `name` (waiting up to `max_wait`, see
-    /// [`LeaseManager::acquire`]) and keeps it renewed in the background
-    /// until the returned handle is released or dropped, or the lease is
-    /// lost.
+    /// Acquires lease `name` as `how` says (waiting as long as it allows,
+    /// see [`LeaseManager::acquire`]) and keeps it renewed in the
+    /// background until every clone of the returned handle is dropped, one
+    /// is released, or the lease is lost.
     ///
-    /// Checks the timing first: the renewal period (TTL × renew fraction)
-    /// must come before the local deadline (TTL − safety margin).
-    pub async fn hold(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-        max_wait: Duration,
-    ) -> Result<HeldLease> {
+    /// # Errors
+    ///
+    /// Those of [`LeaseManager::acquire`]; and [`Error::InvalidInput`] if
+    /// the renewal period (TTL × renew fraction) would not come before the
+    /// local deadline (TTL − safety margin).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, nothing stays held (an
+    /// acquisition in flight is released in the background).
+    pub async fn hold(&self, name: &str, how: Acquire) -> Result<HeldLease> {
         // The TTL as renewals send it, validated and converted once.
-        let pg_ttl = interval(ttl)?;
-        let timing = self.shared().options.timing(ttl)?;
+        let pg_ttl = interval(how.lease_ttl())?;
+        let timing = self.shared().options.timing(how.lease_ttl())?;
         // Until the lease is registered (or released, if a shutdown came
         // first), `shutdown` waits for this call.
         let _busy = self.shared().background.token();
-        let (lease, sent) = self.acquire_sent(name, holder, ttl, max_wait).await?;
+        let (lease, sent) = self.acquire_sent(name, &how).await?;
         Ok(self.register(lease, sent, timing, pg_ttl))
     }
 
-    /// Runs `work` while holding lease `name`: acquires it (waiting up to
-    /// `max_wait`), renews it in the background, and releases it when
-    /// `work` finishes.
+    /// Runs `work` while holding lease `name`: acquires it as `how` says,
+    /// renews it in the background, and releases it when `work` finishes.
     ///
     /// If the lease is lost first, `work` is dropped at its next await
-    /// point (stopped) and this returns [`Error::Lost`] with the reason.
-    /// `work` gets the held lease for its token and loss signal; fenced
-    /// writes inside it should use [`HeldLease::begin_fenced`].
-    pub async fn with_lease<T, F>(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-        max_wait: Duration,
-        work: F,
-    ) -> Result<T>
+    /// point (stopped) and this returns [`Error::Lost`] with the reason,
+    /// converted into `work`'s error type: one `?` handles both. `work`
+    /// gets a clone of the held lease (move it into spawned tasks freely)
+    /// for its token and loss signal; fenced writes inside it should use
+    /// [`HeldLease::begin_fenced`].
+    ///
+    /// ```no_run
+    /// # async fn f(leases: pglease::LeaseManager) -> Result<(), pglease::Error> {
+    /// use std::time::Duration;
+    /// use pglease::Acquire;
+    ///
+    /// let rows = leases
+    ///     .with_lease("nightly-report", Acquire::ttl(Duration::from_secs(30)), async |held| {
+    ///         let mut tx = held.begin_fenced().await?;
+    ///         let rows = sqlx::query("DELETE FROM outbox").execute(&mut *tx).await?;
+    ///         tx.commit().await?;
+    ///         Ok::<_, pglease::Error>(rows.rows_affected())
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Those of [`LeaseManager::hold`] and [`Error::Lost`], converted into
+    /// `E`; `work`'s own error. A failed release after the work is logged,
+    /// not returned (the lease then ends at its expiry).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped early, `work` is dropped with it and the lease is released
+    /// in the background.
+    pub async fn with_lease<T, E, F>(&self, name: &str, how: Acquire, work: F) -> Result<T, E>
     where
-        F: AsyncFnOnce(&HeldLease) -> T,
+        F: AsyncFnOnce(HeldLease) -> Result<T, E>,
+        E: From<Error>,
     {
-        let held = self.hold(name, holder, ttl, max_wait).await?;
+        let held = self.hold(name, how).await?;
         let outcome = {
-            let work = work(&held);
+            let work = work(held.clone());
             tokio::select! {
                 biased;
                 reason = held.lost() => Err(reason),
@@ -527,9 +571,9 @@ impl LeaseManager {
                     // next holder until it expires.
                     tracing::warn!(name, %error, "could not release the lease after the work");
                 }
-                Ok(value)
+                value
             }
-            Err(reason) => Err(held.lost_error(reason)),
+            Err(reason) => Err(held.lost_error(reason).into()),
         }
     }
 
@@ -569,14 +613,17 @@ impl LeaseManager {
         let mut first_error = None;
         for entry in &entries {
             let lease = &entry.state.lease;
-            let release = self.release(lease.name(), lease.token());
+            let release = self.release(lease);
             let outcome = match tokio::time::timeout(limit, release).await {
                 Ok(outcome) => outcome.map(|_| ()),
                 Err(_) => Err(Error::Lost {
                     name: lease.name().to_owned(),
                     token: lease.token(),
                     reason: LossReason::Unreachable {
-                        error: format!("no answer to its release within {limit:?}"),
+                        error: Arc::new(Error::Timeout {
+                            operation: "release",
+                            after: Some(limit),
+                        }),
                     },
                 }),
             };
@@ -643,7 +690,7 @@ impl LeaseManager {
             renewal: Mutex::new(RenewalStatus::default()),
         });
         shared.registry().insert(
-            (state.lease.name().to_owned(), state.lease.token()),
+            (state.lease.name().to_owned(), state.lease.token().get()),
             Entry {
                 state: state.clone(),
                 renew_at: sent + timing.period,
@@ -668,9 +715,11 @@ impl LeaseManager {
             shared.wake.notify_one();
         }
         HeldLease {
-            manager: self.clone(),
-            state,
-            released: false,
+            inner: Arc::new(Held {
+                manager: self.clone(),
+                state,
+                released: AtomicBool::new(false),
+            }),
         }
     }
 }
@@ -686,7 +735,7 @@ struct Batch {
 struct BatchOutcome {
     keys: Vec<(String, i64)>,
     sent: Instant,
-    result: std::result::Result<Vec<PgRow>, String>,
+    result: std::result::Result<Vec<PgRow>, Arc<Error>>,
 }
 
 type InFlight = Pin<Box<dyn Future<Output = BatchOutcome> + Send>>;
@@ -738,7 +787,10 @@ fn plan(shared: &Arc<Shared>, now: Instant, can_send: bool) -> (Option<Batch>, O
             let reason = match state.deadline_reason() {
                 // Not renewed because the statement before it hangs.
                 LossReason::Expired if !can_send => LossReason::Unreachable {
-                    error: "a renewal statement for other leases is unanswered".to_owned(),
+                    error: Arc::new(Error::Timeout {
+                        operation: "renewal statement (sent for other leases)",
+                        after: None,
+                    }),
                 },
                 reason => reason,
             };
@@ -833,12 +885,15 @@ async fn send_batch(shared: Arc<Shared>, batch: Batch) -> BatchOutcome {
     .await;
     let result = match outcome {
         Ok(Ok(rows)) => Ok(rows),
-        Ok(Err(error)) => Err(error.to_string()),
+        Ok(Err(error)) => Err(Arc::new(Error::from(error))),
         Err(_) => {
             if let Some(mut conn) = slot.take() {
                 conn.close_on_drop();
             }
-            Err(format!("no answer to a renewal within {limit:?}"))
+            Err(Arc::new(Error::Timeout {
+                operation: "renewal",
+                after: Some(limit),
+            }))
         }
     };
     BatchOutcome {
@@ -906,7 +961,7 @@ fn apply(shared: &Arc<Shared>, outcome: BatchOutcome) {
                     LossReason::Released
                 } else {
                     LossReason::Stale {
-                        current_token,
+                        current_token: current_token.map(Token::issued),
                         current_holder,
                     }
                 };

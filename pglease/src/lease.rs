@@ -19,7 +19,155 @@ use crate::holding::Shared;
 use crate::input::{check_positive_token, check_text, check_ttl};
 use crate::options::ManagerOptions;
 use crate::sql;
-use crate::waiting::Attempt;
+
+/// A fencing token: which acquisition of a lease. Every acquisition of a
+/// name gets a token greater than all tokens issued before for that name;
+/// tokens start at 1 and are never reused.
+///
+/// Binds to SQL as a `bigint`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Token(i64);
+
+impl Token {
+    /// A token read from elsewhere (a database row, `PGLEASE_TOKEN`, a
+    /// message). Tokens start at 1.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] (argument `token`) for zero or less, which
+    /// was never issued and can only be a mistake.
+    pub fn new(token: i64) -> Result<Token> {
+        check_positive_token(token)?;
+        Ok(Token(token))
+    }
+
+    /// A token the database issued.
+    pub(crate) fn issued(token: i64) -> Token {
+        Token(token)
+    }
+
+    /// The token as the database stores it.
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<Token> for i64 {
+    fn from(token: Token) -> i64 {
+        token.0
+    }
+}
+
+impl PartialEq<i64> for Token {
+    fn eq(&self, other: &i64) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<Token> for i64 {
+    fn eq(&self, other: &Token) -> bool {
+        *self == other.0
+    }
+}
+
+impl PartialOrd<i64> for Token {
+    fn partial_cmp(&self, other: &i64) -> Option<std::cmp::Ordering> {
+        self.0.partial_cmp(other)
+    }
+}
+
+impl std::str::FromStr for Token {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Token> {
+        let token: i64 = s
+            .trim()
+            .parse()
+            .map_err(|e| Error::invalid("token", format!("{s:?} is not a whole number ({e})")))?;
+        Token::new(token)
+    }
+}
+
+impl sqlx::Type<sqlx::Postgres> for Token {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <i64 as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+}
+
+impl<'q> sqlx::Encode<'q, sqlx::Postgres> for Token {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> std::result::Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <i64 as sqlx::Encode<'q, sqlx::Postgres>>::encode_by_ref(&self.0, buf)
+    }
+}
+
+/// A lease name and a token: what the database checks before it lets a
+/// holder renew, release or write. Every operation on an acquired lease
+/// takes one, through `AsRef<Fence>`: a [`Lease`], a
+/// [`HeldLease`](crate::HeldLease), or a `Fence` built from a name and a
+/// token that came from elsewhere (another process, `pglease run`'s
+/// `PGLEASE_NAME` and `PGLEASE_TOKEN`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Fence {
+    name: String,
+    token: Token,
+}
+
+impl Fence {
+    /// The fence of lease `name` under `token`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] (argument `name`) for an empty name, one
+    /// over [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES), or one with a NUL.
+    pub fn new(name: impl Into<String>, token: Token) -> Result<Fence> {
+        let name = name.into();
+        check_text("name", &name)?;
+        Ok(Fence { name, token })
+    }
+
+    /// The fence `pglease run` hands to its command: `PGLEASE_NAME` and
+    /// `PGLEASE_TOKEN`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the variable that is missing or not
+    /// valid.
+    pub fn from_env() -> Result<Fence> {
+        let var = |key: &'static str| {
+            std::env::var(key).map_err(|e| Error::invalid(key, format!("cannot be read: {e}")))
+        };
+        let token = var("PGLEASE_TOKEN")?
+            .parse::<Token>()
+            .map_err(|e| Error::invalid("PGLEASE_TOKEN", e.to_string()))?;
+        Fence::new(var("PGLEASE_NAME")?, token)
+            .map_err(|e| Error::invalid("PGLEASE_NAME", e.to_string()))
+    }
+
+    /// The lease name (the resource).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The token.
+    pub fn token(&self) -> Token {
+        self.token
+    }
+}
+
+impl AsRef<Fence> for Fence {
+    fn as_ref(&self) -> &Fence {
+        self
+    }
+}
 
 /// A lease acquired by this process: the name, the holder, and the token
 /// (fence) that identifies this acquisition.
@@ -29,9 +177,8 @@ use crate::waiting::Attempt;
 /// strictly greater one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
-    name: String,
+    fence: Fence,
     holder: String,
-    token: i64,
     expires_at: DateTime<Utc>,
     acquired_at: DateTime<Utc>,
 }
@@ -40,14 +187,16 @@ impl Lease {
     pub(crate) fn new(
         name: &str,
         holder: String,
-        token: i64,
+        token: Token,
         expires_at: DateTime<Utc>,
         acquired_at: DateTime<Utc>,
     ) -> Self {
         Lease {
-            name: name.to_owned(),
+            fence: Fence {
+                name: name.to_owned(),
+                token,
+            },
             holder,
-            token,
             expires_at,
             acquired_at,
         }
@@ -55,7 +204,7 @@ impl Lease {
 
     /// The lease name (the resource).
     pub fn name(&self) -> &str {
-        &self.name
+        &self.fence.name
     }
 
     /// Who acquired it.
@@ -64,8 +213,13 @@ impl Lease {
     }
 
     /// The fencing token of this acquisition.
-    pub fn token(&self) -> i64 {
-        self.token
+    pub fn token(&self) -> Token {
+        self.fence.token
+    }
+
+    /// The name and token, as every operation on the lease takes them.
+    pub fn fence(&self) -> &Fence {
+        &self.fence
     }
 
     /// The expiry the database set at acquisition (or at the renewal that
@@ -87,6 +241,107 @@ impl Lease {
     }
 }
 
+impl AsRef<Fence> for Lease {
+    fn as_ref(&self) -> &Fence {
+        &self.fence
+    }
+}
+
+/// How to acquire a lease: for how long (the TTL, required), for whom
+/// (default: this host and process), and how long to wait for the current
+/// holder (default: not at all, one attempt).
+///
+/// ```
+/// use std::time::Duration;
+/// use pglease::Acquire;
+///
+/// let how = Acquire::ttl(Duration::from_secs(30))
+///     .holder("worker-7")
+///     .wait(Duration::from_secs(5));
+/// assert_eq!(how.max_wait(), Duration::from_secs(5));
+/// ```
+///
+/// The TTL and the wait are named, so they cannot be swapped by position:
+///
+/// ```compile_fail
+/// # async fn f(leases: pglease::LeaseManager) {
+/// use std::time::Duration;
+/// // The positional form of earlier versions does not compile:
+/// leases.hold("job", "worker-7", Duration::from_secs(5), Duration::from_secs(30)).await;
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acquire {
+    ttl: Duration,
+    holder: Option<String>,
+    max_wait: Duration,
+}
+
+impl Acquire {
+    /// Acquire for `ttl`: the lease expires `ttl` after the database
+    /// grants it (or after each renewal), on the database clock. At most
+    /// [`MAX_TTL`](crate::MAX_TTL), at least 1 µs.
+    pub fn ttl(ttl: Duration) -> Acquire {
+        Acquire {
+            ttl,
+            holder: None,
+            max_wait: Duration::ZERO,
+        }
+    }
+
+    /// Who acquires, as the status view and other holders see it (1 to
+    /// [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) bytes). Default:
+    /// [`default_holder`].
+    pub fn holder(mut self, holder: impl Into<String>) -> Acquire {
+        self.holder = Some(holder.into());
+        self
+    }
+
+    /// Wait up to `max_wait` for the current holder to release the lease
+    /// or let it expire. Default: zero, one attempt.
+    pub fn wait(mut self, max_wait: Duration) -> Acquire {
+        self.max_wait = max_wait;
+        self
+    }
+
+    /// The TTL.
+    pub fn lease_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The holder name that will be used.
+    pub fn holder_name(&self) -> std::borrow::Cow<'_, str> {
+        match &self.holder {
+            Some(holder) => std::borrow::Cow::Borrowed(holder),
+            None => std::borrow::Cow::Owned(default_holder()),
+        }
+    }
+
+    /// The longest wait.
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+}
+
+/// The holder name used when none is given: `HOST:PID`, this machine's
+/// host name and this process's id, so that the status view tells where a
+/// holder runs.
+pub fn default_holder() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+        .or_else(|| std::env::var("COMPUTERNAME").ok().filter(|h| !h.is_empty()))
+        .unwrap_or_else(|| "localhost".to_owned());
+    let mut holder = format!("{host}:{}", std::process::id());
+    // A host name is at most 253 bytes; keep the whole within the limit.
+    while holder.len() > crate::MAX_NAME_BYTES {
+        holder.remove(0);
+    }
+    holder
+}
+
 /// One row of the `pglease.status` view.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -96,7 +351,7 @@ pub struct LeaseStatus {
     /// The current or last holder; `None` once released or never acquired.
     pub holder: Option<String>,
     /// The latest token issued; `None` if never acquired.
-    pub token: Option<i64>,
+    pub token: Option<Token>,
     /// When the latest acquisition expires (or ended, once released).
     pub expires_at: Option<DateTime<Utc>>,
     /// Time left on the database clock; `None` unless held.
@@ -122,7 +377,7 @@ impl LeaseStatus {
         Ok(LeaseStatus {
             name: row.try_get("name")?,
             holder: row.try_get("holder")?,
-            token: row.try_get("token")?,
+            token: row.try_get::<Option<i64>, _>("token")?.map(Token::issued),
             expires_at: row.try_get("expires_at")?,
             remaining: remaining_us.map(|us| Duration::from_micros(us.max(0).unsigned_abs())),
             held: row.try_get("held")?,
@@ -240,80 +495,57 @@ impl LeaseManager {
         &self.shared
     }
 
-    /// Acquires lease `name` for `holder` for `ttl` if it is free or
-    /// expired, without waiting for a release.
-    ///
-    /// Each success carries a new token, greater than every token issued
-    /// before for `name`. An attempt on a held, unexpired lease is
-    /// read-only in the database. On a lease that has ended but is still
-    /// locked by transactions fenced under an earlier token, the database
-    /// ends those transactions first; it answers within about 2 s in any
-    /// case. An answer that came later than a renewal period is confirmed
-    /// with a renewal before it is returned.
+    /// Extends the lease to database-now + `ttl`, and returns the new
+    /// expiry (database clock). Renewal is keyed on (name, token), so a
+    /// retry after a lost answer succeeds while the lease is still valid.
+    /// A [`HeldLease`](crate::HeldLease) is renewed in the background; this
+    /// is for leases held by hand.
     ///
     /// # Errors
     ///
-    /// [`Error::Held`] (with the current holder) if someone holds it,
-    /// including `holder` itself: leases are not re-entrant.
-    /// [`Error::Pinned`] if it has ended but a stale fenced transaction
-    /// that could not be ended still holds it. [`Error::Lost`] if it was
-    /// acquired so late that the confirming renewal found it expired.
-    /// [`Error::InvalidInput`] (nothing sent), [`Error::Database`].
+    /// [`Error::Lost`] if the token is no longer valid (expired, released,
+    /// or taken over; the reason says which); [`Error::InvalidInput`]
+    /// for a bad `ttl` (nothing sent); [`Error::Database`].
     ///
     /// # Cancel safety
     ///
-    /// Not cancel-safe: dropped while its statement is in the database, a
-    /// lease it acquires stays held until it expires. [`LeaseManager::acquire`]
-    /// with a zero `max_wait` makes the same single attempt, cancel-safely.
-    pub async fn try_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease> {
-        check_text("name", name)?;
-        check_text("holder", holder)?;
-        let ttl = interval(ttl)?;
-        match self.attempt(name, holder, ttl).await? {
-            Attempt::Acquired { lease, .. } => Ok(lease),
-            Attempt::Held {
-                holder,
-                expires_at,
-                checked_at,
-                note,
-            } => Err(Attempt::refusal(name, holder, expires_at, checked_at, note)),
-        }
-    }
-
-    /// Extends lease `name` held under `token` to database-now + `ttl`, and
-    /// returns the new expiry (database clock).
-    ///
-    /// Returns [`Error::Lost`] if the token is no longer valid: expired,
-    /// released, or taken over. Renewal is keyed on (name, token), so a
-    /// retry after a lost response succeeds while the lease is still valid.
-    pub async fn renew(&self, name: &str, token: i64, ttl: Duration) -> Result<DateTime<Utc>> {
-        check_text("name", name)?;
-        check_positive_token(token)?;
+    /// Dropped in flight, the renewal may or may not commit; either way the
+    /// lease stays valid until the later of the two expiries.
+    pub async fn renew(&self, lease: impl AsRef<Fence>, ttl: Duration) -> Result<DateTime<Utc>> {
+        let fence = lease.as_ref();
         let ttl = interval(ttl)?;
         let expires_at: Option<DateTime<Utc>> = sqlx::query_scalar(sql::RENEW)
-            .bind(name)
-            .bind(token)
+            .bind(fence.name())
+            .bind(fence.token())
             .bind(ttl)
             .fetch_one(&self.pool)
             .await?;
         match expires_at {
             Some(expires_at) => Ok(expires_at),
-            None => Err(self.lost(name, token).await),
+            None => Err(self.lost(fence).await),
         }
     }
 
-    /// Ends lease `name` held under `token` at once.
+    /// Ends the lease at once, and wakes acquirers waiting for it.
     ///
     /// Returns `true` if this call ended it, `false` if the token was not
     /// valid (already released, expired, or stale). A delayed duplicate
     /// release carrying an older token never ends a newer acquisition, also
     /// when the holder name is the same.
-    pub async fn release(&self, name: &str, token: i64) -> Result<bool> {
-        check_text("name", name)?;
-        check_positive_token(token)?;
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] if the database cannot be reached.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the release may or may not commit; call it again
+    /// (it is idempotent) or let the lease expire.
+    pub async fn release(&self, lease: impl AsRef<Fence>) -> Result<bool> {
+        let fence = lease.as_ref();
         let released: bool = sqlx::query_scalar(sql::RELEASE)
-            .bind(name)
-            .bind(token)
+            .bind(fence.name())
+            .bind(fence.token())
             .fetch_one(&self.pool)
             .await?;
         Ok(released)
@@ -372,9 +604,12 @@ impl LeaseManager {
     ///
     /// This detects a stale token only after a newer one was seen: an
     /// expired lease whose token is still the highest is accepted.
-    pub async fn advance(&self, resource: &str, token: i64) -> Result<bool> {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad `resource`; [`Error::Database`].
+    pub async fn advance(&self, resource: &str, token: Token) -> Result<bool> {
         check_text("resource", resource)?;
-        check_positive_token(token)?;
         let accepted: bool = sqlx::query_scalar(sql::ADVANCE)
             .bind(resource)
             .bind(token)
@@ -387,9 +622,9 @@ impl LeaseManager {
 impl LeaseManager {
     /// The error for a lease that `renew` found lost, with the reason read
     /// from the status view (one extra read, on the failure path only).
-    pub(crate) async fn lost(&self, name: &str, token: i64) -> Error {
-        let reason = match self.inspect(name).await {
-            Ok(status) if status.token == Some(token) && status.holder.is_none() => {
+    pub(crate) async fn lost(&self, fence: &Fence) -> Error {
+        let reason = match self.inspect(fence.name()).await {
+            Ok(status) if status.token == Some(fence.token()) && status.holder.is_none() => {
                 LossReason::Released
             }
             Ok(status) => LossReason::Stale {
@@ -399,8 +634,8 @@ impl LeaseManager {
             Err(error) => return error,
         };
         Error::Lost {
-            name: name.to_owned(),
-            token,
+            name: fence.name().to_owned(),
+            token: fence.token(),
             reason,
         }
     }

@@ -1,4 +1,4 @@
-#![doc = include_str!("../../README.md")]
+#![doc = include_str!("lib.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
@@ -20,15 +20,27 @@ mod waiting;
 pub use advisory::{SessionLock, XactLock, advisory_key};
 pub use connect::{DEFAULT_CONNECT_TIMEOUT, libpq_defaults, pool_options};
 pub use error::{
-    Error, LossReason, Result, SQLSTATE_INVALID_INPUT, SQLSTATE_NOT_DECLARED, SQLSTATE_NOT_HELD,
+    Error, LossReason, NotHeldReason, Result, SQLSTATE_INVALID_INPUT, SQLSTATE_NOT_DECLARED,
+    SQLSTATE_NOT_HELD,
 };
 pub use fence::HighWaterMark;
 pub use fenced::{FencedTransaction, assert_held};
 pub use holding::{HeldLease, ManagerStats};
 pub use input::{MAX_NAME_BYTES, MAX_TTL};
-pub use lease::{Lease, LeaseManager, LeaseStatus};
+pub use lease::{Acquire, Fence, Lease, LeaseManager, LeaseStatus, Token, default_holder};
 pub use migrate::MIGRATIONS_TABLE;
 pub use options::ManagerOptions;
 #[cfg(feature = "signal")]
 pub use signal::shutdown_signal;
 pub use waiting::RELEASE_CHANNEL;
+
+/// The `sqlx` this crate is built with: use its `PgPool`, `PgConnection`
+/// and `Transaction` with pglease (a different major version of sqlx in
+/// the same build has types of the same name that do not mix).
+pub use sqlx;
+
+/// The README's and the library guide's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../../docs/library.md")]
+pub struct ReadmeDoctests;

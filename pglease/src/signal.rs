@@ -18,9 +18,10 @@ use std::future::Future;
 /// use std::time::Duration;
 ///
 /// let stop = pglease::shutdown_signal()?;
-/// let work = leases.with_lease("nightly-report", "host-7", Duration::from_secs(30),
-///                              Duration::from_secs(60), async |held| {
+/// let how = pglease::Acquire::ttl(Duration::from_secs(30)).wait(Duration::from_secs(60));
+/// let work = leases.with_lease("nightly-report", how, async |held| {
 ///     // ... work under held.token() ...
+///     Ok::<_, pglease::Error>(())
 /// });
 /// tokio::select! {
 ///     outcome = work => outcome?,

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, Result};
 use crate::holding::{Shared, release_in_background};
 use crate::input::check_text;
-use crate::lease::{Lease, LeaseManager, interval, ttl_duration};
+use crate::lease::{Acquire, Lease, LeaseManager, Token, interval, ttl_duration};
 use crate::sql;
 
 /// The channel `pglease.release` notifies, with the lease name as payload.
@@ -489,7 +489,7 @@ impl LeaseManager {
         let lease = Lease::new(
             name,
             current_holder.unwrap_or_else(|| holder.to_owned()),
-            token,
+            Token::issued(token),
             expires_at,
             checked_at,
         );
@@ -507,10 +507,7 @@ impl LeaseManager {
     /// renewal's send; only a failed renewal makes it a loss.
     async fn confirm(&self, lease: Lease, ttl: PgInterval) -> Result<Attempt> {
         let sent = Instant::now();
-        match self
-            .renew(lease.name(), lease.token(), ttl_duration(ttl))
-            .await
-        {
+        match self.renew(&lease, ttl_duration(ttl)).await {
             Ok(expires_at) => Ok(Attempt::Acquired {
                 lease: lease.confirmed(expires_at),
                 sent,
@@ -560,38 +557,62 @@ impl LeaseManager {
         listener
     }
 
-    /// Acquires lease `name` for `holder` for `ttl`, waiting up to
-    /// `max_wait` for the current holder to release it or let it expire.
+    /// Acquires lease `name` as `how` says: for its TTL, for its holder,
+    /// and waiting up to its [`wait`](Acquire::wait) for the current holder
+    /// to release it or let it expire (by default, one attempt).
     ///
-    /// Wakes as soon as the holder releases (the manager LISTENs for
-    /// releases, see [`ManagerOptions::notify`](crate::ManagerOptions::notify)),
+    /// Each success carries a new token, greater than every token issued
+    /// before for `name`. An attempt on a held, unexpired lease is
+    /// read-only in the database. On a lease that has ended but is still
+    /// locked by transactions fenced under an earlier token, the database
+    /// ends those transactions first; each attempt answers within about
+    /// 2 s. An answer that came later than a renewal period is confirmed
+    /// with a renewal before it is returned.
+    ///
+    /// A waiting acquisition wakes as soon as the holder releases (the
+    /// manager starts listening for releases when a first attempt fails,
+    /// see [`ManagerOptions::notify`](crate::ManagerOptions::notify)),
     /// otherwise retries when the holder's lease expires, with jitter; when
     /// it cannot listen it polls, backing off from 10 ms up to the
-    /// configured maximum. After `max_wait` it returns [`Error::Held`] with
-    /// the last holder seen. `max_wait` zero means one attempt.
+    /// configured maximum.
+    ///
+    /// ```no_run
+    /// # async fn f(leases: pglease::LeaseManager) -> Result<(), pglease::Error> {
+    /// use std::time::Duration;
+    /// use pglease::{Acquire, Error};
+    ///
+    /// match leases.acquire("nightly-report", Acquire::ttl(Duration::from_secs(30))).await {
+    ///     Ok(lease) => println!("mine under token {}", lease.token()),
+    ///     Err(Error::Held { holder, .. }) => println!("{holder} has it"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Held`] (with the last holder seen) if someone holds it when
+    /// the wait is over, including this holder itself: leases are not
+    /// re-entrant. [`Error::Pinned`] if it has ended but a stale fenced
+    /// transaction that could not be ended still holds it.
+    /// [`Error::InvalidInput`] (nothing sent), [`Error::ShutDown`],
+    /// [`Error::Database`].
+    ///
+    /// # Cancel safety
     ///
     /// Cancel-safe: dropping the future leaves nothing held (an attempt in
     /// flight at that moment is released if it succeeded).
-    pub async fn acquire(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-        max_wait: Duration,
-    ) -> Result<Lease> {
-        Ok(self.acquire_sent(name, holder, ttl, max_wait).await?.0)
+    pub async fn acquire(&self, name: &str, how: Acquire) -> Result<Lease> {
+        Ok(self.acquire_sent(name, &how).await?.0)
     }
 
-    pub(crate) async fn acquire_sent(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-        max_wait: Duration,
-    ) -> Result<(Lease, Instant)> {
+    pub(crate) async fn acquire_sent(&self, name: &str, how: &Acquire) -> Result<(Lease, Instant)> {
         check_text("name", name)?;
+        let holder = how.holder_name();
+        let holder = holder.as_ref();
         check_text("holder", holder)?;
-        let ttl = interval(ttl)?;
+        let ttl = interval(how.lease_ttl())?;
+        let max_wait = how.max_wait();
         let shared = Arc::clone(self.shared());
         if shared.is_shut_down() {
             return Err(Error::ShutDown);
@@ -600,16 +621,11 @@ impl LeaseManager {
         let deadline = start
             .checked_add(max_wait)
             .unwrap_or(start + Duration::from_secs(86400 * 365));
-        // Subscribe before the first attempt, so that a release committed
-        // after it is heard.
-        let listener = shared.options.notify_enabled().then(|| self.listener());
-        let (mut releases, mut listening) = match listener {
-            Some(listener) => (
-                Some(listener.releases.subscribe()),
-                Some(listener.listening.subscribe()),
-            ),
-            None => (None, None),
-        };
+        // The release listener starts only once an attempt has failed and
+        // there is time to wait: a release committed before the name is
+        // watched is caught by the attempt made after the watch.
+        let mut listener: Option<&Listener> = None;
+        let (mut releases, mut listening) = (None, None);
         shared.counters.waiting.fetch_add(1, Ordering::Relaxed);
         let _waiting = Waiting(&shared.counters.waiting);
         let mut polls: u32 = 0;
@@ -641,6 +657,12 @@ impl LeaseManager {
             }
             if shared.is_shut_down() {
                 return Err(Error::ShutDown);
+            }
+            if listener.is_none() && shared.options.notify_enabled() {
+                let started = self.listener();
+                releases = Some(started.releases.subscribe());
+                listening = Some(started.listening.subscribe());
+                listener = Some(started);
             }
             if let Some(listener) = listener.filter(|_| !watched && !pinned) {
                 let watching = watching.get_or_insert_with(|| listener.watch(name));

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::TestDb;
-use pglease::{Error, Lease, LeaseManager};
+use pglease::{Acquire, Error, Lease, LeaseManager};
 use tokio::sync::Barrier;
 
 const RACERS: usize = 8;
@@ -23,7 +23,8 @@ async fn race(m: &LeaseManager, name: &str, ttl: Duration, what: &str) -> Vec<Le
             let (m, barrier, name) = (m.clone(), barrier.clone(), name.to_owned());
             tokio::spawn(async move {
                 barrier.wait().await;
-                m.try_acquire(&name, &format!("worker-{i}"), ttl).await
+                m.acquire(&name, Acquire::ttl(ttl).holder(format!("worker-{i}")))
+                    .await
             })
         })
         .collect();
@@ -63,14 +64,18 @@ async fn racing_acquirers_have_one_winner_per_round_and_increasing_tokens() {
             "round {round}: token {} after {last_token}",
             winner.token()
         );
-        last_token = winner.token();
+        last_token = winner.token().get();
         let status = m.inspect("hot").await.expect("inspect");
         assert_eq!(status.token, Some(winner.token()));
         assert_eq!(status.holder.as_deref(), Some(winner.holder()));
         if round % 2 == 1 {
             last_expiry = Some(winner.expires_at());
         } else {
-            assert!(m.release("hot", winner.token()).await.expect("release"));
+            assert!(
+                m.release(&common::fence("hot", winner.token()))
+                    .await
+                    .expect("release")
+            );
         }
     }
 }
@@ -82,7 +87,10 @@ async fn failed_attempts_on_a_held_lease_issue_no_token() {
     let db = TestDb::new().await;
     let m = db.manager();
     let lease = m
-        .try_acquire("hot", "owner", Duration::from_secs(600))
+        .acquire(
+            "hot",
+            Acquire::ttl(Duration::from_secs(600)).holder("owner"),
+        )
         .await
         .expect("acquire");
     let barrier = Arc::new(Barrier::new(RACERS));
@@ -94,7 +102,10 @@ async fn failed_attempts_on_a_held_lease_issue_no_token() {
                 barrier.wait().await;
                 for _ in 0..20 {
                     let attempt = m
-                        .try_acquire("hot", &format!("w{i}"), Duration::from_secs(1))
+                        .acquire(
+                            "hot",
+                            Acquire::ttl(Duration::from_secs(1)).holder(format!("w{i}")),
+                        )
                         .await;
                     assert!(matches!(attempt, Err(Error::Held { .. })), "{attempt:?}");
                 }
@@ -104,7 +115,7 @@ async fn failed_attempts_on_a_held_lease_issue_no_token() {
     for task in tasks {
         task.await.expect("attempts");
     }
-    let next = m.advance("probe", 1).await;
+    let next = m.advance("probe", common::token(1)).await;
     assert!(next.is_ok());
     let last_value: i64 = sqlx::query_scalar("SELECT last_value FROM pglease.fence_seq")
         .fetch_one(db.pool())

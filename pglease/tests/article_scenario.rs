@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use common::{TestDb, create_data_table, data_value, fenced_write};
+use pglease::Acquire;
 use pglease::Error;
 
 const UNIT: Duration = Duration::from_millis(400);
@@ -32,7 +33,7 @@ async fn article_serial_scenario_holds_against_postgres() {
 
     // A acquires at 0 for 5 units.
     let a = m
-        .try_acquire(name, "A", UNIT * 5)
+        .acquire(name, Acquire::ttl(UNIT * 5).holder("A"))
         .await
         .expect("A acquires");
     let t0 = a.acquired_at();
@@ -44,7 +45,7 @@ async fn article_serial_scenario_holds_against_postgres() {
     // Renew at 4 to expiry 9.
     db.wait_until_db_time(at(t0, 4)).await;
     let expiry = m
-        .renew(name, a.token(), UNIT * 5)
+        .renew(&common::fence(name, a.token()), UNIT * 5)
         .await
         .expect("A renews at 4");
     assert!(
@@ -66,14 +67,14 @@ async fn article_serial_scenario_holds_against_postgres() {
     assert_not_held(fenced_write(&m, name, a.token(), "forbidden").await);
     assert_eq!(data_value(&db).await, "a-2");
     assert!(matches!(
-        m.renew(name, a.token(), UNIT * 5).await,
+        m.renew(&common::fence(name, a.token()), UNIT * 5).await,
         Err(Error::Lost { .. })
     ));
 
     // B acquires at 10 with a larger token and writes.
     db.wait_until_db_time(at(t0, 10)).await;
     let b = m
-        .try_acquire(name, "B", UNIT * 5)
+        .acquire(name, Acquire::ttl(UNIT * 5).holder("B"))
         .await
         .expect("B acquires at 10");
     assert!(b.token() > a.token());
@@ -87,35 +88,47 @@ async fn article_serial_scenario_holds_against_postgres() {
 
     // C cannot acquire a held lease; A's delayed release changes nothing.
     assert!(matches!(
-        m.try_acquire(name, "C", UNIT * 5).await,
+        m.acquire(name, Acquire::ttl(UNIT * 5).holder("C")).await,
         Err(Error::Held { ref holder, .. }) if holder == "B"
     ));
-    assert!(!m.release(name, a.token()).await.expect("release call"));
-    assert!(m.release(name, b.token()).await.expect("B releases"));
+    assert!(
+        !m.release(&common::fence(name, a.token()))
+            .await
+            .expect("release call")
+    );
+    assert!(
+        m.release(&common::fence(name, b.token()))
+            .await
+            .expect("B releases")
+    );
 
     // B reacquires under a new token; its old token can neither release
     // nor renew the new lease.
     let new_b = m
-        .try_acquire(name, "B", UNIT * 5)
+        .acquire(name, Acquire::ttl(UNIT * 5).holder("B"))
         .await
         .expect("B reacquires");
     assert!(new_b.token() > b.token());
-    assert!(!m.release(name, b.token()).await.expect("release call"));
+    assert!(
+        !m.release(&common::fence(name, b.token()))
+            .await
+            .expect("release call")
+    );
     assert!(matches!(
-        m.renew(name, b.token(), UNIT * 5).await,
+        m.renew(&common::fence(name, b.token()), UNIT * 5).await,
         Err(Error::Lost { .. })
     ));
     fenced_write(&m, name, new_b.token(), "new-b")
         .await
         .expect("new B writes");
     assert!(
-        m.release(name, new_b.token())
+        m.release(&common::fence(name, new_b.token()))
             .await
             .expect("new B releases")
     );
 
     let c = m
-        .try_acquire(name, "C", UNIT * 5)
+        .acquire(name, Acquire::ttl(UNIT * 5).holder("C"))
         .await
         .expect("C acquires");
     assert!(c.token() > new_b.token());
@@ -126,14 +139,16 @@ async fn article_serial_scenario_holds_against_postgres() {
 
     // Invalid TTLs are rejected.
     assert!(matches!(
-        m.try_acquire(name, "D", Duration::ZERO).await,
+        m.acquire(name, Acquire::ttl(Duration::ZERO).holder("D"))
+            .await,
         Err(Error::InvalidInput {
             argument: "ttl",
             ..
         })
     ));
     assert!(matches!(
-        m.renew(name, c.token(), Duration::ZERO).await,
+        m.renew(&common::fence(name, c.token()), Duration::ZERO)
+            .await,
         Err(Error::InvalidInput {
             argument: "ttl",
             ..

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::TestDb;
-use pglease::{Error, MAX_NAME_BYTES, MAX_TTL};
+use pglease::{Acquire, Error, Fence, MAX_NAME_BYTES, MAX_TTL, Token};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -35,18 +35,29 @@ fn assert_invalid<T: std::fmt::Debug>(what: &str, result: Result<T, Error>, argu
 async fn library_rejects_bad_input_before_touching_the_database() {
     let db = TestDb::new().await;
     let m = db.manager();
-    let lease = m.try_acquire("ok", "A", TTL).await.expect("acquire");
-    m.advance("res", 5).await.expect("advance");
+    let lease = m
+        .acquire("ok", Acquire::ttl(TTL).holder("A"))
+        .await
+        .expect("acquire");
+    m.advance("res", common::token(5)).await.expect("advance");
     let before = db.snapshot().await;
 
     for (what, bad) in bad_names() {
-        assert_invalid(what, m.try_acquire(&bad, "A", TTL).await, "name");
-        assert_invalid(what, m.try_acquire("ok2", &bad, TTL).await, "holder");
-        assert_invalid(what, m.renew(&bad, lease.token(), TTL).await, "name");
-        assert_invalid(what, m.release(&bad, lease.token()).await, "name");
+        assert_invalid(
+            what,
+            m.acquire(&bad, Acquire::ttl(TTL).holder("A")).await,
+            "name",
+        );
+        assert_invalid(
+            what,
+            m.acquire("ok2", Acquire::ttl(TTL).holder(&bad)).await,
+            "holder",
+        );
+        // A fence with a bad name cannot be built, so no operation on a
+        // lease can be sent with one.
+        assert_invalid(what, Fence::new(bad.as_str(), lease.token()), "name");
         assert_invalid(what, m.inspect(&bad).await, "name");
-        assert_invalid(what, m.begin_fenced(&bad, lease.token()).await, "name");
-        assert_invalid(what, m.advance(&bad, 6).await, "resource");
+        assert_invalid(what, m.advance(&bad, common::token(6)).await, "resource");
     }
     let bad_ttls = [
         ("zero", Duration::ZERO),
@@ -54,11 +65,20 @@ async fn library_rejects_bad_input_before_touching_the_database() {
         ("overflowing", Duration::MAX),
     ];
     for (what, ttl) in bad_ttls {
-        assert_invalid(what, m.try_acquire("ok2", "A", ttl).await, "ttl");
-        assert_invalid(what, m.renew("ok", lease.token(), ttl).await, "ttl");
+        assert_invalid(
+            what,
+            m.acquire("ok2", Acquire::ttl(ttl).holder("A")).await,
+            "ttl",
+        );
+        assert_invalid(
+            what,
+            m.renew(&common::fence("ok", lease.token()), ttl).await,
+            "ttl",
+        );
     }
-    assert_invalid("zero token", m.advance("res", 0).await, "token");
-    assert_invalid("negative token", m.advance("res", -1).await, "token");
+    assert_invalid("zero token", Token::new(0), "token");
+    assert_invalid("negative token", Token::new(-1), "token");
+    assert_invalid("not a number", "12a".parse::<Token>(), "token");
 
     assert_eq!(
         db.snapshot().await,
@@ -67,7 +87,7 @@ async fn library_rejects_bad_input_before_touching_the_database() {
     );
     // The limits themselves are accepted.
     let longest = "n".repeat(MAX_NAME_BYTES);
-    m.try_acquire(&longest, &longest, MAX_TTL)
+    m.acquire(&longest, Acquire::ttl(MAX_TTL).holder(&longest))
         .await
         .expect("limits are valid");
 }
@@ -88,8 +108,10 @@ async fn sqlstate(db: &TestDb, sql: &'static str) -> String {
 async fn sql_functions_reject_bad_input_with_22023() {
     let db = TestDb::new().await;
     let m = db.manager();
-    m.try_acquire("ok", "A", TTL).await.expect("acquire");
-    m.advance("res", 5).await.expect("advance");
+    m.acquire("ok", Acquire::ttl(TTL).holder("A"))
+        .await
+        .expect("acquire");
+    m.advance("res", common::token(5)).await.expect("advance");
     let before = db.snapshot().await;
 
     let calls = [
@@ -143,6 +165,31 @@ async fn sql_functions_reject_bad_input_with_22023() {
         before,
         "a rejected call changed the database"
     );
+}
+
+/// The SQL functions name the argument in the error's COLUMN field; the
+/// library reads it from there, not from the message.
+#[tokio::test]
+async fn database_errors_name_their_argument() {
+    let db = TestDb::new().await;
+    for (sql, argument) in [
+        ("SELECT * FROM pglease.acquire('', 'A', '1s')", "name"),
+        ("SELECT * FROM pglease.acquire('x', '', '1s')", "holder"),
+        ("SELECT pglease.renew('x', NULL, '1s')", "token"),
+        ("SELECT pglease.advance(repeat('r', 256), 1)", "resource"),
+        ("SELECT pglease.advance('r', 0)", "token"),
+        (
+            "SELECT * FROM pglease.renew_many('{ok,x}', '{1,1}', '{1s,0s}')",
+            "ttl",
+        ),
+        ("SELECT pglease.protect(NULL, 'x')", "tbl"),
+    ] {
+        let err = sqlx::query(sql).execute(db.pool()).await.expect_err(sql);
+        match Error::from(err) {
+            Error::InvalidInput { argument: got, .. } => assert_eq!(got, argument, "{sql}"),
+            other => panic!("{sql}: expected InvalidInput, got {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{TestDb, create_data_table, data_value};
-use pglease::{Error, Lease, LeaseManager};
+use pglease::{Acquire, Error, Lease, LeaseManager};
 use sqlx::Connection;
 
 const LONG: Duration = Duration::from_secs(600);
@@ -19,7 +19,7 @@ const BOUND: Duration = Duration::from_secs(10);
 /// B's one attempt at lease "data", bounded: it must end the stale
 /// transaction that holds the row and take the lease, with a larger token.
 async fn b_takes_over(m: &LeaseManager, old: &Lease) -> Lease {
-    let b = tokio::time::timeout(BOUND, m.try_acquire("data", "B", LONG))
+    let b = tokio::time::timeout(BOUND, m.acquire("data", Acquire::ttl(LONG).holder("B")))
         .await
         .expect("B's acquisition must not wait for A's transaction")
         .expect("B acquires");
@@ -42,10 +42,13 @@ async fn an_acquisition_after_expiry_ends_the_stale_fenced_transaction() {
     create_data_table(&db).await;
     let m = db.manager();
     let old = m
-        .try_acquire("data", "A", Duration::from_secs(1))
+        .acquire("data", Acquire::ttl(Duration::from_secs(1)).holder("A"))
         .await
         .expect("A acquires");
-    let mut tx = m.begin_fenced("data", old.token()).await.expect("A checks");
+    let mut tx = m
+        .begin_fenced(&common::fence("data", old.token()))
+        .await
+        .expect("A checks");
     sqlx::query("UPDATE data SET value = 'a-1' WHERE id = 1")
         .execute(&mut *tx)
         .await
@@ -68,31 +71,44 @@ async fn an_acquisition_after_expiry_ends_the_stale_fenced_transaction() {
         "A's stale transaction committed"
     );
     assert_eq!(data_value(&db).await, "initial");
-    m.release("data", b.token()).await.expect("release");
+    m.release(&common::fence("data", b.token()))
+        .await
+        .expect("release");
 }
 
 #[tokio::test]
 async fn fenced_transaction_does_not_block_renew_release_or_held_check() {
     let db = TestDb::new().await;
     let m = db.manager();
-    let lease = m.try_acquire("data", "A", LONG).await.expect("acquire");
-    let tx = m.begin_fenced("data", lease.token()).await.expect("fenced");
+    let lease = m
+        .acquire("data", Acquire::ttl(LONG).holder("A"))
+        .await
+        .expect("acquire");
+    let tx = m
+        .begin_fenced(&common::fence("data", lease.token()))
+        .await
+        .expect("fenced");
 
     let other = LeaseManager::new(db.pool().clone());
     // A failed acquire of a held lease returns at once, even while the row
     // is locked by a fenced transaction.
-    let attempt = tokio::time::timeout(BOUND, other.try_acquire("data", "B", LONG))
-        .await
-        .expect("acquire of a held lease must not wait");
+    let attempt =
+        tokio::time::timeout(BOUND, other.acquire("data", Acquire::ttl(LONG).holder("B")))
+            .await
+            .expect("acquire of a held lease must not wait");
     assert!(matches!(attempt, Err(Error::Held { .. })));
-    tokio::time::timeout(BOUND, other.renew("data", lease.token(), LONG))
-        .await
-        .expect("renew must not wait for the fenced transaction")
-        .expect("renew");
-    let released = tokio::time::timeout(BOUND, other.release("data", lease.token()))
-        .await
-        .expect("release must not wait for the fenced transaction")
-        .expect("release");
+    tokio::time::timeout(
+        BOUND,
+        other.renew(&common::fence("data", lease.token()), LONG),
+    )
+    .await
+    .expect("renew must not wait for the fenced transaction")
+    .expect("renew");
+    let released =
+        tokio::time::timeout(BOUND, other.release(&common::fence("data", lease.token())))
+            .await
+            .expect("release must not wait for the fenced transaction")
+            .expect("release");
     assert!(released);
     tx.commit().await.expect("commit");
 }
@@ -102,17 +118,24 @@ async fn a_released_lease_is_taken_at_once_from_its_open_fenced_transaction() {
     let db = TestDb::new().await;
     create_data_table(&db).await;
     let m = db.manager();
-    let lease = m.try_acquire("data", "A", LONG).await.expect("acquire");
+    let lease = m
+        .acquire("data", Acquire::ttl(LONG).holder("A"))
+        .await
+        .expect("acquire");
     let mut conn = db.connect().await;
     let mut tx = conn.begin().await.expect("begin");
-    pglease::assert_held(&mut tx, "data", lease.token())
+    pglease::assert_held(&mut tx, &common::fence("data", lease.token()))
         .await
         .expect("check");
     sqlx::query("UPDATE data SET value = 'a-1' WHERE id = 1")
         .execute(&mut *tx)
         .await
         .expect("A writes while valid");
-    assert!(m.release("data", lease.token()).await.expect("release"));
+    assert!(
+        m.release(&common::fence("data", lease.token()))
+            .await
+            .expect("release")
+    );
 
     // The released lease is free; the transaction that still holds A's
     // check is stale, and the acquisition ends it.
@@ -133,7 +156,7 @@ async fn a_renewed_holder_keeps_its_fenced_transaction_past_one_ttl() {
     // does not lose it.
     let ttl = Duration::from_millis(1500);
     let held = a
-        .hold("data", "A", ttl, Duration::ZERO)
+        .hold("data", Acquire::ttl(ttl).holder("A"))
         .await
         .expect("hold");
     let first_expiry = held.expires_at();
@@ -149,7 +172,7 @@ async fn a_renewed_holder_keeps_its_fenced_transaction_past_one_ttl() {
     let until = first_expiry + chrono::Duration::from_std(ttl * 2).expect("ttl");
     let mut attempts = 0;
     while db.db_now().await < until {
-        match b.try_acquire("data", "B", LONG).await {
+        match b.acquire("data", Acquire::ttl(LONG).holder("B")).await {
             Err(Error::Held { holder, .. }) => assert_eq!(holder, "A"),
             other => panic!("B's attempt while A renews: {other:?}"),
         }
@@ -176,8 +199,15 @@ async fn a_renewed_holder_keeps_its_fenced_transaction_past_one_ttl() {
 async fn a_failed_check_rolled_back_to_a_savepoint_leaves_no_marker() {
     let db = TestDb::new().await;
     let m = db.manager();
-    let stale = m.try_acquire("data", "A", LONG).await.expect("A acquires");
-    assert!(m.release("data", stale.token()).await.expect("release"));
+    let stale = m
+        .acquire("data", Acquire::ttl(LONG).holder("A"))
+        .await
+        .expect("A acquires");
+    assert!(
+        m.release(&common::fence("data", stale.token()))
+            .await
+            .expect("release")
+    );
     let mut conn = db.connect().await;
     let mut tx = conn.begin().await.expect("begin");
     sqlx::query("SAVEPOINT check_it")
@@ -185,7 +215,7 @@ async fn a_failed_check_rolled_back_to_a_savepoint_leaves_no_marker() {
         .await
         .expect("savepoint");
     assert!(matches!(
-        pglease::assert_held(&mut tx, "data", stale.token()).await,
+        pglease::assert_held(&mut tx, &common::fence("data", stale.token())).await,
         Err(Error::NotHeld { .. })
     ));
     sqlx::query("ROLLBACK TO SAVEPOINT check_it")
@@ -201,7 +231,9 @@ async fn a_failed_check_rolled_back_to_a_savepoint_leaves_no_marker() {
         .await
         .expect("the transaction is alive");
     tx.commit().await.expect("commit");
-    m.release("data", b.token()).await.expect("release");
+    m.release(&common::fence("data", b.token()))
+        .await
+        .expect("release");
 }
 
 /// A fenced transaction that renewed (or released) its own lease inside,
@@ -213,10 +245,13 @@ async fn a_fenced_transaction_that_renewed_inside_itself_is_ended_after_the_grac
     let db = TestDb::new().await;
     let m = db.manager();
     let old = m
-        .try_acquire("data", "A", Duration::from_secs(1))
+        .acquire("data", Acquire::ttl(Duration::from_secs(1)).holder("A"))
         .await
         .expect("A acquires");
-    let mut tx = m.begin_fenced("data", old.token()).await.expect("A checks");
+    let mut tx = m
+        .begin_fenced(&common::fence("data", old.token()))
+        .await
+        .expect("A checks");
     sqlx::query("SELECT pglease.renew('data', $1, '1 second')")
         .bind(old.token())
         .execute(&mut *tx)
@@ -238,7 +273,7 @@ async fn a_lock_taken_without_assert_held_pins_the_lease_within_a_bound() {
     let db = TestDb::new().await;
     let m = db.manager();
     let old = m
-        .try_acquire("data", "A", Duration::from_millis(300))
+        .acquire("data", Acquire::ttl(Duration::from_millis(300)).holder("A"))
         .await
         .expect("A acquires");
     let mut conn = db.connect().await;
@@ -248,7 +283,7 @@ async fn a_lock_taken_without_assert_held_pins_the_lease_within_a_bound() {
         .await
         .expect("lock the row");
     db.wait_until_db_time(old.expires_at()).await;
-    match tokio::time::timeout(BOUND, m.try_acquire("data", "B", LONG)).await {
+    match tokio::time::timeout(BOUND, m.acquire("data", Acquire::ttl(LONG).holder("B"))).await {
         Ok(Err(Error::Pinned { holder, reason, .. })) => {
             assert_eq!(holder.as_deref(), Some("A"));
             assert!(reason.contains("cannot end"), "{reason}");
@@ -256,6 +291,9 @@ async fn a_lock_taken_without_assert_held_pins_the_lease_within_a_bound() {
         other => panic!("expected Pinned within {BOUND:?}, got {other:?}"),
     }
     tx.commit().await.expect("the lock goes");
-    let b = m.try_acquire("data", "B", LONG).await.expect("B acquires");
+    let b = m
+        .acquire("data", Acquire::ttl(LONG).holder("B"))
+        .await
+        .expect("B acquires");
     assert!(b.token() > old.token());
 }

@@ -6,15 +6,30 @@ mod common;
 use std::time::Duration;
 
 use common::{TestDb, create_data_table, data_value, fenced_write};
-use pglease::Error;
+use pglease::{Acquire, Error, NotHeldReason, Token};
 use sqlx::Connection;
 
 const LONG: Duration = Duration::from_secs(600);
 const SHORT: Duration = Duration::from_millis(300);
 
-fn expect_not_held<T: std::fmt::Debug>(result: Result<T, Error>) -> String {
+/// The reason the database gave (SQLSTATE LE001), as data: matched, never
+/// parsed out of the message.
+fn expect_not_held<T: std::fmt::Debug>(
+    result: Result<T, Error>,
+) -> (String, Option<Token>, NotHeldReason) {
     match result {
-        Err(Error::NotHeld { message }) => message,
+        Err(error @ Error::NotHeld { .. }) => {
+            assert_eq!(error.sqlstate(), Some("LE001"));
+            let Error::NotHeld {
+                name,
+                token,
+                reason,
+            } = error
+            else {
+                unreachable!()
+            };
+            (name, token, reason)
+        }
         other => panic!("expected the database to reject with LE001, got {other:?}"),
     }
 }
@@ -24,7 +39,10 @@ async fn guarded_write_commits_under_valid_lease() {
     let db = TestDb::new().await;
     create_data_table(&db).await;
     let m = db.manager();
-    let lease = m.try_acquire("data", "A", LONG).await.expect("acquire");
+    let lease = m
+        .acquire("data", Acquire::ttl(LONG).holder("A"))
+        .await
+        .expect("acquire");
     fenced_write(&m, "data", lease.token(), "a-1")
         .await
         .expect("write");
@@ -36,13 +54,18 @@ async fn guarded_write_rejected_after_expiry() {
     let db = TestDb::new().await;
     create_data_table(&db).await;
     let m = db.manager();
-    let lease = m.try_acquire("data", "A", SHORT).await.expect("acquire");
+    let lease = m
+        .acquire("data", Acquire::ttl(SHORT).holder("A"))
+        .await
+        .expect("acquire");
     db.wait_until_db_time(lease.expires_at()).await;
-    let message = expect_not_held(fenced_write(&m, "data", lease.token(), "late").await);
-    assert!(message.contains("expired"), "{message}");
+    let (name, token, reason) =
+        expect_not_held(fenced_write(&m, "data", lease.token(), "late").await);
+    assert_eq!(name, "data");
+    assert_eq!(token, Some(lease.token()));
     assert!(
-        message.contains("'data'"),
-        "message names the lease: {message}"
+        matches!(reason, NotHeldReason::Expired { at } if at == lease.expires_at()),
+        "{reason:?}"
     );
     assert_eq!(data_value(&db).await, "initial");
 }
@@ -52,17 +75,34 @@ async fn guarded_write_rejected_after_takeover() {
     let db = TestDb::new().await;
     create_data_table(&db).await;
     let m = db.manager();
-    let old = m.try_acquire("data", "A", SHORT).await.expect("A acquires");
+    let old = m
+        .acquire("data", Acquire::ttl(SHORT).holder("A"))
+        .await
+        .expect("A acquires");
     db.wait_until_db_time(old.expires_at()).await;
     let new = m
-        .try_acquire("data", "B", LONG)
+        .acquire("data", Acquire::ttl(LONG).holder("B"))
         .await
         .expect("B takes over");
     fenced_write(&m, "data", new.token(), "b-1")
         .await
         .expect("B writes");
-    let message = expect_not_held(fenced_write(&m, "data", old.token(), "stale").await);
-    assert!(message.contains("stale"), "{message}");
+    let (_, token, reason) = expect_not_held(fenced_write(&m, "data", old.token(), "stale").await);
+    assert_eq!(token, Some(old.token()));
+    assert_eq!(
+        reason,
+        NotHeldReason::Stale {
+            current_token: new.token()
+        }
+    );
+    let (_, _, reason) =
+        expect_not_held(fenced_write(&m, "data", new.token().get() + 1, "future").await);
+    assert_eq!(
+        reason,
+        NotHeldReason::NotIssued {
+            current_token: new.token()
+        }
+    );
     assert_eq!(data_value(&db).await, "b-1");
 }
 
@@ -71,11 +111,25 @@ async fn guarded_write_rejected_after_release() {
     let db = TestDb::new().await;
     create_data_table(&db).await;
     let m = db.manager();
-    let lease = m.try_acquire("data", "A", LONG).await.expect("acquire");
-    assert!(m.release("data", lease.token()).await.expect("release"));
-    let message = expect_not_held(fenced_write(&m, "data", lease.token(), "late").await);
-    assert!(message.contains("released"), "{message}");
-    expect_not_held(fenced_write(&m, "never", 1, "x").await);
+    let lease = m
+        .acquire("data", Acquire::ttl(LONG).holder("A"))
+        .await
+        .expect("acquire");
+    assert!(
+        m.release(&common::fence("data", lease.token()))
+            .await
+            .expect("release")
+    );
+    let (_, _, reason) = expect_not_held(fenced_write(&m, "data", lease.token(), "late").await);
+    assert!(
+        matches!(reason, NotHeldReason::Released { .. }),
+        "{reason:?}"
+    );
+    let (name, _, reason) = expect_not_held(fenced_write(&m, "never", 1, "x").await);
+    assert_eq!(
+        (name.as_str(), reason),
+        ("never", NotHeldReason::NeverAcquired)
+    );
     assert_eq!(data_value(&db).await, "initial");
 }
 
@@ -86,7 +140,10 @@ async fn transaction_begun_while_valid_is_rejected_when_it_checks_after_expiry()
     let db = TestDb::new().await;
     create_data_table(&db).await;
     let m = db.manager();
-    let lease = m.try_acquire("data", "A", SHORT).await.expect("acquire");
+    let lease = m
+        .acquire("data", Acquire::ttl(SHORT).holder("A"))
+        .await
+        .expect("acquire");
 
     let mut conn = db.connect().await;
     let mut tx = conn.begin().await.expect("begin");
@@ -99,8 +156,11 @@ async fn transaction_begun_while_valid_is_rejected_when_it_checks_after_expiry()
         "the transaction began while valid"
     );
     db.wait_until_db_time(lease.expires_at()).await;
-    let message = expect_not_held(pglease::assert_held(&mut tx, "data", lease.token()).await);
-    assert!(message.contains("expired"), "{message}");
+    let (_, _, reason) = expect_not_held(pglease::assert_held(&mut tx, &lease).await);
+    assert!(
+        matches!(reason, NotHeldReason::Expired { .. }),
+        "{reason:?}"
+    );
     drop(tx);
     assert_eq!(data_value(&db).await, "initial");
 }
@@ -110,9 +170,12 @@ async fn fenced_transaction_recheck_rejects_after_expiry_and_nothing_commits() {
     let db = TestDb::new().await;
     create_data_table(&db).await;
     let m = db.manager();
-    let lease = m.try_acquire("data", "A", SHORT).await.expect("acquire");
+    let lease = m
+        .acquire("data", Acquire::ttl(SHORT).holder("A"))
+        .await
+        .expect("acquire");
     let mut tx = m
-        .begin_fenced("data", lease.token())
+        .begin_fenced(&common::fence("data", lease.token()))
         .await
         .expect("begin fenced");
     assert_eq!(tx.token(), lease.token());
@@ -133,9 +196,12 @@ async fn fenced_closure_rolls_back_on_error() {
     let db = TestDb::new().await;
     create_data_table(&db).await;
     let m = db.manager();
-    let lease = m.try_acquire("data", "A", LONG).await.expect("acquire");
+    let lease = m
+        .acquire("data", Acquire::ttl(LONG).holder("A"))
+        .await
+        .expect("acquire");
     let outcome: Result<(), Error> = m
-        .fenced("data", lease.token(), async |conn| {
+        .fenced(&common::fence("data", lease.token()), async |conn| {
             sqlx::query("UPDATE data SET value = 'rolled back' WHERE id = 1")
                 .execute(&mut *conn)
                 .await
@@ -154,7 +220,10 @@ async fn single_statement_guarded_write() {
     let db = TestDb::new().await;
     create_data_table(&db).await;
     let m = db.manager();
-    let old = m.try_acquire("data", "A", SHORT).await.expect("A acquires");
+    let old = m
+        .acquire("data", Acquire::ttl(SHORT).holder("A"))
+        .await
+        .expect("A acquires");
     const GUARDED_UPDATE: &str = "WITH fence AS (SELECT pglease.assert_held($1, $2)) \
          UPDATE data SET value = $3 FROM fence WHERE id = 1";
     sqlx::query(GUARDED_UPDATE)
@@ -167,7 +236,7 @@ async fn single_statement_guarded_write() {
     assert_eq!(data_value(&db).await, "a-1");
     db.wait_until_db_time(old.expires_at()).await;
     let new = m
-        .try_acquire("data", "B", LONG)
+        .acquire("data", Acquire::ttl(LONG).holder("B"))
         .await
         .expect("B takes over");
     let err = sqlx::query(GUARDED_UPDATE)

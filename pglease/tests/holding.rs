@@ -8,7 +8,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::{TestDb, create_data_table, data_value, poll_until};
-use pglease::{Error, LeaseManager, LossReason, ManagerOptions};
+use pglease::{Acquire, Error, LeaseManager, LossReason, ManagerOptions};
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -47,7 +47,7 @@ async fn renewal_recovers_from_a_terminated_connection() {
         .manager_with("renewer-kill", ManagerOptions::default())
         .await;
     let held = m
-        .hold("job", "A", Duration::from_secs(3), Duration::ZERO)
+        .hold("job", Acquire::ttl(Duration::from_secs(3)).holder("A"))
         .await
         .expect("hold");
     let renewed_before = m.stats().leases_renewed;
@@ -95,7 +95,7 @@ async fn unanswered_renewals_signal_loss_by_the_local_deadline() {
     let options = ManagerOptions::default().safety_margin(Duration::from_millis(300));
     let m = db.manager_with("renewer-block", options).await;
     let held = m
-        .hold("job", "A", Duration::from_millis(1500), Duration::ZERO)
+        .hold("job", Acquire::ttl(Duration::from_millis(1500)).holder("A"))
         .await
         .expect("hold");
     let mut blocker = lock_lease_row(&db, "job").await;
@@ -150,7 +150,7 @@ async fn paused_holder_finds_its_lease_lost_and_its_write_rejected() {
             rt.block_on(async move {
                 let m = db.manager_with("paused", ManagerOptions::default()).await;
                 let held = m
-                    .hold("data", "A", Duration::from_secs(1), Duration::ZERO)
+                    .hold("data", Acquire::ttl(Duration::from_secs(1)).holder("A"))
                     .await
                     .expect("A holds");
                 let _ = acquired_tx.send((held.token(), held.expires_at()));
@@ -159,7 +159,7 @@ async fn paused_holder_finds_its_lease_lost_and_its_write_rejected() {
                 let reason = held.loss_reason();
                 let local = held.begin_fenced().await.map(|_| ());
                 let write = m
-                    .fenced("data", held.token(), async |conn| {
+                    .fenced(&common::fence("data", held.token()), async |conn| {
                         sqlx::query("UPDATE data SET value = 'from A' WHERE id = 1")
                             .execute(&mut *conn)
                             .await
@@ -176,7 +176,7 @@ async fn paused_holder_finds_its_lease_lost_and_its_write_rejected() {
     db.wait_until_db_time(a_expires).await;
     let b = db
         .manager()
-        .try_acquire("data", "B", Duration::from_secs(60))
+        .acquire("data", Acquire::ttl(Duration::from_secs(60)).holder("B"))
         .await
         .expect("B takes over after A's expiry");
     assert!(b.token() > a_token);
@@ -218,7 +218,7 @@ async fn a_thousand_leases_are_renewed_by_one_statement_per_tick() {
     let mut held = Vec::with_capacity(LEASES);
     for i in 0..LEASES {
         held.push(
-            m.hold(&format!("lease-{i:04}"), "H", ttl, Duration::ZERO)
+            m.hold(&format!("lease-{i:04}"), Acquire::ttl(ttl).holder("H"))
                 .await
                 .expect("hold"),
         );
@@ -284,21 +284,24 @@ async fn scoped_work_is_stopped_when_the_lease_is_lost() {
     let intruder = db.manager();
     let work = m.with_lease(
         "job",
-        "A",
-        Duration::from_secs(1),
-        Duration::ZERO,
+        Acquire::ttl(Duration::from_secs(1)).holder("A"),
         async |held| {
             started.notify_one();
             // Work that would never finish on its own.
             std::future::pending::<()>().await;
-            held.token()
+            Ok::<_, Error>(held.token())
         },
     );
     let release_behind_its_back = async {
         started.notified().await;
         let status = intruder.inspect("job").await.expect("inspect");
         let token = status.token.expect("acquired");
-        assert!(intruder.release("job", token).await.expect("release"));
+        assert!(
+            intruder
+                .release(&common::fence("job", token))
+                .await
+                .expect("release")
+        );
     };
     let (outcome, ()) = tokio::join!(tokio::time::timeout(BOUND, work), release_behind_its_back);
     match outcome.expect("the work was stopped") {
@@ -318,9 +321,7 @@ async fn scoped_work_releases_the_lease_when_it_finishes() {
     let token = m
         .with_lease(
             "data",
-            "A",
-            Duration::from_secs(10),
-            Duration::ZERO,
+            Acquire::ttl(Duration::from_secs(10)).holder("A"),
             async |held| {
                 let mut tx = held.begin_fenced().await.expect("fenced");
                 sqlx::query("UPDATE data SET value = 'done' WHERE id = 1")
@@ -328,7 +329,7 @@ async fn scoped_work_releases_the_lease_when_it_finishes() {
                     .await
                     .expect("write");
                 tx.commit().await.expect("commit");
-                held.token()
+                Ok::<_, Error>(held.token())
             },
         )
         .await
@@ -345,7 +346,7 @@ async fn dropping_a_held_lease_releases_it() {
     let db = TestDb::new().await;
     let m = db.manager();
     let held = m
-        .hold("job", "A", Duration::from_secs(60), Duration::ZERO)
+        .hold("job", Acquire::ttl(Duration::from_secs(60)).holder("A"))
         .await
         .expect("hold");
     drop(held);
@@ -360,11 +361,11 @@ async fn shutdown_releases_everything_and_refuses_more() {
     let db = TestDb::new().await;
     let m = db.manager();
     let a = m
-        .hold("a", "H", Duration::from_secs(60), Duration::ZERO)
+        .hold("a", Acquire::ttl(Duration::from_secs(60)).holder("H"))
         .await
         .expect("hold a");
     let b = m
-        .hold("b", "H", Duration::from_secs(60), Duration::ZERO)
+        .hold("b", Acquire::ttl(Duration::from_secs(60)).holder("H"))
         .await
         .expect("hold b");
     m.shutdown().await.expect("shutdown");
@@ -374,7 +375,7 @@ async fn shutdown_releases_everything_and_refuses_more() {
         assert!(!m.inspect(name).await.expect("inspect").held);
     }
     assert!(matches!(
-        m.hold("c", "H", Duration::from_secs(60), Duration::ZERO)
+        m.hold("c", Acquire::ttl(Duration::from_secs(60)).holder("H"))
             .await,
         Err(Error::ShutDown)
     ));
@@ -400,7 +401,7 @@ async fn bad_timing_is_rejected_before_anything_is_acquired() {
     .expect("options alone are fine");
     let before = db.snapshot().await;
     assert!(matches!(
-        m.hold("job", "A", Duration::from_secs(6), Duration::ZERO)
+        m.hold("job", Acquire::ttl(Duration::from_secs(6)).holder("A"))
             .await,
         Err(Error::InvalidInput {
             argument: "safety_margin",
@@ -417,13 +418,29 @@ async fn renew_many_reports_each_lease_it_did_not_renew() {
     let db = TestDb::new().await;
     let m = db.manager();
     let long = Duration::from_secs(600);
-    let valid = m.try_acquire("valid", "A", long).await.expect("valid");
-    let old = m.try_acquire("taken", "A", long).await.expect("taken");
-    assert!(m.release("taken", old.token()).await.expect("release"));
-    let new = m.try_acquire("taken", "B", long).await.expect("retaken");
-    let released = m.try_acquire("released", "A", long).await.expect("rel");
+    let valid = m
+        .acquire("valid", Acquire::ttl(long).holder("A"))
+        .await
+        .expect("valid");
+    let old = m
+        .acquire("taken", Acquire::ttl(long).holder("A"))
+        .await
+        .expect("taken");
     assert!(
-        m.release("released", released.token())
+        m.release(&common::fence("taken", old.token()))
+            .await
+            .expect("release")
+    );
+    let new = m
+        .acquire("taken", Acquire::ttl(long).holder("B"))
+        .await
+        .expect("retaken");
+    let released = m
+        .acquire("released", Acquire::ttl(long).holder("A"))
+        .await
+        .expect("rel");
+    assert!(
+        m.release(&common::fence("released", released.token()))
             .await
             .expect("release")
     );
@@ -435,7 +452,12 @@ async fn renew_many_reports_each_lease_it_did_not_renew() {
            FROM pglease.renew_many($1, $2, '{10 min,10 min,10 min,10 min}') ORDER BY name",
     )
     .bind(vec!["valid", "taken", "released", "never"])
-    .bind(vec![valid.token(), old.token(), released.token(), 1])
+    .bind(vec![
+        valid.token().get(),
+        old.token().get(),
+        released.token().get(),
+        1,
+    ])
     .fetch_all(db.pool())
     .await
     .expect("renew_many");
@@ -445,19 +467,19 @@ async fn renew_many_reports_each_lease_it_did_not_renew() {
             ("never".into(), 1, false, None, None),
             (
                 "released".into(),
-                released.token(),
+                released.token().get(),
                 false,
-                Some(released.token()),
+                Some(released.token().get()),
                 None
             ),
             (
                 "taken".into(),
-                old.token(),
+                old.token().get(),
                 false,
-                Some(new.token()),
+                Some(new.token().get()),
                 Some("B".into())
             ),
-            ("valid".into(), valid.token(), true, None, None),
+            ("valid".into(), valid.token().get(), true, None, None),
         ]
     );
     let after = m.inspect("valid").await.expect("inspect");
@@ -469,4 +491,45 @@ async fn renew_many_reports_each_lease_it_did_not_renew() {
         m.inspect("taken").await.expect("inspect").token,
         Some(new.token())
     );
+}
+
+/// A held lease is `Clone + 'static`: a clone moved into a spawned task
+/// keeps answering "am I still the holder?" locally, its fenced writes go
+/// through while the lease is held, and it sees the loss when another clone
+/// releases the lease.
+#[tokio::test]
+async fn a_held_lease_moved_into_a_spawned_task_sees_its_loss() {
+    let db = TestDb::new().await;
+    common::create_data_table(&db).await;
+    let m = db.manager();
+    let held = m
+        .hold("spawned", Acquire::ttl(Duration::from_secs(10)))
+        .await
+        .expect("hold");
+    let (wrote, write) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn({
+        let held = held.clone();
+        async move {
+            let mut tx = held.begin_fenced().await.expect("fenced while held");
+            sqlx::query("UPDATE data SET value = 'from the task' WHERE id = 1")
+                .execute(&mut *tx)
+                .await
+                .expect("write");
+            tx.commit().await.expect("commit");
+            wrote.send(()).expect("tell");
+            let reason = held.lost().await;
+            (reason, held.is_lost(), held.begin_fenced().await.err())
+        }
+    });
+    write.await.expect("the task wrote");
+    assert!(held.release().await.expect("release"));
+    let (reason, lost, refused) = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the task saw the loss in time")
+        .expect("task");
+    assert_eq!(reason, LossReason::Released);
+    assert!(lost);
+    assert!(matches!(refused, Some(Error::Lost { .. })), "{refused:?}");
+    assert_eq!(common::data_value(&db).await, "from the task");
+    assert!(!m.inspect("spawned").await.expect("inspect").held);
 }

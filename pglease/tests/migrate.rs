@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::TestDb;
-use pglease::{LeaseManager, MIGRATIONS_TABLE};
+use pglease::{Acquire, LeaseManager, MIGRATIONS_TABLE};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, Row};
 
@@ -50,7 +50,7 @@ async fn concurrent_migrations_from_many_processes_all_succeed() {
     }
     let lease = db
         .manager()
-        .try_acquire("after", "A", Duration::from_secs(5))
+        .acquire("after", Acquire::ttl(Duration::from_secs(5)).holder("A"))
         .await
         .expect("schema usable");
     assert!(lease.token() > 0);

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::TestDb;
-use pglease::{Error, LeaseManager};
+use pglease::{Acquire, Error, LeaseManager};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -156,7 +156,7 @@ async fn run_case(
             Op::Acquire(h) => {
                 let holder = HOLDERS[*h];
                 let expected = model.acquire(holder, MODEL_TTL, now);
-                match m.try_acquire(&name, holder, DB_TTL).await {
+                match m.acquire(&name, Acquire::ttl(DB_TTL).holder(holder)).await {
                     Ok(lease) => {
                         prop_assert!(
                             expected.is_some(),
@@ -168,7 +168,7 @@ async fn run_case(
                         issued.push(Issued {
                             holder,
                             model: expected.unwrap_or_default(),
-                            db: lease.token(),
+                            db: lease.token().get(),
                         });
                     }
                     Err(Error::Held {
@@ -186,7 +186,7 @@ async fn run_case(
             Op::Renew(p) => {
                 let (holder, model_token, db_token) = chosen(p);
                 let expected = model.renew(holder, model_token, MODEL_TTL, now);
-                let got = match m.renew(&name, db_token, DB_TTL).await {
+                let got = match m.renew(&common::fence(&name, db_token), DB_TTL).await {
                     Ok(_) => true,
                     Err(Error::Lost { .. }) => false,
                     Err(e) => return Err(TestCaseError::fail(format!("step {step}: {e}"))),
@@ -196,7 +196,10 @@ async fn run_case(
             Op::Release(p) => {
                 let (holder, model_token, db_token) = chosen(p);
                 let expected = model.release(holder, model_token, now);
-                let got = m.release(&name, db_token).await.expect("release");
+                let got = m
+                    .release(&common::fence(&name, db_token))
+                    .await
+                    .expect("release");
                 prop_assert_eq!(got, expected, "step {} {:?}", step, op);
             }
             Op::Write(p) => {
@@ -229,7 +232,7 @@ async fn run_case(
         let model_held = model.holder.is_some() && now < model.expiry;
         prop_assert_eq!(status.held, model_held, "step {} {:?}: held", step, op);
         prop_assert_eq!(
-            status.token,
+            status.token.map(pglease::Token::get),
             issued.last().map(|x| x.db),
             "step {} {:?}: token",
             step,
@@ -261,7 +264,7 @@ async fn fenced_write_row(
     id: u32,
     value: &str,
 ) -> Result<(), Error> {
-    m.fenced(name, token, async |conn| {
+    m.fenced(&common::fence(name, token), async |conn| {
         sqlx::query("UPDATE data SET value = $1 WHERE id = $2")
             .bind(value)
             .bind(id as i32)

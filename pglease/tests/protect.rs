@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{TestDb, create_data_table, data_value};
-use pglease::{Error, SQLSTATE_NOT_DECLARED, SQLSTATE_NOT_HELD};
+use pglease::{Acquire, Error, SQLSTATE_NOT_DECLARED, SQLSTATE_NOT_HELD};
 use sqlx::Connection;
 
 const LONG: Duration = Duration::from_secs(600);
@@ -58,10 +58,13 @@ async fn writers_that_ignore_the_lease_are_rejected() {
     let m = db.manager();
     m.protect("data", "data-lease").await.expect("protect");
     let lease = m
-        .try_acquire("data-lease", "A", LONG)
+        .acquire("data-lease", Acquire::ttl(LONG).holder("A"))
         .await
         .expect("acquire");
-    let other = m.try_acquire("other", "A", LONG).await.expect("other");
+    let other = m
+        .acquire("other", Acquire::ttl(LONG).holder("A"))
+        .await
+        .expect("other");
 
     for sql in WRITES {
         assert_eq!(
@@ -81,7 +84,7 @@ async fn writers_that_ignore_the_lease_are_rejected() {
 
     // The holder's fenced transaction writes.
     let mut tx = m
-        .begin_fenced("data-lease", lease.token())
+        .begin_fenced(&common::fence("data-lease", lease.token()))
         .await
         .expect("fenced");
     sqlx::query("UPDATE data SET value = 'by the holder' WHERE id = 1")
@@ -99,13 +102,16 @@ async fn each_write_rechecks_the_declared_token() {
     let m = db.manager();
     m.protect("data", "data-lease").await.expect("protect");
     let lease = m
-        .try_acquire("data-lease", "A", Duration::from_millis(300))
+        .acquire(
+            "data-lease",
+            Acquire::ttl(Duration::from_millis(300)).holder("A"),
+        )
         .await
         .expect("acquire");
 
     // Declared while valid; the lease expires before the write.
     let mut tx = m
-        .begin_fenced("data-lease", lease.token())
+        .begin_fenced(&common::fence("data-lease", lease.token()))
         .await
         .expect("fenced");
     db.wait_until_db_time(lease.expires_at()).await;
@@ -114,14 +120,17 @@ async fn each_write_rechecks_the_declared_token() {
         .await
         .map_err(Error::from)
     {
-        Err(Error::NotHeld { message }) => assert!(message.contains("expired"), "{message}"),
+        Err(Error::NotHeld { reason, .. }) => assert!(
+            matches!(reason, pglease::NotHeldReason::Expired { .. }),
+            "{reason:?}"
+        ),
         other => panic!("a write after expiry must fail with LE001, got {other:?}"),
     }
     drop(tx);
 
     // A forged declaration of a stale token is checked like a real one ...
     let newer = m
-        .try_acquire("data-lease", "B", LONG)
+        .acquire("data-lease", Acquire::ttl(LONG).holder("B"))
         .await
         .expect("B acquires");
     let forged_stale = format!(

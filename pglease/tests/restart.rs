@@ -11,6 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::{TestDb, create_data_table, data_value, poll_until};
+use pglease::Acquire;
 use pglease::ManagerOptions;
 
 const BOUND: Duration = Duration::from_secs(60);
@@ -25,7 +26,7 @@ async fn a_held_lease_survives_a_server_restart() {
     create_data_table(&db).await;
     let m = db.manager_with("restart", ManagerOptions::default()).await;
     let held = m
-        .hold("data", "A", Duration::from_secs(20), Duration::ZERO)
+        .hold("data", Acquire::ttl(Duration::from_secs(20)).holder("A"))
         .await
         .expect("hold");
 
@@ -64,7 +65,7 @@ async fn a_held_lease_survives_a_server_restart() {
     tx.commit().await.expect("commit");
     assert_eq!(data_value(&db).await, "after restart");
     let other = m
-        .try_acquire("other", "B", Duration::from_secs(10))
+        .acquire("other", Acquire::ttl(Duration::from_secs(10)).holder("B"))
         .await
         .expect("acquire after restart");
     assert!(other.token() > held.token());

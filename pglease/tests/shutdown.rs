@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::TestDb;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use pglease::Acquire;
 use pglease::LeaseManager;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -46,7 +47,7 @@ async fn a_lease_dropped_before_shutdown_is_released_before_it_returns() {
             .await
             .expect("connect");
         let held = m
-            .hold("job", "svc", TTL, Duration::ZERO)
+            .hold("job", Acquire::ttl(TTL).holder("svc"))
             .await
             .expect("hold");
         // As when the work future that held it is dropped.
@@ -70,9 +71,10 @@ async fn service_process() {
     };
     let stop = pglease::shutdown_signal().expect("install the signal handlers");
     let leases = LeaseManager::connect(&url).await.expect("connect");
-    let work = leases.with_lease("job", "svc", TTL, Duration::ZERO, async |held| {
+    let work = leases.with_lease("job", Acquire::ttl(TTL).holder("svc"), async |held| {
         println!("ready {}", held.token());
         std::future::pending::<()>().await;
+        Ok::<(), pglease::Error>(())
     });
     tokio::select! {
         outcome = work => panic!("the work ended: {outcome:?}"),
@@ -119,7 +121,10 @@ async fn a_service_stopped_by_sigterm_hands_its_lease_over_at_once() {
     let m = db.manager();
     let waiter = {
         let m = m.clone();
-        tokio::spawn(async move { m.acquire("job", "B", TTL, BOUND).await })
+        tokio::spawn(async move {
+            m.acquire("job", Acquire::ttl(TTL).holder("B").wait(BOUND))
+                .await
+        })
     };
     common::poll_until("the waiter to wait", BOUND, || async {
         m.stats().waiting == 1 && m.stats().acquire_attempts >= 1
@@ -147,7 +152,9 @@ async fn a_service_stopped_by_sigterm_hands_its_lease_over_at_once() {
         status.1.expect("wait").success(),
         "the service exited with an error"
     );
-    m.release("job", b.token()).await.expect("release");
+    m.release(&common::fence("job", b.token()))
+        .await
+        .expect("release");
 }
 
 /// `shutdown()` called while an acquisition is still in the database (the
@@ -166,7 +173,7 @@ async fn shutdown_waits_for_an_acquisition_still_in_the_database() {
             .await
             .expect("connect");
         tokio::select! {
-            held = m.hold("job", "svc", TTL, BOUND) => panic!("acquired too early: {held:?}"),
+            held = m.hold("job", Acquire::ttl(TTL).holder("svc").wait(BOUND)) => panic!("acquired too early: {held:?}"),
             _ = stopped => {}
         }
         let _ = shutting_down.send(());

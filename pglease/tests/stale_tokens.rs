@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::TestDb;
-use pglease::{Error, LossReason};
+use pglease::{Acquire, Error, LossReason};
 
 const LONG: Duration = Duration::from_secs(600);
 
@@ -16,12 +16,16 @@ async fn same_holder_delayed_release_cannot_end_new_lease() {
     let db = TestDb::new().await;
     let m = db.manager();
     let first = m
-        .try_acquire("job", "B", LONG)
+        .acquire("job", Acquire::ttl(LONG).holder("B"))
         .await
         .expect("first acquisition");
-    assert!(m.release("job", first.token()).await.expect("release"));
+    assert!(
+        m.release(&common::fence("job", first.token()))
+            .await
+            .expect("release")
+    );
     let second = m
-        .try_acquire("job", "B", LONG)
+        .acquire("job", Acquire::ttl(LONG).holder("B"))
         .await
         .expect("second acquisition");
     assert!(second.token() > first.token());
@@ -29,7 +33,7 @@ async fn same_holder_delayed_release_cannot_end_new_lease() {
     let before = db.snapshot().await;
     // The delayed duplicate of the first release arrives now.
     assert!(
-        !m.release("job", first.token())
+        !m.release(&common::fence("job", first.token()))
             .await
             .expect("delayed release")
     );
@@ -48,12 +52,22 @@ async fn same_holder_delayed_release_cannot_end_new_lease() {
 async fn stale_renew_is_lost_and_changes_nothing() {
     let db = TestDb::new().await;
     let m = db.manager();
-    let first = m.try_acquire("job", "A", LONG).await.expect("acquire");
-    assert!(m.release("job", first.token()).await.expect("release"));
-    let second = m.try_acquire("job", "A", LONG).await.expect("reacquire");
+    let first = m
+        .acquire("job", Acquire::ttl(LONG).holder("A"))
+        .await
+        .expect("acquire");
+    assert!(
+        m.release(&common::fence("job", first.token()))
+            .await
+            .expect("release")
+    );
+    let second = m
+        .acquire("job", Acquire::ttl(LONG).holder("A"))
+        .await
+        .expect("reacquire");
 
     let before = db.snapshot().await;
-    match m.renew("job", first.token(), LONG).await {
+    match m.renew(&common::fence("job", first.token()), LONG).await {
         Err(Error::Lost {
             name,
             token,
@@ -76,7 +90,7 @@ async fn stale_renew_is_lost_and_changes_nothing() {
         before,
         "a stale renewal changed the lease"
     );
-    m.renew("job", second.token(), LONG)
+    m.renew(&common::fence("job", second.token()), LONG)
         .await
         .expect("current token renews");
 }
@@ -85,11 +99,18 @@ async fn stale_renew_is_lost_and_changes_nothing() {
 async fn duplicate_release_is_harmless() {
     let db = TestDb::new().await;
     let m = db.manager();
-    let lease = m.try_acquire("job", "A", LONG).await.expect("acquire");
-    assert!(m.release("job", lease.token()).await.expect("release"));
+    let lease = m
+        .acquire("job", Acquire::ttl(LONG).holder("A"))
+        .await
+        .expect("acquire");
+    assert!(
+        m.release(&common::fence("job", lease.token()))
+            .await
+            .expect("release")
+    );
     let before = db.snapshot().await;
     assert!(
-        !m.release("job", lease.token())
+        !m.release(&common::fence("job", lease.token()))
             .await
             .expect("duplicate release")
     );
@@ -105,10 +126,13 @@ async fn duplicate_release_is_harmless() {
 async fn unexpired_lease_is_not_reentrant() {
     let db = TestDb::new().await;
     let m = db.manager();
-    let lease = m.try_acquire("job", "A", LONG).await.expect("acquire");
+    let lease = m
+        .acquire("job", Acquire::ttl(LONG).holder("A"))
+        .await
+        .expect("acquire");
     let before = db.snapshot().await;
     for who in ["A", "B"] {
-        match m.try_acquire("job", who, LONG).await {
+        match m.acquire("job", Acquire::ttl(LONG).holder(who)).await {
             Err(Error::Held {
                 holder, expires_at, ..
             }) => {
@@ -127,19 +151,19 @@ async fn release_and_renew_after_expiry_change_nothing() {
     let db = TestDb::new().await;
     let m = db.manager();
     let lease = m
-        .try_acquire("job", "A", Duration::from_millis(200))
+        .acquire("job", Acquire::ttl(Duration::from_millis(200)).holder("A"))
         .await
         .expect("acquire");
     db.wait_until_db_time(lease.expires_at()).await;
 
     let before = db.snapshot().await;
     assert!(
-        !m.release("job", lease.token())
+        !m.release(&common::fence("job", lease.token()))
             .await
             .expect("release after expiry")
     );
     assert!(matches!(
-        m.renew("job", lease.token(), LONG).await,
+        m.renew(&common::fence("job", lease.token()), LONG).await,
         Err(Error::Lost { .. })
     ));
     assert_eq!(db.snapshot().await, before);
@@ -153,15 +177,22 @@ async fn takeover_after_expiry_issues_larger_token_and_fences_old_holder() {
     let db = TestDb::new().await;
     let m = db.manager();
     let old = m
-        .try_acquire("job", "A", Duration::from_millis(200))
+        .acquire("job", Acquire::ttl(Duration::from_millis(200)).holder("A"))
         .await
         .expect("A acquires");
     db.wait_until_db_time(old.expires_at()).await;
-    let new = m.try_acquire("job", "B", LONG).await.expect("B takes over");
+    let new = m
+        .acquire("job", Acquire::ttl(LONG).holder("B"))
+        .await
+        .expect("B takes over");
     assert!(new.token() > old.token());
-    assert!(!m.release("job", old.token()).await.expect("old release"));
+    assert!(
+        !m.release(&common::fence("job", old.token()))
+            .await
+            .expect("old release")
+    );
     assert!(matches!(
-        m.renew("job", old.token(), LONG).await,
+        m.renew(&common::fence("job", old.token()), LONG).await,
         Err(Error::Lost { .. })
     ));
     assert!(m.inspect("job").await.expect("inspect").held);
@@ -172,12 +203,15 @@ async fn renew_moves_expiry_on_database_clock() {
     let db = TestDb::new().await;
     let m = db.manager();
     let lease = m
-        .try_acquire("job", "A", Duration::from_secs(5))
+        .acquire("job", Acquire::ttl(Duration::from_secs(5)).holder("A"))
         .await
         .expect("acquire");
     let before = db.db_now().await;
     let expiry = m
-        .renew("job", lease.token(), Duration::from_secs(60))
+        .renew(
+            &common::fence("job", lease.token()),
+            Duration::from_secs(60),
+        )
         .await
         .expect("renew");
     let after = db.db_now().await;
@@ -197,9 +231,13 @@ async fn never_acquired_lease_reports_no_holder() {
     assert_eq!(status.holder, None);
     assert_eq!(status.token, None);
     assert!(!status.held);
-    assert!(!m.release("nothing", 1).await.expect("release"));
+    assert!(
+        !m.release(&common::fence("nothing", 1))
+            .await
+            .expect("release")
+    );
     assert!(matches!(
-        m.renew("nothing", 1, LONG).await,
+        m.renew(&common::fence("nothing", 1), LONG).await,
         Err(Error::Lost { .. })
     ));
     assert!(m.list().await.expect("list").is_empty());

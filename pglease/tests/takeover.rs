@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::{RolesDb, TestDb, poll_until};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use pglease::{Error, LeaseManager};
+use pglease::{Acquire, Error, LeaseManager};
 use sqlx::{AssertSqlSafe, Connection};
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -42,7 +42,10 @@ async fn holder_process() {
     let url = std::env::var("PGLEASE_CHILD_URL").expect("PGLEASE_CHILD_URL");
     let name = std::env::var("PGLEASE_CHILD_NAME").expect("PGLEASE_CHILD_NAME");
     let m = LeaseManager::connect(&url).await.expect("connect");
-    let held = m.hold(&name, "A", TTL, Duration::ZERO).await.expect("hold");
+    let held = m
+        .hold(&name, Acquire::ttl(TTL).holder("A"))
+        .await
+        .expect("hold");
     let mut tx = held.begin_fenced().await.expect("fenced");
     let insert = "INSERT INTO log (who, token) VALUES ('A', $1)";
     sqlx::query(insert)
@@ -211,9 +214,12 @@ async fn frozen_holder_is_taken_over(mode: &str) {
 
     // Unrelated work that must survive the takeover: a fenced transaction
     // on another, valid lease, and a plain open transaction.
-    let other = m.try_acquire("other", "C", LONG).await.expect("other");
+    let other = m
+        .acquire("other", Acquire::ttl(LONG).holder("C"))
+        .await
+        .expect("other");
     let mut other_tx = m
-        .begin_fenced("other", other.token())
+        .begin_fenced(&common::fence("other", other.token()))
         .await
         .expect("fenced on other");
     sqlx::query("INSERT INTO log (who, token) VALUES ('C', $1)")
@@ -245,7 +251,7 @@ async fn frozen_holder_is_taken_over(mode: &str) {
     let expired = final_expiry(&db, &m, "job").await;
 
     // Liveness: one attempt, while the holder is still stopped.
-    let b = tokio::time::timeout(BOUND, m.try_acquire("job", "B", LONG))
+    let b = tokio::time::timeout(BOUND, m.acquire("job", Acquire::ttl(LONG).holder("B")))
         .await
         .expect("B's acquisition must not wait for the frozen holder")
         .expect("B acquires while A is frozen");
@@ -281,8 +287,12 @@ async fn frozen_holder_is_taken_over(mode: &str) {
     let lost = holder.line("lost: ").await;
     assert!(lost.starts_with("Some("), "A's lease: {lost}");
     assert_eq!(rows_of(&db, "A").await, 0, "a write under the stale token");
-    m.release("job", b.token()).await.expect("release");
-    m.release("other", other.token()).await.expect("release");
+    m.release(&common::fence("job", b.token()))
+        .await
+        .expect("release");
+    m.release(&common::fence("other", other.token()))
+        .await
+        .expect("release");
 }
 
 #[tokio::test]
@@ -353,11 +363,11 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
         .await
         .expect("connect as the application");
     let old = as_app
-        .try_acquire("job", "A", Duration::from_secs(1))
+        .acquire("job", Acquire::ttl(Duration::from_secs(1)).holder("A"))
         .await
         .expect("A acquires");
     let mut tx = as_app
-        .begin_fenced("job", old.token())
+        .begin_fenced(&common::fence("job", old.token()))
         .await
         .expect("A checks");
     sqlx::query("INSERT INTO log (who, token) VALUES ('A', $1)")
@@ -368,7 +378,7 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
     db.wait_until_db_time(old.expires_at()).await;
 
     let b = LeaseManager::new(as_app.pool().clone());
-    match tokio::time::timeout(BOUND, b.try_acquire("job", "B", LONG)).await {
+    match tokio::time::timeout(BOUND, b.acquire("job", Acquire::ttl(LONG).holder("B"))).await {
         Ok(Err(Error::Pinned {
             name,
             holder,
@@ -388,14 +398,19 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
     }
     // A waiting acquisition gives up at its bound with the same answer.
     assert!(matches!(
-        b.acquire("job", "B", LONG, Duration::from_millis(300))
-            .await,
+        b.acquire(
+            "job",
+            Acquire::ttl(LONG)
+                .holder("B")
+                .wait(Duration::from_millis(300))
+        )
+        .await,
         Err(Error::Pinned { .. })
     ));
 
     run_sql(db, &[format!("GRANT pg_signal_backend TO {owner}")]).await;
     assert!(as_owner.can_end_stale_transactions().await.expect("check"));
-    let taken = tokio::time::timeout(BOUND, b.try_acquire("job", "B", LONG))
+    let taken = tokio::time::timeout(BOUND, b.acquire("job", Acquire::ttl(LONG).holder("B")))
         .await
         .expect("bounded")
         .expect("B acquires once the owner may end the stale session");

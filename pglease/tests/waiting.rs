@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{TestDb, poll_until};
-use pglease::{Error, Lease, LeaseManager, ManagerOptions};
+use pglease::{Acquire, Error, Lease, LeaseManager, ManagerOptions};
 
 const BOUND: Duration = Duration::from_secs(30);
 /// Longer than any of these tests may take: a waiter that only polled or
@@ -25,22 +25,46 @@ async fn until_waiting(waiter: &LeaseManager) {
 /// B's acquisition of "job", waiting up to two minutes, on a task.
 fn spawn_acquire(waiter: &LeaseManager) -> tokio::task::JoinHandle<pglease::Result<Lease>> {
     let waiter = waiter.clone();
-    tokio::spawn(async move { waiter.acquire("job", "B", SLOW, SLOW).await })
+    tokio::spawn(async move {
+        waiter
+            .acquire("job", Acquire::ttl(SLOW).holder("B").wait(SLOW))
+            .await
+    })
 }
 
 /// A manager that polls at most every two minutes and whose release
-/// listener is already connected: its one acquisition so far ("warm-up")
-/// started the listener.
-async fn listening_waiter(db: &TestDb, app: &str) -> LeaseManager {
+/// listener is already connected: its one acquisition so far ("warm-up",
+/// which had to wait) started the listener. Also returns how many attempts
+/// that acquisition made.
+async fn listening_waiter(db: &TestDb, app: &str) -> (LeaseManager, u64) {
     let waiter = db
         .manager_with(app, ManagerOptions::default().max_poll_interval(SLOW))
         .await;
-    waiter
-        .acquire("warm-up", "B", SLOW, Duration::ZERO)
+    // The listener starts only when an acquisition has to wait: make one.
+    let holder = db.manager();
+    let warm_up = holder
+        .acquire("warm-up", Acquire::ttl(SLOW).holder("A"))
         .await
-        .expect("warm-up");
+        .expect("warm-up lease");
+    let waited = waiter
+        .acquire(
+            "warm-up",
+            Acquire::ttl(SLOW)
+                .holder("B")
+                .wait(Duration::from_millis(50)),
+        )
+        .await;
+    assert!(
+        matches!(waited, Err(pglease::Error::Held { .. })),
+        "{waited:?}"
+    );
     poll_until("the listener", BOUND, || async { waiter.stats().listening }).await;
-    waiter
+    holder
+        .release(&warm_up)
+        .await
+        .expect("release the warm-up lease");
+    let attempts = waiter.stats().acquire_attempts;
+    (waiter, attempts)
 }
 
 #[tokio::test]
@@ -48,21 +72,26 @@ async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
     let db = TestDb::new().await;
     let holder = db.manager();
     let first = holder
-        .try_acquire("job", "A", SLOW)
+        .acquire("job", Acquire::ttl(SLOW).holder("A"))
         .await
         .expect("A acquires");
     // Once it listens, the waiter below makes exactly two attempts before
     // it sleeps: one, then one more once its listener watches "job" (a
     // release committed in between would have notified nobody). Attempts
     // are counted when answered.
-    let waiter = listening_waiter(&db, "waiter").await;
+    let (waiter, before) = listening_waiter(&db, "waiter").await;
     let waiting = spawn_acquire(&waiter);
     poll_until("the waiter to sleep", BOUND, || async {
         let s = waiter.stats();
-        s.waiting == 1 && s.acquire_attempts == 3
+        s.waiting == 1 && s.acquire_attempts == before + 2
     })
     .await;
-    assert!(holder.release("job", first.token()).await.expect("release"));
+    assert!(
+        holder
+            .release(&common::fence("job", first.token()))
+            .await
+            .expect("release")
+    );
 
     let second = tokio::time::timeout(BOUND, waiting)
         .await
@@ -72,7 +101,7 @@ async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
     assert_eq!(second.holder(), "B");
     assert!(second.token() > first.token());
     // Woken once, it needed one more attempt.
-    assert_eq!(waiter.stats().acquire_attempts, 4);
+    assert_eq!(waiter.stats().acquire_attempts, before + 3);
     assert_eq!(waiter.stats().waiting, 0);
 }
 
@@ -84,21 +113,24 @@ async fn a_waiter_takes_over_at_expiry_when_the_holder_vanished() {
     // after its listener watches the name) and one that succeeds (a fourth
     // if it woke a hair early), where a poller backing off from 10 ms would
     // make about eight in the holder's second.
-    let waiter = listening_waiter(&db, "expiry-waiter").await;
+    let (waiter, before) = listening_waiter(&db, "expiry-waiter").await;
 
     // The holder acquires and disappears without releasing.
     let gone = db
         .manager()
-        .try_acquire("job", "A", Duration::from_secs(1))
+        .acquire("job", Acquire::ttl(Duration::from_secs(1)).holder("A"))
         .await
         .expect("A acquires");
-    let lease = tokio::time::timeout(BOUND, waiter.acquire("job", "B", SLOW, SLOW))
-        .await
-        .expect("the waiter woke at the expiry")
-        .expect("B acquires");
+    let lease = tokio::time::timeout(
+        BOUND,
+        waiter.acquire("job", Acquire::ttl(SLOW).holder("B").wait(SLOW)),
+    )
+    .await
+    .expect("the waiter woke at the expiry")
+    .expect("B acquires");
     assert!(lease.acquired_at() >= gone.expires_at());
     assert!(lease.token() > gone.token());
-    let attempts = waiter.stats().acquire_attempts - 1;
+    let attempts = waiter.stats().acquire_attempts - before;
     assert!(
         (3..=4).contains(&attempts),
         "{attempts} attempts: the waiter did not sleep until the expiry"
@@ -110,7 +142,7 @@ async fn a_polling_waiter_gets_the_lease_after_a_release() {
     let db = TestDb::new().await;
     let holder = db.manager();
     let first = holder
-        .try_acquire("job", "A", SLOW)
+        .acquire("job", Acquire::ttl(SLOW).holder("A"))
         .await
         .expect("A acquires");
     let waiter = db
@@ -118,7 +150,12 @@ async fn a_polling_waiter_gets_the_lease_after_a_release() {
         .await;
     let waiting = spawn_acquire(&waiter);
     until_waiting(&waiter).await;
-    assert!(holder.release("job", first.token()).await.expect("release"));
+    assert!(
+        holder
+            .release(&common::fence("job", first.token()))
+            .await
+            .expect("release")
+    );
     let second = tokio::time::timeout(BOUND, waiting)
         .await
         .expect("the poller found the lease free")
@@ -131,12 +168,17 @@ async fn a_polling_waiter_gets_the_lease_after_a_release() {
 async fn waiting_is_bounded_by_max_wait() {
     let db = TestDb::new().await;
     db.manager()
-        .try_acquire("job", "A", SLOW)
+        .acquire("job", Acquire::ttl(SLOW).holder("A"))
         .await
         .expect("A acquires");
     let waiter = db.manager();
     match waiter
-        .acquire("job", "B", SLOW, Duration::from_millis(300))
+        .acquire(
+            "job",
+            Acquire::ttl(SLOW)
+                .holder("B")
+                .wait(Duration::from_millis(300)),
+        )
         .await
     {
         Err(Error::Held { holder, .. }) => assert_eq!(holder, "A"),
@@ -144,7 +186,7 @@ async fn waiting_is_bounded_by_max_wait() {
     }
     let once = db.manager();
     assert!(matches!(
-        once.acquire("job", "B", SLOW, Duration::ZERO).await,
+        once.acquire("job", Acquire::ttl(SLOW).holder("B")).await,
         Err(Error::Held { .. })
     ));
     assert_eq!(
@@ -190,7 +232,10 @@ async fn an_acquisition_held_up_in_the_database_past_its_ttl_is_kept() {
     let ttl = Duration::from_secs(1);
     let waiting = {
         let b = b.clone();
-        tokio::spawn(async move { b.hold("job", "B", ttl, BOUND).await })
+        tokio::spawn(async move {
+            b.hold("job", Acquire::ttl(ttl).holder("B").wait(BOUND))
+                .await
+        })
     };
     db.until_acquiring(Some("late")).await;
     // Held up for longer than its TTL, on the database clock (and less

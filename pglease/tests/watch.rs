@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{TestDb, poll_until};
-use pglease::{Lease, LeaseManager, ManagerOptions, RELEASE_CHANNEL};
+use pglease::{Acquire, Lease, LeaseManager, ManagerOptions, RELEASE_CHANNEL};
 use sqlx::postgres::PgListener;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -52,7 +52,9 @@ async fn unwatch(listener: &mut PgListener, name: &str) -> bool {
 }
 
 async fn acquire(m: &LeaseManager, name: &str) -> Lease {
-    m.try_acquire(name, "A", SLOW).await.expect("A acquires")
+    m.acquire(name, Acquire::ttl(SLOW).holder("A"))
+        .await
+        .expect("A acquires")
 }
 
 /// B waits for "job" (held by A) through a manager that polls at most every
@@ -64,7 +66,11 @@ async fn watching_waiter(
     let waiter = db
         .manager_with(app, ManagerOptions::default().max_poll_interval(SLOW))
         .await;
-    let waiting = tokio::spawn(async move { waiter.acquire("job", "B", SLOW, SLOW).await });
+    let waiting = tokio::spawn(async move {
+        waiter
+            .acquire("job", Acquire::ttl(SLOW).holder("B").wait(SLOW))
+            .await
+    });
     poll_until("the waiter to watch", BOUND, || async {
         watching_sessions(db).await.len() == 1
     })
@@ -92,9 +98,13 @@ async fn only_watched_names_are_notified() {
 
     // Notifications arrive in commit order: had the first release
     // notified, its name would come first.
-    assert!(m.release("quiet", quiet.token()).await.expect("release"));
     assert!(
-        m.release("watched", watched.token())
+        m.release(&common::fence("quiet", quiet.token()))
+            .await
+            .expect("release")
+    );
+    assert!(
+        m.release(&common::fence("watched", watched.token()))
             .await
             .expect("release")
     );
@@ -115,8 +125,16 @@ async fn only_watched_names_are_notified() {
     let again = acquire(&m, "watched").await;
     let marker = acquire(&m, "marker").await;
     assert!(watch(&mut listener, "marker").await);
-    assert!(m.release("watched", again.token()).await.expect("release"));
-    assert!(m.release("marker", marker.token()).await.expect("release"));
+    assert!(
+        m.release(&common::fence("watched", again.token()))
+            .await
+            .expect("release")
+    );
+    assert!(
+        m.release(&common::fence("marker", marker.token()))
+            .await
+            .expect("release")
+    );
     let next = tokio::time::timeout(BOUND, listener.recv())
         .await
         .expect("a notification")
@@ -176,7 +194,12 @@ async fn a_waiter_watches_only_while_it_waits() {
     let holder = db.manager();
     let first = acquire(&holder, "job").await;
     let waiting = watching_waiter(&db, "watcher").await;
-    assert!(holder.release("job", first.token()).await.expect("release"));
+    assert!(
+        holder
+            .release(&common::fence("job", first.token()))
+            .await
+            .expect("release")
+    );
     assert!(woken(waiting).await.token() > first.token());
     poll_until("the watch to be dropped", BOUND, || async {
         watching_sessions(&db).await.is_empty()
@@ -205,7 +228,12 @@ async fn a_waiter_is_woken_after_its_listener_reconnected() {
         now.len() == 1 && now != old
     })
     .await;
-    assert!(holder.release("job", first.token()).await.expect("release"));
+    assert!(
+        holder
+            .release(&common::fence("job", first.token()))
+            .await
+            .expect("release")
+    );
     assert!(woken(waiting).await.token() > first.token());
 }
 

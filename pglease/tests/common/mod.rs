@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pglease::{Lease, LeaseManager, ManagerOptions};
+use pglease::{Acquire, Lease, LeaseManager, ManagerOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, PgPool};
 
@@ -277,7 +277,7 @@ impl TestDb {
         name: &str,
     ) -> (Lease, sqlx::Transaction<'static, sqlx::Postgres>) {
         let lease = m
-            .try_acquire(name, "A", Duration::from_millis(300))
+            .acquire(name, Acquire::ttl(Duration::from_millis(300)).holder("A"))
             .await
             .expect("A acquires");
         self.wait_until_db_time(lease.expires_at()).await;
@@ -455,11 +455,12 @@ pub async fn data_value(db: &TestDb) -> String {
 pub async fn fenced_write(
     manager: &LeaseManager,
     name: &str,
-    token: i64,
+    token: impl Into<i64>,
     value: &str,
 ) -> Result<(), pglease::Error> {
+    let token: i64 = token.into();
     manager
-        .fenced(name, token, async |conn| {
+        .fenced(&fence(name, token), async |conn| {
             sqlx::query("UPDATE data SET value = $1, token = $2 WHERE id = 1")
                 .bind(value)
                 .bind(token)
@@ -495,4 +496,15 @@ impl Drop for RolesDb {
                 .collect(),
         );
     }
+}
+
+/// The fence of lease `name` under `token`, for operations on a lease this
+/// test did not acquire through the library (or with a made-up token).
+pub fn fence(name: &str, token: impl Into<i64>) -> pglease::Fence {
+    pglease::Fence::new(name, self::token(token.into())).expect("a valid fence")
+}
+
+/// A token from a number.
+pub fn token(token: i64) -> pglease::Token {
+    pglease::Token::new(token).expect("a valid token")
 }
