@@ -133,15 +133,29 @@ impl ManagerOptions {
         ttl.mul_f64(self.renew_fraction)
     }
 
-    pub(crate) fn renew_timeout_value(&self) -> Duration {
+    /// The fraction of a TTL after which a held lease is renewed.
+    pub fn renew_fraction_value(&self) -> f64 {
+        self.renew_fraction
+    }
+
+    /// The safety margin set with [`ManagerOptions::safety_margin`];
+    /// `None` means the default, 2 % of each lease's TTL.
+    pub fn safety_margin_value(&self) -> Option<Duration> {
+        self.safety_margin
+    }
+
+    /// How long a renewal statement may go unanswered.
+    pub fn renew_timeout_value(&self) -> Duration {
         self.renew_timeout
     }
 
-    pub(crate) fn notify_enabled(&self) -> bool {
+    /// Whether waiting acquisitions listen for releases.
+    pub fn notify_enabled(&self) -> bool {
         self.notify
     }
 
-    pub(crate) fn max_poll(&self) -> Duration {
+    /// The longest pause between polls of a waiting acquisition.
+    pub fn max_poll(&self) -> Duration {
         self.max_poll_interval
     }
 }
