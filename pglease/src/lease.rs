@@ -553,6 +553,15 @@ impl LeaseManager {
 
     /// The status of lease `name`; a name never acquired is reported with
     /// no holder and no token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad name (nothing sent);
+    /// [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
     pub async fn inspect(&self, name: &str) -> Result<LeaseStatus> {
         check_text("name", name)?;
         let row = sqlx::query(sql::INSPECT)
@@ -566,6 +575,14 @@ impl LeaseManager {
     }
 
     /// The status of every lease ever acquired, ordered by name.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
     pub async fn list(&self) -> Result<Vec<LeaseStatus>> {
         let rows = sqlx::query(sql::LIST).fetch_all(&self.pool).await?;
         rows.iter().map(LeaseStatus::from_row).collect()
@@ -579,6 +596,18 @@ impl LeaseManager {
     /// Fenced transactions declare their token. Needs the right to create
     /// triggers on the table (its owner); protecting again replaces the
     /// lease name.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad name, a table that is not an
+    /// ordinary table, or one in a partition or inheritance tree;
+    /// [`Error::Database`] (SQLSTATE `42501`) unless the caller owns the
+    /// table.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the protection may or may not be in place (it is
+    /// one statement): call it again.
     pub async fn protect(&self, table: &str, name: &str) -> Result<()> {
         check_text("name", name)?;
         sqlx::query(sql::PROTECT)
@@ -591,6 +620,16 @@ impl LeaseManager {
 
     /// Removes the protection [`LeaseManager::protect`] put on `table`;
     /// returns whether it was protected.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] (SQLSTATE `42501`) unless the caller owns the
+    /// table, or if the table does not exist.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the protection may or may not be removed: call it
+    /// again.
     pub async fn unprotect(&self, table: &str) -> Result<bool> {
         let was: bool = sqlx::query_scalar(sql::UNPROTECT)
             .bind(table)
