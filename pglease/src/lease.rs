@@ -327,19 +327,25 @@ impl Acquire {
 /// host name and this process's id, so that the status view tells where a
 /// holder runs.
 pub fn default_holder() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
-        .or_else(|| std::env::var("COMPUTERNAME").ok().filter(|h| !h.is_empty()))
-        .unwrap_or_else(|| "localhost".to_owned());
-    let mut holder = format!("{host}:{}", std::process::id());
-    // A host name is at most 253 bytes; keep the whole within the limit.
-    while holder.len() > crate::MAX_NAME_BYTES {
-        holder.remove(0);
-    }
-    holder
+    static HOLDER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOLDER
+        .get_or_init(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+                .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+                .or_else(|| std::env::var("COMPUTERNAME").ok().filter(|h| !h.is_empty()))
+                .unwrap_or_else(|| "localhost".to_owned());
+            let mut holder = format!("{host}:{}", std::process::id());
+            // A host name is at most 253 bytes; keep the whole within the
+            // limit (on a character boundary).
+            while holder.len() > crate::MAX_NAME_BYTES {
+                holder.remove(0);
+            }
+            holder
+        })
+        .clone()
 }
 
 /// One row of the `pglease.status` view.
@@ -692,4 +698,33 @@ pub(crate) fn interval(ttl: Duration) -> Result<PgInterval> {
 /// The TTL an interval made by [`interval`] stands for.
 pub(crate) fn ttl_duration(ttl: PgInterval) -> Duration {
     Duration::from_micros(ttl.microseconds.unsigned_abs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_holder_names_this_host_and_process() {
+        let holder = default_holder();
+        assert!(
+            holder.ends_with(&format!(":{}", std::process::id())),
+            "{holder}"
+        );
+        assert!(holder.len() <= crate::MAX_NAME_BYTES && holder.len() > 2);
+        assert_eq!(Acquire::ttl(Duration::from_secs(1)).holder_name(), holder);
+    }
+
+    #[test]
+    fn tokens_start_at_one_and_parse_from_text() {
+        assert!(Token::new(0).is_err());
+        assert_eq!(" 7 ".parse::<Token>().expect("token").get(), 7);
+        assert!(matches!(
+            "x".parse::<Token>(),
+            Err(Error::InvalidInput {
+                argument: "token",
+                ..
+            })
+        ));
+    }
 }
