@@ -444,12 +444,12 @@ COMMENT ON FUNCTION pglease.renew_many(text[], bigint[], interval[]) IS
 -- of bare statements ran at 2,800/s at 8 clients with a notification and
 -- 4,800/s without one. So release notifies only when somebody waits.
 --
--- A waiter now says that it waits: pglease.watch(name) takes a shared
+-- A waiter says that it waits: pglease.watch(name) takes a shared
 -- session-level advisory lock on (1886156641, hashtext(name)) (key space
 -- 0x706c7761, "plwa"), on the connection that LISTENs. release tries the
 -- exclusive transaction-level lock on the same key after it has ended the
 -- lease: if a watcher holds the shared lock, the try fails and release
--- notifies as before. If nobody watches, release holds the exclusive lock
+-- notifies. If nobody watches, release holds the exclusive lock
 -- until it commits, so a watch that comes in the meantime fails (it does
 -- not block) and the waiter, told that a release is committing, tries
 -- again; a watch that succeeds comes after the release committed, and the
@@ -461,7 +461,7 @@ COMMENT ON FUNCTION pglease.renew_many(text[], bigint[], interval[]) IS
 -- and a transaction that released thousands of leases would run out of
 -- them ("out of shared memory"). After 32 locks in one transaction
 -- (counted in the transaction-local setting pglease.release_locks),
--- release notifies without asking, as it always did before.
+-- release notifies without asking.
 
 CREATE FUNCTION pglease.watch(name text)
 RETURNS boolean
