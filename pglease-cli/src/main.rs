@@ -188,7 +188,7 @@ async fn main() -> ExitCode {
             ttl,
             json,
         } => renew(&manager, &name, token, ttl, json).await,
-        Command::Release { name, token } => match fence(&name, token) {
+        Command::Release { name, token } => match Fence::new(name, token) {
             Ok(fence) => release(&manager, &fence).await,
             Err(e) => Err((e, "release")),
         },
@@ -304,12 +304,7 @@ async fn migrate(manager: &LeaseManager) -> Outcome {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Host name and process id: unique and readable.
-/// The fence of a lease named on the command line.
-fn fence(name: &str, token: Token) -> pglease::Result<Fence> {
-    Fence::new(name, token)
-}
-
+/// `pglease release`: exit 0 if this ended the lease, 4 if it was not held.
 async fn release(manager: &LeaseManager, fence: &Fence) -> Outcome {
     match manager.release(fence).await {
         Ok(true) => Ok(ExitCode::SUCCESS),
@@ -444,7 +439,7 @@ async fn renew(
     ttl: Duration,
     json: bool,
 ) -> Outcome {
-    let fence = fence(name, token).map_err(|e| (e, "renew"))?;
+    let fence = Fence::new(name, token).map_err(|e| (e, "renew"))?;
     match manager.renew(&fence, ttl).await {
         Ok(expires_at) => {
             if json {
