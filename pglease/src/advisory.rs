@@ -20,7 +20,7 @@ use sqlx::{Connection, PgConnection, Postgres, Transaction};
 
 use crate::error::{Error, Result};
 use crate::input::check_text;
-use crate::lease::LeaseManager;
+use crate::manager::LeaseManager;
 
 /// The advisory-lock key for `name` (64-bit FNV-1a of its UTF-8 bytes).
 ///

@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgDatabaseError;
 
-use crate::lease::Token;
+use crate::token::Token;
 
 /// SQLSTATE raised by `pglease` functions for invalid arguments.
 pub const SQLSTATE_INVALID_INPUT: &str = "22023";

@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use crate::lease::Token;
+use crate::token::Token;
 
 /// The highest token a resource has accepted, for a service that fences
 /// its writers itself (an HTTP service, a file store). Persist

@@ -7,11 +7,13 @@
 
 use std::ops::{Deref, DerefMut};
 
+use sqlx::postgres::PgPool;
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::error::{Error, NotHeldReason, Result};
-use crate::lease::{Fence, LeaseManager, Token};
+use crate::lease::Fence;
 use crate::sql;
+use crate::token::Token;
 
 /// Declares, inside the caller's own transaction on `conn`, that it writes
 /// under `lease` (its name and token): fails with [`Error::NotHeld`] unless
@@ -146,58 +148,13 @@ impl DerefMut for FencedTransaction {
     }
 }
 
-impl LeaseManager {
-    /// Begins a transaction and declares `lease` in it
-    /// ([`assert_held`]): its writes can commit only while the lease is
-    /// held under that token.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotHeld`] (after rolling back) unless the token is current
-    /// and unexpired on the database clock; [`Error::Database`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped before it returns, the transaction rolls back.
-    pub async fn begin_fenced(&self, lease: impl AsRef<Fence>) -> Result<FencedTransaction> {
-        let fence = lease.as_ref();
-        let mut tx = self.pool().begin().await?;
-        assert_held(&mut tx, fence).await?;
-        Ok(FencedTransaction {
-            tx,
-            fence: fence.clone(),
-            failed: None,
-        })
-    }
-
-    /// Runs `work` in a fenced transaction for `lease`, committing if it
-    /// returns `Ok` and rolling back if it returns `Err`.
-    ///
-    /// # Errors
-    ///
-    /// `work`'s error, or the errors of [`LeaseManager::begin_fenced`] and
-    /// [`FencedTransaction::commit`] converted into `E`.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped before the commit is sent, the transaction rolls back.
-    pub async fn fenced<T, E, F>(&self, lease: impl AsRef<Fence>, work: F) -> Result<T, E>
-    where
-        F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
-        E: From<Error>,
-    {
-        let mut tx = self.begin_fenced(lease).await?;
-        match work(&mut tx).await {
-            Ok(value) => {
-                tx.commit().await?;
-                Ok(value)
-            }
-            Err(e) => {
-                // The caller's error is the one worth reporting; a failed
-                // rollback leaves nothing committed either way.
-                let _ = tx.rollback().await;
-                Err(e)
-            }
-        }
-    }
+/// Begins a transaction on `pool` and declares `fence` in it.
+pub(crate) async fn begin(pool: &PgPool, fence: &Fence) -> Result<FencedTransaction> {
+    let mut tx = pool.begin().await?;
+    assert_held(&mut tx, fence).await?;
+    Ok(FencedTransaction {
+        tx,
+        fence: fence.clone(),
+        failed: None,
+    })
 }

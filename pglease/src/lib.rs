@@ -2,20 +2,29 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+// Layers, each using only those above it: values (`token`, `error`,
+// `input`, `lease`, `options`, `backoff`, `sql`); the shared context and
+// the statements (`context`, `db`, `fenced`); the components (`hold`,
+// `wait`); the manager; and beside it `advisory`, `migrate`, `connect`.
 mod advisory;
+mod backoff;
 mod connect;
+mod context;
+mod db;
 mod error;
 mod fence;
 mod fenced;
-mod holding;
+mod hold;
 mod input;
 mod lease;
+mod manager;
 mod migrate;
 mod options;
 #[cfg(feature = "signal")]
 mod signal;
 mod sql;
-mod waiting;
+mod token;
+mod wait;
 
 pub use advisory::{SessionLock, XactLock, advisory_key};
 pub use connect::{DEFAULT_CONNECT_TIMEOUT, libpq_defaults, pool_options};
@@ -25,14 +34,16 @@ pub use error::{
 };
 pub use fence::HighWaterMark;
 pub use fenced::{FencedTransaction, assert_held};
-pub use holding::{HeldLease, ManagerStats};
+pub use hold::HeldLease;
 pub use input::{MAX_NAME_BYTES, MAX_TTL};
-pub use lease::{Acquire, Fence, Lease, LeaseManager, LeaseStatus, Token, default_holder};
+pub use lease::{Acquire, Fence, Lease, LeaseStatus, default_holder};
+pub use manager::{LeaseManager, ManagerStats};
 pub use migrate::MIGRATIONS_TABLE;
 pub use options::ManagerOptions;
 #[cfg(feature = "signal")]
 pub use signal::shutdown_signal;
-pub use waiting::RELEASE_CHANNEL;
+pub use token::Token;
+pub use wait::RELEASE_CHANNEL;
 
 /// The `sqlx` this crate is built with: use its `PgPool`, `PgConnection`
 /// and `Transaction` with pglease (a different major version of sqlx in

@@ -5,7 +5,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::error::Result;
-use crate::lease::LeaseManager;
+use crate::manager::LeaseManager;
 
 /// Where `pglease` records which of its migrations are applied: its own
 /// table in its own schema, so it never clashes with the host

@@ -1,0 +1,90 @@
+//! What a manager's clones, its held leases and its background tasks
+//! share. The tasks hold this, not the manager, so that dropping the last
+//! manager handle (and the last held lease) stops them.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use sqlx::postgres::PgPool;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::lease::Fence;
+use crate::options::ManagerOptions;
+use crate::sql;
+
+pub(crate) struct Context {
+    pub(crate) pool: PgPool,
+    pub(crate) options: ManagerOptions,
+    pub(crate) counters: Counters,
+    /// Cancelled at shutdown or when the last handle is dropped: every
+    /// background task stops.
+    pub(crate) stop: CancellationToken,
+    /// Work that may leave a lease held if it is cut short: acquisition
+    /// attempts on tasks of their own, releases sent in the background
+    /// (dropped leases, abandoned acquisitions, leases given up locally),
+    /// and `hold` calls until their lease is registered. `shutdown` waits
+    /// for all of it, so that a process that stops cleanly leaves nothing
+    /// held.
+    pub(crate) background: TaskTracker,
+    shut_down: AtomicBool,
+}
+
+/// The manager's counters (see [`crate::ManagerStats`]).
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) renewal_statements: AtomicU64,
+    pub(crate) leases_renewed: AtomicU64,
+    pub(crate) renewal_failures: AtomicU64,
+    pub(crate) acquire_attempts: AtomicU64,
+    pub(crate) waiting: AtomicUsize,
+}
+
+impl Context {
+    pub(crate) fn new(pool: PgPool, options: ManagerOptions) -> Context {
+        Context {
+            pool,
+            options,
+            counters: Counters::default(),
+            stop: CancellationToken::new(),
+            background: TaskTracker::new(),
+            shut_down: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether `shutdown` has begun: no new acquisitions.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn begin_shutdown(&self) {
+        self.shut_down.store(true, Ordering::Release);
+    }
+
+    /// Releases `lease` on a tracked task if a runtime is available (else
+    /// it simply expires); `shutdown` waits for it. Bounded by the renewal
+    /// timeout; a failure is logged.
+    pub(crate) fn release_in_background(&self, lease: &Fence) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = self.pool.clone();
+        let limit = self.options.renew_timeout_value();
+        let (name, token) = (lease.name().to_owned(), lease.token().get());
+        self.background.spawn_on(
+            async move {
+                let release = sqlx::query(sql::RELEASE)
+                    .bind(&name)
+                    .bind(token)
+                    .execute(&pool);
+                match tokio::time::timeout(limit, release).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(error)) => {
+                        tracing::debug!(name, token, %error, "background release failed");
+                    }
+                    Err(_) => tracing::debug!(name, token, "background release timed out"),
+                }
+            },
+            &runtime,
+        );
+    }
+}

@@ -1,0 +1,68 @@
+//! The one-statement operations that more than one layer sends (the
+//! manager's methods, held leases, waiting acquisitions): each is one
+//! round trip on the pool, its SQL in [`crate::sql`].
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgPool;
+use sqlx::postgres::types::PgInterval;
+
+use crate::error::{Error, LossReason, Result};
+use crate::lease::{Fence, LeaseStatus};
+use crate::sql;
+
+/// Extends the lease to database-now + `ttl`; [`Error::Lost`] with the
+/// reason if the token is no longer valid.
+pub(crate) async fn renew(pool: &PgPool, fence: &Fence, ttl: PgInterval) -> Result<DateTime<Utc>> {
+    let expires_at: Option<DateTime<Utc>> = sqlx::query_scalar(sql::RENEW)
+        .bind(fence.name())
+        .bind(fence.token())
+        .bind(ttl)
+        .fetch_one(pool)
+        .await?;
+    match expires_at {
+        Some(expires_at) => Ok(expires_at),
+        None => Err(lost(pool, fence).await),
+    }
+}
+
+/// Ends the lease if the token is valid; whether it did.
+pub(crate) async fn release(pool: &PgPool, fence: &Fence) -> Result<bool> {
+    let released: bool = sqlx::query_scalar(sql::RELEASE)
+        .bind(fence.name())
+        .bind(fence.token())
+        .fetch_one(pool)
+        .await?;
+    Ok(released)
+}
+
+/// The status view's row for `name` (checked by the caller).
+pub(crate) async fn inspect(pool: &PgPool, name: &str) -> Result<LeaseStatus> {
+    let row = sqlx::query(sql::INSPECT)
+        .bind(name)
+        .fetch_optional(pool)
+        .await?;
+    match row {
+        Some(row) => LeaseStatus::from_row(&row),
+        None => Ok(LeaseStatus::never_acquired(name)),
+    }
+}
+
+/// The error for a lease that a renewal found lost, with the reason read
+/// from the status view (one extra read, on the failure path only).
+async fn lost(pool: &PgPool, fence: &Fence) -> Error {
+    let reason = match inspect(pool, fence.name()).await {
+        Ok(status) if status.token == Some(fence.token()) && status.holder.is_none() => {
+            LossReason::Released
+        }
+        Ok(status) => LossReason::Stale {
+            current_token: status.token,
+            current_holder: status.holder,
+        },
+        Err(error) => return error,
+    };
+    Error::Lost {
+        name: fence.name().to_owned(),
+        token: fence.token(),
+        reason,
+    }
+}

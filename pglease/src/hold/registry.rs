@@ -1,0 +1,294 @@
+//! The renewal registry: every lease a manager holds with background
+//! renewal, when each is due, and what the last renewal statement did to
+//! it. Planning and applying take the current instant as an argument and do
+//! no I/O, so their logic is tested without a database or a clock
+//! (`hold/tests.rs`); the renewal task (`renewer.rs`) does the sending.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::types::PgInterval;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::state::HeldState;
+use crate::backoff;
+use crate::error::{Error, LossReason};
+use crate::lease::Lease;
+use crate::token::Token;
+
+/// A held lease's key: its name and token.
+pub(crate) type Key = (String, i64);
+
+/// Planning looks at most this far ahead when nothing is due.
+const HORIZON: Duration = Duration::from_secs(3600);
+
+pub(crate) struct Registry {
+    entries: Mutex<HashMap<Key, Entry>>,
+    /// Wakes the renewal task: a lease was added.
+    pub(crate) wake: Notify,
+    /// Bumped each time a renewal statement's outcome has been applied.
+    applied: watch::Sender<u64>,
+    /// The renewal task; started again if the runtime it ran on has ended.
+    pub(crate) task: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct Entry {
+    state: Arc<HeldState>,
+    renew_at: Instant,
+    in_flight: bool,
+    failures: u32,
+}
+
+/// Leases to send in one renewal statement.
+pub(crate) struct Batch {
+    pub(crate) keys: Vec<Key>,
+    pub(crate) ttls: Vec<PgInterval>,
+    /// The earliest instant at which any held lease is given up: a
+    /// statement in flight holds up every lease, not only its own, so it
+    /// must give up by then.
+    pub(crate) first_fire_at: Instant,
+}
+
+/// What the renewal task should do next.
+pub(crate) struct Plan {
+    /// A statement to send now, if any lease is due.
+    pub(crate) batch: Option<Batch>,
+    /// When to plan again (absent: only when woken).
+    pub(crate) wake: Option<Instant>,
+    /// Leases given up locally (deadline passed) that may still be valid in
+    /// the database: release them, so the next holder need not wait.
+    pub(crate) given_up: Vec<Arc<HeldState>>,
+}
+
+/// One row of the renewal statement's answer.
+#[derive(Debug, Clone)]
+pub(crate) struct Renewed {
+    pub(crate) name: String,
+    pub(crate) token: i64,
+    pub(crate) expires_at: Option<DateTime<Utc>>,
+    pub(crate) current_token: Option<i64>,
+    pub(crate) current_holder: Option<String>,
+}
+
+/// What applying one statement's outcome did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Applied {
+    /// Leases whose renewal the database confirmed.
+    pub(crate) renewed: u64,
+    /// Whether the statement failed as a whole (it is retried).
+    pub(crate) failed: bool,
+}
+
+impl Registry {
+    pub(crate) fn new() -> Registry {
+        Registry {
+            entries: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+            applied: watch::channel(0).0,
+            task: Mutex::new(None),
+        }
+    }
+
+    fn entries(&self) -> MutexGuard<'_, HashMap<Key, Entry>> {
+        // The map stays consistent even if a holder panicked: recover it.
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Leases held right now.
+    pub(crate) fn len(&self) -> usize {
+        self.entries().len()
+    }
+
+    /// Starts renewing `state`, first at `renew_at`.
+    pub(crate) fn insert(&self, state: Arc<HeldState>, renew_at: Instant) {
+        let key = (state.lease.name().to_owned(), state.lease.token().get());
+        self.entries().insert(
+            key,
+            Entry {
+                state,
+                renew_at,
+                in_flight: false,
+                failures: 0,
+            },
+        );
+    }
+
+    /// Stops renewing `lease`. `Some(in_flight)` if it was registered,
+    /// telling whether a renewal of it is in flight.
+    pub(crate) fn forget(&self, lease: &Lease) -> Option<bool> {
+        self.entries()
+            .remove(&(lease.name().to_owned(), lease.token().get()))
+            .map(|entry| entry.in_flight)
+    }
+
+    /// Stops renewing every lease; returns them.
+    pub(crate) fn drain(&self) -> Vec<Arc<HeldState>> {
+        self.entries().drain().map(|(_, e)| e.state).collect()
+    }
+
+    /// Changes each time a statement's outcome has been applied.
+    pub(crate) fn applied(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
+    /// At `now`: fires the losses whose deadline has come (and drops the
+    /// leases whose holders saw theirs), then picks the leases to renew.
+    /// `can_send` is false while a statement is in flight: nothing is sent
+    /// then, and a lease that reaches its deadline meanwhile is lost as
+    /// unreachable.
+    ///
+    /// A statement is sent only when some lease is due; those due within
+    /// half a period then go along, so that leases acquired at different
+    /// times fall into step (sending for early ones alone would renew a few
+    /// at a time as they enter the window).
+    pub(crate) fn plan(&self, now: Instant, can_send: bool) -> Plan {
+        let mut entries = self.entries();
+        let mut given_up = Vec::new();
+        entries.retain(|_, entry| {
+            let state = &entry.state;
+            let reason = match state.loss() {
+                // Fired by the holder's own check of the deadline.
+                Some(reason) => reason,
+                None if now >= state.fire_at() => {
+                    let reason = match state.deadline_reason(now) {
+                        // Not renewed because the statement before hangs.
+                        LossReason::Expired if !can_send => LossReason::Unreachable {
+                            error: Arc::new(Error::Timeout {
+                                operation: "renewal statement (sent for other leases)",
+                                after: None,
+                            }),
+                        },
+                        reason => reason,
+                    };
+                    state.fire(reason.clone(), now);
+                    reason
+                }
+                None => return true,
+            };
+            if matches!(reason, LossReason::Expired | LossReason::Unreachable { .. }) {
+                given_up.push(Arc::clone(state));
+            }
+            false
+        });
+
+        let mut wake: Option<Instant> = None;
+        let mut wake_at = |at: Instant| wake = Some(wake.map_or(at, |w| w.min(at)));
+        let mut batch = Batch {
+            keys: Vec::new(),
+            ttls: Vec::new(),
+            first_fire_at: now + HORIZON,
+        };
+        let mut first_due = now + HORIZON;
+        for (key, entry) in entries.iter() {
+            let fire_at = entry.state.fire_at();
+            wake_at(fire_at);
+            batch.first_fire_at = batch.first_fire_at.min(fire_at);
+            if !can_send || entry.in_flight {
+                continue;
+            }
+            if entry.renew_at > now + entry.state.timing.period / 2 {
+                wake_at(entry.renew_at);
+                continue;
+            }
+            first_due = first_due.min(entry.renew_at);
+            batch.keys.push(key.clone());
+            batch.ttls.push(entry.state.pg_ttl);
+        }
+        if batch.keys.is_empty() || first_due > now {
+            if !batch.keys.is_empty() {
+                wake_at(first_due);
+            }
+            return Plan {
+                batch: None,
+                wake,
+                given_up,
+            };
+        }
+        for key in &batch.keys {
+            if let Some(entry) = entries.get_mut(key) {
+                entry.in_flight = true;
+                entry.state.sending(now);
+            }
+        }
+        Plan {
+            batch: Some(batch),
+            wake,
+            given_up,
+        }
+    }
+
+    /// Applies at `now` the outcome of the statement sent at `sent` for
+    /// `keys`: confirmed leases get a new deadline (counted from `sent`)
+    /// and their next renewal a period after `sent`; leases the database
+    /// no longer accepts are lost with the reason it gave; a failed
+    /// statement is retried after a backoff, its error kept as the reason
+    /// should the deadline come first.
+    pub(crate) fn apply(
+        &self,
+        keys: &[Key],
+        sent: Instant,
+        outcome: Result<Vec<Renewed>, Arc<Error>>,
+        now: Instant,
+    ) -> Applied {
+        let mut entries = self.entries();
+        let mut applied = Applied::default();
+        match outcome {
+            Err(error) => {
+                applied.failed = true;
+                tracing::debug!(%error, leases = keys.len(), "renewal failed; retrying");
+                for key in keys {
+                    if let Some(entry) = entries.get_mut(key) {
+                        entry.in_flight = false;
+                        entry.failures = entry.failures.saturating_add(1);
+                        entry.state.failed(error.clone());
+                        entry.renew_at =
+                            now + backoff::renewal_retry(entry.failures, entry.state.timing.period);
+                    }
+                }
+            }
+            Ok(rows) => {
+                for row in rows {
+                    let key = (row.name, row.token);
+                    let Some(entry) = entries.get_mut(&key) else {
+                        continue; // released or given up meanwhile
+                    };
+                    entry.in_flight = false;
+                    if let Some(expires_at) = row.expires_at {
+                        applied.renewed += 1;
+                        entry.failures = 0;
+                        entry.state.confirm(sent, expires_at);
+                        entry.renew_at = sent + entry.state.timing.period;
+                        continue;
+                    }
+                    let reason = if row.current_token == Some(key.1) && row.current_holder.is_none()
+                    {
+                        LossReason::Released
+                    } else {
+                        LossReason::Stale {
+                            current_token: row.current_token.map(Token::issued),
+                            current_holder: row.current_holder,
+                        }
+                    };
+                    entry.state.fire(reason, now);
+                    entries.remove(&key);
+                }
+                // Every lease sent yields a row; should one be missing, it
+                // is sent again.
+                for key in keys {
+                    if let Some(entry) = entries.get_mut(key) {
+                        entry.in_flight = false;
+                    }
+                }
+            }
+        }
+        drop(entries);
+        self.applied.send_modify(|n| *n = n.wrapping_add(1));
+        applied
+    }
+}

@@ -1,0 +1,140 @@
+//! The manager's one renewal task: it plans with the registry, sends one
+//! statement for every lease that is due, applies the answer, and sleeps
+//! until the next thing to do. The deadline timer does not wait for a
+//! renewal in flight.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+use tokio::time::Instant;
+
+use super::registry::{Batch, Key, Registry, Renewed};
+use crate::context::Context;
+use crate::error::Error;
+use crate::sql;
+
+struct Outcome {
+    keys: Vec<Key>,
+    sent: Instant,
+    rows: Result<Vec<Renewed>, Arc<Error>>,
+}
+
+type InFlight = Pin<Box<dyn Future<Output = Outcome> + Send>>;
+
+/// Starts the renewal task, or starts it again if the runtime it ran on
+/// has ended, and wakes it to look at a new lease.
+pub(crate) fn ensure_running(context: &Arc<Context>, registry: &Arc<Registry>) {
+    let mut task = registry
+        .task
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if task.as_ref().is_none_or(|task| task.is_finished()) {
+        *task = Some(tokio::spawn(run(Arc::clone(context), Arc::clone(registry))));
+    }
+    drop(task);
+    registry.wake.notify_one();
+}
+
+async fn run(context: Arc<Context>, registry: Arc<Registry>) {
+    let mut in_flight: Option<InFlight> = None;
+    loop {
+        let now = Instant::now();
+        let plan = registry.plan(now, in_flight.is_none());
+        for state in &plan.given_up {
+            context.release_in_background(state.lease.fence());
+        }
+        if let Some(batch) = plan.batch {
+            in_flight = Some(Box::pin(send(Arc::clone(&context), batch)));
+        }
+        let idle = now + Duration::from_secs(3600);
+        tokio::select! {
+            () = context.stop.cancelled() => return,
+            () = registry.wake.notified() => {}
+            () = tokio::time::sleep_until(plan.wake.unwrap_or(idle)) => {}
+            outcome = poll(&mut in_flight) => {
+                in_flight = None;
+                let applied = registry.apply(&outcome.keys, outcome.sent, outcome.rows, Instant::now());
+                let counters = &context.counters;
+                counters.leases_renewed.fetch_add(applied.renewed, Ordering::Relaxed);
+                if applied.failed {
+                    counters.renewal_failures.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+async fn poll(in_flight: &mut Option<InFlight>) -> Outcome {
+    match in_flight {
+        Some(future) => future.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends one renewal statement with a timeout. On timeout the connection is
+/// closed rather than returned to the pool with a statement still running.
+async fn send(context: Arc<Context>, batch: Batch) -> Outcome {
+    let sent = Instant::now();
+    let limit = context
+        .options
+        .renew_timeout_value()
+        .min(batch.first_fire_at.saturating_duration_since(sent))
+        .max(Duration::from_millis(1));
+    let names: Vec<&str> = batch.keys.iter().map(|k| k.0.as_str()).collect();
+    let tokens: Vec<i64> = batch.keys.iter().map(|k| k.1).collect();
+    context
+        .counters
+        .renewal_statements
+        .fetch_add(1, Ordering::Relaxed);
+    let mut slot = None;
+    let answer = tokio::time::timeout(limit, async {
+        let conn = slot.insert(context.pool.acquire().await?);
+        sqlx::query(sql::RENEW_MANY)
+            .bind(&names)
+            .bind(&tokens)
+            .bind(&batch.ttls)
+            .fetch_all(&mut **conn)
+            .await
+    })
+    .await;
+    let rows = match answer {
+        Ok(Ok(rows)) => Ok(rows.iter().filter_map(parse).collect()),
+        Ok(Err(error)) => Err(Arc::new(Error::from(error))),
+        Err(_) => {
+            if let Some(mut conn) = slot.take() {
+                conn.close_on_drop();
+            }
+            Err(Arc::new(Error::Timeout {
+                operation: "renewal",
+                after: Some(limit),
+            }))
+        }
+    };
+    Outcome {
+        keys: batch.keys,
+        sent,
+        rows,
+    }
+}
+
+/// A row of `pglease.renew_many`; one that does not parse is skipped (its
+/// lease is sent again).
+fn parse(row: &PgRow) -> Option<Renewed> {
+    let renewed: bool = row.try_get("renewed").ok()?;
+    Some(Renewed {
+        name: row.try_get("name").ok()?,
+        token: row.try_get("token").ok()?,
+        expires_at: if renewed {
+            row.try_get("expires_at").ok()?
+        } else {
+            None
+        },
+        current_token: row.try_get("current_token").ok()?,
+        current_holder: row.try_get("current_holder").ok()?,
+    })
+}

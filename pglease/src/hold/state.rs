@@ -1,0 +1,161 @@
+//! The state of one held lease that the holder's handles and the renewal
+//! task both see: the local deadline, the database's expiry, and the loss
+//! signal with its reason.
+//!
+//! The local deadline is the instant the last confirmed renewal (or the
+//! acquisition) was *sent*, plus the TTL, minus the safety margin. The
+//! database set its expiry to *its* clock at the moment it ran the
+//! statement, plus the same TTL, and that moment is after the send: so the
+//! local deadline passes before the database's expiry, as long as the two
+//! clocks' rates differ by less than the margin. The deadline moves
+//! forward only when a renewal is confirmed.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::types::PgInterval;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, LossReason};
+use crate::lease::Lease;
+use crate::options::Timing;
+
+pub(crate) struct HeldState {
+    pub(crate) lease: Lease,
+    pub(crate) timing: Timing,
+    /// The TTL as an interval, for the renewal statement.
+    pub(crate) pg_ttl: PgInterval,
+    pub(crate) view: watch::Sender<View>,
+    pub(crate) lost: CancellationToken,
+    renewal: Mutex<RenewalStatus>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct View {
+    pub(crate) deadline: Instant,
+    pub(crate) expires_at: DateTime<Utc>,
+    pub(crate) lost: Option<LossReason>,
+    pub(crate) lost_at: Option<Instant>,
+}
+
+/// The renewal in progress, for the reason of a loss at the deadline.
+#[derive(Default)]
+struct RenewalStatus {
+    last_error: Option<Arc<Error>>,
+    sent_at: Option<Instant>,
+}
+
+impl HeldState {
+    /// A lease acquired by a statement sent at `sent`.
+    pub(crate) fn new(lease: Lease, sent: Instant, timing: Timing, pg_ttl: PgInterval) -> Self {
+        let (view, _) = watch::channel(View {
+            deadline: sent + timing.ttl - timing.margin,
+            expires_at: lease.expires_at(),
+            lost: None,
+            lost_at: None,
+        });
+        HeldState {
+            lease,
+            timing,
+            pg_ttl,
+            view,
+            lost: CancellationToken::new(),
+            renewal: Mutex::new(RenewalStatus::default()),
+        }
+    }
+
+    fn renewal(&self) -> MutexGuard<'_, RenewalStatus> {
+        self.renewal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// When the loss fires: a little before the deadline, so that a timer
+    /// that wakes late still fires by the deadline.
+    pub(crate) fn fire_at(&self) -> Instant {
+        let deadline = self.view.borrow().deadline;
+        deadline.checked_sub(self.timing.early).unwrap_or(deadline)
+    }
+
+    pub(crate) fn loss(&self) -> Option<LossReason> {
+        self.view.borrow().lost.clone()
+    }
+
+    /// Marks the lease lost at `now` (once; later reasons are ignored) and
+    /// cancels its token. Returns whether this call was the one that did it.
+    pub(crate) fn fire(&self, reason: LossReason, now: Instant) -> bool {
+        let fired = self.view.send_if_modified(|v| {
+            if v.lost.is_some() {
+                return false;
+            }
+            tracing::warn!(name = self.lease.name(), token = self.lease.token().get(), %reason, "lease lost");
+            v.lost = Some(reason);
+            v.lost_at = Some(now);
+            true
+        });
+        if fired {
+            self.lost.cancel();
+        }
+        fired
+    }
+
+    /// The reason for a loss at the local deadline, at `now`.
+    pub(crate) fn deadline_reason(&self, now: Instant) -> LossReason {
+        let status = self.renewal();
+        if let Some(error) = &status.last_error {
+            return LossReason::Unreachable {
+                error: error.clone(),
+            };
+        }
+        if let Some(sent) = status.sent_at {
+            return LossReason::Unreachable {
+                error: Arc::new(Error::Timeout {
+                    operation: "renewal",
+                    after: Some(now.saturating_duration_since(sent)),
+                }),
+            };
+        }
+        LossReason::Expired
+    }
+
+    /// Fires the loss at the local deadline if it has passed by `now`;
+    /// returns the reason if the lease is lost.
+    pub(crate) fn check(&self, now: Instant) -> Option<LossReason> {
+        if let Some(reason) = self.loss() {
+            return Some(reason);
+        }
+        if now >= self.fire_at() {
+            self.fire(self.deadline_reason(now), now);
+        }
+        self.loss()
+    }
+
+    /// A renewal is on its way (the first send since the last outcome is
+    /// the one a timeout is counted from).
+    pub(crate) fn sending(&self, now: Instant) {
+        self.renewal().sent_at.get_or_insert(now);
+    }
+
+    /// A renewal failed: the error is the reason if the deadline comes.
+    pub(crate) fn failed(&self, error: Arc<Error>) {
+        let mut status = self.renewal();
+        status.last_error = Some(error);
+        status.sent_at = None;
+    }
+
+    /// A renewal sent at `sent` was confirmed with `expires_at`.
+    pub(crate) fn confirm(&self, sent: Instant, expires_at: DateTime<Utc>) {
+        let deadline = sent + self.timing.ttl - self.timing.margin;
+        self.view.send_if_modified(|v| {
+            if v.lost.is_some() || deadline <= v.deadline {
+                return false;
+            }
+            v.deadline = deadline;
+            v.expires_at = expires_at;
+            true
+        });
+        *self.renewal() = RenewalStatus::default();
+    }
+}

@@ -1,0 +1,162 @@
+//! Acquiring, holding and working under a lease.
+
+use tokio::time::Instant;
+
+use super::LeaseManager;
+use crate::error::{Error, Result};
+use crate::hold::{self, HeldLease};
+use crate::lease::{Acquire, Lease, interval};
+
+impl LeaseManager {
+    /// Acquires lease `name` as `how` says: for its TTL, for its holder,
+    /// and waiting up to its [`wait`](Acquire::wait) for the current holder
+    /// to release it or let it expire (by default, one attempt).
+    ///
+    /// Each success carries a new token, greater than every token issued
+    /// before for `name`. An attempt on a held, unexpired lease is
+    /// read-only in the database. On a lease that has ended but is still
+    /// locked by transactions fenced under an earlier token, the database
+    /// ends those transactions first; each attempt answers within about
+    /// 2 s. An answer that came later than a renewal period is confirmed
+    /// with a renewal before it is returned.
+    ///
+    /// A waiting acquisition wakes as soon as the holder releases (the
+    /// manager starts listening for releases when a first attempt fails,
+    /// see [`ManagerOptions::notify`](crate::ManagerOptions::notify)),
+    /// otherwise retries when the holder's lease expires, with jitter; when
+    /// it cannot listen it polls, backing off from 10 ms up to the
+    /// configured maximum.
+    ///
+    /// ```no_run
+    /// # async fn f(leases: pglease::LeaseManager) -> Result<(), pglease::Error> {
+    /// use std::time::Duration;
+    /// use pglease::{Acquire, Error};
+    ///
+    /// match leases.acquire("nightly-report", Acquire::ttl(Duration::from_secs(30))).await {
+    ///     Ok(lease) => println!("mine under token {}", lease.token()),
+    ///     Err(Error::Held { holder, .. }) => println!("{holder} has it"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Held`] (with the last holder seen) if someone holds it when
+    /// the wait is over, including this holder itself: leases are not
+    /// re-entrant. [`Error::Pinned`] if it has ended but a stale fenced
+    /// transaction that could not be ended still holds it.
+    /// [`Error::InvalidInput`] (nothing sent), [`Error::ShutDown`],
+    /// [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future leaves nothing held (an attempt in
+    /// flight at that moment is released if it succeeded).
+    pub async fn acquire(&self, name: &str, how: Acquire) -> Result<Lease> {
+        Ok(self.acquire_sent(name, &how).await?.0)
+    }
+
+    /// [`LeaseManager::acquire`], and when its confirming statement was sent.
+    async fn acquire_sent(&self, name: &str, how: &Acquire) -> Result<(Lease, Instant)> {
+        self.shared.acquirer.acquire(name, how).await
+    }
+
+    /// Acquires lease `name` as `how` says (waiting as long as it allows,
+    /// see [`LeaseManager::acquire`]) and keeps it renewed in the
+    /// background until every clone of the returned handle is dropped, one
+    /// is released, or the lease is lost.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`LeaseManager::acquire`]; and [`Error::InvalidInput`] if
+    /// the renewal period (TTL × renew fraction) would not come before the
+    /// local deadline (TTL − safety margin).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, nothing stays held (an
+    /// acquisition in flight is released in the background).
+    pub async fn hold(&self, name: &str, how: Acquire) -> Result<HeldLease> {
+        let shared = &self.shared;
+        // The TTL as renewals send it, validated and converted once.
+        let pg_ttl = interval(how.lease_ttl())?;
+        let timing = shared.context.options.timing(how.lease_ttl())?;
+        // Until the lease is registered (or released, if a shutdown came
+        // first), `shutdown` waits for this call.
+        let _busy = shared.context.background.token();
+        let (lease, sent) = self.acquire_sent(name, &how).await?;
+        Ok(hold::register(
+            &shared.context,
+            &shared.registry,
+            &self.keepalive,
+            lease,
+            sent,
+            timing,
+            pg_ttl,
+        ))
+    }
+
+    /// Runs `work` while holding lease `name`: acquires it as `how` says,
+    /// renews it in the background, and releases it when `work` finishes.
+    ///
+    /// If the lease is lost first, `work` is dropped at its next await
+    /// point (stopped) and this returns [`Error::Lost`] with the reason,
+    /// converted into `work`'s error type: one `?` handles both. `work`
+    /// gets a clone of the held lease (move it into spawned tasks freely)
+    /// for its token and loss signal; fenced writes inside it should use
+    /// [`HeldLease::begin_fenced`].
+    ///
+    /// ```no_run
+    /// # async fn f(leases: pglease::LeaseManager) -> Result<(), pglease::Error> {
+    /// use std::time::Duration;
+    /// use pglease::Acquire;
+    ///
+    /// let rows = leases
+    ///     .with_lease("nightly-report", Acquire::ttl(Duration::from_secs(30)), async |held| {
+    ///         let mut tx = held.begin_fenced().await?;
+    ///         let rows = sqlx::query("DELETE FROM outbox").execute(&mut *tx).await?;
+    ///         tx.commit().await?;
+    ///         Ok::<_, pglease::Error>(rows.rows_affected())
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Those of [`LeaseManager::hold`] and [`Error::Lost`], converted into
+    /// `E`; `work`'s own error. A failed release after the work is logged,
+    /// not returned (the lease then ends at its expiry).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped early, `work` is dropped with it and the lease is released
+    /// in the background.
+    pub async fn with_lease<T, E, F>(&self, name: &str, how: Acquire, work: F) -> Result<T, E>
+    where
+        F: AsyncFnOnce(HeldLease) -> Result<T, E>,
+        E: From<Error>,
+    {
+        let held = self.hold(name, how).await?;
+        let outcome = {
+            let work = work(held.clone());
+            tokio::select! {
+                biased;
+                reason = held.lost() => Err(reason),
+                value = work => Ok(value),
+            }
+        };
+        match outcome {
+            Ok(value) => {
+                if let Err(error) = held.release().await {
+                    // The work is done; an unreleased lease only delays the
+                    // next holder until it expires.
+                    tracing::warn!(name, %error, "could not release the lease after the work");
+                }
+                value
+            }
+            Err(reason) => Err(held.lost_error(reason).into()),
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! The manager: what its clones share, its life (construction, counters,
+//! shutdown), and its operations (`ops.rs`: one statement each;
+//! `acquire.rs`: acquiring, holding, working under a lease).
+
+mod acquire;
+mod ops;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool};
+use tokio_util::sync::DropGuard;
+
+use crate::connect::{DEFAULT_CONNECT_TIMEOUT, connect_pool};
+use crate::context::Context;
+use crate::db;
+use crate::error::{Error, LossReason, Result};
+use crate::hold::{self, Registry};
+use crate::options::ManagerOptions;
+use crate::wait::Acquirer;
+
+/// Counters of one manager, for monitoring and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ManagerStats {
+    /// Leases held with background renewal right now.
+    pub held: usize,
+    /// Renewal statements sent (each renews every lease due at that tick).
+    pub renewal_statements: u64,
+    /// Lease renewals confirmed by the database, over all statements.
+    pub leases_renewed: u64,
+    /// Renewal statements that failed or timed out (and were retried).
+    pub renewal_failures: u64,
+    /// Acquisition statements answered (successful or not).
+    pub acquire_attempts: u64,
+    /// Acquirers waiting for a lease right now.
+    pub waiting: usize,
+    /// Whether this manager is listening for releases right now.
+    pub listening: bool,
+}
+
+/// Entry point: acquires, holds, renews, releases and inspects leases, and
+/// opens fenced transactions, through a [`PgPool`].
+///
+/// Cheap to clone: clones share one renewal task and one release listener,
+/// which stop when the last clone (and the last [`HeldLease`](crate::HeldLease))
+/// is dropped, or at [`LeaseManager::shutdown`]. Apart from that optional
+/// listener it uses no session state that outlives a transaction, so it
+/// works through a transaction-pooling proxy (turn
+/// [`ManagerOptions::notify`] off there).
+#[derive(Clone)]
+pub struct LeaseManager {
+    shared: Arc<Shared>,
+    /// Stops the background tasks when the last manager handle and the
+    /// last held lease are gone (held leases keep a clone).
+    keepalive: Arc<DropGuard>,
+}
+
+/// What the clones of one manager share.
+struct Shared {
+    context: Arc<Context>,
+    registry: Arc<Registry>,
+    acquirer: Acquirer,
+}
+
+impl std::fmt::Debug for LeaseManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseManager")
+            .field("pool", self.pool())
+            .field("options", self.options())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseManager {
+    /// A manager that uses `pool`, with the default [`ManagerOptions`].
+    /// Call [`LeaseManager::migrate`] once before first use (it is
+    /// idempotent).
+    pub fn new(pool: PgPool) -> Self {
+        Self::build(pool, ManagerOptions::default())
+    }
+
+    /// A manager that uses `pool` with `options`, which are validated.
+    pub fn with_options(pool: PgPool, options: ManagerOptions) -> Result<Self> {
+        options.validate()?;
+        Ok(Self::build(pool, options))
+    }
+
+    fn build(pool: PgPool, options: ManagerOptions) -> Self {
+        let context = Arc::new(Context::new(pool, options));
+        let keepalive = Arc::new(context.stop.clone().drop_guard());
+        LeaseManager {
+            shared: Arc::new(Shared {
+                registry: Arc::new(Registry::new()),
+                acquirer: Acquirer::new(Arc::clone(&context)),
+                context,
+            }),
+            keepalive,
+        }
+    }
+
+    /// Connects a pool of [`pool_options`](crate::pool_options) to `url`
+    /// and builds a manager on it, with the default [`ManagerOptions`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] for a URL that does not parse, or when the server
+    /// cannot be reached: at once for a refused connection or a failed
+    /// login, after [`DEFAULT_CONNECT_TIMEOUT`](crate::DEFAULT_CONNECT_TIMEOUT)
+    /// (10 s) for a server that does not answer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped early, the connection being opened is closed
+    /// and no manager exists.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let options: PgConnectOptions = url.parse()?;
+        Self::connect_with(options, DEFAULT_CONNECT_TIMEOUT).await
+    }
+
+    /// Like [`LeaseManager::connect`], with connect options and the time to
+    /// wait for a server that does not answer (also the pool's acquire
+    /// timeout).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the server cannot be reached: at once for a
+    /// refused connection or a failed login, after `connect_timeout` for a
+    /// server that does not answer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped early, the connection being opened is closed
+    /// and no manager exists.
+    pub async fn connect_with(
+        options: PgConnectOptions,
+        connect_timeout: Duration,
+    ) -> Result<Self> {
+        let pool = connect_pool(options, connect_timeout).await?;
+        Ok(LeaseManager::new(pool))
+    }
+
+    /// The pool this manager uses.
+    pub fn pool(&self) -> &PgPool {
+        &self.shared.context.pool
+    }
+
+    /// This manager's options.
+    pub fn options(&self) -> &ManagerOptions {
+        &self.shared.context.options
+    }
+
+    /// A snapshot of this manager's counters.
+    pub fn stats(&self) -> ManagerStats {
+        let shared = &self.shared;
+        let c = &shared.context.counters;
+        ManagerStats {
+            held: shared.registry.len(),
+            renewal_statements: c.renewal_statements.load(Ordering::Relaxed),
+            leases_renewed: c.leases_renewed.load(Ordering::Relaxed),
+            renewal_failures: c.renewal_failures.load(Ordering::Relaxed),
+            acquire_attempts: c.acquire_attempts.load(Ordering::Relaxed),
+            waiting: c.waiting.load(Ordering::Relaxed),
+            listening: shared.acquirer.is_listening(),
+        }
+    }
+
+    /// Releases every lease this manager holds, stops its background tasks
+    /// and refuses further acquisitions with [`Error::ShutDown`]. Every held
+    /// lease reports [`LossReason::Released`] at once; then each is released
+    /// in the database (each release bounded by the renewal timeout), and
+    /// the releases already under way in the background (of
+    /// [`HeldLease`]s dropped before, for instance with the work future
+    /// that held them) are waited for, bounded the same way. Call it last
+    /// before the process exits: after it, nothing this manager acquired is
+    /// left held, and the next holder takes over at once instead of after
+    /// a TTL. See [`shutdown_signal`](crate::shutdown_signal) for tying it
+    /// to SIGTERM.
+    ///
+    /// # Errors
+    ///
+    /// The first failure among the held leases' releases, after trying them
+    /// all; a lease whose release failed ends at its expiry. Failures of
+    /// background releases are logged, not returned.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped early, the manager is shut down all the same (every held
+    /// lease has reported its loss), but the leases whose release was not
+    /// reached end at their expiry.
+    pub async fn shutdown(&self) -> Result<()> {
+        let context = &self.shared.context;
+        context.begin_shutdown();
+        let leases = hold::drain(&self.shared.registry);
+        context.stop.cancel();
+        let limit = context.options.renew_timeout_value();
+        let mut first_error = None;
+        for lease in &leases {
+            let outcome =
+                match tokio::time::timeout(limit, db::release(self.pool(), lease.fence())).await {
+                    Ok(outcome) => outcome.map(|_| ()),
+                    Err(_) => Err(Error::Lost {
+                        name: lease.name().to_owned(),
+                        token: lease.token(),
+                        reason: LossReason::Unreachable {
+                            error: Arc::new(Error::Timeout {
+                                operation: "release",
+                                after: Some(limit),
+                            }),
+                        },
+                    }),
+                };
+            if let Err(error) = outcome {
+                first_error.get_or_insert(error);
+            }
+        }
+        // Leases dropped before this call, acquisitions nobody took
+        // delivery of and leases given up locally are being released in
+        // the background, and attempts may still be in the database (they
+        // answer within about 2 s, and `hold` then releases what it got,
+        // since the manager is shut down): wait for those too, so that a
+        // process that returns from `main` after this leaves nothing held.
+        context.background.close();
+        let background = limit + Duration::from_secs(1);
+        if tokio::time::timeout(background, context.background.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?background,
+                "background releases still unfinished at shutdown"
+            );
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}

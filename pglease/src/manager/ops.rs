@@ -1,0 +1,229 @@
+//! The one-statement operations on leases, on the manager's pool:
+//! renew, release, inspect, fence, protect. Each is one round trip.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use super::LeaseManager;
+use crate::db;
+use crate::error::{Error, Result};
+use crate::fenced::{self, FencedTransaction};
+use crate::input::check_text;
+use crate::lease::{Fence, LeaseStatus, interval};
+use crate::sql;
+use crate::token::Token;
+
+impl LeaseManager {
+    /// Whether the role that owns the `pglease` functions may end the
+    /// sessions of stale fenced transactions (it is a superuser, or has the
+    /// privileges of `pg_signal_backend`), which a takeover from a holder
+    /// frozen inside a fenced transaction needs. See the README,
+    /// "Taking over from a frozen holder".
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] if the schema is missing or the database fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn can_end_stale_transactions(&self) -> Result<bool> {
+        let can: Option<bool> = sqlx::query_scalar(sql::CAN_END_STALE)
+            .fetch_one(self.pool())
+            .await?;
+        Ok(can.unwrap_or(false))
+    }
+
+    /// Extends the lease to database-now + `ttl`, and returns the new
+    /// expiry (database clock). Renewal is keyed on (name, token), so a
+    /// retry after a lost answer succeeds while the lease is still valid.
+    /// A [`HeldLease`](crate::HeldLease) is renewed in the background; this
+    /// is for leases held by hand.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] if the token is no longer valid (expired, released,
+    /// or taken over; the reason says which); [`Error::InvalidInput`]
+    /// for a bad `ttl` (nothing sent); [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the renewal may or may not commit; either way the
+    /// lease stays valid until the later of the two expiries.
+    pub async fn renew(&self, lease: impl AsRef<Fence>, ttl: Duration) -> Result<DateTime<Utc>> {
+        let ttl = interval(ttl)?;
+        db::renew(self.pool(), lease.as_ref(), ttl).await
+    }
+
+    /// Ends the lease at once, and wakes acquirers waiting for it.
+    ///
+    /// Returns `true` if this call ended it, `false` if the token was not
+    /// valid (already released, expired, or stale). A delayed duplicate
+    /// release carrying an older token never ends a newer acquisition, also
+    /// when the holder name is the same.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] if the database cannot be reached.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the release may or may not commit; call it again
+    /// (it is idempotent) or let the lease expire.
+    pub async fn release(&self, lease: impl AsRef<Fence>) -> Result<bool> {
+        db::release(self.pool(), lease.as_ref()).await
+    }
+
+    /// The status of lease `name`; a name never acquired is reported with
+    /// no holder and no token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad name (nothing sent);
+    /// [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn inspect(&self, name: &str) -> Result<LeaseStatus> {
+        check_text("name", name)?;
+        db::inspect(self.pool(), name).await
+    }
+
+    /// The status of every lease ever acquired, ordered by name.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn list(&self) -> Result<Vec<LeaseStatus>> {
+        let rows = sqlx::query(sql::LIST).fetch_all(self.pool()).await?;
+        rows.iter().map(LeaseStatus::from_row).collect()
+    }
+
+    /// Makes `table` (a name as SQL would resolve it, e.g. `public.orders`)
+    /// reject every INSERT, UPDATE, DELETE and TRUNCATE from a transaction
+    /// that has not declared a current token for lease `name`
+    /// ([`Error::NotDeclared`], SQLSTATE `LE002`) or whose declared token
+    /// is no longer valid at the write ([`Error::NotHeld`], `LE001`).
+    /// Fenced transactions declare their token. Needs the right to create
+    /// triggers on the table (its owner); protecting again replaces the
+    /// lease name.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad name, a table that is not an
+    /// ordinary table, or one in a partition or inheritance tree;
+    /// [`Error::Database`] (SQLSTATE `42501`) unless the caller owns the
+    /// table.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the protection may or may not be in place (it is
+    /// one statement): call it again.
+    pub async fn protect(&self, table: &str, name: &str) -> Result<()> {
+        check_text("name", name)?;
+        sqlx::query(sql::PROTECT)
+            .bind(table)
+            .bind(name)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Removes the protection [`LeaseManager::protect`] put on `table`;
+    /// returns whether it was protected.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] (SQLSTATE `42501`) unless the caller owns the
+    /// table, or if the table does not exist.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the protection may or may not be removed: call it
+    /// again.
+    pub async fn unprotect(&self, table: &str) -> Result<bool> {
+        let was: bool = sqlx::query_scalar(sql::UNPROTECT)
+            .bind(table)
+            .fetch_one(self.pool())
+            .await?;
+        Ok(was)
+    }
+
+    /// Separate-resource fencing: records `token` for `resource` and
+    /// returns `true` iff it is at least the highest token seen there.
+    ///
+    /// This detects a stale token only after a newer one was seen: an
+    /// expired lease whose token is still the highest is accepted.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad `resource`; [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the mark may or may not have moved: call it again
+    /// with the same token (a token equal to the highest is accepted).
+    pub async fn advance(&self, resource: &str, token: Token) -> Result<bool> {
+        check_text("resource", resource)?;
+        let accepted: bool = sqlx::query_scalar(sql::ADVANCE)
+            .bind(resource)
+            .bind(token)
+            .fetch_one(self.pool())
+            .await?;
+        Ok(accepted)
+    }
+
+    /// Begins a transaction and declares `lease` in it
+    /// ([`assert_held`]): its writes can commit only while the lease is
+    /// held under that token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] (after rolling back) unless the token is current
+    /// and unexpired on the database clock; [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, the transaction rolls back.
+    pub async fn begin_fenced(&self, lease: impl AsRef<Fence>) -> Result<FencedTransaction> {
+        fenced::begin(self.pool(), lease.as_ref()).await
+    }
+
+    /// Runs `work` in a fenced transaction for `lease`, committing if it
+    /// returns `Ok` and rolling back if it returns `Err`.
+    ///
+    /// # Errors
+    ///
+    /// `work`'s error, or the errors of [`LeaseManager::begin_fenced`] and
+    /// [`FencedTransaction::commit`] converted into `E`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before the commit is sent, the transaction rolls back.
+    pub async fn fenced<T, E, F>(&self, lease: impl AsRef<Fence>, work: F) -> Result<T, E>
+    where
+        F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+        E: From<Error>,
+    {
+        let mut tx = self.begin_fenced(lease).await?;
+        match work(&mut tx).await {
+            Ok(value) => {
+                tx.commit().await?;
+                Ok(value)
+            }
+            Err(e) => {
+                // The caller's error is the one worth reporting; a failed
+                // rollback leaves nothing committed either way.
+                let _ = tx.rollback().await;
+                Err(e)
+            }
+        }
+    }
+}

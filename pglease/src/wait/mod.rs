@@ -1,0 +1,381 @@
+//! Acquisition: one statement per attempt, and, for an acquirer allowed to
+//! wait, a retry when the holder releases (heard through the manager's
+//! listener, `listener.rs`, for names watched with `pglease.watch`,
+//! `watches.rs`), otherwise when the holder's lease expires, with jitter;
+//! polling with backoff only when no listener is available.
+
+mod listener;
+mod watches;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::postgres::types::PgInterval;
+use tokio::sync::{broadcast, oneshot, watch};
+use tokio::time::Instant;
+
+pub(crate) use listener::Listener;
+pub use listener::RELEASE_CHANNEL;
+use watches::Watching;
+
+use crate::backoff;
+use crate::context::Context;
+use crate::db;
+use crate::error::{Error, Result};
+use crate::input::check_text;
+use crate::lease::{Acquire, Lease, interval, ttl_duration};
+use crate::sql;
+use crate::token::Token;
+
+/// The outcome of one acquisition statement.
+pub(crate) enum Attempt {
+    Acquired {
+        lease: Lease,
+        /// When the statement that last confirmed the lease was sent (the
+        /// start of the local deadline): the acquisition, or the renewal
+        /// that confirmed a late one.
+        sent: Instant,
+    },
+    Held {
+        /// The current or last holder (`None` once released).
+        holder: Option<String>,
+        expires_at: DateTime<Utc>,
+        /// The database time of the decision, to turn `expires_at` into a
+        /// wait without comparing clocks.
+        checked_at: DateTime<Utc>,
+        /// Why an ended lease could not be taken.
+        note: Option<String>,
+    },
+}
+
+impl Attempt {
+    /// For a lease found held: the error to report, [`Error::Pinned`] when
+    /// the lease has ended but a stale fenced transaction still holds it.
+    pub(crate) fn refusal(
+        name: &str,
+        holder: Option<String>,
+        expires_at: DateTime<Utc>,
+        checked_at: DateTime<Utc>,
+        note: Option<String>,
+    ) -> Error {
+        let pinned = pinned(holder.as_deref(), expires_at, checked_at);
+        match holder {
+            Some(holder) if !pinned => Error::Held {
+                name: name.to_owned(),
+                holder,
+                expires_at,
+            },
+            holder => Error::Pinned {
+                name: name.to_owned(),
+                holder,
+                ended_at: expires_at,
+                reason: note.unwrap_or_else(|| {
+                    "a transaction that the database could not end holds its row".to_owned()
+                }),
+            },
+        }
+    }
+}
+
+/// Whether a "not acquired" answer describes a lease that has ended (it
+/// expired before the decision, or was released) and is only pinned by a
+/// transaction that could not be ended.
+fn pinned(holder: Option<&str>, expires_at: DateTime<Utc>, checked_at: DateTime<Utc>) -> bool {
+    holder.is_none() || expires_at <= checked_at
+}
+
+/// An attempt's outcome on its way to the waiter. Dropped with an acquired
+/// lease still inside (the waiter stopped waiting), it releases the lease
+/// in the background.
+struct Delivery {
+    outcome: Option<Result<Attempt>>,
+    context: Arc<Context>,
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if let Some(Ok(Attempt::Acquired { lease, .. })) = self.outcome.take() {
+            self.context.release_in_background(lease.fence());
+        }
+    }
+}
+
+/// Counts a waiting acquirer for [`crate::ManagerStats::waiting`].
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One acquisition statement (one round trip), and, if its answer came
+/// late, the renewal that confirms it.
+async fn attempt(context: &Context, name: &str, holder: &str, ttl: PgInterval) -> Result<Attempt> {
+    let sent = Instant::now();
+    let row = sqlx::query(sql::ACQUIRE)
+        .bind(name)
+        .bind(holder)
+        .bind(ttl)
+        .fetch_one(&context.pool)
+        .await;
+    context
+        .counters
+        .acquire_attempts
+        .fetch_add(1, Ordering::Relaxed);
+    let row = row?;
+    let token: Option<i64> = row.try_get("token")?;
+    let expires_at: DateTime<Utc> = row.try_get("expires_at")?;
+    let current_holder: Option<String> = row.try_get("holder")?;
+    let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
+    let Some(token) = token else {
+        return Ok(Attempt::Held {
+            holder: current_holder,
+            expires_at,
+            checked_at,
+            note: row.try_get("note")?,
+        });
+    };
+    let lease = Lease::new(
+        name,
+        current_holder.unwrap_or_else(|| holder.to_owned()),
+        Token::issued(token),
+        expires_at,
+        checked_at,
+    );
+    let window = context.options.confirm_after(ttl_duration(ttl));
+    if sent.elapsed() <= window {
+        return Ok(Attempt::Acquired { lease, sent });
+    }
+    confirm(context, lease, ttl).await
+}
+
+/// Confirms an acquisition whose answer came late with a renewal under
+/// the same token: the database gave the lease a full TTL from its
+/// decision, but the local deadline, counted from the send, would have
+/// little or nothing of it left. The deadline starts again from this
+/// renewal's send; only a failed renewal makes it a loss.
+async fn confirm(context: &Context, lease: Lease, ttl: PgInterval) -> Result<Attempt> {
+    let sent = Instant::now();
+    match db::renew(&context.pool, lease.fence(), ttl).await {
+        Ok(expires_at) => Ok(Attempt::Acquired {
+            lease: lease.confirmed(expires_at),
+            sent,
+        }),
+        Err(lost @ Error::Lost { .. }) => Err(lost),
+        Err(error) => {
+            // Nobody will use a lease whose confirmation failed: give
+            // it back rather than leave it held until it expires.
+            context.release_in_background(lease.fence());
+            Err(error)
+        }
+    }
+}
+
+/// One attempt on a task of its own, so that a caller who stops waiting
+/// while the statement is in flight leaves nothing held: an acquisition
+/// that nobody takes delivery of is released in the background.
+async fn attempt_detached(
+    context: &Arc<Context>,
+    name: &str,
+    holder: &str,
+    ttl: PgInterval,
+) -> Result<Attempt> {
+    let (reply, answer) = oneshot::channel();
+    let context = Arc::clone(context);
+    let (name, holder) = (name.to_owned(), holder.to_owned());
+    // Tracked, so that `shutdown` waits for an attempt still in the
+    // database and for the release of what it acquired for nobody.
+    context.background.clone().spawn(async move {
+        let outcome = attempt(&context, &name, &holder, ttl).await;
+        // If the waiter is gone, the returned delivery is dropped here.
+        let _ = reply.send(Delivery {
+            outcome: Some(outcome),
+            context,
+        });
+    });
+    // No await between receiving and taking: cancellation cannot fall
+    // in between.
+    let mut delivery = answer.await.map_err(|_| Error::ShutDown)?;
+    delivery.outcome.take().unwrap_or(Err(Error::ShutDown))
+}
+
+/// Acquiring for one manager: its context, and its listener for
+/// releases, started by the first acquirer that has to wait.
+pub(crate) struct Acquirer {
+    context: Arc<Context>,
+    listener: OnceLock<Listener>,
+}
+
+impl Acquirer {
+    pub(crate) fn new(context: Arc<Context>) -> Acquirer {
+        Acquirer {
+            context,
+            listener: OnceLock::new(),
+        }
+    }
+
+    /// Whether the manager is listening for releases right now.
+    pub(crate) fn is_listening(&self) -> bool {
+        self.listener.get().is_some_and(Listener::is_listening)
+    }
+
+    fn listener(&self) -> &Listener {
+        let context = &self.context;
+        let listener = self.listener.get_or_init(|| {
+            Listener::new(
+                (*context.pool.connect_options()).clone(),
+                context.stop.clone(),
+            )
+        });
+        listener.ensure_running();
+        listener
+    }
+
+    /// Acquires `name` as `how` says (see `LeaseManager::acquire`); returns
+    /// the lease and when the statement that confirmed it was sent.
+    pub(crate) async fn acquire(&self, name: &str, how: &Acquire) -> Result<(Lease, Instant)> {
+        check_text("name", name)?;
+        let holder = how.holder_name();
+        let holder = holder.as_ref();
+        check_text("holder", holder)?;
+        let ttl = interval(how.lease_ttl())?;
+        let max_wait = how.max_wait();
+        let shared = &self.context;
+        if shared.is_shut_down() {
+            return Err(Error::ShutDown);
+        }
+        let start = Instant::now();
+        let deadline = start
+            .checked_add(max_wait)
+            .unwrap_or(start + Duration::from_secs(86400 * 365));
+        // The release listener starts only once an attempt has failed and
+        // there is time to wait: a release committed before the name is
+        // watched is caught by the attempt made after the watch.
+        let mut listener: Option<&Listener> = None;
+        let (mut releases, mut listening) = (None, None);
+        shared.counters.waiting.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting(&shared.counters.waiting);
+        let mut polls: u32 = 0;
+        // Releases are notified only for names a session watches: watched
+        // on the listening connection after the first failed attempt.
+        let mut watching: Option<Watching> = None;
+        let mut watched = false;
+        loop {
+            let (current, expires_at, checked_at, note) =
+                match attempt_detached(shared, name, holder, ttl).await {
+                    Ok(Attempt::Acquired { lease, sent }) => return Ok((lease, sent)),
+                    Ok(Attempt::Held {
+                        holder,
+                        expires_at,
+                        checked_at,
+                        note,
+                    }) => (holder, expires_at, checked_at, note),
+                    // Acquired so late that it was lost before its
+                    // confirming renewal: another attempt, while allowed.
+                    Err(Error::Lost { .. }) if Instant::now() < deadline => continue,
+                    Err(error) => return Err(error),
+                };
+            let pinned = pinned(current.as_deref(), expires_at, checked_at);
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Attempt::refusal(
+                    name, current, expires_at, checked_at, note,
+                ));
+            }
+            if shared.is_shut_down() {
+                return Err(Error::ShutDown);
+            }
+            if listener.is_none() && shared.options.notify_enabled() {
+                let started = self.listener();
+                releases = Some(started.releases.subscribe());
+                listening = Some(started.listening.subscribe());
+                listener = Some(started);
+            }
+            if let Some(listener) = listener.filter(|_| !watched && !pinned) {
+                let watching = watching.get_or_insert_with(|| listener.watch(name));
+                let confirmed = tokio::select! {
+                    confirmed = watching.confirmed(listener.is_listening(), deadline) => confirmed,
+                    () = shared.stop.cancelled() => return Err(Error::ShutDown),
+                };
+                if confirmed {
+                    // A release that committed before the watch took hold
+                    // notified nobody: look again now that one would.
+                    watched = true;
+                    continue;
+                }
+            }
+            // Database time left on the holder's lease, as a duration on
+            // this machine's clock (no clocks are compared).
+            let until_expiry =
+                (expires_at - checked_at).to_std().unwrap_or_default() + Duration::from_millis(1);
+            // Read (and mark seen) the listener's state whether or not this
+            // waiter is watched, so that an old change does not wake it.
+            let connected = listening.as_mut().is_some_and(|w| *w.borrow_and_update());
+            let heard = watched && connected;
+            let nap = if pinned {
+                // Ended but pinned by a transaction the database could not
+                // end: no release or expiry will announce when it lets go.
+                polls = polls.saturating_add(1);
+                backoff::poll(polls, shared.options.max_poll())
+            } else if heard {
+                // A release wakes us; otherwise try again when it expires,
+                // spread a little so that many waiters do not arrive at once.
+                until_expiry + backoff::spread(until_expiry)
+            } else {
+                polls = polls.saturating_add(1);
+                until_expiry.min(backoff::poll(polls, shared.options.max_poll()))
+            };
+            let wake = (now + nap).min(deadline);
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep_until(wake) => break,
+                    () = shared.stop.cancelled() => return Err(Error::ShutDown),
+                    released = next_release(&mut releases) => match released {
+                        Ok(Some(released)) if released != name => continue,
+                        Err(broadcast::error::RecvError::Closed) => {
+                            releases = None;
+                            break;
+                        }
+                        // The listener connected again (its watches are
+                        // new), or this waiter lagged and may have missed
+                        // that: watch again.
+                        Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                            watched = false;
+                            break;
+                        }
+                        // This name: try now.
+                        Ok(Some(_)) => break,
+                    },
+                    () = listening_changed(&mut listening) => {
+                        watched = false;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn next_release(
+    releases: &mut Option<broadcast::Receiver<Option<String>>>,
+) -> std::result::Result<Option<String>, broadcast::error::RecvError> {
+    match releases {
+        Some(receiver) => receiver.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn listening_changed(listening: &mut Option<watch::Receiver<bool>>) {
+    match listening {
+        Some(receiver) => {
+            if receiver.changed().await.is_err() {
+                *listening = None;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
