@@ -225,9 +225,47 @@ pub enum Error {
     #[error("pglease migration failed: {0}")]
     Migrate(#[source] sqlx::migrate::MigrateError),
 
+    /// The database holds a `pglease` schema this version cannot use:
+    /// migrated by a newer version (`newer`), or by a development version
+    /// with another migration history. Nothing was changed.
+    #[error("{}", SchemaText { version: *.version, newer: *.newer })]
+    IncompatibleSchema {
+        /// The first recorded migration this version does not know (or
+        /// knows with different contents).
+        version: i64,
+        /// Whether that migration is later than every one this version has.
+        newer: bool,
+    },
+
     /// The database could not be reached or failed for another reason.
     #[error("{}", DatabaseText(.0))]
     Database(#[source] sqlx::Error),
+}
+
+struct SchemaText {
+    version: i64,
+    newer: bool,
+}
+
+impl std::fmt::Display for SchemaText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.newer {
+            write!(
+                f,
+                "the pglease schema in this database was migrated by a newer pglease \
+                 (migration {} is unknown here): use that version or a later one",
+                self.version
+            )
+        } else {
+            write!(
+                f,
+                "the pglease schema in this database comes from a development version with \
+                 another migration history (migration {} differs): drop it with \
+                 `DROP SCHEMA pglease CASCADE` (every lease in it ends) and migrate again",
+                self.version
+            )
+        }
+    }
 }
 
 struct DisplayToken(Option<Token>);

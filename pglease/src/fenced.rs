@@ -7,8 +7,12 @@
 
 use std::ops::{Deref, DerefMut};
 
-use sqlx::postgres::PgPool;
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgPool, PgTransactionManager};
+use sqlx::{AssertSqlSafe, PgConnection, Postgres, SqlSafeStr};
+// The trait behind sqlx's own `Transaction`, which sqlx does not re-export:
+// it keeps sqlx's count of open transactions on a connection we own.
+use sqlx_core::transaction::TransactionManager;
 
 use crate::error::{Error, NotHeldReason, Result};
 use crate::lease::Fence;
@@ -49,11 +53,14 @@ pub async fn assert_held(conn: &mut PgConnection, lease: impl AsRef<Fence>) -> R
 /// A transaction that has declared a lease token with
 /// `pglease.assert_held` and holds it until commit or rollback.
 ///
-/// Dereferences to [`PgConnection`], so `sqlx` queries run on it directly.
-/// Dropped without [`commit`](FencedTransaction::commit), it rolls back.
+/// Dereferences to [`PgConnection`], so `sqlx` queries run on it directly
+/// (and `sqlx::Connection::begin` on it opens a savepoint). Dropped without
+/// [`commit`](FencedTransaction::commit), it rolls back, as a sqlx
+/// `Transaction` does: the rollback is queued and sent before the
+/// connection is used again.
 #[derive(Debug)]
 pub struct FencedTransaction {
-    tx: Transaction<'static, Postgres>,
+    conn: PoolConnection<Postgres>,
     fence: Fence,
     /// Why a re-check failed: the transaction is aborted, and PostgreSQL
     /// would silently turn a COMMIT into a ROLLBACK.
@@ -83,7 +90,7 @@ impl FencedTransaction {
     ///
     /// Dropped in flight, the transaction's state is unknown: roll it back.
     pub async fn recheck(&mut self) -> Result<()> {
-        let outcome = assert_held(&mut self.tx, &self.fence).await;
+        let outcome = assert_held(&mut self.conn, &self.fence).await;
         if let Err(Error::NotHeld { reason, .. }) = &outcome {
             self.failed = Some(reason.clone());
         }
@@ -106,16 +113,17 @@ impl FencedTransaction {
     ///
     /// Dropped in flight, the commit may or may not happen, as for any
     /// commit whose answer is lost.
-    pub async fn commit(self) -> Result<()> {
-        if let Some(reason) = self.failed {
-            let _ = self.tx.rollback().await;
+    pub async fn commit(mut self) -> Result<()> {
+        if let Some(reason) = self.failed.take() {
+            let _ = PgTransactionManager::rollback(&mut self.conn).await;
             return Err(Error::NotHeld {
                 name: self.fence.name().to_owned(),
                 token: Some(self.fence.token()),
                 reason,
             });
         }
-        self.tx.commit().await.map_err(Error::from)
+        PgTransactionManager::commit(&mut self.conn).await?;
+        Ok(())
     }
 
     /// Rolls back the caller's writes.
@@ -124,13 +132,19 @@ impl FencedTransaction {
     ///
     /// [`Error::Database`] if the connection failed (nothing commits then
     /// either).
-    pub async fn rollback(self) -> Result<()> {
-        self.tx.rollback().await.map_err(Error::from)
+    pub async fn rollback(mut self) -> Result<()> {
+        PgTransactionManager::rollback(&mut self.conn).await?;
+        Ok(())
     }
+}
 
-    /// The underlying `sqlx` transaction.
-    pub fn transaction(&mut self) -> &mut Transaction<'static, Postgres> {
-        &mut self.tx
+impl Drop for FencedTransaction {
+    fn drop(&mut self) {
+        // Still open: queue the ROLLBACK; the pool sends it (with its
+        // check of the returned connection) before anyone else uses it.
+        if PgTransactionManager::get_transaction_depth(&self.conn) > 0 {
+            PgTransactionManager::start_rollback(&mut self.conn);
+        }
     }
 }
 
@@ -138,23 +152,62 @@ impl Deref for FencedTransaction {
     type Target = PgConnection;
 
     fn deref(&self) -> &PgConnection {
-        &self.tx
+        &self.conn
     }
 }
 
 impl DerefMut for FencedTransaction {
     fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self.tx
+        &mut self.conn
     }
 }
 
-/// Begins a transaction on `pool` and declares `fence` in it.
+/// Begins a transaction on `pool` and declares `fence` in it, in one round
+/// trip: `BEGIN` and `pglease.assert_held` go in one simple query.
+///
+/// A failed check leaves the server inside an aborted transaction that
+/// sqlx does not count as open (sqlx's own `begin_with` would return such
+/// a connection to the pool, where every later statement fails with
+/// 25P02): it is rolled back here, or the connection closed.
 pub(crate) async fn begin(pool: &PgPool, fence: &Fence) -> Result<FencedTransaction> {
-    let mut tx = pool.begin().await?;
-    assert_held(&mut tx, fence).await?;
-    Ok(FencedTransaction {
-        tx,
-        fence: fence.clone(),
-        failed: None,
-    })
+    let statement = sql::begin_fenced(fence.name(), fence.token());
+    let mut opening = Opening(Some(pool.acquire().await?));
+    let conn = opening.conn();
+    match PgTransactionManager::begin(conn, Some(AssertSqlSafe(statement).into_sql_str())).await {
+        Ok(()) => Ok(FencedTransaction {
+            conn: opening.finish(),
+            fence: fence.clone(),
+            failed: None,
+        }),
+        Err(error) => {
+            if sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_ok() {
+                drop(opening.finish());
+            }
+            Err(error.into())
+        }
+    }
+}
+
+/// A connection on which a fenced transaction is being opened. Dropped
+/// before [`Opening::finish`] (the caller gave up mid-way, or the cleanup
+/// after a failed check failed too), the connection is closed rather than
+/// returned to the pool in an unknown transaction state.
+struct Opening(Option<PoolConnection<Postgres>>);
+
+impl Opening {
+    fn conn(&mut self) -> &mut PgConnection {
+        self.0.as_mut().expect("taken only by finish")
+    }
+
+    fn finish(mut self) -> PoolConnection<Postgres> {
+        self.0.take().expect("finished once")
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        if let Some(conn) = &mut self.0 {
+            conn.close_on_drop();
+        }
+    }
 }

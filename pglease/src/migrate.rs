@@ -1,10 +1,10 @@
 //! Applies the `pglease` schema from `migrations/`, beside (never inside)
 //! the host application's own migrations.
 
-use sqlx::migrate::Migrator;
+use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::PgPoolOptions;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::manager::LeaseManager;
 
 /// Where `pglease` records which of its migrations are applied: its own
@@ -17,6 +17,22 @@ fn migrator() -> Migrator {
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     migrator.create_schema("pglease");
     migrator
+}
+
+/// A recorded migration that this version lacks or has with other contents.
+fn incompatible(error: MigrateError) -> Error {
+    let latest = migrator().iter().map(|m| m.version).max().unwrap_or(0);
+    match error {
+        MigrateError::VersionMissing(version) => Error::IncompatibleSchema {
+            version,
+            newer: version > latest,
+        },
+        MigrateError::VersionMismatch(version) => Error::IncompatibleSchema {
+            version,
+            newer: false,
+        },
+        error => Error::from(error),
+    }
 }
 
 impl LeaseManager {
@@ -33,9 +49,11 @@ impl LeaseManager {
     /// [`Error::Database`](crate::Error::Database) if the server cannot be
     /// reached or a migration fails (nothing of a failed migration stays
     /// applied: each runs in a transaction);
-    /// [`Error::Migrate`](crate::Error::Migrate) if the database holds a
-    /// `pglease` schema this version does not know (applied by a newer or a
-    /// pre-release version).
+    /// [`Error::IncompatibleSchema`](crate::Error::IncompatibleSchema) if
+    /// the database holds a `pglease` schema this version does not know
+    /// (applied by a newer version, or by a development version before the
+    /// first release), with what to do; [`Error::Migrate`](crate::Error::Migrate)
+    /// for other failures of the migrator (such as a migration left dirty).
     ///
     /// # Cancel safety
     ///
@@ -56,7 +74,7 @@ impl LeaseManager {
                 .await;
         }
         one.close().await;
-        outcome?;
+        outcome.map_err(incompatible)?;
         Ok(())
     }
 }

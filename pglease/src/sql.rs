@@ -2,6 +2,8 @@
 //! and at most one commit; the clock and lock each relies on are described
 //! at the function it calls, in `migrations/`.
 
+use crate::token::Token;
+
 /// Acquire if free or expired. Database clock (`clock_timestamp()` after the
 /// row lock); read-only when the lease is held; ends the sessions still
 /// fenced on an ended lease; answers within about 2 s, with a note saying
@@ -32,6 +34,25 @@ pub(crate) const UNWATCH: &str = "SELECT pglease.unwatch($1)";
 /// row until the transaction ends.
 pub(crate) const ASSERT_HELD: &str = "SELECT pglease.assert_held($1, $2)";
 
+/// `BEGIN` and [`ASSERT_HELD`] as one simple query (one round trip). The
+/// simple protocol takes no parameters, so the name goes in as an escape
+/// string literal (`E'...'`, whose meaning does not depend on
+/// `standard_conforming_strings`) and the token as a number.
+pub(crate) fn begin_fenced(name: &str, token: Token) -> String {
+    let mut statement = String::with_capacity(name.len() + 64);
+    statement.push_str("BEGIN; SELECT pglease.assert_held(E'");
+    for c in name.chars() {
+        if matches!(c, '\\' | '\'') {
+            statement.push('\\');
+        }
+        statement.push(c);
+    }
+    statement.push_str("', ");
+    statement.push_str(&token.get().to_string());
+    statement.push_str("::bigint)");
+    statement
+}
+
 /// Separate-resource fencing: accept iff the token is the highest seen.
 pub(crate) const ADVANCE: &str = "SELECT pglease.advance($1, $2)";
 
@@ -61,3 +82,21 @@ pub(crate) const UNPROTECT: &str = "SELECT pglease.unprotect($1::regclass)";
 
 /// Whether the owner of the functions may end stale fenced sessions.
 pub(crate) const CAN_END_STALE: &str = "SELECT pglease.can_end_stale_transactions()";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_escaped_into_the_begin_statement() {
+        let token = Token::issued(42);
+        assert_eq!(
+            begin_fenced(r"it's a\name", token),
+            r"BEGIN; SELECT pglease.assert_held(E'it\'s a\\name', 42::bigint)"
+        );
+        assert_eq!(
+            begin_fenced("plain", token),
+            "BEGIN; SELECT pglease.assert_held(E'plain', 42::bigint)"
+        );
+    }
+}

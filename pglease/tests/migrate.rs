@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::TestDb;
-use pglease::{Acquire, LeaseManager, MIGRATIONS_TABLE};
+use pglease::{Acquire, Error, LeaseManager, MIGRATIONS_TABLE};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, Row};
 
@@ -123,6 +123,52 @@ async fn failed_migration_leaves_no_lock_on_the_pool() {
 
 /// An acquisition commits durably even when the session asked for
 /// asynchronous commit (a crash must never let a token be issued twice).
+#[tokio::test]
+async fn a_schema_from_another_history_or_a_newer_version_is_refused_with_what_to_do() {
+    let db = TestDb::new().await;
+    let table = MIGRATIONS_TABLE;
+    let before = db.snapshot().await;
+    // A development version's migration 2 had other contents.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {table} SET checksum = '\\x00'::bytea WHERE version = 2"
+    )))
+    .execute(db.pool())
+    .await
+    .expect("alter the recorded checksum");
+    match db.manager().migrate().await {
+        Err(
+            e @ Error::IncompatibleSchema {
+                version: 2,
+                newer: false,
+            },
+        ) => {
+            assert!(e.to_string().contains("DROP SCHEMA pglease CASCADE"), "{e}");
+        }
+        other => panic!("expected an incompatible schema, got {other:?}"),
+    }
+    // A newer version applied a migration this one does not have.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {table} (version, description, success, checksum, execution_time) \
+         VALUES (9999, 'from the future', true, '\\x00'::bytea, 0)"
+    )))
+    .execute(db.pool())
+    .await
+    .expect("record a future migration");
+    match db.manager().migrate().await {
+        Err(
+            e @ Error::IncompatibleSchema {
+                version: 9999,
+                newer: true,
+            },
+        ) => {
+            assert!(e.to_string().contains("newer pglease"), "{e}");
+        }
+        other => panic!("expected a newer schema, got {other:?}"),
+    }
+    // Nothing else changed: the leases and functions are as they were.
+    assert_eq!(db.snapshot().await, before);
+}
+
 #[tokio::test]
 async fn acquisition_forces_synchronous_commit() {
     let db = TestDb::new().await;

@@ -181,8 +181,9 @@ impl LeaseManager {
     }
 
     /// Begins a transaction and declares `lease` in it
-    /// ([`assert_held`]): its writes can commit only while the lease is
-    /// held under that token.
+    /// ([`assert_held`](crate::assert_held)): its writes can commit only
+    /// while the lease is held under that token. `BEGIN` and the check go
+    /// to the server together, in one round trip.
     ///
     /// # Errors
     ///
@@ -191,7 +192,11 @@ impl LeaseManager {
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: dropped before it returns, the transaction rolls back.
+    /// Cancel-safe: dropped before it returns, its connection is closed
+    /// rather than returned to the pool, and the server rolls the
+    /// transaction back (at once, or within `client_connection_check_interval`
+    /// while the check waits for a lock; [`pool_options`](crate::pool_options)
+    /// sets it to 1 s).
     pub async fn begin_fenced(&self, lease: impl AsRef<Fence>) -> Result<FencedTransaction> {
         fenced::begin(self.pool(), lease.as_ref()).await
     }
