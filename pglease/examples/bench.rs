@@ -393,6 +393,7 @@ async fn main() -> Result<(), Error> {
         seq_after - seq_before
     );
 
+    fenced_round_trips(&pool, &m, &tokens, secs).await?;
     scale(&pool, secs).await?;
     protect_overhead(&pool, &m, secs).await?;
     renewal_batches(&m, secs).await?;
@@ -404,6 +405,62 @@ async fn main() -> Result<(), Error> {
     sqlx::query("DROP DATABASE IF EXISTS pglease_bench WITH (FORCE)")
         .execute(&mut admin)
         .await?;
+    Ok(())
+}
+
+/// P1: a fenced transaction as `begin_fenced` opens it (`BEGIN` and the
+/// check in one round trip) against the same transaction opened in two
+/// (`BEGIN`, then `assert_held`), each writing one row and committing.
+async fn fenced_round_trips(
+    pool: &PgPool,
+    m: &LeaseManager,
+    leases: &Arc<Vec<pglease::Lease>>,
+    secs: f64,
+) -> Result<(), Error> {
+    println!(
+        "\nOpening a fenced transaction (one UPDATE, COMMIT): BEGIN and the check in one \
+         round trip vs two\n| clients | two round trips ops/s | one round trip ops/s | ratio |\n\
+         |---:|---:|---:|---:|"
+    );
+    for clients in [1usize, 8] {
+        let two = {
+            let pool = pool.clone();
+            let leases = leases.clone();
+            op(move |c| {
+                let pool = pool.clone();
+                let leases = leases.clone();
+                async move {
+                    let mut tx = pool.begin().await?;
+                    pglease::assert_held(&mut tx, &leases[c]).await?;
+                    sqlx::query(RAW_UPDATE)
+                        .bind(c as i32)
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    Ok(())
+                }
+            })
+        };
+        let one = {
+            let m = m.clone();
+            let leases = leases.clone();
+            op(move |c| {
+                let m = m.clone();
+                let leases = leases.clone();
+                async move {
+                    let mut tx = m.begin_fenced(&leases[c]).await?;
+                    sqlx::query(RAW_UPDATE)
+                        .bind(c as i32)
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    Ok(())
+                }
+            })
+        };
+        let (t, o) = alternate(clients, secs, 3, two, one).await;
+        println!("| {clients} | {t:.0} | {o:.0} | {:.2} |", o / t);
+    }
     Ok(())
 }
 

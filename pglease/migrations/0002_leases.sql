@@ -463,20 +463,28 @@ COMMENT ON FUNCTION pglease.renew_many(text[], bigint[], interval[]) IS
 -- (counted in the transaction-local setting pglease.release_locks),
 -- release notifies without asking.
 
-CREATE FUNCTION pglease.watch(name text)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE
+-- The second half of the watch key of NAME (the first is 1886156641),
+-- after checking NAME.
+CREATE FUNCTION pglease._watch_key(name text)
+RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     checked text;
 BEGIN
-    IF NOT coalesce(octet_length(watch.name) BETWEEN 1 AND pglease._max_text_bytes(), false) THEN
-        checked := pglease._check_text('name', watch.name);
+    IF NOT coalesce(octet_length(_watch_key.name) BETWEEN 1 AND pglease._max_text_bytes(), false) THEN
+        checked := pglease._check_text('name', _watch_key.name);
     END IF;
-    RETURN pg_try_advisory_lock_shared(1886156641, hashtext(watch.name));
+    RETURN hashtext(_watch_key.name);
 END
 $$;
+
+CREATE FUNCTION pglease.watch(name text)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pg_try_advisory_lock_shared(1886156641, pglease._watch_key($1)) $$;
 
 COMMENT ON FUNCTION pglease.watch(text) IS
     'Ask to be notified (channel pglease_release) when lease NAME is released: '
@@ -489,19 +497,10 @@ COMMENT ON FUNCTION pglease.watch(text) IS
 -- the SET clause keeps that warning from the client (false says it).
 CREATE FUNCTION pglease.unwatch(name text)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE
+LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET client_min_messages = error
-AS $$
-DECLARE
-    checked text;
-BEGIN
-    IF NOT coalesce(octet_length(unwatch.name) BETWEEN 1 AND pglease._max_text_bytes(), false) THEN
-        checked := pglease._check_text('name', unwatch.name);
-    END IF;
-    RETURN pg_advisory_unlock_shared(1886156641, hashtext(unwatch.name));
-END
-$$;
+AS $$ SELECT pg_advisory_unlock_shared(1886156641, pglease._watch_key($1)) $$;
 
 COMMENT ON FUNCTION pglease.unwatch(text) IS
     'Undo one watch(NAME) of this session. Returns false if this session did not watch NAME.';

@@ -183,6 +183,30 @@ COMMENT ON FUNCTION pglease._guard() IS
     'Trigger of protected tables (see pglease.protect): LE002 without a declared '
     'token for the lease, LE001 unless the declared token is still valid.';
 
+-- What protect and unprotect check first: a table is named, and the
+-- caller may alter it. Runs with the caller's rights: the caller must own
+-- the table (or have the privileges of its owning role), as ALTER TABLE
+-- requires; the TRIGGER privilege alone is not enough.
+CREATE FUNCTION pglease._check_may_alter(tbl regclass, action text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner oid;
+BEGIN
+    IF tbl IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'tbl',
+            MESSAGE = 'pglease: tbl must not be NULL';
+    END IF;
+    SELECT c.relowner INTO owner FROM pg_class AS c WHERE c.oid = tbl;
+    IF owner IS NOT NULL AND NOT pg_has_role(current_user, owner, 'USAGE') THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('pglease: must be the owner of table %s to %s it', tbl, action);
+    END IF;
+END
+$$;
+
 CREATE FUNCTION pglease.protect(tbl regclass, name text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -190,21 +214,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     checked text;
-    owner   oid;
 BEGIN
-    IF tbl IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'tbl',
-            MESSAGE = 'pglease: tbl must not be NULL';
-    END IF;
+    PERFORM pglease._check_may_alter(tbl, 'protect');
     checked := pglease._check_text('name', protect.name);
-    SELECT c.relowner INTO owner FROM pg_class AS c WHERE c.oid = tbl;
-    -- Runs with the caller's rights: the caller must own the table (or
-    -- have the privileges of its owning role), as ALTER TABLE requires.
-    -- The TRIGGER privilege alone is not enough.
-    IF owner IS NOT NULL AND NOT pg_has_role(current_user, owner, 'USAGE') THEN
-        RAISE EXCEPTION USING ERRCODE = '42501',
-            MESSAGE = format('pglease: must be the owner of table %s to protect it', tbl);
-    END IF;
     IF (SELECT c.relkind FROM pg_class AS c WHERE c.oid = tbl) IS DISTINCT FROM 'r' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'tbl',
             MESSAGE = format('pglease: tbl %s is not an ordinary table', tbl);
@@ -231,18 +243,9 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    was   boolean;
-    owner oid;
+    was boolean;
 BEGIN
-    IF tbl IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'tbl',
-            MESSAGE = 'pglease: tbl must not be NULL';
-    END IF;
-    SELECT c.relowner INTO owner FROM pg_class AS c WHERE c.oid = tbl;
-    IF owner IS NOT NULL AND NOT pg_has_role(current_user, owner, 'USAGE') THEN
-        RAISE EXCEPTION USING ERRCODE = '42501',
-            MESSAGE = format('pglease: must be the owner of table %s to unprotect it', tbl);
-    END IF;
+    PERFORM pglease._check_may_alter(tbl, 'unprotect');
     was := EXISTS (SELECT 1 FROM pg_trigger AS t
                     WHERE t.tgrelid = tbl AND t.tgname = 'pglease_protect');
     EXECUTE format('DROP TRIGGER IF EXISTS pglease_protect ON %s', tbl);
