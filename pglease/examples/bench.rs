@@ -9,7 +9,9 @@
 //! Run: `cargo run --release --example bench` (uses DATABASE_URL or the
 //! libpq defaults; creates and drops the databases `pglease_bench` and
 //! `pglease_bench_1m`).
-//! `BENCH_SECS` sets the seconds per measurement (default 2).
+//! `BENCH_SECS` sets the seconds per measurement (default 2);
+//! `BENCH_ONLY=fenced` runs only the comparison of the fenced
+//! transaction's opening in one round trip or two.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -218,6 +220,11 @@ async fn main() -> Result<(), Error> {
     }
     let tokens = Arc::new(tokens);
 
+    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "fenced") {
+        fenced_round_trips(&pool, &m, &tokens, secs).await?;
+        return Ok(());
+    }
+
     println!("pglease benchmark: {secs} s per measurement, raw and library alternated");
     println!("raw SQL: the same statement on a bare lease table (raw_leases) or data table\n");
     let select1 = rate(1, secs / 2.0, {
@@ -417,50 +424,72 @@ async fn fenced_round_trips(
     leases: &Arc<Vec<pglease::Lease>>,
     secs: f64,
 ) -> Result<(), Error> {
+    // The same, with commits that do not wait for their WAL flush: what
+    // is left is the round trips and the server's work.
+    let lazy_pool = PgPoolOptions::new()
+        .max_connections(8)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET synchronous_commit = off")
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect_with((*pool.connect_options()).clone())
+        .await?;
+    let lazy = LeaseManager::new(lazy_pool.clone());
     println!(
         "\nOpening a fenced transaction (one UPDATE, COMMIT): BEGIN and the check in one \
-         round trip vs two\n| clients | two round trips ops/s | one round trip ops/s | ratio |\n\
-         |---:|---:|---:|---:|"
+         round trip vs two (BEGIN, then assert_held)\n\
+         | commit | clients | two round trips ops/s | one round trip ops/s | ratio |\n\
+         |---|---:|---:|---:|---:|"
     );
-    for clients in [1usize, 8] {
-        let two = {
-            let pool = pool.clone();
-            let leases = leases.clone();
-            op(move |c| {
+    for (commit, pool, m) in [
+        ("flushed", pool, m),
+        ("synchronous_commit = off", &lazy_pool, &lazy),
+    ] {
+        for clients in [1usize, 8] {
+            let two = {
                 let pool = pool.clone();
                 let leases = leases.clone();
-                async move {
-                    let mut tx = pool.begin().await?;
-                    pglease::assert_held(&mut tx, &leases[c]).await?;
-                    sqlx::query(RAW_UPDATE)
-                        .bind(c as i32)
-                        .execute(&mut *tx)
-                        .await?;
-                    tx.commit().await?;
-                    Ok(())
-                }
-            })
-        };
-        let one = {
-            let m = m.clone();
-            let leases = leases.clone();
-            op(move |c| {
+                op(move |c| {
+                    let pool = pool.clone();
+                    let leases = leases.clone();
+                    async move {
+                        let mut tx = pool.begin().await?;
+                        pglease::assert_held(&mut tx, &leases[c]).await?;
+                        sqlx::query(RAW_UPDATE)
+                            .bind(c as i32)
+                            .execute(&mut *tx)
+                            .await?;
+                        tx.commit().await?;
+                        Ok(())
+                    }
+                })
+            };
+            let one = {
                 let m = m.clone();
                 let leases = leases.clone();
-                async move {
-                    let mut tx = m.begin_fenced(&leases[c]).await?;
-                    sqlx::query(RAW_UPDATE)
-                        .bind(c as i32)
-                        .execute(&mut *tx)
-                        .await?;
-                    tx.commit().await?;
-                    Ok(())
-                }
-            })
-        };
-        let (t, o) = alternate(clients, secs, 3, two, one).await;
-        println!("| {clients} | {t:.0} | {o:.0} | {:.2} |", o / t);
+                op(move |c| {
+                    let m = m.clone();
+                    let leases = leases.clone();
+                    async move {
+                        let mut tx = m.begin_fenced(&leases[c]).await?;
+                        sqlx::query(RAW_UPDATE)
+                            .bind(c as i32)
+                            .execute(&mut *tx)
+                            .await?;
+                        tx.commit().await?;
+                        Ok(())
+                    }
+                })
+            };
+            let (t, o) = alternate(clients, secs, 3, two, one).await;
+            println!("| {commit} | {clients} | {t:.0} | {o:.0} | {:.2} |", o / t);
+        }
     }
+    lazy_pool.close().await;
     Ok(())
 }
 

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{TestDb, create_data_table, data_value};
-use pglease::{Acquire, Error, Lease, LeaseManager};
+use pglease::{Acquire, Error, FencedTransaction, Lease, LeaseManager};
 use sqlx::Connection;
 
 const LONG: Duration = Duration::from_secs(600);
@@ -36,19 +36,22 @@ async fn fenced_on(db: &TestDb, name: &str) -> Vec<i32> {
         .expect("read pglease.fenced")
 }
 
+/// A acquires "data" for `ttl` and opens a fenced transaction under it.
+async fn a_fenced(m: &LeaseManager, ttl: Duration) -> (Lease, FencedTransaction) {
+    let lease = m
+        .acquire("data", Acquire::ttl(ttl).holder("A"))
+        .await
+        .expect("A acquires");
+    let tx = m.begin_fenced(&lease).await.expect("A checks");
+    (lease, tx)
+}
+
 #[tokio::test]
 async fn an_acquisition_after_expiry_ends_the_stale_fenced_transaction() {
     let db = TestDb::new().await;
     create_data_table(&db).await;
     let m = db.manager();
-    let old = m
-        .acquire("data", Acquire::ttl(Duration::from_secs(1)).holder("A"))
-        .await
-        .expect("A acquires");
-    let mut tx = m
-        .begin_fenced(&common::fence("data", old.token()))
-        .await
-        .expect("A checks");
+    let (old, mut tx) = a_fenced(&m, Duration::from_secs(1)).await;
     sqlx::query("UPDATE data SET value = 'a-1' WHERE id = 1")
         .execute(&mut *tx)
         .await
@@ -244,14 +247,7 @@ async fn a_failed_check_rolled_back_to_a_savepoint_leaves_no_marker() {
 async fn a_fenced_transaction_that_renewed_inside_itself_is_ended_after_the_grace() {
     let db = TestDb::new().await;
     let m = db.manager();
-    let old = m
-        .acquire("data", Acquire::ttl(Duration::from_secs(1)).holder("A"))
-        .await
-        .expect("A acquires");
-    let mut tx = m
-        .begin_fenced(&common::fence("data", old.token()))
-        .await
-        .expect("A checks");
+    let (old, mut tx) = a_fenced(&m, Duration::from_secs(1)).await;
     sqlx::query("SELECT pglease.renew('data', $1, '1 second')")
         .bind(old.token())
         .execute(&mut *tx)

@@ -226,11 +226,14 @@ async fn single_statement_guarded_write() {
         .expect("A acquires");
     const GUARDED_UPDATE: &str = "WITH fence AS (SELECT pglease.assert_held($1, $2)) \
          UPDATE data SET value = $3 FROM fence WHERE id = 1";
-    sqlx::query(GUARDED_UPDATE)
-        .bind("data")
-        .bind(old.token())
-        .bind("a-1")
-        .execute(db.pool())
+    let write = |token: Token, value: &'static str| {
+        sqlx::query(GUARDED_UPDATE)
+            .bind("data")
+            .bind(token)
+            .bind(value)
+            .execute(db.pool())
+    };
+    write(old.token(), "a-1")
         .await
         .expect("guarded update while valid");
     assert_eq!(data_value(&db).await, "a-1");
@@ -239,19 +242,11 @@ async fn single_statement_guarded_write() {
         .acquire("data", Acquire::ttl(LONG).holder("B"))
         .await
         .expect("B takes over");
-    let err = sqlx::query(GUARDED_UPDATE)
-        .bind("data")
-        .bind(old.token())
-        .bind("stale")
-        .execute(db.pool())
+    let err = write(old.token(), "stale")
         .await
         .expect_err("stale guarded update");
     expect_not_held::<()>(Err(Error::from(err)));
-    sqlx::query(GUARDED_UPDATE)
-        .bind("data")
-        .bind(new.token())
-        .bind("b-1")
-        .execute(db.pool())
+    write(new.token(), "b-1")
         .await
         .expect("guarded update by the new holder");
     assert_eq!(data_value(&db).await, "b-1");

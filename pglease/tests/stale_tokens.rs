@@ -7,28 +7,31 @@ mod common;
 use std::time::Duration;
 
 use common::TestDb;
-use pglease::{Acquire, Error, LossReason};
+use pglease::{Acquire, Error, Lease, LeaseManager, LossReason};
 
 const LONG: Duration = Duration::from_secs(600);
+
+/// `holder` acquires "job", releases it and acquires it again: the first
+/// acquisition and the second.
+async fn reacquired(m: &LeaseManager, holder: &str) -> (Lease, Lease) {
+    let first = m
+        .acquire("job", Acquire::ttl(LONG).holder(holder))
+        .await
+        .expect("first acquisition");
+    assert!(m.release(&first).await.expect("release"));
+    let second = m
+        .acquire("job", Acquire::ttl(LONG).holder(holder))
+        .await
+        .expect("second acquisition");
+    assert!(second.token() > first.token());
+    (first, second)
+}
 
 #[tokio::test]
 async fn same_holder_delayed_release_cannot_end_new_lease() {
     let db = TestDb::new().await;
     let m = db.manager();
-    let first = m
-        .acquire("job", Acquire::ttl(LONG).holder("B"))
-        .await
-        .expect("first acquisition");
-    assert!(
-        m.release(&common::fence("job", first.token()))
-            .await
-            .expect("release")
-    );
-    let second = m
-        .acquire("job", Acquire::ttl(LONG).holder("B"))
-        .await
-        .expect("second acquisition");
-    assert!(second.token() > first.token());
+    let (first, second) = reacquired(&m, "B").await;
 
     let before = db.snapshot().await;
     // The delayed duplicate of the first release arrives now.
@@ -52,19 +55,7 @@ async fn same_holder_delayed_release_cannot_end_new_lease() {
 async fn stale_renew_is_lost_and_changes_nothing() {
     let db = TestDb::new().await;
     let m = db.manager();
-    let first = m
-        .acquire("job", Acquire::ttl(LONG).holder("A"))
-        .await
-        .expect("acquire");
-    assert!(
-        m.release(&common::fence("job", first.token()))
-            .await
-            .expect("release")
-    );
-    let second = m
-        .acquire("job", Acquire::ttl(LONG).holder("A"))
-        .await
-        .expect("reacquire");
+    let (first, second) = reacquired(&m, "A").await;
 
     let before = db.snapshot().await;
     match m.renew(&common::fence("job", first.token()), LONG).await {
