@@ -171,7 +171,7 @@ impl LeaseManager {
     /// lease reports [`LossReason::Released`] at once; then each is released
     /// in the database (each release bounded by the renewal timeout), and
     /// the releases already under way in the background (of
-    /// [`HeldLease`]s dropped before, for instance with the work future
+    /// [`HeldLease`](crate::HeldLease)s dropped before, for instance with the work future
     /// that held them) are waited for, bounded the same way. Call it last
     /// before the process exits: after it, nothing this manager acquired is
     /// left held, and the next holder takes over at once instead of after
