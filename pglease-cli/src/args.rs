@@ -1,0 +1,127 @@
+//! The command line's arguments (clap).
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use pglease::Token;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "pglease",
+    version,
+    about = "Leases with fencing tokens enforced by PostgreSQL"
+)]
+pub(crate) struct Cli {
+    /// PostgreSQL URL; without it (and without DATABASE_URL) the libpq
+    /// defaults apply: PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD, then
+    /// localhost:5432.
+    #[arg(long, global = true, env = "DATABASE_URL")]
+    pub(crate) database_url: Option<String>,
+
+    /// Give up connecting after this long (exit status 5).
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_connect_timeout)]
+    pub(crate) connect_timeout: Duration,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Command {
+    /// Create or upgrade the `pglease` schema.
+    Migrate,
+    /// Acquire a lease (exit 3 if it is held).
+    Acquire {
+        /// The lease name.
+        name: String,
+        /// How long the lease lasts unless renewed (e.g. 30s, 5m).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// Who holds it (default: host name and process id).
+        #[arg(long)]
+        holder: Option<String>,
+        /// Wait this long for the current holder to release it.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Extend a lease held under TOKEN (exit 4 if it is lost).
+    Renew {
+        /// The lease name.
+        name: String,
+        /// The token from `acquire`.
+        #[arg(long, allow_negative_numbers = true)]
+        token: Token,
+        /// The new time to live from now.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// End a lease held under TOKEN (exit 4 if it was not held).
+    Release {
+        /// The lease name.
+        name: String,
+        /// The token from `acquire`.
+        #[arg(long, allow_negative_numbers = true)]
+        token: Token,
+    },
+    /// Show one lease, or all of them.
+    Status {
+        /// The lease name (all leases without it).
+        name: Option<String>,
+        /// Print JSON (an object for one name, an array for all).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Hold a lease while CMD runs: renew it, stop CMD if it is lost.
+    Run {
+        /// The lease name.
+        name: String,
+        /// Time to live; renewed every third of it while CMD runs.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// Wait this long for the current holder (default: do not wait).
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+        /// Who holds it (default: host name and process id).
+        #[arg(long)]
+        holder: Option<String>,
+        /// Time between SIGTERM and SIGKILL when CMD must stop.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        grace: Duration,
+        /// Keep the lease at least this long after acquiring it: if CMD
+        /// finishes sooner, the lease expires then instead of being
+        /// released, so that the same job started elsewhere meanwhile
+        /// exits 3 (at most 7 days).
+        #[arg(long, value_parser = parse_min_hold)]
+        min_hold: Option<Duration>,
+        /// The command and its arguments.
+        #[arg(required = true, last = true)]
+        cmd: Vec<String>,
+    },
+    /// The article's failures, live: leases vs advisory locks (under 30 s),
+    /// in a scratch database that is created and dropped.
+    Demo,
+}
+
+/// A connection timeout: a `humantime` duration of at most a day.
+fn parse_connect_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if timeout.is_zero() || timeout > Duration::from_secs(86400) {
+        return Err("must be greater than zero and at most 1 day".to_owned());
+    }
+    Ok(timeout)
+}
+
+/// A minimum hold: a `humantime` duration from 1 µs to 7 days, like a TTL.
+fn parse_min_hold(text: &str) -> Result<Duration, String> {
+    let hold = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if hold < Duration::from_micros(1) || hold > pglease::MAX_TTL {
+        return Err("must be at least 1 microsecond and at most 7 days".to_owned());
+    }
+    Ok(hold)
+}

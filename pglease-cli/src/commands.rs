@@ -1,0 +1,380 @@
+//! The commands other than `run`: migrate, acquire, renew, release,
+//! status, demo.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use pglease::{Acquire, Error, Fence, Lease, LeaseManager, LeaseStatus, Token, default_holder};
+use serde_json::json;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
+
+use crate::{EXIT_DATABASE, EXIT_LOST, EXIT_NOT_ACQUIRED, Outcome, connect};
+
+/// Applies the schema, then says whether a takeover from a holder frozen
+/// inside a fenced transaction can work here (see the README).
+pub(crate) async fn migrate(manager: &LeaseManager) -> Outcome {
+    manager.migrate().await.map_err(|e| (e, "migrate"))?;
+    eprintln!("pglease: schema is up to date");
+    let can_end = manager
+        .can_end_stale_transactions()
+        .await
+        .map_err(|e| (e, "migrate"))?;
+    if !can_end {
+        let owner: String = sqlx::query_scalar(
+            "SELECT r.rolname::text FROM pg_proc AS p JOIN pg_roles AS r ON r.oid = p.proowner \
+              WHERE p.oid = 'pglease.acquire(text, text, interval)'::regprocedure",
+        )
+        .fetch_one(manager.pool())
+        .await
+        .map_err(|e| (Error::from(e), "migrate"))?;
+        eprintln!(
+            "pglease: note: role {owner:?}, which owns the pglease functions, is neither a \
+             superuser nor a member of pg_signal_backend. An expired lease whose holder froze \
+             inside a fenced transaction then stays pinned until that transaction ends (and \
+             acquire reports it as pinned) unless the holders connect as {owner:?} itself. \
+             To allow the takeover, a superuser runs: GRANT pg_signal_backend TO {owner};"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `pglease release`: exit 0 if this ended the lease, 4 if it was not held.
+pub(crate) async fn release(manager: &LeaseManager, fence: &Fence) -> Outcome {
+    match manager.release(fence).await {
+        Ok(true) => Ok(ExitCode::SUCCESS),
+        Ok(false) => {
+            eprintln!(
+                "pglease: lease {:?} was not held under token {} (already released, \
+                     expired, or taken over): nothing to release",
+                fence.name(),
+                fence.token()
+            );
+            Ok(ExitCode::from(EXIT_LOST))
+        }
+        Err(e) => Err((e, "release")),
+    }
+}
+
+fn lease_json(
+    name: &str,
+    holder: Option<&str>,
+    token: Option<Token>,
+    expires_at: Option<DateTime<Utc>>,
+) -> serde_json::Value {
+    json!({
+        "name": name,
+        "holder": holder,
+        "token": token.map(Token::get),
+        "expires_at": expires_at.map(|t| t.to_rfc3339()),
+    })
+}
+
+fn print_lease(lease: &Lease, json: bool) {
+    if json {
+        println!(
+            "{}",
+            lease_json(
+                lease.name(),
+                Some(lease.holder()),
+                Some(lease.token()),
+                Some(lease.expires_at())
+            )
+        );
+    } else {
+        println!(
+            "acquired {:?} for {:?}: token {} until {}",
+            lease.name(),
+            lease.holder(),
+            lease.token(),
+            lease.expires_at().to_rfc3339()
+        );
+    }
+}
+
+/// Tells the user, on stderr, who holds the lease and how long pglease waits.
+fn announce_wait(name: &str, current: &str, expires_at: DateTime<Utc>, wait: Duration) {
+    eprintln!(
+        "pglease: {name:?} is held by {current:?} until {}; waiting up to {}",
+        expires_at.to_rfc3339(),
+        humantime::format_duration(wait)
+    );
+}
+
+/// `attempt(Duration::ZERO)` first, so that a wait can be announced; then,
+/// if the lease is held and `wait` allows it, `attempt(wait)`.
+pub(crate) async fn announced<T, F, Fut>(name: &str, wait: Duration, attempt: F) -> Result<T, Error>
+where
+    F: Fn(Duration) -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    match attempt(Duration::ZERO).await {
+        Err(Error::Held {
+            holder: current,
+            expires_at,
+            ..
+        }) if !wait.is_zero() => {
+            announce_wait(name, &current, expires_at, wait);
+            attempt(wait).await
+        }
+        Err(e @ Error::Pinned { .. }) if !wait.is_zero() => {
+            eprintln!(
+                "pglease: {e}; waiting up to {}",
+                humantime::format_duration(wait)
+            );
+            attempt(wait).await
+        }
+        other => other,
+    }
+}
+
+pub(crate) async fn acquire(
+    manager: &LeaseManager,
+    name: &str,
+    ttl: Duration,
+    holder: Option<String>,
+    wait: Duration,
+    json: bool,
+) -> Outcome {
+    let holder = holder.unwrap_or_else(default_holder);
+    // Without --wait one attempt; the library starts its release listener
+    // only once an attempt with time to wait has failed.
+    let attempt = |wait: Duration| {
+        let how = Acquire::ttl(ttl).holder(holder.as_str()).wait(wait);
+        manager.acquire(name, how)
+    };
+    match announced(name, wait, attempt).await {
+        Ok(lease) => {
+            print_lease(&lease, json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            // The lease as found, in JSON, when it was held or pinned.
+            let found = match &e {
+                Error::Held {
+                    holder, expires_at, ..
+                } => Some(lease_json(name, Some(holder), None, Some(*expires_at))),
+                Error::Pinned {
+                    holder, ended_at, ..
+                } => Some(lease_json(name, holder.as_deref(), None, Some(*ended_at))),
+                _ => None,
+            };
+            if let (true, Some(found)) = (json, found) {
+                println!("{found}");
+            }
+            not_acquired(e, "acquire")
+        }
+    }
+}
+
+pub(crate) async fn renew(
+    manager: &LeaseManager,
+    name: &str,
+    token: Token,
+    ttl: Duration,
+    json: bool,
+) -> Outcome {
+    let fence = Fence::new(name, token).map_err(|e| (e, "renew"))?;
+    match manager.renew(&fence, ttl).await {
+        Ok(expires_at) => {
+            if json {
+                let status = manager.inspect(name).await.map_err(|e| (e, "renew"))?;
+                println!(
+                    "{}",
+                    lease_json(
+                        name,
+                        status.holder.as_deref(),
+                        Some(token),
+                        Some(expires_at)
+                    )
+                );
+            } else {
+                println!(
+                    "renewed {name:?} under token {token} until {}",
+                    expires_at.to_rfc3339()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e @ Error::Lost { .. }) => {
+            eprintln!("pglease: {e}; acquire it again for a new token");
+            Ok(ExitCode::from(EXIT_LOST))
+        }
+        Err(e) => Err((e, "renew")),
+    }
+}
+
+fn status_json(s: &LeaseStatus) -> serde_json::Value {
+    let mut value = lease_json(&s.name, s.holder.as_deref(), s.token, s.expires_at);
+    value["held"] = json!(s.held);
+    value["remaining_ms"] = json!(s.remaining.map(|r| r.as_millis() as u64));
+    value
+}
+
+pub(crate) async fn status(manager: &LeaseManager, name: Option<&str>, json: bool) -> Outcome {
+    let leases = match name {
+        Some(name) => vec![manager.inspect(name).await.map_err(|e| (e, "status"))?],
+        None => manager.list().await.map_err(|e| (e, "status"))?,
+    };
+    if json {
+        let value = match name {
+            Some(_) => status_json(&leases[0]),
+            None => serde_json::Value::Array(leases.iter().map(status_json).collect()),
+        };
+        println!("{value}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(manager.pool())
+        .await
+        .map_err(|e| (Error::from(e), "status"))?;
+    println!("{:<32} {:<28} {:>10}  EXPIRES", "NAME", "HOLDER", "TOKEN");
+    for s in &leases {
+        let expires = match (s.expires_at, s.held) {
+            (None, _) => "never acquired".to_owned(),
+            (Some(at), true) => format!("in {}", short((at - now).to_std().unwrap_or_default())),
+            (Some(at), false) if s.holder.is_none() => {
+                format!(
+                    "released {} ago",
+                    short((now - at).to_std().unwrap_or_default())
+                )
+            }
+            (Some(at), false) => format!(
+                "expired {} ago",
+                short((now - at).to_std().unwrap_or_default())
+            ),
+        };
+        println!(
+            "{:<32} {:<28} {:>10}  {expires}",
+            s.name,
+            s.holder.as_deref().unwrap_or("-"),
+            s.token.map_or("-".to_owned(), |t| t.to_string()),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A duration rounded to what a person reads: 1h 2m, 3m 4s, 5.6s.
+fn short(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs >= 3600 {
+        format!("{}h {}m", secs / 3600, secs % 3600 / 60)
+    } else if secs >= 60 {
+        format!("{}m {}s", secs / 60, secs % 60)
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
+/// Exit 3 with the reason for an acquisition refused (held, pinned, or
+/// lost before it could be confirmed); any other error is `what` failing.
+pub(crate) fn not_acquired(e: Error, what: &'static str) -> Outcome {
+    match e {
+        Error::Held {
+            name,
+            holder,
+            expires_at,
+        } => eprintln!(
+            "pglease: not acquired: {name:?} is held by {holder:?} until {}",
+            expires_at.to_rfc3339()
+        ),
+        Error::Pinned { .. } => eprintln!("pglease: not acquired: {e}"),
+        Error::Lost { .. } => eprintln!(
+            "pglease: not acquired: the answer came later than a third of the TTL, and the \
+             lease had expired before a renewal could confirm it ({e}); use a --ttl well above \
+             the time a round trip to the database takes"
+        ),
+        e => return Err((e, what)),
+    }
+    Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
+}
+
+/// Runs the demo in a scratch database created for it and dropped after.
+pub(crate) async fn demo(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let scratch = format!("pglease_demo_{}_{nanos}", std::process::id());
+    let admin = tokio::time::timeout(timeout, options.connect()).await;
+    let mut admin = match admin {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
+            eprintln!(
+                "pglease: cannot connect to PostgreSQL: {e}\n\
+                 Set --database-url or DATABASE_URL (or PGHOST, PGPORT, PGUSER, PGDATABASE) \
+                 to a reachable server."
+            );
+            return ExitCode::from(EXIT_DATABASE);
+        }
+        Err(_) => {
+            eprintln!(
+                "pglease: connecting to PostgreSQL timed out after {}",
+                humantime::format_duration(timeout)
+            );
+            return ExitCode::from(EXIT_DATABASE);
+        }
+    };
+    if let Err(e) = sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {scratch}")))
+        .execute(&mut admin)
+        .await
+    {
+        eprintln!(
+            "pglease: the demo needs a scratch database and could not create one: {e}\n\
+             Connect as a role with CREATEDB."
+        );
+        return ExitCode::from(EXIT_DATABASE);
+    }
+    println!("pglease demo in scratch database {scratch} (dropped at the end)\n");
+    let code = demo_in(&options.clone().database(&scratch), timeout).await;
+    let dropped = sqlx::query(AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {scratch} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await;
+    let _ = admin.close().await;
+    if let Err(e) = dropped {
+        eprintln!("pglease: could not drop the scratch database {scratch}: {e}");
+    }
+    code
+}
+
+async fn demo_in(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
+    let manager = match connect(options, timeout).await {
+        Ok(manager) => manager,
+        Err(code) => return code,
+    };
+    let outcome = async {
+        manager.migrate().await?;
+        println!("1. The article's failure: a paused holder's late write\n");
+        pglease_cli::demo::paused_holder(&manager, "report", Duration::from_millis(300), |line| {
+            println!("  {line}")
+        })
+        .await?;
+        println!(
+            "\n2. The same failures against a lease, a session advisory lock and a transaction \
+             advisory lock, measured now:\n"
+        );
+        let outcomes = pglease_cli::compare::run(&manager, Duration::from_millis(200), |o| {
+            println!(
+                "  {} / {}: {} - {}",
+                o.scenario.label(),
+                o.variant.label(),
+                if o.safe { "safe" } else { "UNSAFE" },
+                o.detail
+            );
+        })
+        .await?;
+        println!("\n{}", pglease_cli::compare::table(&outcomes));
+        Ok::<_, Error>(())
+    }
+    .await;
+    manager.pool().close().await;
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pglease: demo failed: {e}");
+            ExitCode::from(EXIT_DATABASE)
+        }
+    }
+}
