@@ -96,6 +96,8 @@ impl std::fmt::Display for LossReason {
 }
 
 /// Why the database refused a token ([`Error::NotHeld`], SQLSTATE `LE001`).
+/// It displays as the clause that ends the error's message, such as "it
+/// expired at ...".
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NotHeldReason {
@@ -175,7 +177,7 @@ pub enum Error {
 
     /// The database rejected a guarded check or write (SQLSTATE `LE001`):
     /// stop acting on the resource; acquire again for a new token.
-    #[error("lease {name:?} is not held under token {}: {}", DisplayToken(*token), NotHeldText(reason))]
+    #[error("lease {name:?} is not held under token {}: {}", DisplayToken(*token), reason)]
     NotHeld {
         /// The lease name.
         name: String,
@@ -279,11 +281,9 @@ impl std::fmt::Display for DisplayToken {
     }
 }
 
-struct NotHeldText<'a>(&'a NotHeldReason);
-
-impl std::fmt::Display for NotHeldText<'_> {
+impl std::fmt::Display for NotHeldReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
+        match self {
             NotHeldReason::NeverAcquired => f.write_str("it has never been acquired"),
             NotHeldReason::Stale { current_token } => write!(
                 f,
