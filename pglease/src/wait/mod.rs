@@ -244,8 +244,8 @@ impl Acquirer {
         check_text("holder", holder)?;
         let ttl = interval(how.lease_ttl())?;
         let max_wait = how.max_wait();
-        let shared = &self.context;
-        if shared.is_shut_down() {
+        let context = &self.context;
+        if context.is_shut_down() {
             return Err(Error::ShutDown);
         }
         let start = Instant::now();
@@ -257,8 +257,8 @@ impl Acquirer {
         // watched is caught by the attempt made after the watch.
         let mut listener: Option<&Listener> = None;
         let (mut releases, mut listening) = (None, None);
-        shared.counters.waiting.fetch_add(1, Ordering::Relaxed);
-        let _waiting = Waiting(&shared.counters.waiting);
+        context.counters.waiting.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting(&context.counters.waiting);
         let mut polls: u32 = 0;
         // Releases are notified only for names a session watches: watched
         // on the listening connection after the first failed attempt.
@@ -266,7 +266,7 @@ impl Acquirer {
         let mut watched = false;
         loop {
             let (current, expires_at, checked_at, note) =
-                match attempt_detached(shared, name, holder, ttl).await {
+                match attempt_detached(context, name, holder, ttl).await {
                     Ok(Attempt::Acquired { lease, sent }) => return Ok((lease, sent)),
                     Ok(Attempt::Held {
                         holder,
@@ -286,10 +286,10 @@ impl Acquirer {
                     name, current, expires_at, checked_at, note,
                 ));
             }
-            if shared.is_shut_down() {
+            if context.is_shut_down() {
                 return Err(Error::ShutDown);
             }
-            if listener.is_none() && shared.options.notify_enabled() {
+            if listener.is_none() && context.options.notify_enabled() {
                 let started = self.listener();
                 releases = Some(started.releases.subscribe());
                 listening = Some(started.listening.subscribe());
@@ -299,7 +299,7 @@ impl Acquirer {
                 let watching = watching.get_or_insert_with(|| listener.watch(name));
                 let confirmed = tokio::select! {
                     confirmed = watching.confirmed(listener.is_listening(), deadline) => confirmed,
-                    () = shared.stop.cancelled() => return Err(Error::ShutDown),
+                    () = context.stop.cancelled() => return Err(Error::ShutDown),
                 };
                 if confirmed {
                     // A release that committed before the watch took hold
@@ -320,20 +320,20 @@ impl Acquirer {
                 // Ended but pinned by a transaction the database could not
                 // end: no release or expiry will announce when it lets go.
                 polls = polls.saturating_add(1);
-                backoff::poll(polls, shared.options.max_poll())
+                backoff::poll(polls, context.options.max_poll())
             } else if heard {
                 // A release wakes us; otherwise try again when it expires,
                 // spread a little so that many waiters do not arrive at once.
                 until_expiry + backoff::spread(until_expiry)
             } else {
                 polls = polls.saturating_add(1);
-                until_expiry.min(backoff::poll(polls, shared.options.max_poll()))
+                until_expiry.min(backoff::poll(polls, context.options.max_poll()))
             };
             let wake = (now + nap).min(deadline);
             loop {
                 tokio::select! {
                     () = tokio::time::sleep_until(wake) => break,
-                    () = shared.stop.cancelled() => return Err(Error::ShutDown),
+                    () = context.stop.cancelled() => return Err(Error::ShutDown),
                     released = next_release(&mut releases) => match released {
                         Ok(Some(released)) if released != name => continue,
                         Err(broadcast::error::RecvError::Closed) => {
