@@ -1,0 +1,254 @@
+//! Failover: a primary with a streaming standby (see `common/cluster.rs`),
+//! the primary killed hard (every process SIGKILLed) under a load of
+//! acquisitions from six clients, the standby promoted.
+//!
+//! With a synchronous standby no acknowledged acquisition may be lost and
+//! no token issued again, also when `synchronous_commit` is weakened by
+//! the server or by the session (acquisitions raise it for themselves).
+//! With an asynchronous standby that has fallen behind, both happen, and
+//! the same checks see it: what the documentation warns about.
+
+#[path = "common/cluster.rs"]
+mod cluster;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cluster::{Replicated, Standby};
+use pglease::{Acquire, Error, LeaseManager, sqlx};
+use sqlx::postgres::PgPoolOptions;
+
+const CLIENTS: usize = 6;
+const NAMES: usize = 5;
+/// Acknowledged acquisitions to wait for before the crash.
+const BEFORE_CRASH: usize = 150;
+
+/// How commits are weakened during the load.
+#[derive(Debug, Clone, Copy)]
+enum Weakened {
+    Not,
+    /// `ALTER SYSTEM SET synchronous_commit` on the primary.
+    ByServer(&'static str),
+    /// `SET synchronous_commit` on every connection of the clients.
+    BySession(&'static str),
+}
+
+/// What the promoted server kept of the acquisitions acknowledged before
+/// the crash.
+#[derive(Debug, Default)]
+struct Report {
+    acknowledged: usize,
+    highest: i64,
+    /// (name, acknowledged token, the promoted server's token).
+    lost: Vec<(String, i64, Option<i64>)>,
+    /// (name, token) acquired after the failover with a token not above
+    /// every acknowledged one.
+    reissued: Vec<(String, i64)>,
+}
+
+/// Runs the load, crashes the primary in the middle of it, promotes the
+/// standby, and checks the promoted server against every acquisition the
+/// clients were told succeeded. `behind`: the (asynchronous) standby is
+/// stopped during the load and started again after the crash. `None` when no server binaries are
+/// installed (skipped).
+async fn crash_under_load(standby: Standby, weakened: Weakened, behind: bool) -> Option<Report> {
+    let cluster = Replicated::start(standby).await?;
+    let admin = cluster.primary.pool().await;
+    LeaseManager::new(admin.clone())
+        .migrate()
+        .await
+        .expect("migrate on the primary");
+    if let Weakened::ByServer(level) = weakened {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER SYSTEM SET synchronous_commit = '{level}'"
+        )))
+        .execute(&admin)
+        .await
+        .expect("weaken synchronous_commit on the server");
+        sqlx::query("SELECT pg_reload_conf()")
+            .execute(&admin)
+            .await
+            .expect("reload");
+    }
+    admin.close().await;
+    if behind {
+        cluster.stop_standby(true);
+    }
+
+    let session_level = match weakened {
+        Weakened::BySession(level) => Some(level),
+        _ => None,
+    };
+    let pool = PgPoolOptions::new()
+        .max_connections(CLIENTS as u32)
+        .acquire_timeout(Duration::from_secs(5))
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                if let Some(level) = session_level {
+                    sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "SET synchronous_commit = '{level}'"
+                    )))
+                    .execute(conn)
+                    .await?;
+                }
+                Ok(())
+            })
+        })
+        .connect_with(cluster.primary.options())
+        .await
+        .expect("the clients' pool");
+    let leases = LeaseManager::new(pool);
+
+    // Each client acquires and releases leases on a few shared names and
+    // records every acquisition the database acknowledged.
+    let acknowledged: Arc<Mutex<Vec<(String, i64)>>> = Arc::default();
+    let count = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for client in 0..CLIENTS {
+        let (leases, acknowledged, count, stop) = (
+            leases.clone(),
+            acknowledged.clone(),
+            count.clone(),
+            stop.clone(),
+        );
+        clients.push(tokio::spawn(async move {
+            let mut round = client;
+            while !stop.load(Ordering::Relaxed) {
+                round += 1;
+                let name = format!("job-{}", round % NAMES);
+                match leases
+                    .acquire(
+                        &name,
+                        Acquire::ttl(Duration::from_secs(60)).holder(format!("c{client}")),
+                    )
+                    .await
+                {
+                    Ok(lease) => {
+                        acknowledged
+                            .lock()
+                            .expect("record")
+                            .push((name, lease.token().get()));
+                        count.fetch_add(1, Ordering::Relaxed);
+                        let _ = leases.release(&lease).await;
+                    }
+                    Err(Error::Held { .. }) => {}
+                    // The primary is gone: stop.
+                    Err(_) => break,
+                }
+            }
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count.load(Ordering::Relaxed) < BEFORE_CRASH {
+        assert!(
+            Instant::now() < deadline,
+            "only {} acquisitions acknowledged in 60 s",
+            count.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cluster.crash_primary();
+    if behind {
+        cluster.stop_standby(false);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.expect("a client task");
+    }
+    leases.pool().close().await;
+    cluster.promote().await;
+
+    let acknowledged = std::mem::take(&mut *acknowledged.lock().expect("records"));
+    let distinct: HashSet<i64> = acknowledged.iter().map(|(_, token)| *token).collect();
+    assert_eq!(
+        distinct.len(),
+        acknowledged.len(),
+        "{weakened:?}: one token was acknowledged to two acquisitions"
+    );
+    let mut latest: BTreeMap<String, i64> = BTreeMap::new();
+    for (name, token) in &acknowledged {
+        let entry = latest.entry(name.clone()).or_default();
+        *entry = (*entry).max(*token);
+    }
+    let mut report = Report {
+        acknowledged: acknowledged.len(),
+        highest: *latest.values().max().expect("acquisitions"),
+        ..Report::default()
+    };
+
+    let promoted = cluster.standby.pool().await;
+    for (name, token) in &latest {
+        let found: Option<i64> =
+            sqlx::query_scalar("SELECT token FROM pglease.leases WHERE name = $1")
+                .bind(name)
+                .fetch_optional(&promoted)
+                .await
+                .expect("read the promoted server");
+        if found.is_none_or(|found| found < *token) {
+            report.lost.push((name.clone(), *token, found));
+        }
+    }
+    // Tokens come from one sequence for all names: the next acquisitions
+    // on the promoted server (of new names; the old ones may still be
+    // held) must get tokens above every acknowledged one.
+    let after = LeaseManager::new(promoted);
+    for name in latest.keys() {
+        let name = format!("after-{name}");
+        let lease = tokio::time::timeout(
+            Duration::from_secs(30),
+            after.acquire(&name, Acquire::ttl(Duration::from_secs(60)).holder("after")),
+        )
+        .await
+        .expect("the promoted server answers within 30 s")
+        .expect("acquire on the promoted server");
+        if lease.token().get() <= report.highest {
+            report.reissued.push((name, lease.token().get()));
+        }
+    }
+    eprintln!("{standby:?}, {weakened:?}, behind: {behind}: {report:?}");
+    Some(report)
+}
+
+/// Nothing lost, nothing issued again.
+async fn nothing_lost(weakened: Weakened) {
+    let Some(report) = crash_under_load(Standby::Synchronous, weakened, false).await else {
+        return;
+    };
+    assert!(report.acknowledged >= BEFORE_CRASH);
+    assert!(
+        report.lost.is_empty() && report.reissued.is_empty(),
+        "{weakened:?}: acknowledged acquisitions lost in the failover: {report:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synchronous_standby_keeps_every_acknowledged_acquisition() {
+    nothing_lost(Weakened::Not).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn also_when_the_server_commits_locally_only() {
+    nothing_lost(Weakened::ByServer("local")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn also_when_the_session_turns_synchronous_commit_off() {
+    nothing_lost(Weakened::BySession("off")).await;
+}
+
+/// The same checks see the loss an asynchronous standby that has fallen
+/// behind causes: every acquisition made while it was down is gone, and
+/// their tokens are issued again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_standby_behind_loses_acquisitions_and_reissues_tokens() {
+    let Some(report) = crash_under_load(Standby::Asynchronous, Weakened::Not, true).await else {
+        return;
+    };
+    assert!(
+        !report.lost.is_empty() && !report.reissued.is_empty(),
+        "the loss went unseen: {report:?}"
+    );
+}
