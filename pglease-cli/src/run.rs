@@ -145,7 +145,10 @@ pub(crate) async fn run(
         .filter(|left| *left >= Duration::from_micros(1));
     match keep {
         Some(left) => expire_after(held, left).await,
-        None => release_after(held).await,
+        // After a loss the lease is gone or about to end: try to give it
+        // back, but do not wait long for a database that may be down.
+        None if lost.is_some() => release_after(held, RELEASE_AFTER_LOSS).await,
+        None => release_after(held, RELEASE_LIMIT).await,
     }
     if lost.is_some() {
         return Ok(ExitCode::from(EXIT_LOST));
@@ -192,9 +195,14 @@ async fn expire_after(held: HeldLease, left: Duration) {
     }
 }
 
-async fn release_after(held: HeldLease) {
+/// The longest wait for the final release after CMD ended.
+const RELEASE_LIMIT: Duration = Duration::from_secs(10);
+/// The same after the lease was lost (the database may be unreachable).
+const RELEASE_AFTER_LOSS: Duration = Duration::from_secs(2);
+
+async fn release_after(held: HeldLease, limit: Duration) {
     let name = held.name().to_owned();
-    match tokio::time::timeout(Duration::from_secs(10), held.release()).await {
+    match tokio::time::timeout(limit, held.release()).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => eprintln!("pglease: could not release {name:?} ({e}); it ends at its expiry"),
         Err(_) => eprintln!("pglease: no answer to the release of {name:?}; it ends at its expiry"),

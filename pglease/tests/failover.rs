@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cluster::{Replicated, Standby};
-use pglease::{Acquire, Error, LeaseManager, sqlx};
+use cluster::{Endpoint, Replicated, Standby};
+use pglease::{Acquire, Error, HeldLease, LeaseManager, LossReason, sqlx};
 use sqlx::postgres::PgPoolOptions;
 
 const CLIENTS: usize = 6;
@@ -251,4 +251,162 @@ async fn an_asynchronous_standby_behind_loses_acquisitions_and_reissues_tokens()
         !report.lost.is_empty() && !report.reissued.is_empty(),
         "the loss went unseen: {report:?}"
     );
+}
+
+/// A manager that reaches the pair through `endpoint`, with the schema
+/// and a one-row data table in place on the primary (and so on the
+/// standby), and pglease's pool settings with a short connect timeout.
+async fn through(endpoint: &Endpoint, cluster: &Replicated) -> LeaseManager {
+    let admin = cluster.primary.pool().await;
+    LeaseManager::new(admin.clone())
+        .migrate()
+        .await
+        .expect("migrate on the primary");
+    sqlx::query("CREATE TABLE data (id int PRIMARY KEY, value text NOT NULL)")
+        .execute(&admin)
+        .await
+        .expect("create the data table");
+    sqlx::query("INSERT INTO data VALUES (1, 'initial')")
+        .execute(&admin)
+        .await
+        .expect("seed it");
+    admin.close().await;
+    let pool = pglease::pool_options()
+        .acquire_timeout(Duration::from_secs(1))
+        .connect_lazy_with(endpoint.options());
+    LeaseManager::new(pool)
+}
+
+async fn write(held: &HeldLease, value: &str) -> Result<(), Error> {
+    let mut tx = held.begin_fenced().await?;
+    sqlx::query("UPDATE data SET value = $1 WHERE id = 1")
+        .bind(value)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+/// Behind a stable endpoint, a held lease rides out a failover that
+/// completes within its TTL: its renewals fail while there is no primary,
+/// resume on the promoted standby before the local deadline, and the lease
+/// is never reported lost; its token is unchanged and fenced writes under
+/// it commit on the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lease_survives_a_failover_behind_a_stable_endpoint() {
+    let Some(cluster) = Replicated::start(Standby::Synchronous).await else {
+        return;
+    };
+    let endpoint = Endpoint::start(cluster.primary.port).await;
+    let leases = through(&endpoint, &cluster).await;
+    let held = leases
+        // Renewed every 3.3 s: the failover below (a failed renewal, the
+        // promotion, a retry) fits before the local deadline with seconds
+        // to spare on a loaded machine.
+        .hold("job", Acquire::ttl(Duration::from_secs(10)).holder("A"))
+        .await
+        .expect("hold");
+    write(&held, "before")
+        .await
+        .expect("write before the failover");
+
+    let crashed = Instant::now();
+    let renewed_before = leases.stats().leases_renewed;
+    let failures_before = leases.stats().renewal_failures;
+    cluster.crash_primary();
+    // Wait until a renewal has failed, then fail over.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while leases.stats().renewal_failures == failures_before {
+        assert!(
+            Instant::now() < deadline,
+            "no renewal failed without a primary"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cluster.promote().await;
+    endpoint.repoint(cluster.standby.port);
+    let promoted = crashed.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while leases.stats().leases_renewed == renewed_before {
+        assert!(
+            held.loss_reason().is_none(),
+            "lost during the failover: {:?}",
+            held.loss_reason()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no renewal on the promoted standby"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let resumed = crashed.elapsed();
+    assert!(!held.is_lost(), "{:?}", held.loss_reason());
+    write(&held, "after")
+        .await
+        .expect("write on the promoted standby");
+    let (token, value): (i64, String) = sqlx::query_as(
+        "SELECT l.token, d.value FROM pglease.leases AS l, data AS d WHERE l.name = 'job'",
+    )
+    .fetch_one(&cluster.standby.pool().await)
+    .await
+    .expect("read the promoted standby");
+    assert_eq!(token, held.token().get());
+    assert_eq!(value, "after");
+    eprintln!(
+        "primary killed; standby promoted and endpoint re-pointed after {promoted:?}; \
+         first renewal confirmed there after {resumed:?}; lease never lost"
+    );
+    held.release().await.expect("release");
+}
+
+/// When no primary comes back in time, the holder is told the lease is
+/// unreachable by its local deadline, before the database's expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_too_late_ends_the_lease_as_unreachable_before_its_expiry() {
+    let Some(cluster) = Replicated::start(Standby::Synchronous).await else {
+        return;
+    };
+    let endpoint = Endpoint::start(cluster.primary.port).await;
+    let leases = through(&endpoint, &cluster).await;
+    let held = leases
+        .hold("job", Acquire::ttl(Duration::from_secs(2)).holder("A"))
+        .await
+        .expect("hold");
+    cluster.crash_primary();
+    let reason = tokio::time::timeout(Duration::from_secs(5), held.lost())
+        .await
+        .expect("the loss is signalled within a TTL");
+    let lost_at = chrono::Utc::now();
+    assert!(
+        matches!(reason, LossReason::Unreachable { .. }),
+        "{reason:?}"
+    );
+    // The database's expiry (same machine, same clock) is still ahead:
+    // the holder stopped before anyone else could take over.
+    assert!(
+        lost_at < held.expires_at(),
+        "lost at {lost_at}, after the database expiry {}",
+        held.expires_at()
+    );
+    eprintln!(
+        "lost as unreachable {} ms before the database expiry",
+        (held.expires_at() - lost_at).num_milliseconds()
+    );
+    // The standby, promoted now, holds the lease until that expiry and
+    // then lets another holder in.
+    cluster.promote().await;
+    endpoint.repoint(cluster.standby.port);
+    let other = LeaseManager::new(cluster.standby.pool().await);
+    let taken = tokio::time::timeout(
+        Duration::from_secs(10),
+        other.acquire(
+            "job",
+            Acquire::ttl(Duration::from_secs(60))
+                .holder("B")
+                .wait(Duration::from_secs(8)),
+        ),
+    )
+    .await
+    .expect("B acquires within 10 s")
+    .expect("B acquires");
+    assert!(taken.token() > held.token());
 }

@@ -379,3 +379,71 @@ impl Drop for Replicated {
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }
+
+/// A stable endpoint in front of the pair, as a virtual address or a
+/// pooler would be: a TCP proxy on a port of its own that forwards every
+/// new connection to the current target. Re-pointing it drops the
+/// connections it carries, so that clients reconnect to the new target.
+pub struct Endpoint {
+    pub port: u16,
+    target: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    connections: std::sync::Arc<std::sync::Mutex<tokio::task::JoinSet<()>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Endpoint {
+    /// Starts forwarding to `target` (a port on 127.0.0.1).
+    pub async fn start(target: u16) -> Endpoint {
+        use std::sync::atomic::AtomicU16;
+        use std::sync::{Arc, Mutex};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the endpoint");
+        let port = listener.local_addr().expect("its address").port();
+        let target = Arc::new(AtomicU16::new(target));
+        let connections = Arc::new(Mutex::new(tokio::task::JoinSet::new()));
+        let accept = tokio::spawn({
+            let (target, connections) = (target.clone(), connections.clone());
+            async move {
+                while let Ok((mut client, _)) = listener.accept().await {
+                    let port = target.load(Ordering::SeqCst);
+                    connections.lock().expect("connections").spawn(async move {
+                        if let Ok(mut server) =
+                            tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                        {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                    });
+                }
+            }
+        });
+        Endpoint {
+            port,
+            target,
+            connections,
+            accept,
+        }
+    }
+
+    /// Forwards new connections to `target` and drops the current ones.
+    pub fn repoint(&self, target: u16) {
+        self.target.store(target, Ordering::SeqCst);
+        self.connections.lock().expect("connections").abort_all();
+    }
+
+    /// Connect options through the endpoint.
+    pub fn options(&self) -> PgConnectOptions {
+        PgConnectOptions::new()
+            .host("127.0.0.1")
+            .port(self.port)
+            .username("postgres")
+            .database("postgres")
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.connections.lock().expect("connections").abort_all();
+    }
+}
