@@ -30,6 +30,13 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Create or upgrade the `pglease` schema.
     Migrate,
+    /// Check the server for what leases rely on (exit 1 if something is
+    /// wrong).
+    Doctor {
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Acquire a lease (exit 3 if it is held).
     Acquire {
         /// The lease name.

@@ -1,16 +1,18 @@
-//! The commands other than `run`: migrate, acquire, renew, release,
+//! The commands other than `run`: migrate, doctor, acquire, renew, release,
 //! status, demo.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pglease::{Acquire, Error, Fence, Lease, LeaseManager, LeaseStatus, Token, default_holder};
+use pglease::{
+    Acquire, Error, Fence, Lease, LeaseManager, LeaseStatus, Token, Verdict, default_holder,
+};
 use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
 
-use crate::{EXIT_DATABASE, EXIT_LOST, EXIT_NOT_ACQUIRED, Outcome, connect};
+use crate::{EXIT_DATABASE, EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_PROBLEMS, Outcome, connect};
 
 /// Applies the schema, then says whether a takeover from a holder frozen
 /// inside a fenced transaction can work here (see the README).
@@ -38,6 +40,32 @@ pub(crate) async fn migrate(manager: &LeaseManager) -> Outcome {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `pglease doctor`: every check, one line each (or one JSON object); exit
+/// 0 only when all are ok, 1 otherwise.
+pub(crate) async fn doctor(manager: &LeaseManager, json: bool) -> Outcome {
+    let diagnosis = manager.doctor().await.map_err(|e| (e, "doctor"))?;
+    if json {
+        let checks: Vec<serde_json::Value> = diagnosis
+            .checks
+            .iter()
+            .map(|c| json!({"name": c.name, "verdict": c.verdict.to_string(), "detail": c.detail}))
+            .collect();
+        println!(
+            "{}",
+            json!({"verdict": diagnosis.verdict().to_string(), "checks": checks})
+        );
+    } else {
+        for check in &diagnosis.checks {
+            println!("{:<8} {:<15} {}", check.verdict, check.name, check.detail);
+        }
+    }
+    Ok(if diagnosis.verdict() == Verdict::Ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_PROBLEMS)
+    })
 }
 
 /// `pglease release`: exit 0 if this ended the lease, 4 if it was not held.

@@ -13,9 +13,11 @@ use pglease::{Error, Fence, LeaseManager, default_holder};
 use sqlx::postgres::PgConnectOptions;
 
 use args::{Cli, Command};
-use commands::{acquire, demo, migrate, release, renew, status};
+use commands::{acquire, demo, doctor, migrate, release, renew, status};
 use run::{RunTiming, run};
 
+/// Exit status of `doctor` when a check is not ok.
+const EXIT_PROBLEMS: u8 = 1;
 /// Exit status for bad usage or bad input (clap uses it too).
 const EXIT_USAGE: u8 = 2;
 /// Exit status for "not acquired".
@@ -54,6 +56,7 @@ async fn main() -> ExitCode {
     };
     let code = match cli.command {
         Command::Migrate => migrate(&manager).await,
+        Command::Doctor { json } => doctor(&manager, json).await,
         Command::Acquire {
             name,
             ttl,

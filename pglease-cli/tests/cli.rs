@@ -633,3 +633,24 @@ async fn migrate_names_the_grant_an_owner_without_pg_signal_backend_lacks() {
         "{said}"
     );
 }
+
+#[tokio::test]
+async fn doctor_exits_0_when_all_is_well_and_1_otherwise() {
+    let db = TestDb::new().await;
+    let out = pglease(&db, &["doctor"]);
+    assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(stdout(&out).lines().count(), 6, "{}", stdout(&out));
+    let out = pglease(&db, &["doctor", "--json"]);
+    assert_eq!(code(&out), 0);
+    let report = json(&out);
+    assert_eq!(report["verdict"], "ok");
+    assert_eq!(report["checks"].as_array().map(Vec::len), Some(6));
+
+    let empty = TestDb::empty().await;
+    let out = pglease(&empty, &["doctor", "--json"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let report = json(&out);
+    assert_eq!(report["verdict"], "problem");
+    assert_eq!(report["checks"][0]["name"], "schema");
+    assert_eq!(report["checks"][0]["verdict"], "problem");
+}

@@ -5,12 +5,14 @@
 // Layers, each using only those above it: values (`token`, `error`,
 // `input`, `lease`, `options`, `backoff`, `sql`); the shared context and
 // the statements (`context`, `db`, `fenced`); the components (`hold`,
-// `wait`); the manager; and beside it `advisory`, `migrate`, `connect`.
+// `wait`); the manager; and beside it `advisory`, `migrate`, `connect`,
+// `doctor`.
 mod advisory;
 mod backoff;
 mod connect;
 mod context;
 mod db;
+mod doctor;
 mod error;
 mod fence;
 mod fenced;
@@ -28,6 +30,7 @@ mod wait;
 
 pub use advisory::{SessionLock, XactLock, advisory_key};
 pub use connect::{DEFAULT_CONNECT_TIMEOUT, libpq_defaults, pool_options};
+pub use doctor::{Check, Diagnosis, Verdict};
 pub use error::{
     Error, LossReason, NotHeldReason, Result, SQLSTATE_INVALID_INPUT, SQLSTATE_NOT_DECLARED,
     SQLSTATE_NOT_HELD,

@@ -19,9 +19,14 @@ fn migrator() -> Migrator {
     migrator
 }
 
+/// The latest migration this version has.
+pub(crate) fn latest_version() -> i64 {
+    migrator().iter().map(|m| m.version).max().unwrap_or(0)
+}
+
 /// A recorded migration that this version lacks or has with other contents.
 fn incompatible(error: MigrateError) -> Error {
-    let latest = migrator().iter().map(|m| m.version).max().unwrap_or(0);
+    let latest = latest_version();
     match error {
         MigrateError::VersionMissing(version) => Error::IncompatibleSchema {
             version,

@@ -80,6 +80,10 @@ pub(crate) const PROTECT: &str = "SELECT pglease.protect($1::regclass, $2)";
 /// Remove that protection; true if the table was protected.
 pub(crate) const UNPROTECT: &str = "SELECT pglease.unprotect($1::regclass)";
 
+/// The latest migration applied to the schema.
+pub(crate) const SCHEMA_VERSION: &str =
+    "SELECT max(version) FROM pglease._pglease_migrations WHERE success";
+
 /// Whether the owner of the functions may end stale fenced sessions.
 pub(crate) const CAN_END_STALE: &str = "SELECT pglease.can_end_stale_transactions()";
 

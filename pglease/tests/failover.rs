@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cluster::{Endpoint, Replicated, Standby};
-use pglease::{Acquire, Error, HeldLease, LeaseManager, LossReason, sqlx};
+use pglease::{Acquire, Error, HeldLease, LeaseManager, LossReason, Verdict, sqlx};
 use sqlx::postgres::PgPoolOptions;
 
 const CLIENTS: usize = 6;
@@ -409,4 +409,38 @@ async fn a_failover_too_late_ends_the_lease_as_unreachable_before_its_expiry() {
     .expect("B acquires within 10 s")
     .expect("B acquires");
     assert!(taken.token() > held.token());
+}
+
+/// `doctor` flags an asynchronous standby (and, on these test clusters,
+/// `fsync = off`), and passes the replication check of a synchronous one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_flags_an_asynchronous_standby_and_passes_a_synchronous_one() {
+    for (standby, expected) in [
+        (Standby::Asynchronous, Verdict::Problem),
+        (Standby::Synchronous, Verdict::Ok),
+    ] {
+        let Some(cluster) = Replicated::start(standby).await else {
+            return;
+        };
+        let leases = LeaseManager::new(cluster.primary.pool().await);
+        leases.migrate().await.expect("migrate");
+        let diagnosis = leases.doctor().await.expect("doctor");
+        let verdict = |name: &str| {
+            diagnosis
+                .checks
+                .iter()
+                .find(|c| c.name == name)
+                .map(|c| (c.verdict, c.detail.clone()))
+                .unwrap_or_else(|| panic!("no {name} check"))
+        };
+        let (replication, detail) = verdict("replication");
+        assert_eq!(replication, expected, "{standby:?}: {detail}");
+        assert_eq!(
+            verdict("durability").0,
+            Verdict::Problem,
+            "fsync is off here"
+        );
+        assert_eq!(diagnosis.verdict(), Verdict::Problem);
+        eprintln!("{standby:?}: {detail}");
+    }
 }
