@@ -201,9 +201,27 @@ impl LeaseManager {
                  LeaseManager::migrate)",
             ));
         }
-        let applied: Option<i64> = sqlx::query_scalar(sql::SCHEMA_VERSION)
+        let applied: Option<i64> = match sqlx::query_scalar(sql::SCHEMA_VERSION)
             .fetch_one(self.pool())
-            .await?;
+            .await
+        {
+            Ok(applied) => applied,
+            // An application role may not read the migrations table.
+            Err(error)
+                if error
+                    .as_database_error()
+                    .and_then(|e| e.code())
+                    .is_some_and(|code| code == "42501") =>
+            {
+                return Ok(Check::new(
+                    "schema",
+                    Verdict::Warning,
+                    "the schema exists, but this role may not read which migrations are \
+                     applied; run doctor as the schema's owner to check its version",
+                ));
+            }
+            Err(error) => return Err(error.into()),
+        };
         let known = crate::migrate::latest_version();
         Ok(match applied {
             Some(applied) if applied == known => Check::new(

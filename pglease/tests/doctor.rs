@@ -59,3 +59,38 @@ async fn a_missing_or_outdated_schema_is_a_problem() {
     assert_eq!(schema.verdict, Verdict::Problem, "{schema:?}");
     assert!(schema.detail.contains("needs"), "{}", schema.detail);
 }
+
+/// An application role may not read the migrations table: the schema
+/// check says so instead of failing the whole diagnosis.
+#[tokio::test]
+async fn an_application_role_gets_findings_not_an_error() {
+    let role = format!("pglease_doctor_{}", std::process::id());
+    let scratch = common::RolesDb {
+        db: Some(TestDb::new().await),
+        roles: vec![role.clone()],
+    };
+    let db = scratch.db();
+    for sql in [
+        format!("DROP ROLE IF EXISTS {role}"),
+        format!("CREATE ROLE {role} LOGIN"),
+        format!("GRANT USAGE ON SCHEMA pglease TO {role}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(db.pool())
+            .await
+            .expect("set up the role");
+    }
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(db.options().username(&role))
+        .await
+        .expect("connect as the application role");
+    let diagnosis = pglease::LeaseManager::new(pool.clone())
+        .doctor()
+        .await
+        .expect("doctor as an application role");
+    let schema = check(&diagnosis, "schema");
+    assert_eq!(schema.verdict, Verdict::Warning, "{schema:?}");
+    assert!(schema.detail.contains("owner"), "{}", schema.detail);
+    pool.close().await;
+}
