@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cluster::{Endpoint, Replicated, Standby};
-use pglease::{Acquire, Error, HeldLease, LeaseManager, LossReason, Verdict, sqlx};
+use pglease::{Acquire, Error, HeldLease, LeaseManager, LossReason, ManagerOptions, Verdict, sqlx};
 use sqlx::postgres::PgPoolOptions;
 
 const CLIENTS: usize = 6;
@@ -256,7 +256,11 @@ async fn an_asynchronous_standby_behind_loses_acquisitions_and_reissues_tokens()
 /// A manager that reaches the pair through `endpoint`, with the schema
 /// and a one-row data table in place on the primary (and so on the
 /// standby), and pglease's pool settings with a short connect timeout.
-async fn through(endpoint: &Endpoint, cluster: &Replicated) -> LeaseManager {
+async fn through(
+    endpoint: &Endpoint,
+    cluster: &Replicated,
+    options: ManagerOptions,
+) -> LeaseManager {
     let admin = cluster.primary.pool().await;
     LeaseManager::new(admin.clone())
         .migrate()
@@ -274,7 +278,7 @@ async fn through(endpoint: &Endpoint, cluster: &Replicated) -> LeaseManager {
     let pool = pglease::pool_options()
         .acquire_timeout(Duration::from_secs(1))
         .connect_lazy_with(endpoint.options());
-    LeaseManager::new(pool)
+    LeaseManager::with_options(pool, options).expect("valid options")
 }
 
 async fn write(held: &HeldLease, value: &str) -> Result<(), Error> {
@@ -297,7 +301,7 @@ async fn a_held_lease_survives_a_failover_behind_a_stable_endpoint() {
         return;
     };
     let endpoint = Endpoint::start(cluster.primary.port).await;
-    let leases = through(&endpoint, &cluster).await;
+    let leases = through(&endpoint, &cluster, ManagerOptions::default()).await;
     let held = leases
         // Renewed every 3.3 s: the failover below (a failed renewal, the
         // promotion, a retry) fits before the local deadline with seconds
@@ -366,7 +370,10 @@ async fn a_failover_too_late_ends_the_lease_as_unreachable_before_its_expiry() {
         return;
     };
     let endpoint = Endpoint::start(cluster.primary.port).await;
-    let leases = through(&endpoint, &cluster).await;
+    // A margin of 300 ms: the loss fires that much before the database's
+    // expiry, which a busy machine's timer delays cannot eat up.
+    let options = ManagerOptions::default().safety_margin(Duration::from_millis(300));
+    let leases = through(&endpoint, &cluster, options).await;
     let held = leases
         .hold("job", Acquire::ttl(Duration::from_secs(2)).holder("A"))
         .await
