@@ -145,6 +145,25 @@ fn lib_cycle(m: &LeaseManager) -> Op {
 }
 
 /// Renew, through the library, the lease `leases[client]`.
+/// A fenced transaction as `begin_fenced` opens it, writing one row.
+fn lib_fenced(m: &LeaseManager, leases: &Arc<Vec<Lease>>) -> Op {
+    let m = m.clone();
+    let leases = leases.clone();
+    op(move |c| {
+        let m = m.clone();
+        let leases = leases.clone();
+        async move {
+            let mut tx = m.begin_fenced(&leases[c]).await?;
+            sqlx::query(RAW_UPDATE)
+                .bind(c as i32)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(())
+        }
+    })
+}
+
 fn lib_renew(m: &LeaseManager, leases: &Arc<Vec<Lease>>) -> Op {
     let (m, leases) = (m.clone(), leases.clone());
     op(move |c| {
@@ -322,23 +341,7 @@ async fn main() -> Result<(), Error> {
                         }
                     })
                 },
-                {
-                    let m = m.clone();
-                    let tokens = tokens.clone();
-                    op(move |c| {
-                        let m = m.clone();
-                        let tokens = tokens.clone();
-                        async move {
-                            let mut tx = m.begin_fenced(&tokens[c]).await?;
-                            sqlx::query(RAW_UPDATE)
-                                .bind(c as i32)
-                                .execute(&mut *tx)
-                                .await?;
-                            tx.commit().await?;
-                            Ok(())
-                        }
-                    })
-                },
+                lib_fenced(&m, &tokens),
             ),
             (
                 "failed acquire on a held lease",
@@ -478,23 +481,7 @@ async fn fenced_round_trips(
                     }
                 })
             };
-            let one = {
-                let m = m.clone();
-                let leases = leases.clone();
-                op(move |c| {
-                    let m = m.clone();
-                    let leases = leases.clone();
-                    async move {
-                        let mut tx = m.begin_fenced(&leases[c]).await?;
-                        sqlx::query(RAW_UPDATE)
-                            .bind(c as i32)
-                            .execute(&mut *tx)
-                            .await?;
-                        tx.commit().await?;
-                        Ok(())
-                    }
-                })
-            };
+            let one = lib_fenced(m, leases);
             let (t, o) = alternate(clients, secs, 3, two, one).await;
             println!("| {commit} | {clients} | {t:.0} | {o:.0} | {:.2} |", o / t);
         }

@@ -105,20 +105,24 @@ fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// Runs a server binary, as `postgres` when we are root; panics with its
-/// output if it fails.
-fn run(bin: &Path, program: &str, args: &[&str]) {
+/// A server binary as a command, run as `postgres` when we are root.
+fn server_command(bin: &Path, program: &str) -> Command {
     let exe = bin.join(program);
-    let output = if is_root() {
-        Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(&exe)
-            .args(args)
-            .output()
+    if is_root() {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--"]).arg(exe);
+        command
     } else {
-        Command::new(&exe).args(args).output()
+        Command::new(exe)
     }
-    .unwrap_or_else(|e| panic!("run {program}: {e}"));
+}
+
+/// Runs a server binary; panics with its output if it fails.
+fn run(bin: &Path, program: &str, args: &[&str]) {
+    let output = server_command(bin, program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"));
     assert!(
         output.status.success(),
         "{program} {args:?} failed ({}):\n{}{}",
@@ -362,17 +366,10 @@ impl Drop for Replicated {
     fn drop(&mut self) {
         for node in [&self.standby, &self.primary] {
             if node.postmaster().is_some() {
-                let dir = node.dir.to_str().unwrap_or_default().to_owned();
-                let exe = self.bin.join("pg_ctl");
-                let mut command = if is_root() {
-                    let mut c = Command::new("runuser");
-                    c.args(["-u", "postgres", "--"]).arg(&exe);
-                    c
-                } else {
-                    Command::new(&exe)
-                };
-                let _ = command
-                    .args(["-D", &dir, "stop", "-m", "immediate", "-w", "-t", "30"])
+                let dir = node.dir.to_str().unwrap_or_default();
+                // Not `run`: a failure here must not panic in a drop.
+                let _ = server_command(&self.bin, "pg_ctl")
+                    .args(["-D", dir, "stop", "-m", "immediate", "-w", "-t", "30"])
                     .output();
             }
         }
