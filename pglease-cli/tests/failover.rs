@@ -87,11 +87,28 @@ async fn run_stops_the_command_before_the_expiry_and_exits_4_soon_after() {
 
     // The standby is synchronous: it has the lease's last expiry.
     cluster.promote().await;
+    let promoted = cluster.standby.pool().await;
     let expires_at: DateTime<Utc> =
         sqlx::query_scalar("SELECT expires_at FROM pglease.leases WHERE name = 'job'")
-            .fetch_one(&cluster.standby.pool().await)
+            .fetch_one(&promoted)
             .await
             .expect("read the lease on the promoted standby");
+    // Someone else gets the lease once it has expired, not before (the
+    // run's release went to the dead primary).
+    let taken = LeaseManager::new(promoted)
+        .acquire(
+            "job",
+            pglease::Acquire::ttl(Duration::from_secs(60))
+                .holder("B")
+                .wait(Duration::from_secs(5)),
+        )
+        .await
+        .expect("B acquires on the promoted standby");
+    assert!(
+        taken.acquired_at() >= expires_at,
+        "B acquired at {}, before the expiry {expires_at}",
+        taken.acquired_at()
+    );
     let nanos: i64 = std::fs::read_to_string(&stopped)
         .expect("CMD recorded when it was stopped")
         .trim()

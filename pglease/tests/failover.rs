@@ -359,7 +359,15 @@ async fn a_held_lease_survives_a_failover_behind_a_stable_endpoint() {
         "primary killed; standby promoted and endpoint re-pointed after {promoted:?}; \
          first renewal confirmed there after {resumed:?}; lease never lost"
     );
+    // Nobody else got it meanwhile; once released, the next holder gets it
+    // at once, with a larger token.
+    let other = LeaseManager::new(cluster.standby.pool().await);
+    let b = || other.acquire("job", Acquire::ttl(Duration::from_secs(60)).holder("B"));
+    assert!(matches!(b().await, Err(Error::Held { .. })));
+    let token = held.token();
     held.release().await.expect("release");
+    let taken = b().await.expect("B acquires after the release");
+    assert!(taken.token() > token);
 }
 
 /// When no primary comes back in time, the holder is told the lease is
@@ -416,6 +424,12 @@ async fn a_failover_too_late_ends_the_lease_as_unreachable_before_its_expiry() {
     .expect("B acquires within 10 s")
     .expect("B acquires");
     assert!(taken.token() > held.token());
+    // A's writes are refused: locally, and by the database.
+    assert!(matches!(held.begin_fenced().await, Err(Error::Lost { .. })));
+    assert!(matches!(
+        other.begin_fenced(&held).await,
+        Err(Error::NotHeld { .. })
+    ));
 }
 
 /// `doctor` flags an asynchronous standby (and, on these test clusters,
