@@ -40,7 +40,7 @@ pub fn pool_options() -> PgPoolOptions {
 /// without the support the server refuses any value but 0: the connection
 /// is then used without it rather than refused.
 async fn abandon_when_gone(connection: &mut PgConnection) -> sqlx::Result<()> {
-    if let Err(error) = sqlx::query(ABANDON_WHEN_GONE).execute(connection).await {
+    if let Err(error) = sqlx::raw_sql(ABANDON_WHEN_GONE).execute(connection).await {
         if error.as_database_error().is_none() {
             return Err(error);
         }

@@ -70,12 +70,10 @@ impl Context {
         let pool = self.pool.clone();
         let limit = self.options.renew_timeout_value();
         let (name, token) = (lease.name().to_owned(), lease.token().get());
+        let statement = sql::release(lease.name(), lease.token());
         self.background.spawn_on(
             async move {
-                let release = sqlx::query(sql::RELEASE)
-                    .bind(&name)
-                    .bind(token)
-                    .execute(&pool);
+                let release = sql::query(statement).execute(&pool);
                 match tokio::time::timeout(limit, release).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(error)) => {

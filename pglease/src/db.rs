@@ -3,6 +3,7 @@
 //! round trip on the pool, its SQL in [`crate::sql`].
 
 use chrono::{DateTime, Utc};
+use sqlx::Row;
 use sqlx::postgres::PgPool;
 use sqlx::postgres::types::PgInterval;
 
@@ -13,12 +14,10 @@ use crate::sql;
 /// Extends the lease to database-now + `ttl`; [`Error::Lost`] with the
 /// reason if the token is no longer valid.
 pub(crate) async fn renew(pool: &PgPool, fence: &Fence, ttl: PgInterval) -> Result<DateTime<Utc>> {
-    let expires_at: Option<DateTime<Utc>> = sqlx::query_scalar(sql::RENEW)
-        .bind(fence.name())
-        .bind(fence.token())
-        .bind(ttl)
+    let row = sql::query(sql::renew(fence.name(), fence.token(), &ttl))
         .fetch_one(pool)
         .await?;
+    let expires_at: Option<DateTime<Utc>> = row.try_get(0)?;
     match expires_at {
         Some(expires_at) => Ok(expires_at),
         None => Err(lost(pool, fence).await),
@@ -27,20 +26,15 @@ pub(crate) async fn renew(pool: &PgPool, fence: &Fence, ttl: PgInterval) -> Resu
 
 /// Ends the lease if the token is valid; whether it did.
 pub(crate) async fn release(pool: &PgPool, fence: &Fence) -> Result<bool> {
-    let released: bool = sqlx::query_scalar(sql::RELEASE)
-        .bind(fence.name())
-        .bind(fence.token())
+    let row = sql::query(sql::release(fence.name(), fence.token()))
         .fetch_one(pool)
         .await?;
-    Ok(released)
+    Ok(row.try_get(0)?)
 }
 
 /// The status view's row for `name` (checked by the caller).
 pub(crate) async fn inspect(pool: &PgPool, name: &str) -> Result<LeaseStatus> {
-    let row = sqlx::query(sql::INSPECT)
-        .bind(name)
-        .fetch_optional(pool)
-        .await?;
+    let row = sql::query(sql::inspect(name)).fetch_optional(pool).await?;
     match row {
         Some(row) => LeaseStatus::from_row(&row),
         None => Ok(LeaseStatus::never_acquired(name)),

@@ -107,7 +107,7 @@ impl LeaseManager {
     ///
     /// Cancel-safe: it only reads.
     pub async fn doctor(&self) -> Result<Diagnosis> {
-        let facts = sqlx::query(FACTS).fetch_one(self.pool()).await?;
+        let facts = sql::query(FACTS).fetch_one(self.pool()).await?;
         let version: i32 = facts.try_get("version")?;
         let fsync: String = facts.try_get("fsync")?;
         let fpw: String = facts.try_get("fpw")?;
@@ -201,9 +201,10 @@ impl LeaseManager {
                  LeaseManager::migrate)",
             ));
         }
-        let applied: Option<i64> = match sqlx::query_scalar(sql::SCHEMA_VERSION)
+        let applied: Option<i64> = match sql::query(sql::SCHEMA_VERSION)
             .fetch_one(self.pool())
             .await
+            .and_then(|row| row.try_get(0))
         {
             Ok(applied) => applied,
             // An application role may not read the migrations table.

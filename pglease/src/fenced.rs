@@ -42,9 +42,7 @@ use crate::token::Token;
 /// Dropped in flight, the transaction's state is unknown: roll it back.
 pub async fn assert_held(conn: &mut PgConnection, lease: impl AsRef<Fence>) -> Result<()> {
     let fence = lease.as_ref();
-    sqlx::query(sql::ASSERT_HELD)
-        .bind(fence.name())
-        .bind(fence.token())
+    sql::query(sql::assert_held(fence.name(), fence.token()))
         .execute(conn)
         .await?;
     Ok(())

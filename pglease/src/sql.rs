@@ -1,60 +1,150 @@
 //! Every statement the library sends, in one place. Each is one round trip
 //! and at most one commit; the clock and lock each relies on are described
 //! at the function it calls, in `migrations/`.
+//!
+//! Statements go over the simple query protocol with their values written
+//! in as literals, never as named prepared statements: a transaction
+//! pooler (PgBouncer in transaction mode) may hand each statement to a
+//! different server session, where a statement prepared on another does
+//! not exist, and sqlx's unnamed statements take two round trips that the
+//! pooler may split. The simple protocol is one message and one answer,
+//! on any server and any pooler version. Values come back in text format,
+//! which sqlx decodes for every type used here.
+
+use std::fmt::{self, Display, Write};
+
+use sqlx::postgres::types::PgInterval;
+use sqlx::{AssertSqlSafe, RawSql};
 
 use crate::token::Token;
+
+/// A statement built by this module, ready to send.
+pub(crate) fn query(statement: impl Into<String>) -> RawSql {
+    sqlx::raw_sql(AssertSqlSafe(statement.into()))
+}
+
+/// A text value as an escape string literal (`E'...'`), whose meaning does
+/// not depend on `standard_conforming_strings`: backslashes and quotes are
+/// doubled or escaped, so nothing in the value can end the literal. (A NUL
+/// byte, which PostgreSQL text cannot hold and the inputs refuse anyway,
+/// would end the query string inside the literal: a syntax error.)
+struct Text<'a>(&'a str);
+
+impl Display for Text<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("E'")?;
+        for c in self.0.chars() {
+            if matches!(c, '\\' | '\'') {
+                f.write_char('\\')?;
+            }
+            f.write_char(c)?;
+        }
+        f.write_char('\'')
+    }
+}
+
+/// An interval literal, exact to the microsecond.
+struct Interval<'a>(&'a PgInterval);
+
+impl Display for Interval<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let PgInterval {
+            months,
+            days,
+            microseconds,
+        } = *self.0;
+        write!(
+            f,
+            "'{months} mons {days} days {microseconds} microseconds'::interval"
+        )
+    }
+}
+
+/// `ARRAY[a, b, ...]::type[]` (an empty array still has its type).
+fn array<T>(items: &[T], element: impl Fn(&T) -> String, ty: &str) -> String {
+    let items: Vec<String> = items.iter().map(element).collect();
+    format!("ARRAY[{}]::{ty}[]", items.join(", "))
+}
 
 /// Acquire if free or expired. Database clock (`clock_timestamp()` after the
 /// row lock); read-only when the lease is held; ends the sessions still
 /// fenced on an ended lease; answers within about 2 s, with a note saying
 /// why an ended lease could not be taken.
-pub(crate) const ACQUIRE: &str = "SELECT token, expires_at, holder, checked_at, note \
-     FROM pglease.acquire($1, $2, $3)";
+pub(crate) fn acquire(name: &str, holder: &str, ttl: &PgInterval) -> String {
+    format!(
+        "SELECT token, expires_at, holder, checked_at, note FROM pglease.acquire({}, {}, {})",
+        Text(name),
+        Text(holder),
+        Interval(ttl)
+    )
+}
 
 /// Extend a valid lease; NULL when lost. Database clock at the row update.
-pub(crate) const RENEW: &str = "SELECT pglease.renew($1, $2, $3)";
+pub(crate) fn renew(name: &str, token: Token, ttl: &PgInterval) -> String {
+    format!(
+        "SELECT pglease.renew({}, {}::bigint, {})",
+        Text(name),
+        token.get(),
+        Interval(ttl)
+    )
+}
 
 /// Renew many leases in one statement and one commit (the background
 /// renewal tick). Database clock at each row update.
-pub(crate) const RENEW_MANY: &str = "SELECT name, token, expires_at, renewed, current_token, \
-     current_holder FROM pglease.renew_many($1, $2, $3)";
+pub(crate) fn renew_many(names: &[&str], tokens: &[i64], ttls: &[PgInterval]) -> String {
+    format!(
+        "SELECT name, token, expires_at, renewed, current_token, current_holder \
+         FROM pglease.renew_many({}, {}, {})",
+        array(names, |n| Text(n).to_string(), "text"),
+        array(tokens, i64::to_string, "bigint"),
+        array(ttls, |t| Interval(t).to_string(), "interval"),
+    )
+}
 
 /// End a valid lease; false when it was not valid. Notifies
 /// `pglease_release` when it ends one that a session watches.
-pub(crate) const RELEASE: &str = "SELECT pglease.release($1, $2)";
+pub(crate) fn release(name: &str, token: Token) -> String {
+    format!(
+        "SELECT pglease.release({}, {}::bigint)",
+        Text(name),
+        token.get()
+    )
+}
 
 /// On the listening connection: be notified when a lease is released
 /// (false while a release of it is committing: try again).
-pub(crate) const WATCH: &str = "SELECT pglease.watch($1)";
+pub(crate) fn watch(name: &str) -> String {
+    format!("SELECT pglease.watch({})", Text(name))
+}
 
-/// On the listening connection: undo one `WATCH`.
-pub(crate) const UNWATCH: &str = "SELECT pglease.unwatch($1)";
+/// On the listening connection: undo one `watch`.
+pub(crate) fn unwatch(name: &str) -> String {
+    format!("SELECT pglease.unwatch({})", Text(name))
+}
 
 /// Check a token inside a transaction and hold FOR KEY SHARE on the lease
 /// row until the transaction ends.
-pub(crate) const ASSERT_HELD: &str = "SELECT pglease.assert_held($1, $2)";
+pub(crate) fn assert_held(name: &str, token: Token) -> String {
+    format!(
+        "SELECT pglease.assert_held({}, {}::bigint)",
+        Text(name),
+        token.get()
+    )
+}
 
-/// `BEGIN` and [`ASSERT_HELD`] as one simple query (one round trip). The
-/// simple protocol takes no parameters, so the name goes in as an escape
-/// string literal (`E'...'`, whose meaning does not depend on
-/// `standard_conforming_strings`) and the token as a number.
+/// `BEGIN` and [`assert_held`] as one simple query (one round trip).
 pub(crate) fn begin_fenced(name: &str, token: Token) -> String {
-    let mut statement = String::with_capacity(name.len() + 64);
-    statement.push_str("BEGIN; SELECT pglease.assert_held(E'");
-    for c in name.chars() {
-        if matches!(c, '\\' | '\'') {
-            statement.push('\\');
-        }
-        statement.push(c);
-    }
-    statement.push_str("', ");
-    statement.push_str(&token.get().to_string());
-    statement.push_str("::bigint)");
-    statement
+    format!("BEGIN; {}", assert_held(name, token))
 }
 
 /// Separate-resource fencing: accept iff the token is the highest seen.
-pub(crate) const ADVANCE: &str = "SELECT pglease.advance($1, $2)";
+pub(crate) fn advance(resource: &str, token: Token) -> String {
+    format!(
+        "SELECT pglease.advance({}, {}::bigint)",
+        Text(resource),
+        token.get()
+    )
+}
 
 /// The status view's columns as `LeaseStatus` reads them.
 macro_rules! status_select {
@@ -62,23 +152,33 @@ macro_rules! status_select {
         concat!(
             "SELECT name, holder, token, expires_at, ",
             "(extract(epoch FROM remaining) * 1000000)::bigint AS remaining_us, held ",
-            "FROM pglease.status ",
+            "FROM pglease.status",
             $rest
         )
     };
 }
 
 /// One lease as the status view shows it (database clock at the read).
-pub(crate) const INSPECT: &str = status_select!("WHERE name = $1");
+pub(crate) fn inspect(name: &str) -> String {
+    format!("{} WHERE name = {}", status_select!(""), Text(name))
+}
 
 /// Every lease ever acquired, by name.
-pub(crate) const LIST: &str = status_select!("ORDER BY name");
+pub(crate) const LIST: &str = status_select!(" ORDER BY name");
 
 /// Make a table reject writes from transactions that do not hold a lease.
-pub(crate) const PROTECT: &str = "SELECT pglease.protect($1::regclass, $2)";
+pub(crate) fn protect(table: &str, name: &str) -> String {
+    format!(
+        "SELECT pglease.protect({}::regclass, {})",
+        Text(table),
+        Text(name)
+    )
+}
 
 /// Remove that protection; true if the table was protected.
-pub(crate) const UNPROTECT: &str = "SELECT pglease.unprotect($1::regclass)";
+pub(crate) fn unprotect(table: &str) -> String {
+    format!("SELECT pglease.unprotect({}::regclass)", Text(table))
+}
 
 /// The latest migration applied to the schema.
 pub(crate) const SCHEMA_VERSION: &str =
@@ -92,15 +192,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_are_escaped_into_the_begin_statement() {
+    fn text_is_escaped_into_literals() {
         let token = Token::issued(42);
         assert_eq!(
             begin_fenced(r"it's a\name", token),
             r"BEGIN; SELECT pglease.assert_held(E'it\'s a\\name', 42::bigint)"
         );
         assert_eq!(
-            begin_fenced("plain", token),
-            "BEGIN; SELECT pglease.assert_held(E'plain', 42::bigint)"
+            release("plain", token),
+            "SELECT pglease.release(E'plain', 42::bigint)"
+        );
+    }
+
+    #[test]
+    fn intervals_and_arrays_are_typed() {
+        let ttl = PgInterval {
+            months: 0,
+            days: 0,
+            microseconds: 1_500_000,
+        };
+        assert_eq!(
+            Interval(&ttl).to_string(),
+            "'0 mons 0 days 1500000 microseconds'::interval"
+        );
+        assert_eq!(
+            renew_many(&[], &[], &[]),
+            "SELECT name, token, expires_at, renewed, current_token, current_holder \
+             FROM pglease.renew_many(ARRAY[]::text[], ARRAY[]::bigint[], ARRAY[]::interval[])"
+        );
+        assert!(
+            renew_many(&["a", "b'"], &[1, 2], &[ttl, ttl])
+                .contains("ARRAY[E'a', E'b\\'']::text[], ARRAY[1, 2]::bigint[], ARRAY['0 mons")
         );
     }
 }

@@ -94,10 +94,7 @@ async fn send(context: Arc<Context>, batch: Batch) -> Outcome {
     let mut slot = None;
     let answer = tokio::time::timeout(limit, async {
         let conn = slot.insert(context.pool.acquire().await?);
-        sqlx::query(sql::RENEW_MANY)
-            .bind(&names)
-            .bind(&tokens)
-            .bind(&batch.ttls)
+        sql::query(sql::renew_many(&names, &tokens, &batch.ttls))
             .fetch_all(&mut **conn)
             .await
     })

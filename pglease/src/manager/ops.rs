@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Row};
 
 use super::LeaseManager;
 use crate::db;
@@ -30,9 +30,10 @@ impl LeaseManager {
     ///
     /// Cancel-safe: it only reads.
     pub async fn can_end_stale_transactions(&self) -> Result<bool> {
-        let can: Option<bool> = sqlx::query_scalar(sql::CAN_END_STALE)
+        let row = sql::query(sql::CAN_END_STALE)
             .fetch_one(self.pool())
             .await?;
+        let can: Option<bool> = row.try_get(0)?;
         Ok(can.unwrap_or(false))
     }
 
@@ -102,7 +103,7 @@ impl LeaseManager {
     ///
     /// Cancel-safe: it only reads.
     pub async fn list(&self) -> Result<Vec<LeaseStatus>> {
-        let rows = sqlx::query(sql::LIST).fetch_all(self.pool()).await?;
+        let rows = sql::query(sql::LIST).fetch_all(self.pool()).await?;
         rows.iter().map(LeaseStatus::from_row).collect()
     }
 
@@ -127,10 +128,9 @@ impl LeaseManager {
     /// Dropped in flight, the protection may or may not be in place (it is
     /// one statement): call it again.
     pub async fn protect(&self, table: &str, name: &str) -> Result<()> {
+        check_text("table", table)?;
         check_text("name", name)?;
-        sqlx::query(sql::PROTECT)
-            .bind(table)
-            .bind(name)
+        sql::query(sql::protect(table, name))
             .execute(self.pool())
             .await?;
         Ok(())
@@ -149,11 +149,11 @@ impl LeaseManager {
     /// Dropped in flight, the protection may or may not be removed: call it
     /// again.
     pub async fn unprotect(&self, table: &str) -> Result<bool> {
-        let was: bool = sqlx::query_scalar(sql::UNPROTECT)
-            .bind(table)
+        check_text("table", table)?;
+        let row = sql::query(sql::unprotect(table))
             .fetch_one(self.pool())
             .await?;
-        Ok(was)
+        Ok(row.try_get(0)?)
     }
 
     /// Separate-resource fencing: records `token` for `resource` and
@@ -172,12 +172,10 @@ impl LeaseManager {
     /// with the same token (a token equal to the highest is accepted).
     pub async fn advance(&self, resource: &str, token: Token) -> Result<bool> {
         check_text("resource", resource)?;
-        let accepted: bool = sqlx::query_scalar(sql::ADVANCE)
-            .bind(resource)
-            .bind(token)
+        let row = sql::query(sql::advance(resource, token))
             .fetch_one(self.pool())
             .await?;
-        Ok(accepted)
+        Ok(row.try_get(0)?)
     }
 
     /// Begins a transaction and declares `lease` in it

@@ -116,10 +116,7 @@ impl Drop for Waiting<'_> {
 /// late, the renewal that confirms it.
 async fn attempt(context: &Context, name: &str, holder: &str, ttl: PgInterval) -> Result<Attempt> {
     let sent = Instant::now();
-    let row = sqlx::query(sql::ACQUIRE)
-        .bind(name)
-        .bind(holder)
-        .bind(ttl)
+    let row = sql::query(sql::acquire(name, holder, &ttl))
         .fetch_one(&context.pool)
         .await;
     context

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use sqlx::Row;
 use sqlx::postgres::PgListener;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -132,15 +133,18 @@ impl Watches {
             let Some((name, watch)) = next else {
                 return Ok(());
             };
-            let statement = if watch { sql::WATCH } else { sql::UNWATCH };
+            let statement = if watch {
+                sql::watch(&name)
+            } else {
+                sql::unwatch(&name)
+            };
             let done = tokio::time::timeout(
                 WATCH_TIMEOUT,
-                sqlx::query_scalar::<_, bool>(statement)
-                    .bind(&name)
-                    .fetch_one(&mut *connection),
+                sql::query(statement).fetch_one(&mut *connection),
             )
             .await
-            .map_err(|_| sqlx::Error::PoolTimedOut)?;
+            .map_err(|_| sqlx::Error::PoolTimedOut)?
+            .and_then(|row| row.try_get::<bool, _>(0));
             let state = match (watch, done) {
                 (true, Ok(true)) => WatchState::Watched,
                 (true, Ok(false)) => WatchState::Refused,
