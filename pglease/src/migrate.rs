@@ -1,85 +1,169 @@
 //! Applies the `pglease` schema from `migrations/`, beside (never inside)
 //! the host application's own migrations.
+//!
+//! The migrations are embedded by `sqlx::migrate!` (which also computes
+//! their checksums) and recorded in a table of sqlx's shape, but applied
+//! here, all in one transaction that first takes a transaction-level
+//! advisory lock: a session-level lock (sqlx's migrator) is not kept by a
+//! transaction pooler, which lets concurrent migrators collide, and a lock
+//! that ends with the transaction cannot be left behind by a failure.
+
+use std::collections::HashMap;
+use std::time::Instant;
 
 use sqlx::migrate::{MigrateError, Migrator};
-use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, Row};
 
 use crate::error::{Error, Result};
 use crate::manager::LeaseManager;
+use crate::sql;
 
 /// Where `pglease` records which of its migrations are applied: its own
 /// table in its own schema, so it never clashes with the host
 /// application's `_sqlx_migrations`.
 pub const MIGRATIONS_TABLE: &str = "pglease._pglease_migrations";
 
-fn migrator() -> Migrator {
-    let mut migrator = sqlx::migrate!("./migrations");
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator.create_schema("pglease");
-    migrator
-}
+/// The transaction-level advisory lock that serialises migrators of one
+/// database (the bytes of "pglease").
+const MIGRATION_LOCK: i64 = 0x0070_676c_6561_7365;
+
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
 /// The latest migration this version has.
 pub(crate) fn latest_version() -> i64 {
-    migrator().iter().map(|m| m.version).max().unwrap_or(0)
+    MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
 }
 
-/// A recorded migration that this version lacks or has with other contents.
-fn incompatible(error: MigrateError) -> Error {
+/// Take the lock, then make sure the schema and the record exist, and read
+/// the record (one round trip).
+fn prepare() -> String {
+    format!(
+        "BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); \
+         CREATE SCHEMA IF NOT EXISTS pglease; \
+         CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ( \
+             version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
+             installed_on TIMESTAMPTZ NOT NULL DEFAULT now(), success BOOLEAN NOT NULL, \
+             checksum BYTEA NOT NULL, execution_time BIGINT NOT NULL); \
+         SELECT version, encode(checksum, 'hex') AS checksum, success \
+           FROM {MIGRATIONS_TABLE} ORDER BY version"
+    )
+}
+
+/// What to apply, given the recorded migrations (version, hex checksum,
+/// success): the versions this build has and the record lacks, or why
+/// nothing may be applied.
+fn plan(recorded: &[(i64, String, bool)]) -> Result<Vec<i64>> {
+    let known: HashMap<i64, String> = MIGRATOR
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .map(|m| (m.version, hex(&m.checksum)))
+        .collect();
     let latest = latest_version();
-    match error {
-        MigrateError::VersionMissing(version) => Error::IncompatibleSchema {
-            version,
-            newer: version > latest,
-        },
-        MigrateError::VersionMismatch(version) => Error::IncompatibleSchema {
-            version,
-            newer: false,
-        },
-        error => Error::from(error),
+    // A migration this version lacks says more (use a newer version) than
+    // one it has with other contents, so it is reported first.
+    if let Some((version, _, _)) = recorded.iter().find(|(v, _, _)| !known.contains_key(v)) {
+        return Err(Error::IncompatibleSchema {
+            version: *version,
+            newer: *version > latest,
+        });
     }
+    for (version, checksum, success) in recorded {
+        if !success {
+            return Err(Error::Migrate(MigrateError::Dirty(*version)));
+        }
+        if known.get(version) != Some(checksum) {
+            return Err(Error::IncompatibleSchema {
+                version: *version,
+                newer: false,
+            });
+        }
+    }
+    let mut missing: Vec<i64> = known
+        .keys()
+        .filter(|v| !recorded.iter().any(|(r, _, _)| r == *v))
+        .copied()
+        .collect();
+    missing.sort_unstable();
+    Ok(missing)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Applies the missing migrations inside the transaction `prepare` opened.
+async fn apply(conn: &mut PgConnection, missing: &[i64]) -> Result<()> {
+    for migration in MIGRATOR.iter().filter(|m| missing.contains(&m.version)) {
+        let started = Instant::now();
+        sqlx::raw_sql(migration.sql.clone())
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| Error::Migrate(MigrateError::ExecuteMigration(e, migration.version)))?;
+        let nanos = i64::try_from(started.elapsed().as_nanos()).unwrap_or(i64::MAX);
+        sql::query(format!(
+            "INSERT INTO {MIGRATIONS_TABLE} (version, description, success, checksum, execution_time) \
+             VALUES ({}, {}, true, decode('{}', 'hex'), {nanos})",
+            migration.version,
+            sql::text(&migration.description),
+            hex(&migration.checksum),
+        ))
+        .execute(&mut *conn)
+        .await?;
+        tracing::info!(version = migration.version, description = %migration.description, "pglease migration applied");
+    }
+    Ok(())
 }
 
 impl LeaseManager {
     /// Creates or upgrades the `pglease` schema. Idempotent, and safe when
-    /// many processes start at once: `sqlx` serialises migrators with an
-    /// advisory lock, so do not call this from inside another migration run
-    /// on the same database.
+    /// many processes start at once, also through a transaction pooler
+    /// (PgBouncer in transaction mode): everything happens in one
+    /// transaction that first takes a transaction-level advisory lock, so
+    /// migrators of one database run one after the other, and a failure
+    /// leaves nothing applied and no lock held.
     ///
-    /// Runs on a connection of its own that is closed afterwards, so that a
-    /// failed migration cannot leave that lock held on a pooled connection.
+    /// Runs on a connection of its own that is closed afterwards.
     ///
     /// # Errors
     ///
     /// [`Error::Database`](crate::Error::Database) if the server cannot be
-    /// reached or a migration fails (nothing of a failed migration stays
-    /// applied: each runs in a transaction);
+    /// reached; [`Error::Migrate`](crate::Error::Migrate) if a migration
+    /// fails (nothing of this run stays applied) or one applied outside
+    /// a transaction by another tool failed half-way;
     /// [`Error::IncompatibleSchema`](crate::Error::IncompatibleSchema) if
     /// the database holds a `pglease` schema this version does not know
     /// (applied by a newer version, or by a development version before the
-    /// first release), with what to do; [`Error::Migrate`](crate::Error::Migrate)
-    /// for other failures of the migrator (such as a migration left dirty).
+    /// first release), with what to do.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future closes its connection; the server then rolls
     /// back the migration in progress, if any.
     pub async fn migrate(&self) -> Result<()> {
-        let one = PgPoolOptions::new()
-            .max_connections(1)
-            .min_connections(0)
-            .connect_lazy_with(self.pool().connect_options().as_ref().clone());
-        let outcome = migrator().run(&one).await;
+        let mut conn = PgConnection::connect_with(self.pool().connect_options().as_ref()).await?;
+        let outcome = migrate_on(&mut conn).await;
         if outcome.is_err() {
-            // A failure can leave the migrator's advisory lock held. Free it
-            // before returning, not when the server gets round to ending the
-            // session after the close below (that happens asynchronously).
-            let _ = sqlx::query("SELECT pg_advisory_unlock_all()")
-                .execute(&one)
-                .await;
+            // Roll back now rather than when the server notices the close.
+            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut conn).await;
         }
-        one.close().await;
-        outcome.map_err(incompatible)?;
-        Ok(())
+        let _ = conn.close().await;
+        outcome
     }
+}
+
+async fn migrate_on(conn: &mut PgConnection) -> Result<()> {
+    let rows = sql::query(prepare()).fetch_all(&mut *conn).await?;
+    // The lock's statement answers one row of one column; the record's
+    // rows have three.
+    let recorded = rows
+        .iter()
+        .filter(|row| row.len() == 3)
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+        .collect::<std::result::Result<Vec<(i64, String, bool)>, sqlx::Error>>()?;
+    let missing = plan(&recorded)?;
+    if !missing.is_empty() {
+        apply(conn, &missing).await?;
+    }
+    sqlx::raw_sql("COMMIT").execute(&mut *conn).await?;
+    Ok(())
 }

@@ -30,6 +30,11 @@ pub(crate) fn query(statement: impl Into<String>) -> RawSql {
 /// would end the query string inside the literal: a syntax error.)
 struct Text<'a>(&'a str);
 
+/// `value` as a text literal (see [`Text`]).
+pub(crate) fn text(value: &str) -> String {
+    Text(value).to_string()
+}
+
 impl Display for Text<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("E'")?;
@@ -95,7 +100,7 @@ pub(crate) fn renew_many(names: &[&str], tokens: &[i64], ttls: &[PgInterval]) ->
     format!(
         "SELECT name, token, expires_at, renewed, current_token, current_holder \
          FROM pglease.renew_many({}, {}, {})",
-        array(names, |n| Text(n).to_string(), "text"),
+        array(names, |n| text(n), "text"),
         array(tokens, i64::to_string, "bigint"),
         array(ttls, |t| Interval(t).to_string(), "interval"),
     )
