@@ -55,6 +55,10 @@ async fn abandon_when_gone(connection: &mut PgConnection) -> sqlx::Result<()> {
 /// it timed out; this reports the refusal (or any other cause) at once,
 /// and a timeout only for a server that does not answer within `timeout`.
 pub(crate) async fn connect_pool(options: PgConnectOptions, timeout: Duration) -> Result<PgPool> {
+    // Not sent at startup: PgBouncer before 1.20 refuses unknown startup
+    // parameters, and nothing here reads floats (PostgreSQL 12 and later
+    // print them exactly by default anyway).
+    let options = options.extra_float_digits(None);
     match tokio::time::timeout(timeout, options.connect()).await {
         Ok(Ok(connection)) => {
             let _ = connection.close().await;
@@ -82,4 +86,46 @@ pub(crate) async fn connect_pool(options: PgConnectOptions, timeout: Duration) -
 /// up by uid, as libpq does, when `PGUSER` is not set).
 pub fn libpq_defaults() -> PgConnectOptions {
     PgConnectOptions::new()
+}
+
+/// How long the pooler probe waits for its connection's next statement
+/// while another connection holds a transaction open.
+const PROBE_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether connections made with `options` share server sessions between
+/// transactions, as behind a transaction pooler (PgBouncer with
+/// `pool_mode = transaction`), where LISTEN and session-level locks and
+/// settings reach whichever client uses that server session next.
+///
+/// A probe on two connections of its own: the first runs a statement, the
+/// second opens a transaction, and the first runs another. On a server, or
+/// behind a pooler that keeps sessions, the first keeps its backend and the
+/// second has another; behind a transaction pooler the second is given the
+/// backend the first just let go of (PgBouncer reuses the most recently
+/// used one by default), or the first has to wait for one or gets another.
+/// A pooler that hands out server sessions round-robin may go undetected.
+pub(crate) async fn sessions_shared(options: &PgConnectOptions) -> Result<bool> {
+    const PID: &str = "SELECT pg_backend_pid()";
+    async fn pid(conn: &mut PgConnection, statement: &'static str) -> sqlx::Result<i32> {
+        let rows = sqlx::raw_sql(statement).fetch_all(conn).await?;
+        match rows.last() {
+            Some(row) => sqlx::Row::try_get(row, 0),
+            None => Err(sqlx::Error::RowNotFound),
+        }
+    }
+    let mut first = options.connect().await?;
+    let mut second = options.connect().await?;
+    let before = pid(&mut first, PID).await?;
+    let other = pid(&mut second, "BEGIN; SELECT pg_backend_pid()").await?;
+    let after = tokio::time::timeout(PROBE_WAIT, pid(&mut first, PID)).await;
+    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut second).await;
+    let _ = second.close().await;
+    let shared = match after {
+        Ok(after) => other == before || after? != before,
+        // Waiting for a server session: the first has none of its own.
+        Err(_) => true,
+    };
+    // A connection with a statement still waiting is not reused.
+    drop(first);
+    Ok(shared)
 }

@@ -33,7 +33,7 @@ impl std::fmt::Display for Verdict {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Check {
-    /// What was checked: `schema`, `primary`, `durability`, `replication`,
+    /// What was checked: `schema`, `primary`, `pooler`, `durability`, `replication`,
     /// `takeover`, `server_version`.
     pub name: &'static str,
     /// How it came out.
@@ -88,6 +88,9 @@ impl LeaseManager {
     ///
     /// - `schema`: migrated, by this version;
     /// - `primary`: the server accepts writes (not a standby);
+    /// - `pooler`: whether connections share server sessions between
+    ///   transactions (a transaction pooler in front), and what that means
+    ///   here (informational: leases work there);
     /// - `durability`: `fsync` and `full_page_writes` are on (a crash could
     ///   otherwise lose acquisitions and issue tokens again);
     /// - `replication`: every standby is synchronous, or there is none
@@ -130,6 +133,7 @@ impl LeaseManager {
         } else {
             Check::new("primary", Verdict::Ok, "the server accepts writes")
         });
+        checks.push(self.pooler_check().await?);
         checks.push(if fsync == "on" && fpw == "on" {
             Check::new(
                 "durability",
@@ -190,6 +194,35 @@ impl LeaseManager {
             )
         });
         Ok(Diagnosis { checks })
+    }
+
+    async fn pooler_check(&self) -> Result<Check> {
+        let options = self.pool().connect_options();
+        Ok(if !crate::connect::sessions_shared(&options).await? {
+            Check::new(
+                "pooler",
+                Verdict::Ok,
+                "connections keep their server session (no transaction pooler detected)",
+            )
+        } else {
+            let waits = if self.options().notify_enabled() {
+                "this manager detects it and does not LISTEN there: waiting acquirers poll \
+                 (ManagerOptions::notify(false) skips the detection)"
+            } else {
+                "waiting acquirers poll, as configured"
+            };
+            Check::new(
+                "pooler",
+                Verdict::Ok,
+                format!(
+                    "connections share server sessions between transactions (a transaction \
+                     pooler such as PgBouncer in transaction mode): lease operations, renewals, \
+                     fenced transactions and migrate work there; {waits}, so a release is \
+                     noticed up to max_poll_interval late; session advisory locks and LISTEN \
+                     do not work there"
+                ),
+            )
+        })
     }
 
     async fn schema_check(&self, migrated: bool) -> Result<Check> {

@@ -25,6 +25,7 @@ async fn a_migrated_database_on_this_server_is_all_well() {
         [
             "schema",
             "primary",
+            "pooler",
             "durability",
             "replication",
             "takeover",
@@ -32,6 +33,12 @@ async fn a_migrated_database_on_this_server_is_all_well() {
         ]
     );
     assert_eq!(diagnosis.verdict(), Verdict::Ok, "{diagnosis:#?}");
+    let pooler = check(&diagnosis, "pooler");
+    assert!(
+        pooler.detail.contains("no transaction pooler"),
+        "{}",
+        pooler.detail
+    );
 }
 
 #[tokio::test]

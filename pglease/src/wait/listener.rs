@@ -81,8 +81,13 @@ async fn listen(
     stop: CancellationToken,
 ) {
     let mut failures: u32 = 0;
+    // Whether the probe for a transaction pooler has run (once per manager).
+    let mut probed = false;
     loop {
         let connect = async {
+            if !probed && crate::connect::sessions_shared(&options).await? {
+                return Ok(None);
+            }
             let pool = PgPoolOptions::new()
                 .max_connections(1)
                 .acquire_timeout(Duration::from_secs(10))
@@ -90,14 +95,25 @@ async fn listen(
             let mut listener = PgListener::connect_with(&pool).await?;
             listener.eager_reconnect(false);
             listener.listen(RELEASE_CHANNEL).await?;
-            Ok::<_, sqlx::Error>(listener)
+            Ok::<_, crate::Error>(Some(listener))
         };
         let connected = tokio::select! {
             () = stop.cancelled() => return,
             connected = connect => connected,
         };
         match connected {
-            Ok(mut listener) => {
+            Ok(None) => {
+                // A LISTEN there would stay on a server session that other
+                // clients then use, and its notifications reach them.
+                tracing::warn!(
+                    "the connection goes through a transaction pooler: waiting acquirers poll \
+                     (set ManagerOptions::notify(false) to skip this check)"
+                );
+                stop.cancelled().await;
+                return;
+            }
+            Ok(Some(mut listener)) => {
+                probed = true;
                 failures = 0;
                 // This session watches nothing yet: watch what waiters
                 // wait for, then tell them to retry (releases while nobody

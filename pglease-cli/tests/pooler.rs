@@ -1,0 +1,131 @@
+//! The `pglease` binary through PgBouncer in transaction mode (the
+//! distribution's version): concurrent `migrate`, every lease command in
+//! a row of rounds, `run` renewing across several periods and handing
+//! over to a waiting `run`, and `doctor`.
+
+#[path = "../../pglease/tests/common/mod.rs"]
+mod common;
+#[path = "../../pglease/tests/common/pooler.rs"]
+mod pooler;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::TestDb;
+use pooler::Bouncer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_pglease");
+
+/// `pglease ARGS` with the database reached through `bouncer`.
+fn pglease(bouncer: &Bouncer, db: &TestDb, args: &[&str]) -> Output {
+    let o = db.options();
+    let url = format!(
+        "postgres://{}@127.0.0.1:{}/{}",
+        o.get_username(),
+        bouncer.port,
+        db.name()
+    );
+    Command::new(BIN)
+        .arg("--database-url")
+        .arg(url)
+        .args(args)
+        .output()
+        .expect("run the pglease binary")
+}
+
+fn check(output: &Output, expected: i32, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(
+        output.status.code(),
+        Some(expected),
+        "{what}: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_works_through_the_pooler() {
+    let db = TestDb::empty().await;
+    let Some(bouncer) = Bouncer::start(&db.options()) else {
+        return;
+    };
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..4)
+            .map(|_| scope.spawn(|| pglease(&bouncer, &db, &["migrate"])))
+            .collect();
+        for run in runs {
+            check(&run.join().expect("migrate"), 0, "concurrent migrate");
+        }
+    });
+
+    for round in 0..10 {
+        let out = pglease(&bouncer, &db, &["acquire", "job", "--ttl", "30s", "--json"]);
+        let acquired: serde_json::Value =
+            serde_json::from_str(&check(&out, 0, "acquire")).expect("JSON");
+        let token = acquired["token"].as_i64().expect("a token").to_string();
+        let out = pglease(&bouncer, &db, &["acquire", "job", "--ttl", "30s"]);
+        check(&out, 3, "acquire of a held lease");
+        let out = pglease(
+            &bouncer,
+            &db,
+            &["renew", "job", "--token", &token, "--ttl", "30s"],
+        );
+        check(&out, 0, "renew");
+        let out = pglease(&bouncer, &db, &["status", "job", "--json"]);
+        let status: serde_json::Value =
+            serde_json::from_str(&check(&out, 0, "status")).expect("JSON");
+        assert_eq!(status["token"].to_string(), token, "round {round}");
+        check(
+            &pglease(&bouncer, &db, &["release", "job", "--token", &token]),
+            0,
+            "release",
+        );
+        check(
+            &pglease(&bouncer, &db, &["release", "job", "--token", &token]),
+            4,
+            "release again",
+        );
+    }
+
+    // `run` renews a 900 ms lease over three seconds, while a second `run`
+    // waits (polling) and runs its command once the first releases.
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| {
+            pglease(
+                &bouncer,
+                &db,
+                &["run", "batch", "--ttl", "900ms", "--", "sleep", "3"],
+            )
+        });
+        let holding = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = pglease(&bouncer, &db, &["status", "batch", "--json"]);
+            let status: serde_json::Value =
+                serde_json::from_str(&check(&out, 0, "status")).expect("JSON");
+            if status["held"] == serde_json::Value::Bool(true) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < holding,
+                "the first run never held"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let second = scope.spawn(|| {
+            pglease(
+                &bouncer,
+                &db,
+                &[
+                    "run", "batch", "--ttl", "900ms", "--wait", "20s", "--", "true",
+                ],
+            )
+        });
+        check(&first.join().expect("first run"), 0, "first run");
+        check(&second.join().expect("second run"), 0, "second run");
+    });
+
+    let out = pglease(&bouncer, &db, &["doctor"]);
+    let report = check(&out, 0, "doctor");
+    assert!(report.contains("share server sessions"), "{report}");
+}
