@@ -38,13 +38,20 @@ async fn main() -> ExitCode {
         ..cli
     };
     let options = match &cli.database_url {
-        Some(url) => match url.parse::<PgConnectOptions>() {
+        Some(url) => match pglease::parse_url(url) {
             Ok(options) => options,
             Err(e) => {
                 eprintln!("pglease: invalid database URL (--database-url or DATABASE_URL): {e}");
                 return ExitCode::from(EXIT_USAGE);
             }
         },
+        None if std::env::var("PGHOST").is_ok_and(|hosts| hosts.contains(',')) => {
+            eprintln!(
+                "pglease: PGHOST names several hosts; pglease connects to one: put the primary \
+                 behind a stable endpoint that follows failovers (see docs/design.md)"
+            );
+            return ExitCode::from(EXIT_USAGE);
+        }
         None => pglease::libpq_defaults(),
     };
     if let Command::Demo = cli.command {

@@ -211,6 +211,29 @@ async fn bad_input_exits_2_and_an_unreachable_database_exits_5() {
     assert_eq!(code(&out), 2);
 }
 
+#[test]
+fn several_hosts_exit_2_saying_to_use_a_stable_endpoint() {
+    for url in [
+        "postgres://postgres@127.0.0.1:5432,127.0.0.1:5433/postgres",
+        "postgres://postgres@127.0.0.1/postgres?target_session_attrs=read-write",
+    ] {
+        let out = Command::new(BIN)
+            .args(["--database-url", url, "status"])
+            .output()
+            .expect("run the pglease binary");
+        assert_eq!(code(&out), 2, "{url}: {}", stderr(&out));
+        assert!(stderr(&out).contains("stable endpoint"), "{}", stderr(&out));
+    }
+    let out = Command::new(BIN)
+        .env_remove("DATABASE_URL")
+        .env("PGHOST", "127.0.0.1,127.0.0.2")
+        .arg("status")
+        .output()
+        .expect("run the pglease binary");
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("stable endpoint"), "{}", stderr(&out));
+}
+
 #[tokio::test]
 async fn run_passes_the_status_through_and_releases_at_once() {
     let db = TestDb::new().await;
@@ -639,12 +662,12 @@ async fn doctor_exits_0_when_all_is_well_and_1_otherwise() {
     let db = TestDb::new().await;
     let out = pglease(&db, &["doctor"]);
     assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
-    assert_eq!(stdout(&out).lines().count(), 6, "{}", stdout(&out));
+    assert_eq!(stdout(&out).lines().count(), 7, "{}", stdout(&out));
     let out = pglease(&db, &["doctor", "--json"]);
     assert_eq!(code(&out), 0);
     let report = json(&out);
     assert_eq!(report["verdict"], "ok");
-    assert_eq!(report["checks"].as_array().map(Vec::len), Some(6));
+    assert_eq!(report["checks"].as_array().map(Vec::len), Some(7));
 
     let empty = TestDb::empty().await;
     let out = pglease(&empty, &["doctor", "--json"]);

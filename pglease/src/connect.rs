@@ -80,6 +80,48 @@ pub(crate) async fn connect_pool(options: PgConnectOptions, timeout: Duration) -
         .connect_lazy_with(options))
 }
 
+/// Where a failover is explained, for the errors below.
+const ONE_HOST: &str = "pglease connects to one host: put the primary behind a stable \
+     endpoint (a virtual address, a proxy or PgBouncer) that follows failovers; see \
+     docs/design.md, \"Failover and high availability\"";
+
+/// Parses a PostgreSQL URL into connect options, refusing with a clear
+/// message what sqlx would misread or silently ignore: several hosts
+/// (`postgres://a:5432,b:5432/db`, `?host=a,b`), which libpq tries in turn
+/// and sqlx does not, and a `target_session_attrs` other than `any`, which
+/// sqlx ignores.
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] for those; [`Error::Database`] for a URL sqlx
+/// cannot parse.
+pub fn parse_url(url: &str) -> Result<PgConnectOptions> {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let authority = base
+        .split_once("://")
+        .map_or("", |(_, rest)| rest.split('/').next().unwrap_or_default());
+    let hosts = authority.rsplit('@').next().unwrap_or_default();
+    let query_hosts = query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .any(|(key, value)| matches!(key, "host" | "hostaddr" | "port") && value.contains(','));
+    if hosts.contains(',') || query_hosts {
+        return Err(Error::invalid(
+            "url",
+            format!("names several hosts; {ONE_HOST}"),
+        ));
+    }
+    for (key, value) in query.split('&').filter_map(|pair| pair.split_once('=')) {
+        if key == "target_session_attrs" && value != "any" {
+            return Err(Error::invalid(
+                "url",
+                format!("target_session_attrs={value} is not supported; {ONE_HOST}"),
+            ));
+        }
+    }
+    Ok(url.parse()?)
+}
+
 /// Connection options from the libpq environment (`PGHOST`, `PGPORT`,
 /// `PGUSER`, `PGPASSWORD`, `PGDATABASE`, ...), defaulting like libpq: the
 /// local socket or `localhost:5432`, and the operating-system user (looked

@@ -29,7 +29,7 @@ mod token;
 mod wait;
 
 pub use advisory::{SessionLock, XactLock, advisory_key};
-pub use connect::{DEFAULT_CONNECT_TIMEOUT, libpq_defaults, pool_options};
+pub use connect::{DEFAULT_CONNECT_TIMEOUT, libpq_defaults, parse_url, pool_options};
 pub use doctor::{Check, Diagnosis, Verdict};
 pub use error::{
     Error, LossReason, NotHeldReason, Result, SQLSTATE_INVALID_INPUT, SQLSTATE_NOT_DECLARED,

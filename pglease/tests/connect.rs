@@ -55,3 +55,28 @@ async fn the_managers_connections_abandon_statements_of_a_client_that_is_gone() 
     assert_eq!(interval, "1s");
     m.pool().close().await;
 }
+
+#[tokio::test]
+async fn several_hosts_or_a_target_session_attribute_are_refused_with_what_to_do() {
+    for url in [
+        "postgres://postgres@127.0.0.1:5432,127.0.0.1:5433/postgres",
+        "postgres://postgres@/postgres?host=127.0.0.1,127.0.0.2",
+        "postgres://postgres@127.0.0.1/postgres?target_session_attrs=read-write",
+        "postgres://postgres@127.0.0.1/postgres?sslmode=disable&target_session_attrs=primary",
+    ] {
+        match LeaseManager::connect(url).await {
+            Err(
+                e @ Error::InvalidInput {
+                    argument: "url", ..
+                },
+            ) => {
+                assert!(e.to_string().contains("stable endpoint"), "{e}");
+            }
+            other => panic!("{url}: expected InvalidInput, got {other:?}"),
+        }
+    }
+    // One host and `any` are what sqlx does anyway.
+    let one = pglease::parse_url("postgres://postgres@127.0.0.1:5432/db?target_session_attrs=any")
+        .expect("one host");
+    assert_eq!(one.get_port(), 5432);
+}

@@ -46,9 +46,10 @@ pub struct ManagerStats {
 /// Cheap to clone: clones share one renewal task and one release listener,
 /// which stop when the last clone (and the last [`HeldLease`](crate::HeldLease))
 /// is dropped, or at [`LeaseManager::shutdown`]. Apart from that optional
-/// listener it uses no session state that outlives a transaction, so it
-/// works through a transaction-pooling proxy (turn
-/// [`ManagerOptions::notify`] off there).
+/// listener it uses no session state that outlives a transaction, and it
+/// sends no prepared statements, so it works through a transaction-pooling
+/// proxy such as PgBouncer, where the listener is not started and waiters
+/// poll (see [`ManagerOptions::notify`]).
 #[derive(Clone)]
 pub struct LeaseManager {
     shared: Arc<Shared>,
@@ -105,6 +106,8 @@ impl LeaseManager {
     ///
     /// # Errors
     ///
+    /// [`Error::InvalidInput`] for a URL with several hosts or a
+    /// `target_session_attrs` (see [`parse_url`](crate::parse_url));
     /// [`Error::Database`] for a URL that does not parse, or when the server
     /// cannot be reached: at once for a refused connection or a failed
     /// login, after [`DEFAULT_CONNECT_TIMEOUT`](crate::DEFAULT_CONNECT_TIMEOUT)
@@ -115,7 +118,7 @@ impl LeaseManager {
     /// Cancel-safe: dropped early, the connection being opened is closed
     /// and no manager exists.
     pub async fn connect(url: &str) -> Result<Self> {
-        let options: PgConnectOptions = url.parse()?;
+        let options = crate::connect::parse_url(url)?;
         Self::connect_with(options, DEFAULT_CONNECT_TIMEOUT).await
     }
 
