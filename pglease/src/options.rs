@@ -59,9 +59,13 @@ impl ManagerOptions {
 
     /// Whether waiting acquirers LISTEN for releases (default `true`), on
     /// a connection of the manager's own that also watches the names they
-    /// wait for (`pglease.watch`, a session-level advisory lock). Turn it
-    /// off behind a transaction-pooling proxy such as PgBouncer in
-    /// transaction mode, where neither works: waiters then poll.
+    /// wait for (`pglease.watch`, a session-level advisory lock). Neither
+    /// works through a transaction-pooling proxy such as PgBouncer in
+    /// transaction mode: before its first LISTEN the manager checks for one
+    /// and, if it finds one, does not listen, and waiters poll. Turning this
+    /// off makes waiters poll everywhere and skips that check (do so behind
+    /// a pooler that hands out server sessions round-robin, which the check
+    /// may miss; see docs/library.md, "Through PgBouncer").
     pub fn notify(mut self, notify: bool) -> Self {
         self.notify = notify;
         self

@@ -42,6 +42,18 @@ pub fn binary() -> Option<PathBuf> {
     .find(|p| p.exists())
 }
 
+/// The installed PgBouncer's version, e.g. "1.18.0".
+pub fn version() -> String {
+    binary()
+        .and_then(|binary| Command::new(binary).arg("--version").output().ok())
+        .and_then(|out| {
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let first = text.lines().next()?.to_owned();
+            Some(first.trim_start_matches("PgBouncer ").to_owned())
+        })
+        .unwrap_or_else(|| "(unknown version)".to_owned())
+}
+
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
@@ -57,6 +69,12 @@ impl Bouncer {
     /// skips, unless `PGLEASE_TEST_REQUIRE_PGBOUNCER` is set (as `.ci/run`
     /// does), where it panics.
     pub fn start(server: &PgConnectOptions) -> Option<Bouncer> {
+        Bouncer::with_server_pool(server, SERVER_POOL)
+    }
+
+    /// Like [`Bouncer::start`], with `sessions` server connections per
+    /// database and user.
+    pub fn with_server_pool(server: &PgConnectOptions, sessions: u32) -> Option<Bouncer> {
         let Some(binary) = binary() else {
             assert!(
                 std::env::var_os("PGLEASE_TEST_REQUIRE_PGBOUNCER").is_none(),
@@ -90,7 +108,7 @@ impl Bouncer {
                  auth_type = trust\n\
                  auth_file = {dir}/users.txt\n\
                  pool_mode = transaction\n\
-                 default_pool_size = {SERVER_POOL}\n\
+                 default_pool_size = {sessions}\n\
                  max_client_conn = 500\n\
                  ignore_startup_parameters = extra_float_digits\n\
                  logfile = {dir}/pgbouncer.log\n\
