@@ -461,7 +461,10 @@ pub async fn fenced_write(
     let token: i64 = token.into();
     manager
         .fenced(&fence(name, token), async |conn| {
+            // Unnamed, so that it also works through a transaction pooler
+            // without prepared-statement support (tests/pooler.rs).
             sqlx::query("UPDATE data SET value = $1, token = $2 WHERE id = 1")
+                .persistent(false)
                 .bind(value)
                 .bind(token)
                 .execute(&mut *conn)
