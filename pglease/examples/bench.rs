@@ -20,6 +20,8 @@
 #[path = "../tests/common/cluster.rs"]
 mod cluster;
 // The pooler measurement starts PgBouncer with the test suite's helper.
+// Both helpers carry their own copy of `as_postgres.rs`.
+#[allow(clippy::duplicate_mod)]
 #[path = "../tests/common/pooler.rs"]
 mod pooler;
 

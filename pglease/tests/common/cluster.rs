@@ -9,7 +9,9 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this file
 
-use std::net::TcpListener;
+#[path = "as_postgres.rs"]
+mod as_postgres;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -94,27 +96,9 @@ pub fn server_bin() -> Option<PathBuf> {
     versions.pop().map(|(_, bin)| bin)
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port on 127.0.0.1")
-}
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
 /// A server binary as a command, run as `postgres` when we are root.
 fn server_command(bin: &Path, program: &str) -> Command {
-    let exe = bin.join(program);
-    if is_root() {
-        let mut command = Command::new("runuser");
-        command.args(["-u", "postgres", "--"]).arg(exe);
-        command
-    } else {
-        Command::new(exe)
-    }
+    as_postgres::command(&bin.join(program))
 }
 
 /// Runs a server binary; panics with its output if it fails.
@@ -164,24 +148,17 @@ impl Replicated {
         ));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).expect("create the cluster directory");
-        if is_root() {
-            let postgres = nix::unistd::User::from_name("postgres")
-                .ok()
-                .flatten()
-                .expect("a postgres user to run the servers as");
-            nix::unistd::chown(&root, Some(postgres.uid), Some(postgres.gid))
-                .expect("give the cluster directory to postgres");
-        }
+        as_postgres::give(&[&root]);
         let cluster = Replicated {
             primary: Node {
                 name: "primary",
                 dir: root.join("primary"),
-                port: free_port(),
+                port: as_postgres::free_port(),
             },
             standby: Node {
                 name: "standby",
                 dir: root.join("standby"),
-                port: free_port(),
+                port: as_postgres::free_port(),
             },
             root,
             bin,
@@ -319,6 +296,36 @@ impl Replicated {
         } else {
             self.pg_ctl(&self.standby, &["start", "-w", "-t", "60"]);
         }
+    }
+
+    /// Waits until the standby has replayed everything the primary has
+    /// written so far (an asynchronous standby may lag behind).
+    pub async fn wait_for_replay(&self) {
+        let primary = self.primary.pool().await;
+        let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(&primary)
+            .await
+            .expect("read the primary's WAL position");
+        primary.close().await;
+        let standby = self.standby.pool().await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let replayed: bool =
+                sqlx::query_scalar("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn")
+                    .bind(&lsn)
+                    .fetch_one(&standby)
+                    .await
+                    .expect("read the standby's replay position");
+            if replayed {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the standby did not replay up to {lsn} within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        standby.close().await;
     }
 
     /// Promotes the standby and waits until it accepts writes.

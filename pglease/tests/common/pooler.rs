@@ -8,7 +8,9 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this file
 
-use std::net::TcpListener;
+#[path = "as_postgres.rs"]
+mod as_postgres;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -54,10 +56,6 @@ pub fn version() -> String {
         .unwrap_or_else(|| "(unknown version)".to_owned())
 }
 
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
 fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
@@ -90,10 +88,7 @@ impl Bouncer {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the pgbouncer directory");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port on 127.0.0.1");
+        let port = as_postgres::free_port();
         let user = server.get_username();
         write(&dir.join("users.txt"), &format!("\"{user}\" \"\"\n"));
         write(
@@ -118,23 +113,8 @@ impl Bouncer {
                 dir = dir.display(),
             ),
         );
-        if is_root() {
-            let postgres = nix::unistd::User::from_name("postgres")
-                .ok()
-                .flatten()
-                .expect("a postgres user to run pgbouncer as");
-            for path in ["", "users.txt", "pgbouncer.ini"] {
-                nix::unistd::chown(&dir.join(path), Some(postgres.uid), Some(postgres.gid))
-                    .expect("give the pgbouncer files to postgres");
-            }
-        }
-        let mut command = if is_root() {
-            let mut command = Command::new("runuser");
-            command.args(["-u", "postgres", "--"]).arg(&binary);
-            command
-        } else {
-            Command::new(&binary)
-        };
+        as_postgres::give(&[&dir, &dir.join("users.txt"), &dir.join("pgbouncer.ini")]);
+        let mut command = as_postgres::command(&binary);
         let child = command
             .arg(dir.join("pgbouncer.ini"))
             .stdin(Stdio::null())
