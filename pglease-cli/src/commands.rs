@@ -24,13 +24,13 @@ pub(crate) async fn migrate(manager: &LeaseManager) -> Outcome {
         .await
         .map_err(|e| (e, "migrate"))?;
     if !can_end {
-        let owner: String = sqlx::query_scalar(
+        let owner: String = simple_scalar(
+            manager,
             "SELECT r.rolname::text FROM pg_proc AS p JOIN pg_roles AS r ON r.oid = p.proowner \
               WHERE p.oid = 'pglease.acquire(text, text, interval)'::regprocedure",
         )
-        .fetch_one(manager.pool())
         .await
-        .map_err(|e| (Error::from(e), "migrate"))?;
+        .map_err(|e| (e, "migrate"))?;
         eprintln!(
             "pglease: note: role {owner:?}, which owns the pglease functions, is neither a \
              superuser nor a member of pg_signal_backend. An expired lease whose holder froze \
@@ -253,10 +253,9 @@ pub(crate) async fn status(manager: &LeaseManager, name: Option<&str>, json: boo
         println!("{value}");
         return Ok(ExitCode::SUCCESS);
     }
-    let now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
-        .fetch_one(manager.pool())
+    let now: DateTime<Utc> = simple_scalar(manager, "SELECT clock_timestamp()")
         .await
-        .map_err(|e| (Error::from(e), "status"))?;
+        .map_err(|e| (e, "status"))?;
     println!("{:<32} {:<28} {:>10}  EXPIRES", "NAME", "HOLDER", "TOKEN");
     for s in &leases {
         let expires = match (s.expires_at, s.held) {
@@ -281,6 +280,17 @@ pub(crate) async fn status(manager: &LeaseManager, name: Option<&str>, json: boo
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The one value `statement` answers, sent as a simple query like the
+/// library's own statements, so that it also works through a transaction
+/// pooler without prepared-statement support.
+async fn simple_scalar<T>(manager: &LeaseManager, statement: &'static str) -> Result<T, Error>
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    let row = sqlx::raw_sql(statement).fetch_one(manager.pool()).await?;
+    Ok(sqlx::Row::try_get(&row, 0)?)
 }
 
 /// A duration rounded to what a person reads: 1h 2m, 3m 4s, 5.6s.

@@ -41,7 +41,11 @@ async fn main() -> ExitCode {
         Some(url) => match pglease::parse_url(url) {
             Ok(options) => options,
             Err(e) => {
-                eprintln!("pglease: invalid database URL (--database-url or DATABASE_URL): {e}");
+                let why = match e {
+                    pglease::Error::InvalidInput { reason, .. } => reason,
+                    e => e.to_string(),
+                };
+                eprintln!("pglease: invalid database URL (--database-url or DATABASE_URL): {why}");
                 return ExitCode::from(EXIT_USAGE);
             }
         },

@@ -11,20 +11,19 @@ mod pooler;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::TestDb;
+use common::{RolesDb, TestDb};
 use pooler::Bouncer;
 
 const BIN: &str = env!("CARGO_BIN_EXE_pglease");
 
 /// `pglease ARGS` with the database reached through `bouncer`.
 fn pglease(bouncer: &Bouncer, db: &TestDb, args: &[&str]) -> Output {
-    let o = db.options();
-    let url = format!(
-        "postgres://{}@127.0.0.1:{}/{}",
-        o.get_username(),
-        bouncer.port,
-        db.name()
-    );
+    pglease_as(bouncer, db, &db.options().get_username().to_owned(), args)
+}
+
+/// `pglease ARGS` through `bouncer`, logged in as `user`.
+fn pglease_as(bouncer: &Bouncer, db: &TestDb, user: &str, args: &[&str]) -> Output {
+    let url = format!("postgres://{user}@127.0.0.1:{}/{}", bouncer.port, db.name());
     Command::new(BIN)
         .arg("--database-url")
         .arg(url)
@@ -76,6 +75,11 @@ async fn every_command_works_through_the_pooler() {
         let status: serde_json::Value =
             serde_json::from_str(&check(&out, 0, "status")).expect("JSON");
         assert_eq!(status["token"].to_string(), token, "round {round}");
+        // The table reads the database clock too.
+        for args in [&["status", "job"][..], &["status"]] {
+            let table = check(&pglease(&bouncer, &db, args), 0, "status as a table");
+            assert!(table.contains(&format!(" {token}  in ")), "{table}");
+        }
         check(
             &pglease(&bouncer, &db, &["release", "job", "--token", &token]),
             0,
@@ -128,4 +132,39 @@ async fn every_command_works_through_the_pooler() {
     let out = pglease(&bouncer, &db, &["doctor"]);
     let report = check(&out, 0, "doctor");
     assert!(report.contains("share server sessions"), "{report}");
+}
+
+/// An owner without `pg_signal_backend` is told the GRANT it lacks, by a
+/// query of the command line's own, also through the pooler and on every
+/// run (not only the first, before a prepared statement could collide).
+#[tokio::test]
+async fn migrate_names_the_missing_grant_through_the_pooler() {
+    let owner = format!("pglease_pooler_owner_{}", std::process::id());
+    let guard = RolesDb {
+        db: Some(TestDb::empty().await),
+        roles: vec![owner.clone()],
+    };
+    let db = guard.db();
+    for sql in [
+        format!("DROP ROLE IF EXISTS {owner}"),
+        format!("CREATE ROLE {owner} LOGIN"),
+        format!("GRANT CREATE ON DATABASE {} TO {owner}", db.name()),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+            .execute(db.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let Some(bouncer) = Bouncer::with_users(&db.options(), &[&owner]) else {
+        return;
+    };
+    for run in 0..5 {
+        let out = pglease_as(&bouncer, db, &owner, &["migrate"]);
+        check(&out, 0, "migrate as the owner");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            said.contains(&format!("GRANT pg_signal_backend TO {owner}")),
+            "run {run}: {said}"
+        );
+    }
 }

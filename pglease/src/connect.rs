@@ -139,14 +139,37 @@ const PROBE_WAIT: Duration = Duration::from_secs(1);
 /// `pool_mode = transaction`), where LISTEN and session-level locks and
 /// settings reach whichever client uses that server session next.
 ///
-/// A probe on two connections of its own: the first runs a statement, the
-/// second opens a transaction, and the first runs another. On a server, or
-/// behind a pooler that keeps sessions, the first keeps its backend and the
-/// second has another; behind a transaction pooler the second is given the
-/// backend the first just let go of (PgBouncer reuses the most recently
-/// used one by default), or the first has to wait for one or gets another.
-/// A pooler that hands out server sessions round-robin may go undetected.
+/// A probe on two connections of its own, up to [`PROBE_TRIALS`] times:
+/// the first runs a statement, the second opens a transaction, and the
+/// first runs another. On a server, or behind a pooler that keeps sessions,
+/// the first keeps its backend and the second has another, every time;
+/// behind a transaction pooler the second is given the backend the first
+/// just let go of (PgBouncer reuses the most recently used one by
+/// default), or the first has to wait for one or gets another. One trial
+/// missed PgBouncer about once in 50; a pooler that hands out server
+/// sessions round-robin may go undetected.
 pub(crate) async fn sessions_shared(options: &PgConnectOptions) -> Result<bool> {
+    let mut first = options.connect().await?;
+    let mut second = options.connect().await?;
+    let mut shared = false;
+    for _ in 0..PROBE_TRIALS {
+        shared = one_trial(&mut first, &mut second).await?;
+        if shared {
+            break;
+        }
+    }
+    let _ = second.close().await;
+    // After a trial that timed out, `first` has a statement still waiting:
+    // dropped, not closed, it is not reused.
+    drop(first);
+    Ok(shared)
+}
+
+/// How many times [`sessions_shared`] tries before it concludes that
+/// sessions are kept.
+const PROBE_TRIALS: usize = 3;
+
+async fn one_trial(first: &mut PgConnection, second: &mut PgConnection) -> Result<bool> {
     const PID: &str = "SELECT pg_backend_pid()";
     async fn pid(conn: &mut PgConnection, statement: &'static str) -> sqlx::Result<i32> {
         let rows = sqlx::raw_sql(statement).fetch_all(conn).await?;
@@ -155,19 +178,13 @@ pub(crate) async fn sessions_shared(options: &PgConnectOptions) -> Result<bool> 
             None => Err(sqlx::Error::RowNotFound),
         }
     }
-    let mut first = options.connect().await?;
-    let mut second = options.connect().await?;
-    let before = pid(&mut first, PID).await?;
-    let other = pid(&mut second, "BEGIN; SELECT pg_backend_pid()").await?;
-    let after = tokio::time::timeout(PROBE_WAIT, pid(&mut first, PID)).await;
-    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut second).await;
-    let _ = second.close().await;
-    let shared = match after {
+    let before = pid(first, PID).await?;
+    let other = pid(second, "BEGIN; SELECT pg_backend_pid()").await?;
+    let after = tokio::time::timeout(PROBE_WAIT, pid(first, PID)).await;
+    sqlx::raw_sql("ROLLBACK").execute(&mut *second).await?;
+    Ok(match after {
         Ok(after) => other == before || after? != before,
         // Waiting for a server session: the first has none of its own.
         Err(_) => true,
-    };
-    // A connection with a statement still waiting is not reused.
-    drop(first);
-    Ok(shared)
+    })
 }

@@ -67,12 +67,22 @@ impl Bouncer {
     /// skips, unless `PGLEASE_TEST_REQUIRE_PGBOUNCER` is set (as `.ci/run`
     /// does), where it panics.
     pub fn start(server: &PgConnectOptions) -> Option<Bouncer> {
-        Bouncer::with_server_pool(server, SERVER_POOL)
+        Bouncer::launch(server, SERVER_POOL, &[])
     }
 
     /// Like [`Bouncer::start`], with `sessions` server connections per
     /// database and user.
     pub fn with_server_pool(server: &PgConnectOptions, sessions: u32) -> Option<Bouncer> {
+        Bouncer::launch(server, sessions, &[])
+    }
+
+    /// Like [`Bouncer::start`], also letting `users` log in (without a
+    /// password: the test server trusts them).
+    pub fn with_users(server: &PgConnectOptions, users: &[&str]) -> Option<Bouncer> {
+        Bouncer::launch(server, SERVER_POOL, users)
+    }
+
+    fn launch(server: &PgConnectOptions, sessions: u32, users: &[&str]) -> Option<Bouncer> {
         let Some(binary) = binary() else {
             assert!(
                 std::env::var_os("PGLEASE_TEST_REQUIRE_PGBOUNCER").is_none(),
@@ -90,7 +100,11 @@ impl Bouncer {
         std::fs::create_dir_all(&dir).expect("create the pgbouncer directory");
         let port = as_postgres::free_port();
         let user = server.get_username();
-        write(&dir.join("users.txt"), &format!("\"{user}\" \"\"\n"));
+        let users: String = std::iter::once(user)
+            .chain(users.iter().copied())
+            .map(|user| format!("\"{user}\" \"\"\n"))
+            .collect();
+        write(&dir.join("users.txt"), &users);
         write(
             &dir.join("pgbouncer.ini"),
             &format!(
