@@ -18,7 +18,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_pglease");
 
 /// `pglease ARGS` with the database reached through `bouncer`.
 fn pglease(bouncer: &Bouncer, db: &TestDb, args: &[&str]) -> Output {
-    pglease_as(bouncer, db, &db.options().get_username().to_owned(), args)
+    pglease_as(bouncer, db, db.options().get_username(), args)
 }
 
 /// `pglease ARGS` through `bouncer`, logged in as `user`.
