@@ -50,6 +50,10 @@ pub(crate) enum Command {
         /// Wait this long for the current holder to release it.
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
         wait: Duration,
+        /// Publish this value with the lease (at most 8 KiB), for anyone to
+        /// read in `status`.
+        #[arg(long)]
+        value: Option<String>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,

@@ -163,13 +163,17 @@ pub(crate) async fn acquire(
     ttl: Duration,
     holder: Option<String>,
     wait: Duration,
+    value: Option<String>,
     json: bool,
 ) -> Outcome {
     let holder = holder.unwrap_or_else(default_holder);
     // Without --wait one attempt; the library starts its release listener
     // only once an attempt with time to wait has failed.
     let attempt = |wait: Duration| {
-        let how = Acquire::ttl(ttl).holder(holder.as_str()).wait(wait);
+        let mut how = Acquire::ttl(ttl).holder(holder.as_str()).wait(wait);
+        if let Some(value) = &value {
+            how = how.value(value.as_str());
+        }
         manager.acquire(name, how)
     };
     match announced(name, wait, attempt).await {
@@ -237,6 +241,7 @@ fn status_json(s: &LeaseStatus) -> serde_json::Value {
     let mut value = lease_json(&s.name, s.holder.as_deref(), s.token, s.expires_at);
     value["held"] = json!(s.held);
     value["remaining_ms"] = json!(s.remaining.map(|r| r.as_millis() as u64));
+    value["value"] = json!(s.value);
     value
 }
 

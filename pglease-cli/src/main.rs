@@ -73,8 +73,9 @@ async fn main() -> ExitCode {
             ttl,
             holder,
             wait,
+            value,
             json,
-        } => acquire(&manager, &name, ttl, holder, wait, json).await,
+        } => acquire(&manager, &name, ttl, holder, wait, value, json).await,
         Command::Renew {
             name,
             token,

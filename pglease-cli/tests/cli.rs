@@ -211,6 +211,32 @@ async fn bad_input_exits_2_and_an_unreachable_database_exits_5() {
     assert_eq!(code(&out), 2);
 }
 
+#[tokio::test]
+async fn acquire_publishes_a_value_that_status_shows() {
+    let db = TestDb::new().await;
+    let out = pglease(
+        &db,
+        &[
+            "acquire",
+            "leader",
+            "--ttl",
+            "30s",
+            "--value",
+            "10.0.0.7:8080",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let status = json(&pglease(&db, &["status", "leader", "--json"]));
+    assert_eq!(status["value"], "10.0.0.7:8080");
+    let status = json(&pglease(&db, &["status", "--json"]));
+    assert_eq!(status[0]["value"], "10.0.0.7:8080");
+    let never = json(&pglease(&db, &["status", "other", "--json"]));
+    assert!(never["value"].is_null(), "{never}");
+    let too_long = "x".repeat(pglease::MAX_VALUE_BYTES + 1);
+    let out = pglease(&db, &["acquire", "x", "--ttl", "30s", "--value", &too_long]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+}
+
 #[test]
 fn several_hosts_exit_2_saying_to_use_a_stable_endpoint() {
     for url in [

@@ -24,6 +24,19 @@ pub(crate) async fn renew(pool: &PgPool, fence: &Fence, ttl: PgInterval) -> Resu
     }
 }
 
+/// Publishes `value` (or clears it) under a valid token; [`Error::Lost`]
+/// with the reason if the token is no longer valid.
+pub(crate) async fn proclaim(pool: &PgPool, fence: &Fence, value: Option<&str>) -> Result<()> {
+    let row = sql::query(sql::proclaim(fence.name(), fence.token(), value))
+        .fetch_one(pool)
+        .await?;
+    if row.try_get(0)? {
+        Ok(())
+    } else {
+        Err(lost(pool, fence).await)
+    }
+}
+
 /// Ends the lease if the token is valid; whether it did.
 pub(crate) async fn release(pool: &PgPool, fence: &Fence) -> Result<bool> {
     let row = sql::query(sql::release(fence.name(), fence.token()))

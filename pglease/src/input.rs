@@ -11,6 +11,30 @@ pub const MAX_NAME_BYTES: usize = 255;
 /// Longest TTL a lease can be acquired or renewed for.
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
+/// The longest value a lease may carry, in bytes of UTF-8 (8 KiB).
+pub const MAX_VALUE_BYTES: usize = 8192;
+
+/// Checks a lease's value: at most [`MAX_VALUE_BYTES`] bytes, no NUL (it
+/// may be empty).
+pub(crate) fn check_value(value: &str) -> Result<()> {
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(Error::invalid(
+            "value",
+            format!(
+                "is {} bytes long; the limit is {MAX_VALUE_BYTES} bytes of UTF-8",
+                value.len()
+            ),
+        ));
+    }
+    if value.contains('\0') {
+        return Err(Error::invalid(
+            "value",
+            "must not contain NUL bytes (PostgreSQL text cannot store them)",
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a name, holder or resource: 1 to [`MAX_NAME_BYTES`] bytes, no NUL.
 pub(crate) fn check_text(argument: &'static str, value: &str) -> Result<()> {
     if value.is_empty() {

@@ -178,6 +178,7 @@ pub struct Acquire {
     ttl: Duration,
     holder: Option<String>,
     max_wait: Duration,
+    value: Option<String>,
 }
 
 impl Acquire {
@@ -189,6 +190,7 @@ impl Acquire {
             ttl,
             holder: None,
             max_wait: Duration::ZERO,
+            value: None,
         }
     }
 
@@ -205,6 +207,22 @@ impl Acquire {
     pub fn wait(mut self, max_wait: Duration) -> Acquire {
         self.max_wait = max_wait;
         self
+    }
+
+    /// Publish `value` with the lease once acquired (at most
+    /// [`MAX_VALUE_BYTES`](crate::MAX_VALUE_BYTES)), in the same statement
+    /// as the acquisition: anyone reads it in the status view
+    /// ([`LeaseStatus::value`]) until the next acquisition, which starts
+    /// without one. Default: none. Change it later with
+    /// [`LeaseManager::proclaim`](crate::LeaseManager::proclaim).
+    pub fn value(mut self, value: impl Into<String>) -> Acquire {
+        self.value = Some(value.into());
+        self
+    }
+
+    /// The value to publish, if any.
+    pub fn lease_value(&self) -> Option<&str> {
+        self.value.as_deref()
     }
 
     /// The TTL.
@@ -267,6 +285,10 @@ pub struct LeaseStatus {
     pub remaining: Option<Duration>,
     /// Whether the lease is held right now (database clock).
     pub held: bool,
+    /// The value the latest acquisition published ([`Acquire::value`],
+    /// [`LeaseManager::proclaim`](crate::LeaseManager::proclaim)); it
+    /// stays after a release or expiry until the next acquisition.
+    pub value: Option<String>,
 }
 
 impl LeaseStatus {
@@ -278,6 +300,7 @@ impl LeaseStatus {
             expires_at: None,
             remaining: None,
             held: false,
+            value: None,
         }
     }
 
@@ -290,6 +313,7 @@ impl LeaseStatus {
             expires_at: row.try_get("expires_at")?,
             remaining: remaining_us.map(|us| Duration::from_micros(us.max(0).unsigned_abs())),
             held: row.try_get("held")?,
+            value: row.try_get("value")?,
         })
     }
 }

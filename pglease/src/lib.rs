@@ -38,7 +38,7 @@ pub use error::{
 pub use fence::HighWaterMark;
 pub use fenced::{FencedTransaction, assert_held};
 pub use hold::HeldLease;
-pub use input::{MAX_NAME_BYTES, MAX_TTL};
+pub use input::{MAX_NAME_BYTES, MAX_TTL, MAX_VALUE_BYTES};
 pub use lease::{Acquire, Fence, Lease, LeaseStatus, default_holder};
 pub use manager::{LeaseManager, ManagerStats};
 pub use migrate::MIGRATIONS_TABLE;

@@ -75,12 +75,37 @@ fn array<T>(items: &[T], element: impl Fn(&T) -> String, ty: &str) -> String {
 /// row lock); read-only when the lease is held; ends the sessions still
 /// fenced on an ended lease; answers within about 2 s, with a note saying
 /// why an ended lease could not be taken.
-pub(crate) fn acquire(name: &str, holder: &str, ttl: &PgInterval) -> String {
-    format!(
-        "SELECT token, expires_at, holder, checked_at, note FROM pglease.acquire({}, {}, {})",
+/// With a value, `proclaim` runs in the same statement (one round trip,
+/// one commit) once the acquisition has succeeded; a failed one stays
+/// read-only.
+pub(crate) fn acquire(name: &str, holder: &str, ttl: &PgInterval, value: Option<&str>) -> String {
+    let acquire = format!(
+        "pglease.acquire({}, {}, {})",
         Text(name),
         Text(holder),
         Interval(ttl)
+    );
+    match value {
+        None => format!("SELECT token, expires_at, holder, checked_at, note FROM {acquire}"),
+        Some(value) => format!(
+            "WITH a AS MATERIALIZED (SELECT * FROM {acquire}) \
+             SELECT token, expires_at, holder, checked_at, note, \
+                    CASE WHEN token IS NOT NULL THEN pglease.proclaim({}, token, {}) END \
+               FROM a",
+            Text(name),
+            Text(value)
+        ),
+    }
+}
+
+/// Publish (or, with `None`, clear) the value of a valid lease; false when
+/// lost.
+pub(crate) fn proclaim(name: &str, token: Token, value: Option<&str>) -> String {
+    format!(
+        "SELECT pglease.proclaim({}, {}::bigint, {})",
+        Text(name),
+        token.get(),
+        value.map_or_else(|| "NULL".to_owned(), text)
     )
 }
 
@@ -156,7 +181,7 @@ macro_rules! status_select {
     ($rest:literal) => {
         concat!(
             "SELECT name, holder, token, expires_at, ",
-            "(extract(epoch FROM remaining) * 1000000)::bigint AS remaining_us, held ",
+            "(extract(epoch FROM remaining) * 1000000)::bigint AS remaining_us, held, value ",
             "FROM pglease.status",
             $rest
         )

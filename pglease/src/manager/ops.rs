@@ -10,7 +10,7 @@ use super::LeaseManager;
 use crate::db;
 use crate::error::{Error, Result};
 use crate::fenced::{self, FencedTransaction};
-use crate::input::check_text;
+use crate::input::{check_text, check_value};
 use crate::lease::{Fence, LeaseStatus, interval};
 use crate::sql;
 use crate::token::Token;
@@ -56,6 +56,32 @@ impl LeaseManager {
     pub async fn renew(&self, lease: impl AsRef<Fence>, ttl: Duration) -> Result<DateTime<Utc>> {
         let ttl = interval(ttl)?;
         db::renew(self.pool(), lease.as_ref(), ttl).await
+    }
+
+    /// Publishes `value` with the lease (at most
+    /// [`MAX_VALUE_BYTES`](crate::MAX_VALUE_BYTES); `None` clears it), for
+    /// anyone to read in the status view ([`LeaseStatus::value`]): a
+    /// leader's address, say. Only the current holder can: the update is
+    /// keyed on (name, token) and decided on the database clock, like a
+    /// renewal. The value stays after a release or expiry, until the next
+    /// acquisition, which starts without one (or with its own,
+    /// [`Acquire::value`](crate::Acquire::value)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] if the token is no longer valid (nothing changed);
+    /// [`Error::InvalidInput`] for a value that is too long or holds a NUL
+    /// byte (nothing sent); [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the value may or may not be published: call it
+    /// again (it is idempotent).
+    pub async fn proclaim(&self, lease: impl AsRef<Fence>, value: Option<&str>) -> Result<()> {
+        if let Some(value) = value {
+            check_value(value)?;
+        }
+        db::proclaim(self.pool(), lease.as_ref(), value).await
     }
 
     /// Ends the lease at once, and wakes acquirers waiting for it.

@@ -25,7 +25,7 @@ use crate::backoff;
 use crate::context::Context;
 use crate::db;
 use crate::error::{Error, Result};
-use crate::input::check_text;
+use crate::input::{check_text, check_value};
 use crate::lease::{Acquire, Lease, interval, ttl_duration};
 use crate::sql;
 use crate::token::Token;
@@ -114,9 +114,15 @@ impl Drop for Waiting<'_> {
 
 /// One acquisition statement (one round trip), and, if its answer came
 /// late, the renewal that confirms it.
-async fn attempt(context: &Context, name: &str, holder: &str, ttl: PgInterval) -> Result<Attempt> {
+async fn attempt(
+    context: &Context,
+    name: &str,
+    holder: &str,
+    ttl: PgInterval,
+    value: Option<&str>,
+) -> Result<Attempt> {
     let sent = Instant::now();
-    let row = sql::query(sql::acquire(name, holder, &ttl))
+    let row = sql::query(sql::acquire(name, holder, &ttl, value))
         .fetch_one(&context.pool)
         .await;
     context
@@ -180,14 +186,16 @@ async fn attempt_detached(
     name: &str,
     holder: &str,
     ttl: PgInterval,
+    value: Option<&str>,
 ) -> Result<Attempt> {
     let (reply, answer) = oneshot::channel();
     let context = Arc::clone(context);
     let (name, holder) = (name.to_owned(), holder.to_owned());
+    let value = value.map(str::to_owned);
     // Tracked, so that `shutdown` waits for an attempt still in the
     // database and for the release of what it acquired for nobody.
     context.background.clone().spawn(async move {
-        let outcome = attempt(&context, &name, &holder, ttl).await;
+        let outcome = attempt(&context, &name, &holder, ttl, value.as_deref()).await;
         // If the waiter is gone, the returned delivery is dropped here.
         let _ = reply.send(Delivery {
             outcome: Some(outcome),
@@ -239,6 +247,9 @@ impl Acquirer {
         let holder = how.holder_name();
         let holder = holder.as_ref();
         check_text("holder", holder)?;
+        if let Some(value) = how.lease_value() {
+            check_value(value)?;
+        }
         let ttl = interval(how.lease_ttl())?;
         let max_wait = how.max_wait();
         let context = &self.context;
@@ -263,7 +274,7 @@ impl Acquirer {
         let mut watched = false;
         loop {
             let (current, expires_at, checked_at, note) =
-                match attempt_detached(context, name, holder, ttl).await {
+                match attempt_detached(context, name, holder, ttl, how.lease_value()).await {
                     Ok(Attempt::Acquired { lease, sent }) => return Ok((lease, sent)),
                     Ok(Attempt::Held {
                         holder,
