@@ -6,13 +6,14 @@
 // `input`, `lease`, `options`, `backoff`, `sql`); the shared context and
 // the statements (`context`, `db`, `fenced`); the components (`hold`,
 // `wait`); the manager; and beside it `advisory`, `migrate`, `connect`,
-// `doctor`.
+// `doctor`, `elect`.
 mod advisory;
 mod backoff;
 mod connect;
 mod context;
 mod db;
 mod doctor;
+mod elect;
 mod error;
 mod fence;
 mod fenced;
@@ -31,6 +32,7 @@ mod wait;
 pub use advisory::{SessionLock, XactLock, advisory_key};
 pub use connect::{DEFAULT_CONNECT_TIMEOUT, libpq_defaults, parse_url, pool_options};
 pub use doctor::{Check, Diagnosis, Verdict};
+pub use elect::{Elector, Leadership};
 pub use error::{
     Error, LossReason, NotHeldReason, Result, SQLSTATE_INVALID_INPUT, SQLSTATE_NOT_DECLARED,
     SQLSTATE_NOT_HELD,

@@ -1,0 +1,216 @@
+//! Leader election: candidates on separate managers lead one at a time
+//! (no two terms' fenced writes interleave), a resignation hands over to a
+//! waiting candidate at once (the time is printed, not asserted), and a
+//! leader whose lease is lost has its work stopped, its writes refused,
+//! and campaigns again while another candidate takes over.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{TestDb, poll_until};
+use pglease::{Acquire, Elector, Error, HeldLease, Leadership, ManagerOptions};
+
+const BOUND: Duration = Duration::from_secs(10);
+
+async fn create_log(db: &TestDb) {
+    sqlx::query("CREATE TABLE log (id bigserial PRIMARY KEY, token bigint NOT NULL)")
+        .execute(db.pool())
+        .await
+        .expect("create the log table");
+}
+
+/// The leader's work: append its token to the log, fenced, until stopped.
+async fn lead(held: HeldLease) {
+    loop {
+        let written = async {
+            let mut tx = held.begin_fenced().await?;
+            sqlx::query("INSERT INTO log (token) VALUES ($1)")
+                .bind(held.token())
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await
+        };
+        if written.await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// [`lead`], setting `stopped` when the work is dropped or ends.
+async fn lead_until_dropped(held: HeldLease, stopped: Arc<AtomicBool>) {
+    struct Stopped(Arc<AtomicBool>);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let _stopped = Stopped(stopped);
+    lead(held).await;
+}
+
+/// Electors on managers of their own (pools of their own), as separate
+/// replicas would be.
+async fn candidates(db: &TestDb, count: usize, ttl: Duration) -> Vec<Arc<Elector>> {
+    let mut electors = Vec::new();
+    for i in 0..count {
+        let manager = db
+            .manager_with(&format!("candidate-{i}"), ManagerOptions::default())
+            .await;
+        let how = Acquire::ttl(ttl)
+            .holder(format!("candidate-{i}"))
+            .value(format!("10.0.0.{i}:8080"));
+        electors.push(Arc::new(manager.elector("leader", how).expect("elector")));
+    }
+    electors
+}
+
+fn leaders(electors: &[Arc<Elector>]) -> Vec<usize> {
+    (0..electors.len())
+        .filter(|&i| electors[i].is_leader())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn candidates_lead_one_at_a_time_and_resigning_hands_over() {
+    let db = TestDb::new().await;
+    create_log(&db).await;
+    let electors = candidates(&db, 4, Duration::from_secs(5)).await;
+    let runs: Vec<_> = electors
+        .iter()
+        .map(|e| {
+            let e = Arc::clone(e);
+            tokio::spawn(async move { e.run(async |held| lead(held).await).await })
+        })
+        .collect();
+    let mut handovers = Vec::new();
+    for round in 0..electors.len() {
+        poll_until("a leader", BOUND, || async {
+            leaders(&electors).len() == 1
+        })
+        .await;
+        let leader = leaders(&electors)[0];
+        // The value published with the term is the leader's.
+        let status = electors[leader].term().expect("the leader's term").token();
+        let read = db.manager().inspect("leader").await.expect("inspect");
+        assert_eq!(read.token, Some(status));
+        assert_eq!(read.value, Some(format!("10.0.0.{leader}:8080")));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let resigned = Instant::now();
+        electors[leader].resign();
+        if round + 1 < electors.len() {
+            poll_until("the next leader", BOUND, || async {
+                leaders(&electors).iter().any(|&i| i != leader)
+            })
+            .await;
+            handovers.push(resigned.elapsed());
+        }
+    }
+    for run in runs {
+        tokio::time::timeout(BOUND, run)
+            .await
+            .expect("run returns after resign")
+            .expect("run task")
+            .expect("run");
+    }
+    eprintln!("handover on resign: {handovers:?}");
+    for elector in &electors {
+        assert_eq!(elector.terms(), 1);
+        assert_eq!(elector.leadership(), Leadership::Stopped);
+    }
+    // In commit order (ids are taken inside the fenced transactions),
+    // tokens never go back: no term wrote after a later one began.
+    let tokens: Vec<i64> = sqlx::query_scalar("SELECT token FROM log ORDER BY id")
+        .fetch_all(db.pool())
+        .await
+        .expect("read the log");
+    assert!(tokens.windows(2).all(|w| w[0] <= w[1]), "{tokens:?}");
+    let mut terms = tokens.clone();
+    terms.dedup();
+    assert_eq!(terms.len(), electors.len(), "{terms:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_term_stops_the_work_and_the_campaign_goes_on() {
+    let db = TestDb::new().await;
+    create_log(&db).await;
+    let electors = candidates(&db, 2, Duration::from_secs(1)).await;
+    let stopped = Arc::new(AtomicBool::new(false));
+    let first = {
+        let (e, stopped) = (Arc::clone(&electors[0]), Arc::clone(&stopped));
+        tokio::spawn(async move {
+            e.run(async move |held| lead_until_dropped(held, Arc::clone(&stopped)).await)
+                .await
+        })
+    };
+    poll_until("the first leads", BOUND, || async {
+        electors[0].is_leader()
+    })
+    .await;
+    let old = electors[0].term().expect("a term").token();
+    let second = {
+        let e = Arc::clone(&electors[1]);
+        tokio::spawn(async move { e.run(async |held| lead(held).await).await })
+    };
+    poll_until("the second campaigns", BOUND, || async {
+        electors[1].leadership() == Leadership::Candidate
+    })
+    .await;
+
+    // Someone ends the first leader's term (an operator releasing under
+    // its token): its next renewal finds the lease gone.
+    let ended = Instant::now();
+    let released: bool = sqlx::query_scalar("SELECT pglease.release('leader', $1)")
+        .bind(old)
+        .fetch_one(db.pool())
+        .await
+        .expect("release the first leader's term");
+    assert!(released);
+    poll_until("the second leads", BOUND, || async {
+        electors[1].is_leader()
+    })
+    .await;
+    poll_until("the first's work stopped", BOUND, || async {
+        stopped.load(Ordering::SeqCst)
+    })
+    .await;
+    eprintln!("takeover after the term ended: {:?}", ended.elapsed());
+    // The first learns of it at its next renewal (a third of the TTL);
+    // its writes were refused meanwhile.
+    poll_until("the first knows it lost", BOUND, || async {
+        !electors[0].is_leader() && electors[0].leadership() == Leadership::Candidate
+    })
+    .await;
+    eprintln!("the first knew after: {:?}", ended.elapsed());
+    // The old term's token fences nothing any more.
+    let manager = db.manager();
+    assert!(matches!(
+        manager.begin_fenced(&common::fence("leader", old)).await,
+        Err(Error::NotHeld { .. })
+    ));
+
+    // The first is still a candidate: it leads again once the second
+    // resigns.
+    electors[1].resign();
+    poll_until("the first leads again", BOUND, || async {
+        electors[0].is_leader()
+    })
+    .await;
+    assert_eq!(electors[0].terms(), 2);
+    electors[0].resign();
+    for run in [first, second] {
+        tokio::time::timeout(BOUND, run)
+            .await
+            .expect("run returns")
+            .expect("run task")
+            .expect("run");
+    }
+    let tokens: Vec<i64> = sqlx::query_scalar("SELECT token FROM log ORDER BY id")
+        .fetch_all(db.pool())
+        .await
+        .expect("read the log");
+    assert!(tokens.windows(2).all(|w| w[0] <= w[1]), "{tokens:?}");
+}
