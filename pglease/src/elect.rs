@@ -112,7 +112,8 @@ impl Elector {
     /// once), or when the manager shuts down.
     ///
     /// Database errors while campaigning are logged and retried with
-    /// backoff (from 50 ms up to 3.2 s).
+    /// backoff (from 50 ms up to 3.2 s). Run it once per elector at a time
+    /// (two runs of one elector would campaign as the same candidate).
     ///
     /// # Errors
     ///
