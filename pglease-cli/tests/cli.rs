@@ -13,7 +13,6 @@ use common::{RolesDb, TestDb, poll_until};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use pglease::Acquire;
-use sqlx::AssertSqlSafe;
 
 const BIN: &str = env!("CARGO_BIN_EXE_pglease");
 const BOUND: Duration = Duration::from_secs(30);
@@ -656,21 +655,13 @@ async fn migrate_creates_the_schema_and_the_url_may_follow_the_command() {
 #[tokio::test]
 async fn migrate_names_the_grant_an_owner_without_pg_signal_backend_lacks() {
     let owner = format!("pglease_cli_owner_{}", std::process::id());
-    let guard = RolesDb {
-        db: Some(TestDb::empty().await),
-        roles: vec![owner.clone()],
-    };
+    let guard = RolesDb::new(TestDb::empty().await, &[&owner]).await;
     let db = guard.db();
-    for sql in [
-        format!("DROP ROLE IF EXISTS {owner}"),
+    db.execute_all(&[
         format!("CREATE ROLE {owner} LOGIN PASSWORD 'pw'"),
         format!("GRANT CREATE ON DATABASE {} TO {owner}", db.name()),
-    ] {
-        sqlx::query(AssertSqlSafe(sql.clone()))
-            .execute(db.pool())
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    }
+    ])
+    .await;
     let out = Command::new(BIN)
         .args(["--database-url", &db.url_as(&owner, "pw"), "migrate"])
         .output()

@@ -140,21 +140,13 @@ async fn every_command_works_through_the_pooler() {
 #[tokio::test]
 async fn migrate_names_the_missing_grant_through_the_pooler() {
     let owner = format!("pglease_pooler_owner_{}", std::process::id());
-    let guard = RolesDb {
-        db: Some(TestDb::empty().await),
-        roles: vec![owner.clone()],
-    };
+    let guard = RolesDb::new(TestDb::empty().await, &[&owner]).await;
     let db = guard.db();
-    for sql in [
-        format!("DROP ROLE IF EXISTS {owner}"),
+    db.execute_all(&[
         format!("CREATE ROLE {owner} LOGIN"),
         format!("GRANT CREATE ON DATABASE {} TO {owner}", db.name()),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-            .execute(db.pool())
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    }
+    ])
+    .await;
     let Some(bouncer) = Bouncer::with_users(&db.options(), &[&owner]) else {
         return;
     };

@@ -72,21 +72,13 @@ async fn a_missing_or_outdated_schema_is_a_problem() {
 #[tokio::test]
 async fn an_application_role_gets_findings_not_an_error() {
     let role = format!("pglease_doctor_{}", std::process::id());
-    let scratch = common::RolesDb {
-        db: Some(TestDb::new().await),
-        roles: vec![role.clone()],
-    };
+    let scratch = common::RolesDb::new(TestDb::new().await, &[&role]).await;
     let db = scratch.db();
-    for sql in [
-        format!("DROP ROLE IF EXISTS {role}"),
+    db.execute_all(&[
         format!("CREATE ROLE {role} LOGIN"),
         format!("GRANT USAGE ON SCHEMA pglease TO {role}"),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(db.pool())
-            .await
-            .expect("set up the role");
-    }
+    ])
+    .await;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .connect_with(db.options().username(&role))

@@ -8,19 +8,15 @@ use sqlx::{AssertSqlSafe, Connection};
 
 #[tokio::test]
 async fn application_role_calls_functions_but_cannot_update_leases() {
-    let db = TestDb::new().await;
     let role = format!("pglease_app_{}", std::process::id());
-    for sql in [
-        format!("DROP ROLE IF EXISTS {role}"),
+    let guard = common::RolesDb::new(TestDb::new().await, &[&role]).await;
+    let db = guard.db();
+    db.execute_all(&[
         format!("CREATE ROLE {role} NOLOGIN"),
         format!("GRANT USAGE ON SCHEMA pglease TO {role}"),
         format!("GRANT SELECT ON pglease.status TO {role}"),
-    ] {
-        sqlx::query(AssertSqlSafe(sql))
-            .execute(db.pool())
-            .await
-            .expect("set up the role");
-    }
+    ])
+    .await;
     let mut conn = db.connect().await;
     let mut tx = conn.begin().await.expect("begin");
     sqlx::query(AssertSqlSafe(format!("SET LOCAL ROLE {role}")))

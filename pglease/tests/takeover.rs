@@ -305,17 +305,6 @@ async fn a_holder_frozen_in_a_long_fenced_statement_is_taken_over() {
     frozen_holder_is_taken_over(IN_STATEMENT).await;
 }
 
-/// Two roles made for one test, and its database, all dropped afterwards
-/// (roles are cluster-wide: the database goes first, then the roles).
-async fn run_sql(db: &TestDb, statements: &[String]) {
-    for sql in statements {
-        sqlx::query(AssertSqlSafe(sql.clone()))
-            .execute(db.pool())
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    }
-}
-
 /// The schema owned by a role that is not a superuser: without
 /// pg_signal_backend it cannot end another role's stale session, and the
 /// lease is reported pinned at once (not a hang). Granted pg_signal_backend, the same acquisition goes through.
@@ -326,22 +315,14 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
         format!("pglease_owner_{suffix}"),
         format!("pglease_app2_{suffix}"),
     );
-    let guard = RolesDb {
-        db: Some(TestDb::empty().await),
-        roles: vec![owner.clone(), app.clone()],
-    };
+    let guard = RolesDb::new(TestDb::empty().await, &[&owner, &app]).await;
     let db = guard.db();
-    run_sql(
-        db,
-        &[
-            format!("DROP ROLE IF EXISTS {owner}"),
-            format!("DROP ROLE IF EXISTS {app}"),
-            format!("CREATE ROLE {owner} LOGIN PASSWORD 'pw'"),
-            format!("CREATE ROLE {app} LOGIN PASSWORD 'pw'"),
-            format!("GRANT CREATE ON DATABASE {} TO {owner}", db.name()),
-            format!("GRANT CREATE ON SCHEMA public TO {owner}"),
-        ],
-    )
+    db.execute_all(&[
+        format!("CREATE ROLE {owner} LOGIN PASSWORD 'pw'"),
+        format!("CREATE ROLE {app} LOGIN PASSWORD 'pw'"),
+        format!("GRANT CREATE ON DATABASE {} TO {owner}", db.name()),
+        format!("GRANT CREATE ON SCHEMA public TO {owner}"),
+    ])
     .await;
     let as_owner = LeaseManager::connect(&db.url_as(&owner, "pw"))
         .await
@@ -408,7 +389,8 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
         Err(Error::Pinned { .. })
     ));
 
-    run_sql(db, &[format!("GRANT pg_signal_backend TO {owner}")]).await;
+    db.execute_all(&[format!("GRANT pg_signal_backend TO {owner}")])
+        .await;
     assert!(as_owner.can_end_stale_transactions().await.expect("check"));
     let taken = tokio::time::timeout(BOUND, b.acquire("job", Acquire::ttl(LONG).holder("B")))
         .await

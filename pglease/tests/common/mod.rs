@@ -230,6 +230,17 @@ impl TestDb {
         self.options.clone()
     }
 
+    /// Runs `statements` in order, each on its own; panics with the one
+    /// that fails.
+    pub async fn execute_all(&self, statements: &[String]) {
+        for sql in statements {
+            sqlx::query(AssertSqlSafe(sql.clone()))
+                .execute(&self.pool)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+    }
+
     /// A connection of its own, outside the pool.
     pub async fn connect(&self) -> PgConnection {
         self.options
@@ -484,6 +495,20 @@ pub struct RolesDb {
 }
 
 impl RolesDb {
+    /// `db` and the names of roles about to be made for it; a role of the
+    /// same name left by an earlier run is dropped first.
+    pub async fn new(db: TestDb, roles: &[&str]) -> RolesDb {
+        let leftovers: Vec<String> = roles
+            .iter()
+            .map(|role| format!("DROP ROLE IF EXISTS {role}"))
+            .collect();
+        db.execute_all(&leftovers).await;
+        RolesDb {
+            db: Some(db),
+            roles: roles.iter().map(|role| (*role).to_owned()).collect(),
+        }
+    }
+
     pub fn db(&self) -> &TestDb {
         self.db.as_ref().expect("the database")
     }
