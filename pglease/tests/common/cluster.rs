@@ -229,26 +229,15 @@ impl Replicated {
             Standby::Synchronous => "sync",
             Standby::Asynchronous => "async",
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let state: Option<(String, String)> = sqlx::query_as(
-                "SELECT state, sync_state FROM pg_stat_replication WHERE application_name = 'standby'",
-            )
-            .fetch_optional(&pool)
-            .await
-            .expect("read pg_stat_replication");
-            if state
-                .as_ref()
-                .is_some_and(|(state, sync)| state == "streaming" && sync == wanted)
-            {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the standby did not stream as {wanted} within 30 s: {state:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let streaming = format!("streaming {wanted}");
+        until(
+            &pool,
+            "SELECT coalesce((SELECT state || ' ' || sync_state FROM pg_stat_replication \
+                               WHERE application_name = 'standby'), 'not connected')",
+            &format!("the standby streaming as {wanted}"),
+            |state: &String| *state == streaming,
+        )
+        .await;
         pool.close().await;
         Some(cluster)
     }
@@ -308,23 +297,13 @@ impl Replicated {
             .expect("read the primary's WAL position");
         primary.close().await;
         let standby = self.standby.pool().await;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let replayed: bool =
-                sqlx::query_scalar("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn")
-                    .bind(&lsn)
-                    .fetch_one(&standby)
-                    .await
-                    .expect("read the standby's replay position");
-            if replayed {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the standby did not replay up to {lsn} within 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until(
+            &standby,
+            &format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn"),
+            &format!("the standby replaying up to {lsn}"),
+            |replayed: &bool| *replayed,
+        )
+        .await;
         standby.close().await;
     }
 
@@ -332,22 +311,39 @@ impl Replicated {
     pub async fn promote(&self) {
         self.pg_ctl(&self.standby, &["promote", "-w", "-t", "60"]);
         let pool = self.standby.pool().await;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let recovering: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
-                .fetch_one(&pool)
-                .await
-                .expect("ask the standby");
-            if !recovering {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the standby was not promoted within 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until(
+            &pool,
+            "SELECT pg_is_in_recovery()",
+            "the standby promoted",
+            |recovering: &bool| !*recovering,
+        )
+        .await;
         pool.close().await;
+    }
+}
+
+/// Reads the one value `query` answers on `pool` every 20 ms until `done`
+/// accepts it; panics after 30 s, saying what it waited for and the last
+/// value read.
+async fn until<T>(pool: &PgPool, query: &str, what: &str, done: impl Fn(&T) -> bool)
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + std::fmt::Debug,
+    T: Send + Unpin,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let value: T = sqlx::query_scalar(sqlx::AssertSqlSafe(query.to_owned()))
+            .fetch_one(pool)
+            .await
+            .unwrap_or_else(|e| panic!("waiting for {what}: {query}: {e}"));
+        if done(&value) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited 30 s for {what}; last read: {value:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
