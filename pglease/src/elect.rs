@@ -14,8 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff;
 use crate::error::{Error, LossReason, Result};
 use crate::hold::HeldLease;
-use crate::input::{check_text, check_value};
-use crate::lease::{Acquire, interval};
+use crate::lease::Acquire;
 use crate::manager::LeaseManager;
 use crate::token::Token;
 
@@ -81,12 +80,7 @@ impl LeaseManager {
     /// [`Error::InvalidInput`] for a bad name, holder, value or TTL, or a
     /// TTL too short for the manager's renewal timing.
     pub fn elector(&self, name: &str, how: Acquire) -> Result<Elector> {
-        check_text("name", name)?;
-        check_text("holder", &how.holder_name())?;
-        if let Some(value) = how.lease_value() {
-            check_value(value)?;
-        }
-        interval(how.lease_ttl())?;
+        how.check(name)?;
         self.options().timing(how.lease_ttl())?;
         Ok(Elector {
             manager: self.clone(),

@@ -9,7 +9,7 @@ use sqlx::Row;
 use sqlx::postgres::types::PgInterval;
 
 use crate::error::{Error, Result};
-use crate::input::{check_text, check_ttl};
+use crate::input::{check_text, check_ttl, check_value};
 use crate::token::Token;
 
 /// A lease name and a token: what the database checks before it lets a
@@ -241,6 +241,17 @@ impl Acquire {
     /// The longest wait.
     pub fn max_wait(&self) -> Duration {
         self.max_wait
+    }
+
+    /// Checks an acquisition of `name` as this says (name, holder, value
+    /// and TTL) before anything is sent; the TTL as an interval.
+    pub(crate) fn check(&self, name: &str) -> Result<PgInterval> {
+        check_text("name", name)?;
+        check_text("holder", &self.holder_name())?;
+        if let Some(value) = self.lease_value() {
+            check_value(value)?;
+        }
+        interval(self.ttl)
     }
 }
 

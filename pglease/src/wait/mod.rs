@@ -25,8 +25,7 @@ use crate::backoff;
 use crate::context::Context;
 use crate::db;
 use crate::error::{Error, Result};
-use crate::input::{check_text, check_value};
-use crate::lease::{Acquire, Lease, interval, ttl_duration};
+use crate::lease::{Acquire, Lease, ttl_duration};
 use crate::sql;
 use crate::token::Token;
 
@@ -243,14 +242,9 @@ impl Acquirer {
     /// Acquires `name` as `how` says (see `LeaseManager::acquire`); returns
     /// the lease and when the statement that confirmed it was sent.
     pub(crate) async fn acquire(&self, name: &str, how: &Acquire) -> Result<(Lease, Instant)> {
-        check_text("name", name)?;
+        let ttl = how.check(name)?;
         let holder = how.holder_name();
         let holder = holder.as_ref();
-        check_text("holder", holder)?;
-        if let Some(value) = how.lease_value() {
-            check_value(value)?;
-        }
-        let ttl = interval(how.lease_ttl())?;
         let max_wait = how.max_wait();
         let context = &self.context;
         if context.is_shut_down() {
