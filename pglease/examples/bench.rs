@@ -150,9 +150,9 @@ fn lib_cycle(m: &LeaseManager) -> Op {
     })
 }
 
-/// Renew, through the library, the lease `leases[client]`.
-/// A fenced transaction as `begin_fenced` opens it, writing one row.
-fn lib_fenced(m: &LeaseManager, leases: &Arc<Vec<Lease>>) -> Op {
+/// A fenced transaction as `begin_fenced` opens it, writing one row with
+/// a prepared statement (`persistent`) or an unnamed one.
+fn lib_fenced(m: &LeaseManager, leases: &Arc<Vec<Lease>>, persistent: bool) -> Op {
     let m = m.clone();
     let leases = leases.clone();
     op(move |c| {
@@ -161,6 +161,7 @@ fn lib_fenced(m: &LeaseManager, leases: &Arc<Vec<Lease>>) -> Op {
         async move {
             let mut tx = m.begin_fenced(&leases[c]).await?;
             sqlx::query(RAW_UPDATE)
+                .persistent(persistent)
                 .bind(c as i32)
                 .execute(&mut *tx)
                 .await?;
@@ -170,6 +171,7 @@ fn lib_fenced(m: &LeaseManager, leases: &Arc<Vec<Lease>>) -> Op {
     })
 }
 
+/// Renew, through the library, the lease `leases[client]`.
 fn lib_renew(m: &LeaseManager, leases: &Arc<Vec<Lease>>) -> Op {
     let (m, leases) = (m.clone(), leases.clone());
     op(move |c| {
@@ -350,7 +352,7 @@ async fn main() -> Result<(), Error> {
                         }
                     })
                 },
-                lib_fenced(&m, &tokens),
+                lib_fenced(&m, &tokens, true),
             ),
             (
                 "failed acquire on a held lease",
@@ -491,7 +493,7 @@ async fn fenced_round_trips(
                     }
                 })
             };
-            let one = lib_fenced(m, leases);
+            let one = lib_fenced(m, leases, true);
             let (t, o) = alternate(clients, secs, 3, two, one).await;
             println!("| {commit} | {clients} | {t:.0} | {o:.0} | {:.2} |", o / t);
         }
@@ -835,22 +837,6 @@ async fn through_pooler(
         .connect_with(bouncer.options(&server))
         .await?;
     let pooled = LeaseManager::new(pooled_pool);
-    let fenced = |m: &LeaseManager| {
-        let (m, leases) = (m.clone(), leases.clone());
-        op(move |c| {
-            let (m, leases) = (m.clone(), leases.clone());
-            async move {
-                let mut tx = m.begin_fenced(&leases[c]).await?;
-                sqlx::query(RAW_UPDATE)
-                    .persistent(false)
-                    .bind(c as i32)
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                Ok(())
-            }
-        })
-    };
     println!(
         "\nThrough PgBouncer {} (pool_mode = transaction, 8 server sessions) vs direct, \
          alternated\n| operation | clients | direct ops/s | through PgBouncer ops/s | ratio |\n\
@@ -861,7 +847,11 @@ async fn through_pooler(
         let rows: Vec<(&str, Op, Op)> = vec![
             ("acquire + release", lib_cycle(m), lib_cycle(&pooled)),
             ("renew", lib_renew(m, leases), lib_renew(&pooled, leases)),
-            ("fenced transaction, one write", fenced(m), fenced(&pooled)),
+            (
+                "fenced transaction, one write",
+                lib_fenced(m, leases, false),
+                lib_fenced(&pooled, leases, false),
+            ),
         ];
         for (label, direct, through) in rows {
             let (d, p) = alternate(clients, secs, 2, direct, through).await;
