@@ -16,6 +16,7 @@ use crate::error::{Error, LossReason, Result};
 use crate::hold::HeldLease;
 use crate::lease::Acquire;
 use crate::manager::LeaseManager;
+use crate::observe::Change;
 use crate::token::Token;
 
 /// How long one campaign statement waits before it is sent again (a
@@ -36,6 +37,19 @@ pub enum Leadership {
     Stopped,
 }
 
+/// The leader of an election as a candidate sees it: the current holder
+/// of the lease and what it published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Leader {
+    /// The leader's holder name.
+    pub holder: String,
+    /// Its term's token.
+    pub token: Token,
+    /// The value it published (its address, say), if any.
+    pub value: Option<String>,
+}
+
 /// One candidate in the election of a lease name, made by
 /// [`LeaseManager::elector`]. [`Elector::run`] campaigns and runs the
 /// leader's work; [`Elector::is_leader`], [`Elector::leadership`] and
@@ -50,12 +64,24 @@ pub struct Elector {
     held: Mutex<Option<HeldLease>>,
     resigned: CancellationToken,
     terms: AtomicU64,
+    /// The leader observed, whoever it is.
+    leader: watch::Sender<Option<Leader>>,
+    /// The latest step-down request heard: the term asked, and by whom.
+    asked: watch::Sender<Option<(Token, String)>>,
+    /// The term this candidate steps down from (`Elector::step_down`).
+    stepping_down: watch::Sender<Option<Token>>,
+    /// Every term up to this token is observed to have ended.
+    ended: watch::Sender<Option<Token>>,
 }
 
 /// How a term ended.
 enum Ended {
     Lost(LossReason),
+    /// Observed to have ended in the database (released or taken over by
+    /// someone else) before the next renewal would have told.
+    Observed,
     Resigned,
+    SteppedDown,
 }
 
 /// Marks the elector stopped and forgets its term when `run` returns or
@@ -90,6 +116,10 @@ impl LeaseManager {
             held: Mutex::new(None),
             resigned: CancellationToken::new(),
             terms: AtomicU64::new(0),
+            leader: watch::Sender::new(None),
+            asked: watch::Sender::new(None),
+            stepping_down: watch::Sender::new(None),
+            ended: watch::Sender::new(None),
         })
     }
 }
@@ -119,11 +149,109 @@ impl Elector {
     /// Dropped, the campaign stops, `work` is dropped with it, and the
     /// term's lease is released in the background once the last clone of
     /// its [`HeldLease`] is gone.
-    pub async fn run<F>(&self, mut work: F) -> Result<()>
+    pub async fn run<F>(&self, work: F) -> Result<()>
     where
         F: AsyncFnMut(HeldLease),
     {
         let _running = Running(self);
+        tokio::select! {
+            biased;
+            outcome = self.campaign(work) => outcome,
+            () = self.follow() => Ok(()),
+        }
+    }
+
+    /// Observes the name for as long as the elector runs: who leads, and
+    /// the step-down requests. Returns when the manager shuts down.
+    async fn follow(&self) {
+        let mut failures: u32 = 0;
+        loop {
+            match self.manager.observe(&self.name).await {
+                Ok(mut observer) => {
+                    while let Ok(change) = observer.next().await {
+                        self.heard(change);
+                    }
+                    return;
+                }
+                Err(Error::ShutDown) => return,
+                Err(error) => {
+                    failures = failures.saturating_add(1);
+                    tracing::debug!(name = self.name, %error, "cannot observe the election; retrying");
+                    tokio::time::sleep(backoff::reconnect(failures)).await;
+                }
+            }
+        }
+    }
+
+    /// Takes in one observed change of the lease.
+    fn heard(&self, change: Change) {
+        let ended = match &change {
+            Change::Current(status) if status.held => status.token.and_then(Token::previous),
+            Change::Current(status) => status.token,
+            Change::Acquired { token, .. } => token.previous(),
+            Change::Released { token } | Change::Expired { token } => Some(*token),
+            _ => None,
+        };
+        if let Some(ended) = ended {
+            self.ended.send_if_modified(|up_to| {
+                let later = up_to.is_none_or(|t| t < ended);
+                if later {
+                    *up_to = Some(ended);
+                }
+                later
+            });
+        }
+        match change {
+            Change::Current(status) => {
+                let leader = match (&status.holder, status.token) {
+                    (Some(holder), Some(token)) if status.held => Some(Leader {
+                        holder: holder.clone(),
+                        token,
+                        value: status.value.clone(),
+                    }),
+                    _ => None,
+                };
+                if let (Some(by), Some(token)) = (status.step_down_requested_by, status.token) {
+                    self.asked.send_replace(Some((token, by)));
+                }
+                self.leader.send_replace(leader);
+            }
+            Change::Acquired { token, holder, .. } => {
+                self.leader.send_replace(Some(Leader {
+                    holder,
+                    token,
+                    value: None,
+                }));
+            }
+            Change::ValueChanged { token, value } => {
+                self.leader.send_if_modified(|leader| match leader {
+                    Some(leader) if leader.token == token => {
+                        leader.value = value;
+                        true
+                    }
+                    _ => false,
+                });
+            }
+            Change::StepDownRequested { token, by } => {
+                self.asked.send_replace(Some((token, by)));
+            }
+            Change::Released { token } | Change::Expired { token } => {
+                self.leader.send_if_modified(|leader| {
+                    let ended = leader.as_ref().is_some_and(|l| l.token == token);
+                    if ended {
+                        *leader = None;
+                    }
+                    ended
+                });
+            }
+        }
+    }
+
+    /// The campaign loop of [`Elector::run`].
+    async fn campaign<F>(&self, mut work: F) -> Result<()>
+    where
+        F: AsyncFnMut(HeldLease),
+    {
         let mut failures: u32 = 0;
         loop {
             if self.resigned.is_cancelled() {
@@ -155,15 +283,18 @@ impl Elector {
             };
             *self.lock_held() = Some(held.clone());
             self.terms.fetch_add(1, Ordering::Relaxed);
-            self.state.send_replace(Leadership::Leading {
-                token: held.token(),
-            });
+            let token = held.token();
+            self.state.send_replace(Leadership::Leading { token });
             let ended = {
+                let mut stepping_down = self.stepping_down.subscribe();
+                let mut observed_end = self.ended.subscribe();
                 let mut ends = std::pin::pin!(async {
                     tokio::select! {
                         biased;
                         () = self.resigned.cancelled() => Ended::Resigned,
                         reason = held.lost() => Ended::Lost(reason),
+                        _ = stepping_down.wait_for(|t| *t == Some(token)) => Ended::SteppedDown,
+                        _ = observed_end.wait_for(|t| *t >= Some(token)) => Ended::Observed,
                     }
                 });
                 tokio::select! {
@@ -179,13 +310,44 @@ impl Elector {
                 Ended::Lost(reason) => {
                     tracing::info!(name = self.name, token = %held.token(), ?reason, "leadership lost");
                 }
+                Ended::Observed => {
+                    // Somebody ended the term (an operator releasing it,
+                    // say): most likely to move leadership elsewhere.
+                    tracing::info!(name = self.name, %token, "leadership ended (observed)");
+                    self.state.send_replace(Leadership::Candidate);
+                    if self.sit_out(token).await {
+                        return Ok(());
+                    }
+                }
                 Ended::Resigned => {
                     if let Err(error) = held.release().await {
                         tracing::warn!(name = self.name, %error, "could not release on resigning");
                     }
                     return Ok(());
                 }
+                Ended::SteppedDown => {
+                    self.state.send_replace(Leadership::Candidate);
+                    if let Err(error) = held.release().await {
+                        tracing::warn!(name = self.name, %error, "could not release on stepping down");
+                    }
+                    tracing::info!(name = self.name, %token, "stepped down");
+                    if self.sit_out(token).await {
+                        return Ok(());
+                    }
+                }
             }
+        }
+    }
+
+    /// Lets another candidate lead after the term of `token`: waits until
+    /// one does, or for one TTL if none comes. True if the candidate
+    /// resigned meanwhile.
+    async fn sit_out(&self, token: Token) -> bool {
+        let mut leader = self.leader.subscribe();
+        tokio::select! {
+            () = self.resigned.cancelled() => true,
+            _ = leader.wait_for(|l| l.as_ref().is_some_and(|l| l.token > token)) => false,
+            () = tokio::time::sleep(self.how.lease_ttl()) => false,
         }
     }
 
@@ -212,6 +374,66 @@ impl Elector {
     /// The current term's lease, if this candidate leads.
     pub fn term(&self) -> Option<HeldLease> {
         self.lock_held().clone()
+    }
+
+    /// The leader as last observed (this candidate or another), or `None`
+    /// while nobody leads. Followers learn the leader's value (its
+    /// address, say) here. Kept up to date while [`Elector::run`] runs,
+    /// from notifications where available and by polling otherwise.
+    pub fn leader(&self) -> Option<Leader> {
+        self.leader.borrow().clone()
+    }
+
+    /// Every change of [`Elector::leader`], as a watch channel: a follower
+    /// awaits `changed()` to learn of a new leader.
+    pub fn leaders(&self) -> watch::Receiver<Option<Leader>> {
+        self.leader.subscribe()
+    }
+
+    /// Who asked this candidate to step down, if it leads and somebody
+    /// asked during its current term
+    /// ([`LeaseManager::request_step_down`]).
+    pub fn step_down_requested(&self) -> Option<String> {
+        let Leadership::Leading { token } = self.leadership() else {
+            return None;
+        };
+        match &*self.asked.borrow() {
+            Some((asked, by)) if *asked == token => Some(by.clone()),
+            _ => None,
+        }
+    }
+
+    /// Waits until this candidate, leading, is asked to step down during
+    /// its current term, and returns who asked. The work decides what to
+    /// do: finish and call [`Elector::step_down`], or ignore the request
+    /// (the lease stays held: safety first).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only waits.
+    pub async fn step_down_request(&self) -> String {
+        let mut asked = self.asked.subscribe();
+        let mut state = self.state.subscribe();
+        loop {
+            if let Some(by) = self.step_down_requested() {
+                return by;
+            }
+            tokio::select! {
+                changed = asked.changed() => if changed.is_err() { std::future::pending::<()>().await },
+                changed = state.changed() => if changed.is_err() { std::future::pending::<()>().await },
+            }
+        }
+    }
+
+    /// Ends the current term, if this candidate leads: the work is
+    /// dropped at its next await point, the lease released, and the
+    /// candidate campaigns again once another candidate leads (or after
+    /// one TTL if none does). Unlike [`Elector::resign`], the elector
+    /// goes on.
+    pub fn step_down(&self) {
+        if let Leadership::Leading { token } = self.leadership() {
+            self.stepping_down.send_replace(Some(token));
+        }
     }
 
     /// How many terms this candidate has led.

@@ -300,6 +300,12 @@ pub struct LeaseStatus {
     /// [`LeaseManager::proclaim`](crate::LeaseManager::proclaim)); it
     /// stays after a release or expiry until the next acquisition.
     pub value: Option<String>,
+    /// Who asked the current holder to step down
+    /// ([`LeaseManager::request_step_down`](crate::LeaseManager::request_step_down));
+    /// `None` if nobody did, or once the lease is not held.
+    pub step_down_requested_by: Option<String>,
+    /// When that request was made (database clock).
+    pub step_down_requested_at: Option<DateTime<Utc>>,
 }
 
 impl LeaseStatus {
@@ -312,6 +318,8 @@ impl LeaseStatus {
             remaining: None,
             held: false,
             value: None,
+            step_down_requested_by: None,
+            step_down_requested_at: None,
         }
     }
 
@@ -325,6 +333,8 @@ impl LeaseStatus {
             remaining: remaining_us.map(|us| Duration::from_micros(us.max(0).unsigned_abs())),
             held: row.try_get("held")?,
             value: row.try_get("value")?,
+            step_down_requested_by: row.try_get("step_down_requested_by")?,
+            step_down_requested_at: row.try_get("step_down_requested_at")?,
         })
     }
 }

@@ -6,7 +6,7 @@
 // `input`, `lease`, `options`, `backoff`, `sql`); the shared context and
 // the statements (`context`, `db`, `fenced`); the components (`hold`,
 // `wait`); the manager; and beside it `advisory`, `migrate`, `connect`,
-// `doctor`, `elect`.
+// `doctor`, `observe`, `elect`.
 mod advisory;
 mod backoff;
 mod connect;
@@ -22,6 +22,7 @@ mod input;
 mod lease;
 mod manager;
 mod migrate;
+mod observe;
 mod options;
 #[cfg(feature = "signal")]
 mod signal;
@@ -32,7 +33,7 @@ mod wait;
 pub use advisory::{SessionLock, XactLock, advisory_key};
 pub use connect::{DEFAULT_CONNECT_TIMEOUT, libpq_defaults, parse_url, pool_options};
 pub use doctor::{Check, Diagnosis, Verdict};
-pub use elect::{Elector, Leadership};
+pub use elect::{Elector, Leader, Leadership};
 pub use error::{
     Error, LossReason, NotHeldReason, Result, SQLSTATE_INVALID_INPUT, SQLSTATE_NOT_DECLARED,
     SQLSTATE_NOT_HELD,
@@ -44,6 +45,7 @@ pub use input::{MAX_NAME_BYTES, MAX_TTL, MAX_VALUE_BYTES};
 pub use lease::{Acquire, Fence, Lease, LeaseStatus, default_holder};
 pub use manager::{LeaseManager, ManagerStats};
 pub use migrate::MIGRATIONS_TABLE;
+pub use observe::{Change, Observer};
 pub use options::ManagerOptions;
 #[cfg(feature = "signal")]
 pub use signal::shutdown_signal;

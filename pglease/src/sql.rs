@@ -181,7 +181,8 @@ macro_rules! status_select {
     ($rest:literal) => {
         concat!(
             "SELECT name, holder, token, expires_at, ",
-            "(extract(epoch FROM remaining) * 1000000)::bigint AS remaining_us, held, value ",
+            "(extract(epoch FROM remaining) * 1000000)::bigint AS remaining_us, held, value, ",
+            "step_down_requested_by, step_down_requested_at ",
             "FROM pglease.status",
             $rest
         )
@@ -195,6 +196,24 @@ pub(crate) fn inspect(name: &str) -> String {
 
 /// Every lease ever acquired, by name.
 pub(crate) const LIST: &str = status_select!(" ORDER BY name");
+
+/// Be notified on this session of every change of `name` (after LISTEN
+/// on [`CHANGE_CHANNEL`]).
+pub(crate) fn observe(name: &str) -> String {
+    format!("SELECT pglease.observe({})", Text(name))
+}
+
+/// The channel on which observed changes are notified.
+pub(crate) const CHANGE_CHANNEL: &str = "pglease_change";
+
+/// Ask the holder of `name` to step down; the token asked, or NULL.
+pub(crate) fn request_step_down(name: &str, by: &str) -> String {
+    format!(
+        "SELECT pglease.request_step_down({}, {})",
+        Text(name),
+        Text(by)
+    )
+}
 
 /// Make a table reject writes from transactions that do not hold a lease.
 pub(crate) fn protect(table: &str, name: &str) -> String {

@@ -33,6 +33,11 @@ impl Token {
     pub fn get(self) -> i64 {
         self.0
     }
+
+    /// The token just before this one, if any (tokens start at 1).
+    pub(crate) fn previous(self) -> Option<Token> {
+        (self.0 > 1).then(|| Token(self.0 - 1))
+    }
 }
 
 impl std::fmt::Display for Token {

@@ -57,6 +57,9 @@ async fn library_rejects_bad_input_before_touching_the_database() {
         // lease can be sent with one.
         assert_invalid(what, Fence::new(bad.as_str(), lease.token()), "name");
         assert_invalid(what, m.inspect(&bad).await, "name");
+        assert_invalid(what, m.observe(&bad).await, "name");
+        assert_invalid(what, m.request_step_down(&bad, "ops").await, "name");
+        assert_invalid(what, m.request_step_down("ok", &bad).await, "requested_by");
         assert_invalid(what, m.advance(&bad, common::token(6)).await, "resource");
     }
     let bad_ttls = [
@@ -136,6 +139,12 @@ async fn sql_functions_reject_bad_input_with_22023() {
         "SELECT pglease.release(NULL, 1)",
         "SELECT pglease.release('', 1)",
         "SELECT pglease.release('ok', NULL)",
+        "SELECT pglease.request_step_down(NULL, 'ops')",
+        "SELECT pglease.request_step_down('ok', NULL)",
+        "SELECT pglease.request_step_down('ok', '')",
+        "SELECT pglease.request_step_down('ok', repeat('b', 256))",
+        "SELECT pglease.observe(NULL)",
+        "SELECT pglease.observe('')",
         "SELECT pglease.assert_held(NULL, 1)",
         "SELECT pglease.assert_held('ok', NULL)",
         "SELECT pglease.advance(NULL, 1)",

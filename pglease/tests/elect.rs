@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{TestDb, poll_until};
-use pglease::{Acquire, Elector, Error, HeldLease, Leadership, ManagerOptions};
+use pglease::{Acquire, Elector, Error, HeldLease, Leader, Leadership, ManagerOptions};
 
 const BOUND: Duration = Duration::from_secs(10);
 
@@ -178,8 +178,9 @@ async fn a_lost_term_stops_the_work_and_the_campaign_goes_on() {
     })
     .await;
     eprintln!("takeover after the term ended: {:?}", ended.elapsed());
-    // The first learns of it at its next renewal (a third of the TTL);
-    // its writes were refused meanwhile.
+    // The first learns of it from its observation of the name (or at its
+    // next renewal, a third of the TTL, without notifications); its
+    // writes were refused meanwhile.
     poll_until("the first knows it lost", BOUND, || async {
         !electors[0].is_leader() && electors[0].leadership() == Leadership::Candidate
     })
@@ -213,4 +214,140 @@ async fn a_lost_term_stops_the_work_and_the_campaign_goes_on() {
         .await
         .expect("read the log");
     assert!(tokens.windows(2).all(|w| w[0] <= w[1]), "{tokens:?}");
+}
+
+/// The leader as `elector` last observed it: (holder, value).
+fn observed(elector: &Elector) -> Option<(String, Option<String>)> {
+    elector
+        .leader()
+        .map(|Leader { holder, value, .. }| (holder, value))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn followers_see_the_leader_and_a_step_down_request_is_honoured() {
+    let db = TestDb::new().await;
+    create_log(&db).await;
+    let electors = candidates(&db, 3, Duration::from_secs(5)).await;
+    // The work leads until asked to step down, then steps down.
+    let runs: Vec<_> = electors
+        .iter()
+        .map(|e| {
+            let e = Arc::clone(e);
+            tokio::spawn(async move {
+                let me = Arc::clone(&e);
+                e.run(async move |held| {
+                    tokio::select! {
+                        () = lead(held) => {}
+                        _ = me.step_down_request() => me.step_down(),
+                    }
+                })
+                .await
+            })
+        })
+        .collect();
+    poll_until("a leader", BOUND, || async {
+        leaders(&electors).len() == 1
+    })
+    .await;
+    let first = leaders(&electors)[0];
+    let expected = Some((
+        format!("candidate-{first}"),
+        Some(format!("10.0.0.{first}:8080")),
+    ));
+    poll_until("every candidate sees the leader", BOUND, || async {
+        electors.iter().all(|e| observed(e) == expected)
+    })
+    .await;
+    let token = electors[first].term().expect("a term").token();
+
+    // An operator asks; the leader hears it, steps down, and another
+    // candidate leads.
+    let manager = db.manager();
+    let asked = Instant::now();
+    assert_eq!(
+        manager.request_step_down("leader", "deploy").await.unwrap(),
+        Some(token)
+    );
+    poll_until("another leader", BOUND, || async {
+        leaders(&electors).iter().any(|&i| i != first)
+    })
+    .await;
+    eprintln!("handover on a step-down request: {:?}", asked.elapsed());
+    let second = leaders(&electors)[0];
+    poll_until("every candidate sees the new leader", BOUND, || async {
+        electors
+            .iter()
+            .all(|e| observed(e).is_some_and(|(holder, _)| holder == format!("candidate-{second}")))
+    })
+    .await;
+    // The new term starts without the request.
+    let status = manager.inspect("leader").await.expect("inspect");
+    assert_eq!(status.step_down_requested_by, None);
+    assert!(status.token > Some(token));
+    // The one that stepped down is a candidate again.
+    assert_eq!(electors[first].leadership(), Leadership::Candidate);
+    for elector in &electors {
+        elector.resign();
+    }
+    for run in runs {
+        tokio::time::timeout(BOUND, run)
+            .await
+            .expect("run returns")
+            .expect("run task")
+            .expect("run");
+    }
+    let tokens: Vec<i64> = sqlx::query_scalar("SELECT token FROM log ORDER BY id")
+        .fetch_all(db.pool())
+        .await
+        .expect("read the log");
+    assert!(tokens.windows(2).all(|w| w[0] <= w[1]), "{tokens:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_that_ignores_a_step_down_request_keeps_its_lease() {
+    let db = TestDb::new().await;
+    let electors = candidates(&db, 2, Duration::from_millis(600)).await;
+    let runs: Vec<_> = electors
+        .iter()
+        .map(|e| {
+            let e = Arc::clone(e);
+            tokio::spawn(async move { e.run(async |_held| {}).await })
+        })
+        .collect();
+    poll_until("a leader", BOUND, || async {
+        leaders(&electors).len() == 1
+    })
+    .await;
+    let leader = leaders(&electors)[0];
+    let token = electors[leader].term().expect("a term").token();
+    let manager = db.manager();
+    manager
+        .request_step_down("leader", "candidate-x")
+        .await
+        .expect("request");
+    poll_until("the leader hears the request", BOUND, || async {
+        electors[leader].step_down_requested().as_deref() == Some("candidate-x")
+    })
+    .await;
+    // Two TTLs later (renewed all along), it still leads the same term.
+    let until = db.db_now().await + chrono::Duration::milliseconds(1200);
+    db.wait_until_db_time(until).await;
+    let status = manager.inspect("leader").await.expect("inspect");
+    assert!(status.held);
+    assert_eq!(status.token, Some(token));
+    assert_eq!(
+        status.step_down_requested_by.as_deref(),
+        Some("candidate-x")
+    );
+    assert!(electors[leader].is_leader());
+    for elector in &electors {
+        elector.resign();
+    }
+    for run in runs {
+        tokio::time::timeout(BOUND, run)
+            .await
+            .expect("run returns")
+            .expect("run task")
+            .expect("run");
+    }
 }

@@ -149,6 +149,11 @@ impl LeaseManager {
         &self.shared.context.pool
     }
 
+    /// What this manager's clones and tasks share.
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.shared.context
+    }
+
     /// This manager's options.
     pub fn options(&self) -> &ManagerOptions {
         &self.shared.context.options

@@ -84,6 +84,34 @@ impl LeaseManager {
         db::proclaim(self.pool(), lease.as_ref(), value).await
     }
 
+    /// Asks the current holder of `name` to step down, on behalf of `by`
+    /// (a candidate or an operator): the request is shown in the status
+    /// view ([`LeaseStatus::step_down_requested_by`]) and reported to
+    /// observers, and an [`Elector`](crate::Elector) that leads hears it
+    /// ([`Elector::step_down_requested`](crate::Elector::step_down_requested)).
+    /// It changes nothing else: a holder that ignores it keeps the lease.
+    /// Returns the token of the acquisition asked, or `None` if nobody
+    /// holds the lease.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad name or requester (nothing sent);
+    /// [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the request may or may not be made: call it
+    /// again (a repeated request changes only its time).
+    pub async fn request_step_down(&self, name: &str, by: &str) -> Result<Option<Token>> {
+        check_text("name", name)?;
+        check_text("requested_by", by)?;
+        let row = sql::query(sql::request_step_down(name, by))
+            .fetch_one(self.pool())
+            .await?;
+        let token: Option<i64> = row.try_get(0)?;
+        Ok(token.map(Token::issued))
+    }
+
     /// Ends the lease at once, and wakes acquirers waiting for it.
     ///
     /// Returns `true` if this call ended it, `false` if the token was not

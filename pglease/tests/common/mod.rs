@@ -374,9 +374,10 @@ impl TestDb {
     pub async fn snapshot(&self) -> String {
         sqlx::query_scalar(
             "SELECT concat_ws(E'\\n', \
-               (SELECT string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s|%s', name, holder, token, \
-                                         expires_at, acquired_at, renewed_at, released_at, value, \
-                                         value_token), E'\\n' ORDER BY name) \
+               (SELECT string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s', name, holder, \
+                                         token, expires_at, acquired_at, renewed_at, released_at, \
+                                         value, value_token, step_down_token, step_down_by, \
+                                         step_down_at), E'\\n' ORDER BY name) \
                   FROM pglease.leases), \
                (SELECT string_agg(format('%s|%s|%s', resource, token, advanced_at), E'\\n' ORDER BY resource) \
                   FROM pglease.fences), \
