@@ -114,6 +114,59 @@ pub(crate) enum Command {
         #[arg(required = true, last = true)]
         cmd: Vec<String>,
     },
+    /// Who leads NAME: holder, token and value (exit 3 if nobody).
+    Leader {
+        /// The lease name.
+        name: String,
+        /// Print one JSON object (as `status --json`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print NAME's state, then every change (acquired, value, step-down
+    /// requested, released, expired), one JSON object per line, until
+    /// interrupted.
+    Observe {
+        /// The lease name.
+        name: String,
+    },
+    /// Ask the holder of NAME to step down (exit 3 if nobody holds it).
+    StepDown {
+        /// The lease name.
+        name: String,
+        /// Who asks (default: host name and process id).
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Campaign for NAME and run CMD while leading: stop it when
+    /// leadership is lost or the leader is asked to step down, and
+    /// campaign again.
+    Elect {
+        /// The lease name.
+        name: String,
+        /// Time to live of each term; renewed every third of it.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// Publish this value with each term (an address, say); CMD gets
+        /// it as PGLEASE_VALUE.
+        #[arg(long)]
+        value: Option<String>,
+        /// Who campaigns (default: host name and process id).
+        #[arg(long)]
+        holder: Option<String>,
+        /// Time between SIGTERM and SIGKILL when CMD must stop.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        grace: Duration,
+        /// How many times a failed CMD is started again (over all terms)
+        /// before elect resigns and exits with its status.
+        #[arg(long, default_value_t = 3)]
+        max_restarts: u32,
+        /// The pause before a failed CMD is started again.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        restart_delay: Duration,
+        /// The command and its arguments.
+        #[arg(required = true, last = true)]
+        cmd: Vec<String>,
+    },
     /// The article's failures, live: leases vs advisory locks (under 30 s),
     /// in a scratch database that is created and dropped.
     Demo,

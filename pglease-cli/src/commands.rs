@@ -237,11 +237,13 @@ pub(crate) async fn renew(
     }
 }
 
-fn status_json(s: &LeaseStatus) -> serde_json::Value {
+pub(crate) fn status_json(s: &LeaseStatus) -> serde_json::Value {
     let mut value = lease_json(&s.name, s.holder.as_deref(), s.token, s.expires_at);
     value["held"] = json!(s.held);
     value["remaining_ms"] = json!(s.remaining.map(|r| r.as_millis() as u64));
     value["value"] = json!(s.value);
+    value["step_down_requested_by"] = json!(s.step_down_requested_by);
+    value["step_down_requested_at"] = json!(s.step_down_requested_at.map(|t| t.to_rfc3339()));
     value
 }
 

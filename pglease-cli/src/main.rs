@@ -3,6 +3,7 @@
 
 mod args;
 mod commands;
+mod elect;
 mod run;
 
 use std::process::ExitCode;
@@ -104,6 +105,32 @@ async fn main() -> ExitCode {
                 min_hold,
             };
             run(&manager, &cli.database_url, &name, &holder, timing, &cmd).await
+        }
+        Command::Leader { name, json } => elect::leader(&manager, &name, json).await,
+        Command::Observe { name } => elect::observe(&manager, &name).await,
+        Command::StepDown { name, by } => {
+            let by = by.unwrap_or_else(default_holder);
+            elect::step_down(&manager, &name, &by).await
+        }
+        Command::Elect {
+            name,
+            ttl,
+            value,
+            holder,
+            grace,
+            max_restarts,
+            restart_delay,
+            cmd,
+        } => {
+            let options = elect::ElectOptions {
+                ttl,
+                holder: holder.unwrap_or_else(default_holder),
+                value,
+                grace,
+                max_restarts,
+                restart_delay,
+            };
+            elect::elect(&manager, &cli.database_url, &name, options, &cmd).await
         }
         Command::Demo => unreachable!("handled above"),
     };

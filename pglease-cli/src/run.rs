@@ -14,11 +14,16 @@ use crate::{EXIT_CANNOT_START, EXIT_DATABASE, EXIT_LOST, Outcome};
 /// The exit status that reports `status` of CMD: its code, or 128+N for
 /// signal N.
 fn child_code(status: std::process::ExitStatus) -> ExitCode {
+    ExitCode::from(status_number(status))
+}
+
+/// [`child_code`] as a number.
+pub(crate) fn status_number(status: std::process::ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
-        (Some(code), _) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        (None, Some(signal)) => ExitCode::from(u8::try_from(128 + signal).unwrap_or(255)),
-        (None, None) => ExitCode::from(1),
+        (Some(code), _) => u8::try_from(code).unwrap_or(1),
+        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(255),
+        (None, None) => 1,
     }
 }
 

@@ -2,64 +2,19 @@
 //! status, `run`'s handling of its command, and a `run` paused with SIGSTOP
 //! past its TTL while another worker takes over.
 
+mod bin;
 #[path = "../../pglease/tests/common/mod.rs"]
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use bin::{BIN, BOUND, code, command, json, pglease, stderr, stdout, wait_bounded};
 use common::{RolesDb, TestDb, poll_until};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use pglease::Acquire;
-
-const BIN: &str = env!("CARGO_BIN_EXE_pglease");
-const BOUND: Duration = Duration::from_secs(30);
-
-/// `pglease --database-url <db> ARGS`, not started yet.
-fn command(db: &TestDb, args: &[&str]) -> Command {
-    let mut command = Command::new(BIN);
-    command.arg("--database-url").arg(db.url()).args(args);
-    command
-}
-
-/// Runs `pglease --database-url <db> ARGS` to completion.
-fn pglease(db: &TestDb, args: &[&str]) -> Output {
-    command(db, args).output().expect("run the pglease binary")
-}
-
-fn code(output: &Output) -> i32 {
-    output.status.code().expect("exited normally")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-fn json(output: &Output) -> serde_json::Value {
-    serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(output)))
-}
-
-/// Waits for `child` to exit, killing it and failing after [`BOUND`].
-async fn wait_bounded(mut child: std::process::Child) -> std::process::ExitStatus {
-    let deadline = tokio::time::Instant::now() + BOUND;
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("pglease did not exit within {BOUND:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 #[tokio::test]
 async fn acquire_renew_release_status_and_their_exit_codes() {
@@ -518,18 +473,7 @@ async fn a_stopped_run_loses_its_lease_and_its_command_is_fenced_off() {
         db.url().len()
     ));
     let _ = std::fs::remove_file(&outcomes);
-    let script = format!(
-        "echo pid:$$ >> {f}; \
-         while true; do \
-           if psql \"$PGLEASE_DATABASE_URL\" -qAt -v ON_ERROR_STOP=1 \
-                -c \"BEGIN; SELECT pglease.assert_held('$PGLEASE_NAME', $PGLEASE_TOKEN); \
-                     INSERT INTO log (token) VALUES ($PGLEASE_TOKEN); COMMIT;\" \
-                >/dev/null 2>&1; \
-           then echo ok >> {f}; else echo rejected >> {f}; fi; \
-           sleep 0.05; \
-         done",
-        f = outcomes.display()
-    );
+    let script = bin::fenced_writer(&outcomes);
     let run = command(
         &db,
         &[
@@ -540,7 +484,7 @@ async fn a_stopped_run_loses_its_lease_and_its_command_is_fenced_off() {
     .spawn()
     .expect("start pglease run");
     let pid = Pid::from_raw(run.id() as i32);
-    let read = |path: &PathBuf| std::fs::read_to_string(path).unwrap_or_default();
+    let read = |path: &PathBuf| bin::read(path);
     poll_until("the command's first fenced write", BOUND, || async {
         read(&outcomes).contains("ok")
     })

@@ -129,6 +129,46 @@ async fn every_command_works_through_the_pooler() {
         check(&second.join().expect("second run"), 0, "second run");
     });
 
+    // Election: who leads, a step-down request, and a whole `elect`.
+    check(
+        &pglease(&bouncer, &db, &["leader", "svc"]),
+        3,
+        "leader, nobody",
+    );
+    let out = pglease(
+        &bouncer,
+        &db,
+        &[
+            "acquire", "svc", "--ttl", "30s", "--holder", "a", "--value", "a:1", "--json",
+        ],
+    );
+    let token = serde_json::from_str::<serde_json::Value>(&check(&out, 0, "acquire svc"))
+        .expect("JSON")["token"]
+        .to_string();
+    let out = pglease(&bouncer, &db, &["leader", "svc"]);
+    assert_eq!(check(&out, 0, "leader"), format!("a\ttoken {token}\ta:1\n"));
+    check(
+        &pglease(&bouncer, &db, &["step-down", "svc"]),
+        0,
+        "step-down",
+    );
+    check(
+        &pglease(&bouncer, &db, &["release", "svc", "--token", &token]),
+        0,
+        "release svc",
+    );
+    let out = pglease(
+        &bouncer,
+        &db,
+        &["elect", "svc", "--ttl", "2s", "--", "true"],
+    );
+    check(&out, 0, "elect with a command that succeeds");
+    check(
+        &pglease(&bouncer, &db, &["leader", "svc"]),
+        3,
+        "leader after elect",
+    );
+
     let out = pglease(&bouncer, &db, &["doctor"]);
     let report = check(&out, 0, "doctor");
     assert!(report.contains("share server sessions"), "{report}");

@@ -2,8 +2,8 @@
 //! ships; 1.18 on Debian 12 has no prepared-statement support): lease
 //! operations from many tasks sharing a few server sessions, background
 //! renewal, waits that poll, handover and takeover, fenced writes and their
-//! rejection under a stale token, concurrent migrations, and the doctor's
-//! finding. Each fault case checks safety (no write under a stale token
+//! rejection under a stale token, concurrent migrations, the doctor's
+//! finding, and an observer that polls instead of listening. Each fault case checks safety (no write under a stale token
 //! commits) and liveness (the next holder gets the lease within a bound).
 
 mod common;
@@ -13,7 +13,7 @@ mod pooler;
 use std::time::{Duration, Instant};
 
 use common::{TestDb, create_data_table, data_value, fenced_write, poll_until};
-use pglease::{Acquire, Error, LeaseManager, MIGRATIONS_TABLE, ManagerOptions};
+use pglease::{Acquire, Change, Error, LeaseManager, MIGRATIONS_TABLE, ManagerOptions};
 use pooler::{Bouncer, SERVER_POOL};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
@@ -227,4 +227,42 @@ async fn the_doctor_reports_the_pooler() {
         "{pooler:?}"
     );
     assert_eq!(diagnosis.verdict(), pglease::Verdict::Ok, "{diagnosis:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_behind_the_pooler_polls_and_sees_the_changes() {
+    let db = TestDb::new().await;
+    let Some(bouncer) = Bouncer::start(&db.options()) else {
+        return;
+    };
+    let options = ManagerOptions::default().max_poll_interval(Duration::from_millis(50));
+    let m = LeaseManager::with_options(pool(&bouncer, &db, 4).await, options).expect("options");
+    let mut observer = m.observe("obs").await.expect("observe through the pooler");
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(10), observer.next())
+            .await
+            .expect("a change within 10 s")
+            .expect("the observer runs")
+    };
+    assert!(matches!(next().await, Change::Current(_)));
+    // No LISTEN went through the pooler: nobody observes on the server.
+    let observing: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1886154594",
+    )
+    .fetch_one(db.pool())
+    .await
+    .expect("read pg_locks");
+    assert_eq!(observing, 0);
+    let lease = m
+        .acquire("obs", Acquire::ttl(Duration::from_secs(30)).holder("a"))
+        .await
+        .expect("acquire");
+    let token = lease.token();
+    let acquired = next().await;
+    assert!(
+        matches!(&acquired, Change::Acquired { token: t, holder, .. } if *t == token && holder == "a"),
+        "{acquired:?}"
+    );
+    assert!(m.release(&lease).await.expect("release"));
+    assert_eq!(next().await, Change::Released { token });
 }
