@@ -26,7 +26,12 @@
 -- function that changes a lease (now and later) is covered and each keeps
 -- its single definition. Its WHEN clause is evaluated without calling the
 -- trigger function, and renewals (which set expires_at and renewed_at
--- only) do not fire it at all.
+-- only) do not fire it at all. The function tries the lock first and
+-- builds a payload only for an observed name; like the _check helpers it
+-- uses only built-in functions (pg_catalog is always searched first) and
+-- carries no SET clause, whose save and restore of search_path on every
+-- call would be most of its cost. In this project's benchmark the
+-- trigger costs an acquire+release cycle 6 to 9 % while nobody observes.
 --
 -- PAYLOAD. Text, fields separated by one space, the name's length counted
 -- in characters so that any name can follow:
@@ -118,44 +123,39 @@ COMMENT ON FUNCTION pglease.unobserve(text) IS
 CREATE FUNCTION pglease._changed()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    head    text := format('%s %s %s', NEW.token, char_length(NEW.name), NEW.name);
     locks   integer;
     checked text;
-    payload text[] := '{}';
+    head    text;
 BEGIN
-    IF NEW.token IS DISTINCT FROM OLD.token THEN
-        payload := payload || format('a %s%s %s', head,
-                                     (extract(epoch FROM NEW.expires_at) * 1000000)::bigint,
-                                     NEW.holder);
-    ELSIF NEW.holder IS NULL AND OLD.holder IS NOT NULL THEN
-        payload := payload || format('r %s', head);
-    END IF;
-    IF (NEW.value_token IS DISTINCT FROM OLD.value_token
-        OR NEW.value IS DISTINCT FROM OLD.value) AND NEW.value_token = NEW.token THEN
-        payload := payload || CASE
-            WHEN NEW.value IS NULL THEN format('v %s- ', head)
-            WHEN octet_length(NEW.value) > 7000 THEN format('v %s* ', head)
-            ELSE format('v %s= %s', head, NEW.value) END;
-    END IF;
-    IF NEW.step_down_at IS DISTINCT FROM OLD.step_down_at AND NEW.step_down_token = NEW.token THEN
-        payload := payload || format('s %s%s', head, NEW.step_down_by);
-    END IF;
-    IF cardinality(payload) = 0 THEN
-        RETURN NULL;
-    END IF;
+    -- The WHEN clause of the trigger let only changes through. Nobody
+    -- observes if the try succeeds: keep the lock until commit (so that a
+    -- new observer waits for this change to commit) and send nothing.
     locks := coalesce(nullif(current_setting('pglease.change_locks', true), ''), '0')::integer;
     IF locks < 32 AND pg_try_advisory_xact_lock(1886154594, hashtext(NEW.name)) THEN
-        -- Nobody observes; the lock, kept until commit, makes a new
-        -- observer wait for this change to commit.
         checked := set_config('pglease.change_locks', (locks + 1)::text, true);
         RETURN NULL;
     END IF;
-    FOR i IN 1 .. cardinality(payload) LOOP
-        PERFORM pg_notify('pglease_change', payload[i]);
-    END LOOP;
+    head := format('%s %s %s', NEW.token, char_length(NEW.name), NEW.name);
+    IF NEW.token IS DISTINCT FROM OLD.token THEN
+        PERFORM pg_notify('pglease_change',
+                          format('a %s%s %s', head,
+                                 (extract(epoch FROM NEW.expires_at) * 1000000)::bigint,
+                                 NEW.holder));
+    ELSIF NEW.holder IS NULL AND OLD.holder IS NOT NULL THEN
+        PERFORM pg_notify('pglease_change', format('r %s', head));
+    END IF;
+    IF (NEW.value_token IS DISTINCT FROM OLD.value_token
+        OR NEW.value IS DISTINCT FROM OLD.value) AND NEW.value_token = NEW.token THEN
+        PERFORM pg_notify('pglease_change', CASE
+            WHEN NEW.value IS NULL THEN format('v %s- ', head)
+            WHEN octet_length(NEW.value) > 7000 THEN format('v %s* ', head)
+            ELSE format('v %s= %s', head, NEW.value) END);
+    END IF;
+    IF NEW.step_down_at IS DISTINCT FROM OLD.step_down_at AND NEW.step_down_token = NEW.token THEN
+        PERFORM pg_notify('pglease_change', format('s %s%s', head, NEW.step_down_by));
+    END IF;
     RETURN NULL;
 END
 $$;
