@@ -165,12 +165,7 @@ pub(crate) async fn elect(
     options: ElectOptions,
     cmd: &[String],
 ) -> Outcome {
-    let (Ok(mut sigterm), Ok(mut sigint), Ok(mut sighup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        eprintln!("pglease: cannot watch for signals");
+    let Some((mut sigterm, mut sigint, mut sighup)) = crate::run::stop_signals() else {
         return Ok(ExitCode::from(EXIT_DATABASE));
     };
     let mut how = Acquire::ttl(options.ttl).holder(&options.holder);

@@ -56,12 +56,7 @@ pub(crate) async fn run(
     } = timing;
     // Signals are watched from the start, so that none is lost while
     // waiting for the lease.
-    let (Ok(mut sigterm), Ok(mut sigint), Ok(mut sighup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        eprintln!("pglease: cannot watch for signals");
+    let Some((mut sigterm, mut sigint, mut sighup)) = stop_signals() else {
         return Ok(ExitCode::from(EXIT_DATABASE));
     };
     // The first attempt, and the wait if one is allowed. A signal ends
@@ -167,6 +162,25 @@ pub(crate) async fn run(
         }
     }
 }
+
+/// SIGTERM, SIGINT and SIGHUP, watched from now on; `None` (said on
+/// stderr) if they cannot be.
+pub(crate) fn stop_signals() -> Option<(SignalStream, SignalStream, SignalStream)> {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) {
+        (Ok(term), Ok(int), Ok(hup)) => Some((term, int, hup)),
+        _ => {
+            eprintln!("pglease: cannot watch for signals");
+            None
+        }
+    }
+}
+
+/// A stream of one kind of signal.
+type SignalStream = tokio::signal::unix::Signal;
 
 /// A signal before CMD started: exit 128 + the signal's number.
 fn interrupted(name: &str, signal: u8) -> Outcome {

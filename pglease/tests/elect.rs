@@ -68,6 +68,28 @@ async fn candidates(db: &TestDb, count: usize, ttl: Duration) -> Vec<Arc<Elector
     electors
 }
 
+/// Waits for every `run` to return (after its elector resigned).
+async fn join(runs: Vec<tokio::task::JoinHandle<pglease::Result<()>>>) {
+    for run in runs {
+        tokio::time::timeout(BOUND, run)
+            .await
+            .expect("run returns")
+            .expect("run task")
+            .expect("run");
+    }
+}
+
+/// In commit order (ids are taken inside the fenced transactions), tokens
+/// never go back: no term wrote after a later one began. Returns them.
+async fn assert_terms_in_order(db: &TestDb) -> Vec<i64> {
+    let tokens: Vec<i64> = sqlx::query_scalar("SELECT token FROM log ORDER BY id")
+        .fetch_all(db.pool())
+        .await
+        .expect("read the log");
+    assert!(tokens.windows(2).all(|w| w[0] <= w[1]), "{tokens:?}");
+    tokens
+}
+
 fn leaders(electors: &[Arc<Elector>]) -> Vec<usize> {
     (0..electors.len())
         .filter(|&i| electors[i].is_leader())
@@ -98,7 +120,14 @@ async fn candidates_lead_one_at_a_time_and_resigning_hands_over() {
         let read = db.manager().inspect("leader").await.expect("inspect");
         assert_eq!(read.token, Some(status));
         assert_eq!(read.value, Some(format!("10.0.0.{leader}:8080")));
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        poll_until("the leader's first write", BOUND, || async {
+            sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM log WHERE token = $1)")
+                .bind(status)
+                .fetch_one(db.pool())
+                .await
+                .expect("read the log")
+        })
+        .await;
         let resigned = Instant::now();
         electors[leader].resign();
         if round + 1 < electors.len() {
@@ -109,25 +138,13 @@ async fn candidates_lead_one_at_a_time_and_resigning_hands_over() {
             handovers.push(resigned.elapsed());
         }
     }
-    for run in runs {
-        tokio::time::timeout(BOUND, run)
-            .await
-            .expect("run returns after resign")
-            .expect("run task")
-            .expect("run");
-    }
+    join(runs).await;
     eprintln!("handover on resign: {handovers:?}");
     for elector in &electors {
         assert_eq!(elector.terms(), 1);
         assert_eq!(elector.leadership(), Leadership::Stopped);
     }
-    // In commit order (ids are taken inside the fenced transactions),
-    // tokens never go back: no term wrote after a later one began.
-    let tokens: Vec<i64> = sqlx::query_scalar("SELECT token FROM log ORDER BY id")
-        .fetch_all(db.pool())
-        .await
-        .expect("read the log");
-    assert!(tokens.windows(2).all(|w| w[0] <= w[1]), "{tokens:?}");
+    let tokens = assert_terms_in_order(&db).await;
     let mut terms = tokens.clone();
     terms.dedup();
     assert_eq!(terms.len(), electors.len(), "{terms:?}");
@@ -202,18 +219,8 @@ async fn a_lost_term_stops_the_work_and_the_campaign_goes_on() {
     .await;
     assert_eq!(electors[0].terms(), 2);
     electors[0].resign();
-    for run in [first, second] {
-        tokio::time::timeout(BOUND, run)
-            .await
-            .expect("run returns")
-            .expect("run task")
-            .expect("run");
-    }
-    let tokens: Vec<i64> = sqlx::query_scalar("SELECT token FROM log ORDER BY id")
-        .fetch_all(db.pool())
-        .await
-        .expect("read the log");
-    assert!(tokens.windows(2).all(|w| w[0] <= w[1]), "{tokens:?}");
+    join(vec![first, second]).await;
+    assert_terms_in_order(&db).await;
 }
 
 /// The leader as `elector` last observed it: (holder, value).
@@ -289,18 +296,8 @@ async fn followers_see_the_leader_and_a_step_down_request_is_honoured() {
     for elector in &electors {
         elector.resign();
     }
-    for run in runs {
-        tokio::time::timeout(BOUND, run)
-            .await
-            .expect("run returns")
-            .expect("run task")
-            .expect("run");
-    }
-    let tokens: Vec<i64> = sqlx::query_scalar("SELECT token FROM log ORDER BY id")
-        .fetch_all(db.pool())
-        .await
-        .expect("read the log");
-    assert!(tokens.windows(2).all(|w| w[0] <= w[1]), "{tokens:?}");
+    join(runs).await;
+    assert_terms_in_order(&db).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -343,11 +340,5 @@ async fn a_leader_that_ignores_a_step_down_request_keeps_its_lease() {
     for elector in &electors {
         elector.resign();
     }
-    for run in runs {
-        tokio::time::timeout(BOUND, run)
-            .await
-            .expect("run returns")
-            .expect("run task")
-            .expect("run");
-    }
+    join(runs).await;
 }

@@ -114,15 +114,16 @@ async fn observers_see_every_change_in_order() {
         *c == Change::Expired { token: b }
     })
     .await;
-    // Taken over before the observer's own read: expired, then acquired.
-    let c = acquire(&manager, "c", Duration::from_millis(100)).await;
+    // Taken over after its expiry: expired, then acquired, whether the
+    // observer read the expiry first or heard the takeover first.
+    let c = acquire(&manager, "c", Duration::from_millis(300)).await;
     expect(
         &mut observer,
         "c acquired",
         |ch| matches!(ch, Change::Acquired { token, .. } if *token == c),
     )
     .await;
-    let deadline = db.db_now().await + chrono::Duration::milliseconds(150);
+    let deadline = db.db_now().await + chrono::Duration::milliseconds(350);
     db.wait_until_db_time(deadline).await;
     let d = acquire(&manager, "d", Duration::from_secs(30)).await;
     expect(&mut observer, "c expired", |ch| {
