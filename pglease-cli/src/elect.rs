@@ -265,7 +265,12 @@ async fn term(shared: &Shared, held: HeldLease) {
         };
         tokio::select! {
             status = child.wait() => {
-                let Some(status) = status else { return };
+                let Some(status) = status else {
+                    // Lost track of it (its group was killed): give up
+                    // leading rather than lead with nothing running.
+                    shared.finished.send_replace(Some(1));
+                    return;
+                };
                 if status.success() {
                     eprintln!("pglease: the command finished; resigning");
                     shared.finished.send_replace(Some(0));
