@@ -167,7 +167,7 @@ pub(crate) enum Command {
         #[arg(required = true, last = true)]
         cmd: Vec<String>,
     },
-    /// The article's failures, live: leases vs advisory locks (under 30 s),
+    /// The article's failures, live: leases vs advisory locks (about 6 s),
     /// in a scratch database that is created and dropped.
     Demo,
 }

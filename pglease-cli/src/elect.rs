@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use pglease::{Acquire, Change, Elector, HeldLease, LeaseManager, Token};
+use pglease::{Acquire, Change, Elector, Error, HeldLease, LeaseManager, Token};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -45,11 +45,17 @@ pub(crate) async fn leader(manager: &LeaseManager, name: &str, json: bool) -> Ou
 /// `pglease step-down NAME`: ask the current holder to step down; exit 3
 /// if nobody holds it.
 pub(crate) async fn step_down(manager: &LeaseManager, name: &str, by: &str) -> Outcome {
-    match manager
-        .request_step_down(name, by)
-        .await
-        .map_err(|e| (e, "step-down"))?
-    {
+    let asked = match manager.request_step_down(name, by).await {
+        Err(Error::InvalidInput {
+            argument: "requested_by",
+            reason,
+        }) => {
+            eprintln!("pglease: invalid --by: {reason}");
+            return Ok(ExitCode::from(crate::EXIT_USAGE));
+        }
+        asked => asked.map_err(|e| (e, "step-down"))?,
+    };
+    match asked {
         Some(token) => {
             eprintln!("pglease: asked the holder of {name:?} (token {token}) to step down");
             Ok(ExitCode::SUCCESS)

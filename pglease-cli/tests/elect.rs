@@ -331,6 +331,17 @@ async fn a_stopped_leader_loses_its_writes_are_refused_and_it_campaigns_again() 
     assert_terms_in_order(&db).await;
 }
 
+#[tokio::test]
+async fn elect_without_the_schema_exits_5_and_a_bad_requester_exits_2() {
+    let db = TestDb::empty().await;
+    let out = pglease(&db, &["elect", "svc", "--ttl", "5s", "--", "true"]);
+    assert_eq!(code(&out), 5, "{}", stderr(&out));
+    assert!(stderr(&out).contains("pglease migrate"), "{}", stderr(&out));
+    let out = pglease(&db, &["step-down", "svc", "--by", ""]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("invalid --by"), "{}", stderr(&out));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_command_is_restarted_a_bounded_number_of_times() {
     let db = TestDb::new().await;

@@ -84,6 +84,14 @@ enum Ended {
     SteppedDown,
 }
 
+/// Whether a campaign's error is one that retrying cannot mend: the
+/// schema is missing or out of date, or the role may not use it.
+fn permanent(error: &Error) -> bool {
+    error
+        .sqlstate()
+        .is_some_and(|code| code.starts_with("42") || code == "3F000")
+}
+
 /// Marks the elector stopped and forgets its term when `run` returns or
 /// is dropped; the term's lease is then released (by `run`, or in the
 /// background when the last handle to it is dropped).
@@ -136,13 +144,16 @@ impl Elector {
     /// once), or when the manager shuts down.
     ///
     /// Database errors while campaigning are logged and retried with
-    /// backoff (from 50 ms up to 3.2 s). Run it once per elector at a time
-    /// (two runs of one elector would campaign as the same candidate).
+    /// backoff (from 50 ms up to 3.2 s), except those that waiting cannot
+    /// mend. Run it once per elector at a time (two runs of one elector
+    /// would campaign as the same candidate).
     ///
     /// # Errors
     ///
-    /// None for now; the `Result` leaves room for errors that end a
-    /// campaign.
+    /// [`Error::Database`] at once when the campaign's statement fails
+    /// with SQLSTATE class 42 (an undefined function or table: the schema
+    /// is not migrated; a missing privilege) or 3F000 (no `pglease`
+    /// schema).
     ///
     /// # Cancel safety
     ///
@@ -272,6 +283,9 @@ impl Elector {
                 // One wait ran out: campaign again.
                 Err(Error::Held { .. } | Error::Pinned { .. }) => continue,
                 Err(Error::ShutDown) => return Ok(()),
+                // Waiting will not mend these: the schema or a privilege
+                // is missing.
+                Err(error) if permanent(&error) => return Err(error),
                 Err(error) => {
                     failures = failures.saturating_add(1);
                     tracing::warn!(name = self.name, %error, "campaign failed; retrying");

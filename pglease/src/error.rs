@@ -349,8 +349,18 @@ impl Error {
 }
 
 /// The arguments the SQL functions name (in the error's COLUMN field).
-const ARGUMENTS: [&str; 9] = [
-    "name", "holder", "ttl", "token", "resource", "tbl", "names", "tokens", "ttls",
+const ARGUMENTS: [&str; 11] = [
+    "name",
+    "holder",
+    "ttl",
+    "token",
+    "resource",
+    "tbl",
+    "names",
+    "tokens",
+    "ttls",
+    "value",
+    "requested_by",
 ];
 
 impl From<sqlx::Error> for Error {

@@ -342,3 +342,20 @@ async fn a_leader_that_ignores_a_step_down_request_keeps_its_lease() {
     }
     join(runs).await;
 }
+
+#[tokio::test]
+async fn a_campaign_without_the_schema_fails_at_once() {
+    let db = TestDb::empty().await;
+    let elector = db
+        .manager()
+        .elector("leader", Acquire::ttl(Duration::from_secs(5)))
+        .expect("elector");
+    let ran = tokio::time::timeout(BOUND, elector.run(async |_held| {}))
+        .await
+        .expect("run returns instead of retrying");
+    match ran {
+        Err(error) => assert_eq!(error.sqlstate(), Some("3F000"), "{error}"),
+        Ok(()) => panic!("a campaign without the schema succeeded"),
+    }
+    assert_eq!(elector.leadership(), Leadership::Stopped);
+}
