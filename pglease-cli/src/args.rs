@@ -114,6 +114,27 @@ pub(crate) enum Command {
         #[arg(required = true, last = true)]
         cmd: Vec<String>,
     },
+    /// NAME's recorded transitions, oldest first: acquired, released,
+    /// expired, force_released, value, step_down_requested.
+    History {
+        /// The lease name.
+        name: String,
+        /// Only those of the last D (e.g. 1h, 7days).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        since: Option<Duration>,
+        /// Print one JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Break-glass: end NAME at once and move its fence, so its holder's
+    /// token is stale (exit 3 if nobody holds it). Administrators only.
+    ForceRelease {
+        /// The lease name.
+        name: String,
+        /// Why (recorded in the history; 1 to 1000 bytes).
+        #[arg(long)]
+        reason: String,
+    },
     /// Who leads NAME: holder, token and value (exit 3 if nobody).
     Leader {
         /// The lease name.

@@ -4,6 +4,7 @@
 mod args;
 mod commands;
 mod elect;
+mod history;
 mod run;
 
 use std::process::ExitCode;
@@ -105,6 +106,12 @@ async fn main() -> ExitCode {
                 min_hold,
             };
             run(&manager, &cli.database_url, &name, &holder, timing, &cmd).await
+        }
+        Command::History { name, since, json } => {
+            history::history(&manager, &name, since, json).await
+        }
+        Command::ForceRelease { name, reason } => {
+            history::force_release(&manager, &name, &reason).await
         }
         Command::Leader { name, json } => elect::leader(&manager, &name, json).await,
         Command::Observe { name } => elect::observe(&manager, &name).await,

@@ -14,7 +14,8 @@
 //! transaction's opening in one round trip or two; `BENCH_ONLY=failover`
 //! only the failover timing; `BENCH_ONLY=pooler` only the operations
 //! through PgBouncer (started from the installed `pgbouncer`);
-//! `BENCH_ONLY=elect` only leader election and the change trigger.
+//! `BENCH_ONLY=elect` only leader election and the change trigger;
+//! `BENCH_ONLY=history` only the history's cost.
 
 // The failover measurement builds a primary and a standby with the test
 // suite's helper (from the installed server binaries).
@@ -34,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use pglease::{Acquire, Elector, Error, Leadership, Lease, LeaseManager, ManagerOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgPool};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgPool};
 
 type BoxFut = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
 type Op = Arc<dyn Fn(usize) -> BoxFut + Send + Sync>;
@@ -260,6 +261,9 @@ async fn main() -> Result<(), Error> {
     if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "pooler") {
         return through_pooler(&pool, &m, &tokens, secs).await;
     }
+    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "history") {
+        return history_cost(&pool, &m, secs).await;
+    }
     if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "elect") {
         return election(&pool, &m, secs).await;
     }
@@ -434,6 +438,7 @@ async fn main() -> Result<(), Error> {
     handover(&pool).await?;
     takeover(&pool).await?;
     election(&pool, &m, secs).await?;
+    history_cost(&pool, &m, secs).await?;
     through_pooler(&pool, &m, &tokens, secs).await?;
     failover().await?;
 
@@ -909,6 +914,80 @@ async fn election(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<(), Erro
     );
     a.shutdown().await?;
     b.shutdown().await?;
+    Ok(())
+}
+
+/// The history's cost (0006): library acquire+release cycles, and one
+/// renew_many of 1,000 leases, with its triggers disabled and enabled,
+/// alternated in one run.
+async fn history_cost(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<(), Error> {
+    let history = |on: bool| {
+        let verb = if on { "ENABLE" } else { "DISABLE" };
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "ALTER TABLE pglease.leases {verb} TRIGGER pglease_record; \
+             ALTER TABLE pglease.leases {verb} TRIGGER pglease_count_renewal"
+        )))
+        .execute(pool)
+    };
+    println!(
+        "\nThe history (0006) on library acquire+release cycles, its triggers disabled and \
+         enabled, alternated in one run:\n\n\
+         | clients | without history ops/s | with history ops/s | ratio |\n|---:|---:|---:|---:|"
+    );
+    for clients in [1usize, 8] {
+        let (mut off, mut on) = (0.0, 0.0);
+        for _ in 0..2 {
+            history(false).await?;
+            off += rate(clients, secs / 2.0, lib_cycle(m)).await;
+            history(true).await?;
+            on += rate(clients, secs / 2.0, lib_cycle(m)).await;
+        }
+        println!(
+            "| {clients} | {:.0} | {:.0} | {:.2} |",
+            off / 2.0,
+            on / 2.0,
+            on / off
+        );
+    }
+    // Renewals only count (a BEFORE trigger per row).
+    let mut held: Vec<Lease> = Vec::new();
+    for i in 0..1000 {
+        held.push(
+            m.acquire(
+                &format!("history-renew-{i:04}"),
+                Acquire::ttl(LONG).holder("bench"),
+            )
+            .await?,
+        );
+    }
+    let names: Vec<&str> = held.iter().map(Lease::name).collect();
+    let tokens: Vec<i64> = held.iter().map(|h| h.token().get()).collect();
+    let ttls = vec![LONG; held.len()];
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    while Instant::now() < until || on.len() < 5 {
+        for (enabled, times) in [(false, &mut off), (true, &mut on)] {
+            history(enabled).await?;
+            let start = Instant::now();
+            sqlx::query(RENEW_MANY)
+                .bind(&names)
+                .bind(&tokens)
+                .bind(&ttls)
+                .fetch_all(m.pool())
+                .await?;
+            times.push(start.elapsed());
+        }
+    }
+    history(true).await?;
+    let ms = |v: &[Duration]| median(v).as_secs_f64() * 1e3;
+    println!(
+        "\nrenew_many of 1,000 leases (median of {} each): {:.2} ms without the renewal count, \
+         {:.2} ms with it ({:.2}x)",
+        on.len(),
+        ms(&off),
+        ms(&on),
+        ms(&on) / ms(&off)
+    );
     Ok(())
 }
 

@@ -36,7 +36,8 @@
 -- PAYLOAD. Text, fields separated by one space, the name's length counted
 -- in characters so that any name can follow:
 --   a <token> <name chars> <name><expires_at, epoch microseconds> <holder>
---   r <token> <name chars> <name>
+--   r <token> <name chars> <name>      (also when force_release, 0006,
+--                                        moved the fence: the old token)
 --   v <token> <name chars> <name><flag> <value>
 --       flag '=': the value follows; '-': cleared (NULL); '*': too long
 --       for a notification (over 7,000 bytes): read it from pglease.status
@@ -138,7 +139,12 @@ BEGIN
         RETURN NULL;
     END IF;
     head := format('%s %s %s', NEW.token, char_length(NEW.name), NEW.name);
-    IF NEW.token IS DISTINCT FROM OLD.token THEN
+    IF NEW.token IS DISTINCT FROM OLD.token AND NEW.holder IS NULL THEN
+        -- The fence moved with nobody holding (force_release, 0006): the
+        -- old token's term is over, as if released.
+        PERFORM pg_notify('pglease_change',
+                          format('r %s %s %s', OLD.token, char_length(NEW.name), NEW.name));
+    ELSIF NEW.token IS DISTINCT FROM OLD.token THEN
         PERFORM pg_notify('pglease_change',
                           format('a %s%s %s', head,
                                  (extract(epoch FROM NEW.expires_at) * 1000000)::bigint,

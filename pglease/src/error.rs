@@ -349,7 +349,7 @@ impl Error {
 }
 
 /// The arguments the SQL functions name (in the error's COLUMN field).
-const ARGUMENTS: [&str; 11] = [
+const ARGUMENTS: [&str; 12] = [
     "name",
     "holder",
     "ttl",
@@ -361,6 +361,7 @@ const ARGUMENTS: [&str; 11] = [
     "ttls",
     "value",
     "requested_by",
+    "reason",
 ];
 
 impl From<sqlx::Error> for Error {

@@ -58,6 +58,31 @@ pub(crate) fn check_text(argument: &'static str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// Checks a force release's reason: 1 to
+/// [`MAX_REASON_BYTES`](crate::MAX_REASON_BYTES) bytes, no NUL.
+pub(crate) fn check_reason(reason: &str) -> Result<()> {
+    let limit = crate::history::MAX_REASON_BYTES;
+    if reason.is_empty() {
+        return Err(Error::invalid(
+            "reason",
+            "must not be empty: say why the lease is forced",
+        ));
+    }
+    if reason.len() > limit {
+        return Err(Error::invalid(
+            "reason",
+            format!("is {} bytes long; the limit is {limit} bytes", reason.len()),
+        ));
+    }
+    if reason.contains('\0') {
+        return Err(Error::invalid(
+            "reason",
+            "must not contain NUL bytes (PostgreSQL text cannot store them)",
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a TTL and converts it to whole microseconds, the resolution of a
 /// PostgreSQL interval. A TTL under one microsecond would be zero there, so
 /// it is refused; a sub-microsecond part of a longer one is rounded up.

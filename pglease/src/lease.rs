@@ -306,6 +306,8 @@ pub struct LeaseStatus {
     pub step_down_requested_by: Option<String>,
     /// When that request was made (database clock).
     pub step_down_requested_at: Option<DateTime<Utc>>,
+    /// How many times the latest acquisition has been renewed.
+    pub renewals: u64,
 }
 
 impl LeaseStatus {
@@ -320,6 +322,7 @@ impl LeaseStatus {
             value: None,
             step_down_requested_by: None,
             step_down_requested_at: None,
+            renewals: 0,
         }
     }
 
@@ -335,6 +338,11 @@ impl LeaseStatus {
             value: row.try_get("value")?,
             step_down_requested_by: row.try_get("step_down_requested_by")?,
             step_down_requested_at: row.try_get("step_down_requested_at")?,
+            renewals: row
+                .try_get::<i32, _>("renewals")?
+                .max(0)
+                .unsigned_abs()
+                .into(),
         })
     }
 }

@@ -6,7 +6,7 @@
 // `input`, `lease`, `options`, `backoff`, `sql`); the shared context and
 // the statements (`context`, `db`, `fenced`); the components (`hold`,
 // `wait`); the manager; and beside it `advisory`, `migrate`, `connect`,
-// `doctor`, `observe`, `elect`.
+// `doctor`, `observe`, `elect`, `history`.
 mod advisory;
 mod backoff;
 mod connect;
@@ -17,6 +17,7 @@ mod elect;
 mod error;
 mod fence;
 mod fenced;
+mod history;
 mod hold;
 mod input;
 mod lease;
@@ -40,6 +41,7 @@ pub use error::{
 };
 pub use fence::HighWaterMark;
 pub use fenced::{FencedTransaction, assert_held};
+pub use history::{Event, MAX_REASON_BYTES, Transition};
 pub use hold::HeldLease;
 pub use input::{MAX_NAME_BYTES, MAX_TTL, MAX_VALUE_BYTES};
 pub use lease::{Acquire, Fence, Lease, LeaseStatus, default_holder};

@@ -13,6 +13,7 @@
 
 use std::fmt::{self, Display, Write};
 
+use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
 use sqlx::{AssertSqlSafe, RawSql};
 
@@ -182,7 +183,7 @@ macro_rules! status_select {
         concat!(
             "SELECT name, holder, token, expires_at, ",
             "(extract(epoch FROM remaining) * 1000000)::bigint AS remaining_us, held, value, ",
-            "step_down_requested_by, step_down_requested_at ",
+            "step_down_requested_by, step_down_requested_at, renewals ",
             "FROM pglease.status",
             $rest
         )
@@ -212,6 +213,28 @@ pub(crate) fn request_step_down(name: &str, by: &str) -> String {
         "SELECT pglease.request_step_down({}, {})",
         Text(name),
         Text(by)
+    )
+}
+
+/// End a held lease at once and move its fence; the token ended, or NULL.
+pub(crate) fn force_release(name: &str, reason: &str) -> String {
+    format!(
+        "SELECT pglease.force_release({}, {})",
+        Text(name),
+        Text(reason)
+    )
+}
+
+/// The recorded transitions of `name`, oldest first, from `since` on.
+pub(crate) fn history(name: &str, since: Option<DateTime<Utc>>) -> String {
+    let since = match since {
+        Some(since) => format!(" AND at >= {}::timestamptz", Text(&since.to_rfc3339())),
+        None => String::new(),
+    };
+    format!(
+        "SELECT id, name, token, event, holder, at, renewals, detail FROM pglease.history \
+          WHERE name = {}{since} ORDER BY id",
+        Text(name)
     )
 }
 

@@ -374,11 +374,12 @@ impl TestDb {
     pub async fn snapshot(&self) -> String {
         sqlx::query_scalar(
             "SELECT concat_ws(E'\\n', \
-               (SELECT string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s', name, holder, \
+               (SELECT string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s', name, holder, \
                                          token, expires_at, acquired_at, renewed_at, released_at, \
                                          value, value_token, step_down_token, step_down_by, \
-                                         step_down_at), E'\\n' ORDER BY name) \
+                                         step_down_at, renewals), E'\\n' ORDER BY name) \
                   FROM pglease.leases), \
+               (SELECT format('history %s %s', count(*), max(id)) FROM pglease._history), \
                (SELECT string_agg(format('%s|%s|%s', resource, token, advanced_at), E'\\n' ORDER BY resource) \
                   FROM pglease.fences), \
                (SELECT format('seq %s %s', last_value, is_called) FROM pglease.fence_seq))",

@@ -1,0 +1,166 @@
+//! The recorded transitions of leases (`pglease.history`, see
+//! migrations/0006_history.sql), and the break-glass release that moves a
+//! lease's fence.
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+use crate::error::Result;
+use crate::input::check_text;
+use crate::manager::LeaseManager;
+use crate::sql;
+use crate::token::Token;
+
+/// The longest reason [`LeaseManager::force_release`] accepts, in bytes.
+pub const MAX_REASON_BYTES: usize = 1000;
+
+/// What happened to a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// A holder got it under a new token.
+    Acquired,
+    /// Its holder released it.
+    Released,
+    /// It expired unrenewed (recorded when it was next acquired, at the
+    /// time it expired).
+    Expired,
+    /// An administrator ended it and moved its fence
+    /// ([`LeaseManager::force_release`]); the detail is the reason.
+    ForceReleased,
+    /// The holder published a value; the detail is the value.
+    ValueChanged,
+    /// Somebody asked the holder to step down; the detail is who.
+    StepDownRequested,
+    /// An event this version does not know (a newer schema).
+    Other(String),
+}
+
+impl Event {
+    fn parse(text: &str) -> Event {
+        match text {
+            "acquired" => Event::Acquired,
+            "released" => Event::Released,
+            "expired" => Event::Expired,
+            "force_released" => Event::ForceReleased,
+            "value" => Event::ValueChanged,
+            "step_down_requested" => Event::StepDownRequested,
+            other => Event::Other(other.to_owned()),
+        }
+    }
+
+    /// The event as the history view names it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Event::Acquired => "acquired",
+            Event::Released => "released",
+            Event::Expired => "expired",
+            Event::ForceReleased => "force_released",
+            Event::ValueChanged => "value",
+            Event::StepDownRequested => "step_down_requested",
+            Event::Other(other) => other,
+        }
+    }
+}
+
+impl std::fmt::Display for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One row of the `pglease.history` view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Transition {
+    /// Its place in the history (increasing in the order recorded).
+    pub id: i64,
+    /// The lease name.
+    pub name: String,
+    /// The acquisition it concerns.
+    pub token: Token,
+    /// What happened.
+    pub event: Event,
+    /// That acquisition's holder.
+    pub holder: Option<String>,
+    /// When (database clock).
+    pub at: DateTime<Utc>,
+    /// On the row that ends a term (released, expired, force released):
+    /// how many times it was renewed.
+    pub renewals: Option<u64>,
+    /// The reason, value or requester, by event.
+    pub detail: Option<String>,
+}
+
+impl LeaseManager {
+    /// The recorded transitions of lease `name`, oldest first, from
+    /// `since` on (all that are kept without it: 30 days by default, see
+    /// docs/design.md, "History"). One statement.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a bad name
+    /// (nothing sent); [`Error::Database`](crate::Error::Database), also
+    /// when the role may not read `pglease.history`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn history(
+        &self,
+        name: &str,
+        since: Option<DateTime<Utc>>,
+    ) -> Result<Vec<Transition>> {
+        check_text("name", name)?;
+        let rows = sql::query(sql::history(name, since))
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let renewals: Option<i32> = row.try_get("renewals")?;
+                let event: String = row.try_get("event")?;
+                Ok(Transition {
+                    id: row.try_get("id")?,
+                    name: row.try_get("name")?,
+                    token: Token::issued(row.try_get("token")?),
+                    event: Event::parse(&event),
+                    holder: row.try_get("holder")?,
+                    at: row.try_get("at")?,
+                    renewals: renewals.map(|r| r.max(0).unsigned_abs().into()),
+                    detail: row.try_get("detail")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Break-glass: ends the lease `name` at once and moves its fence, so
+    /// that its holder's token is stale from this instant (its renewal
+    /// fails with [`LossReason::Stale`](crate::LossReason::Stale), its
+    /// fenced writes are rejected, its release is ignored); the holder's
+    /// open fenced transactions are ended (their sessions, as a takeover
+    /// does). Recorded in the history with `reason`. For an administrator
+    /// role: `pglease.force_release` is not granted to PUBLIC. Returns the
+    /// token ended, or `None` if nobody held the lease.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a bad name
+    /// or an empty or over-long reason (nothing sent);
+    /// [`Error::Database`](crate::Error::Database): SQLSTATE 42501 for a
+    /// role not granted the function, 55P03 when the holder's fenced
+    /// transactions cannot be ended (the message says why).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the lease may or may not have been forced; look
+    /// at [`LeaseManager::inspect`] or the history.
+    pub async fn force_release(&self, name: &str, reason: &str) -> Result<Option<Token>> {
+        check_text("name", name)?;
+        crate::input::check_reason(reason)?;
+        let row = sql::query(sql::force_release(name, reason))
+            .fetch_one(self.pool())
+            .await?;
+        let token: Option<i64> = row.try_get(0)?;
+        Ok(token.map(Token::issued))
+    }
+}
