@@ -5,11 +5,26 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use pglease::Token;
 
+/// The exit statuses, for `--help`.
+const EXIT_STATUSES: &str = "\
+Exit status:
+  0    done (acquired, renewed, released, held, forced, ...)
+  1    doctor: a check is not ok; elect, run: the command's own status
+  2    bad usage or input (nothing was changed)
+  3    not acquired: held by another, or nobody holds it (leader, status NAME,
+       step-down, force-release); --conflict-exit-code changes it
+  4    lease lost (renew, release, run)
+  5    database unreachable or failing (or the schema is missing: run migrate)
+  124  run --timeout: the command ran out of time
+  127  run, elect: the command cannot be started
+  128+N  run, elect: signal N (forwarded to the command, or the command's death)";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "pglease",
     version,
-    about = "Leases with fencing tokens enforced by PostgreSQL"
+    about = "Leases with fencing tokens enforced by PostgreSQL",
+    after_help = EXIT_STATUSES
 )]
 pub(crate) struct Cli {
     /// PostgreSQL URL; without it (and without DATABASE_URL) the libpq
@@ -21,6 +36,16 @@ pub(crate) struct Cli {
     /// Give up connecting after this long (exit status 5).
     #[arg(long, global = true, default_value = "10s", value_parser = parse_connect_timeout)]
     pub(crate) connect_timeout: Duration,
+
+    /// Print nothing but errors and the requested output (no progress
+    /// or confirmation on stderr).
+    #[arg(short, long, global = true)]
+    pub(crate) quiet: bool,
+
+    /// The exit status for "held by another" (acquire, run), instead of 3
+    /// (like `flock -E`: a skipped cron run need not look like a failure).
+    #[arg(long, global = true, default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=255))]
+    pub(crate) conflict_exit_code: u8,
 
     #[command(subcommand)]
     pub(crate) command: Command,
@@ -44,7 +69,8 @@ pub(crate) enum Command {
         /// How long the lease lasts unless renewed (e.g. 30s, 5m).
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: Duration,
-        /// Who holds it (default: host name and process id).
+        /// Who holds it (default: "HOST (pglease acquire)": this process
+        /// exits at once, so its id would name nobody).
         #[arg(long)]
         holder: Option<String>,
         /// Wait this long for the current holder to release it.
@@ -79,14 +105,29 @@ pub(crate) enum Command {
         /// The token from `acquire`.
         #[arg(long, allow_negative_numbers = true)]
         token: Token,
+        /// Print one JSON object (`released`: true or false).
+        #[arg(long)]
+        json: bool,
     },
-    /// Show one lease, or all of them.
+    /// Show one lease (exit 3 if it is not held), or all of them.
     Status {
         /// The lease name (all leases without it).
         name: Option<String>,
         /// Print JSON (an object for one name, an array for all).
         #[arg(long)]
         json: bool,
+        /// Only leases held now.
+        #[arg(long, conflicts_with_all = ["expired", "name"])]
+        held: bool,
+        /// Only leases that expired (ended without a release).
+        #[arg(long, conflicts_with = "name")]
+        expired: bool,
+        /// Only names that start with this.
+        #[arg(long, conflicts_with = "name")]
+        prefix: Option<String>,
+        /// At most this many leases (by name).
+        #[arg(long, conflicts_with = "name")]
+        limit: Option<usize>,
     },
     /// Hold a lease while CMD runs: renew it, stop CMD if it is lost.
     Run {
@@ -104,6 +145,10 @@ pub(crate) enum Command {
         /// Time between SIGTERM and SIGKILL when CMD must stop.
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         grace: Duration,
+        /// Stop CMD after this long (SIGTERM, SIGKILL after --grace) and
+        /// exit 124, like timeout(1).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: Option<Duration>,
         /// Keep the lease at least this long after acquiring it: if CMD
         /// finishes sooner, the lease expires then instead of being
         /// released, so that the same job started elsewhere meanwhile
@@ -188,6 +233,14 @@ pub(crate) enum Command {
         #[arg(required = true, last = true)]
         cmd: Vec<String>,
     },
+    /// Print a completion script for SHELL (bash, zsh, fish, elvish,
+    /// powershell) to stdout.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) to stdout: `pglease man > pglease.1`.
+    Man,
     /// The article's failures, live: leases vs advisory locks (about 6 s),
     /// in a scratch database that is created and dropped.
     Demo,

@@ -12,13 +12,31 @@ use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
 
-use crate::{EXIT_DATABASE, EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_PROBLEMS, Outcome, connect};
+use crate::{EXIT_DATABASE, EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_PROBLEMS, Outcome, connect, note};
 
 /// Applies the schema, then says whether a takeover from a holder frozen
 /// inside a fenced transaction can work here (see the README).
 pub(crate) async fn migrate(manager: &LeaseManager) -> Outcome {
-    manager.migrate().await.map_err(|e| (e, "migrate"))?;
-    eprintln!("pglease: schema is up to date");
+    let migrated = manager.migrate().await.map_err(|e| (e, "migrate"))?;
+    let span = |v: &[i64]| match (v.first(), v.last()) {
+        (Some(first), Some(last)) if first != last => format!("migrations {first} to {last}"),
+        (Some(only), _) => format!("migration {only}"),
+        _ => String::new(),
+    };
+    match migrated.applied.first() {
+        None => note!(
+            "pglease: the schema is up to date (migration {}); nothing applied",
+            migrated.latest
+        ),
+        Some(1) => note!(
+            "pglease: created the pglease schema ({})",
+            span(&migrated.applied)
+        ),
+        Some(_) => note!(
+            "pglease: upgraded the pglease schema ({} applied)",
+            span(&migrated.applied)
+        ),
+    }
     let can_end = manager
         .can_end_stale_transactions()
         .await
@@ -69,19 +87,29 @@ pub(crate) async fn doctor(manager: &LeaseManager, json: bool) -> Outcome {
 }
 
 /// `pglease release`: exit 0 if this ended the lease, 4 if it was not held.
-pub(crate) async fn release(manager: &LeaseManager, fence: &Fence) -> Outcome {
-    match manager.release(fence).await {
-        Ok(true) => Ok(ExitCode::SUCCESS),
-        Ok(false) => {
-            eprintln!(
-                "pglease: lease {:?} was not held under token {} (already released, \
-                     expired, or taken over): nothing to release",
-                fence.name(),
-                fence.token()
-            );
-            Ok(ExitCode::from(EXIT_LOST))
-        }
-        Err(e) => Err((e, "release")),
+pub(crate) async fn release(manager: &LeaseManager, fence: &Fence, json: bool) -> Outcome {
+    let released = manager.release(fence).await.map_err(|e| (e, "release"))?;
+    if json {
+        println!(
+            "{}",
+            json!({"name": fence.name(), "token": fence.token().get(), "released": released})
+        );
+    }
+    if released {
+        note!(
+            "pglease: released {:?} (token {})",
+            fence.name(),
+            fence.token()
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "pglease: lease {:?} was not held under token {} (already released, \
+             expired, or taken over): nothing to release",
+            fence.name(),
+            fence.token()
+        );
+        Ok(ExitCode::from(EXIT_LOST))
     }
 }
 
@@ -121,9 +149,19 @@ fn print_lease(lease: &Lease, json: bool) {
     }
 }
 
+/// The default holder of `acquire`: this host, and what took the lease
+/// (the process exits at once, so its id would name nobody).
+fn acquire_holder() -> String {
+    let holder = default_holder();
+    let host = holder
+        .rsplit_once(':')
+        .map_or(holder.as_str(), |(host, _)| host);
+    format!("{host} (pglease acquire)")
+}
+
 /// Tells the user, on stderr, who holds the lease and how long pglease waits.
 fn announce_wait(name: &str, current: &str, expires_at: DateTime<Utc>, wait: Duration) {
-    eprintln!(
+    note!(
         "pglease: {name:?} is held by {current:?} until {}; waiting up to {}",
         expires_at.to_rfc3339(),
         humantime::format_duration(wait)
@@ -147,7 +185,7 @@ where
             attempt(wait).await
         }
         Err(e @ Error::Pinned { .. }) if !wait.is_zero() => {
-            eprintln!(
+            note!(
                 "pglease: {e}; waiting up to {}",
                 humantime::format_duration(wait)
             );
@@ -166,7 +204,7 @@ pub(crate) async fn acquire(
     value: Option<String>,
     json: bool,
 ) -> Outcome {
-    let holder = holder.unwrap_or_else(default_holder);
+    let holder = holder.unwrap_or_else(acquire_holder);
     // Without --wait one attempt; the library starts its release listener
     // only once an attempt with time to wait has failed.
     let attempt = |wait: Duration| {
@@ -230,6 +268,15 @@ pub(crate) async fn renew(
             Ok(ExitCode::SUCCESS)
         }
         Err(e @ Error::Lost { .. }) => {
+            if json {
+                // As `acquire --json` when not acquired: the lease as
+                // found, with no token of this caller's.
+                let status = manager.inspect(name).await.map_err(|e| (e, "renew"))?;
+                let mut found = lease_json(name, status.holder.as_deref(), None, None);
+                found["lost"] = json!(true);
+                found["current_token"] = json!(status.token.map(Token::get));
+                println!("{found}");
+            }
             eprintln!("pglease: {e}; acquire it again for a new token");
             Ok(ExitCode::from(EXIT_LOST))
         }
@@ -247,10 +294,49 @@ pub(crate) fn status_json(s: &LeaseStatus) -> serde_json::Value {
     value
 }
 
-pub(crate) async fn status(manager: &LeaseManager, name: Option<&str>, json: bool) -> Outcome {
-    let leases = match name {
-        Some(name) => vec![manager.inspect(name).await.map_err(|e| (e, "status"))?],
-        None => manager.list().await.map_err(|e| (e, "status"))?,
+/// `status`'s filters for the list of all leases.
+pub(crate) struct StatusFilter {
+    pub(crate) held: bool,
+    pub(crate) expired: bool,
+    pub(crate) prefix: Option<String>,
+    pub(crate) limit: Option<usize>,
+}
+
+impl StatusFilter {
+    fn keeps(&self, s: &LeaseStatus) -> bool {
+        (!self.held || s.held)
+            && (!self.expired || (!s.held && s.holder.is_some()))
+            && self.prefix.as_deref().is_none_or(|p| s.name.starts_with(p))
+    }
+}
+
+/// `pglease status [NAME]`: one lease (exit 3 if it is not held), or the
+/// leases the filters keep, with a summary line on stderr.
+pub(crate) async fn status(
+    manager: &LeaseManager,
+    name: Option<&str>,
+    json: bool,
+    filter: &StatusFilter,
+) -> Outcome {
+    let (leases, total) = match name {
+        Some(name) => (
+            vec![manager.inspect(name).await.map_err(|e| (e, "status"))?],
+            1,
+        ),
+        None => {
+            let all = manager.list().await.map_err(|e| (e, "status"))?;
+            let total = all.len();
+            let kept: Vec<LeaseStatus> = all
+                .into_iter()
+                .filter(|s| filter.keeps(s))
+                .take(filter.limit.unwrap_or(usize::MAX))
+                .collect();
+            (kept, total)
+        }
+    };
+    let code = match name {
+        Some(_) if !leases[0].held => ExitCode::from(EXIT_NOT_ACQUIRED),
+        _ => ExitCode::SUCCESS,
     };
     if json {
         let value = match name {
@@ -258,13 +344,23 @@ pub(crate) async fn status(manager: &LeaseManager, name: Option<&str>, json: boo
             None => serde_json::Value::Array(leases.iter().map(status_json).collect()),
         };
         println!("{value}");
-        return Ok(ExitCode::SUCCESS);
+        return Ok(code);
     }
     let now: DateTime<Utc> = simple_scalar(manager, "SELECT clock_timestamp()")
         .await
         .map_err(|e| (e, "status"))?;
-    println!("{:<32} {:<28} {:>10}  EXPIRES", "NAME", "HOLDER", "TOKEN");
-    for s in &leases {
+    let names: Vec<String> = leases.iter().map(|s| printable(&s.name)).collect();
+    let width = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(4, 48);
+    println!(
+        "{:<width$} {:<28} {:>10}  EXPIRES",
+        "NAME", "HOLDER", "TOKEN"
+    );
+    for (s, shown) in leases.iter().zip(&names) {
         let expires = match (s.expires_at, s.held) {
             (None, _) => "never acquired".to_owned(),
             (Some(at), true) => format!("in {}", short((at - now).to_std().unwrap_or_default())),
@@ -280,13 +376,33 @@ pub(crate) async fn status(manager: &LeaseManager, name: Option<&str>, json: boo
             ),
         };
         println!(
-            "{:<32} {:<28} {:>10}  {expires}",
-            s.name,
-            s.holder.as_deref().unwrap_or("-"),
+            "{shown:<width$} {:<28} {:>10}  {expires}",
+            s.holder
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), printable),
             s.token.map_or("-".to_owned(), |t| t.to_string()),
         );
     }
-    Ok(ExitCode::SUCCESS)
+    if name.is_none() {
+        let held = leases.iter().filter(|s| s.held).count();
+        let released = leases.iter().filter(|s| s.holder.is_none()).count();
+        let expired = leases.len() - held - released;
+        note!(
+            "pglease: {} of {total} leases shown: {held} held, {expired} expired, {released} released",
+            leases.len()
+        );
+    }
+    Ok(code)
+}
+
+/// Text a terminal shows on one line: control characters (tabs, line
+/// breaks, escapes) written as Rust escapes.
+pub(crate) fn printable(text: &str) -> String {
+    if text.chars().any(char::is_control) {
+        text.escape_debug().to_string()
+    } else {
+        text.to_owned()
+    }
 }
 
 /// The one value `statement` answers, sent as a simple query like the
@@ -320,7 +436,7 @@ pub(crate) fn not_acquired(e: Error, what: &'static str) -> Outcome {
             name,
             holder,
             expires_at,
-        } => eprintln!(
+        } => note!(
             "pglease: not acquired: {name:?} is held by {holder:?} until {}",
             expires_at.to_rfc3339()
         ),
@@ -332,7 +448,7 @@ pub(crate) fn not_acquired(e: Error, what: &'static str) -> Outcome {
         ),
         e => return Err((e, what)),
     }
-    Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
+    Ok(crate::conflict_exit())
 }
 
 /// Runs the demo in a scratch database created for it and dropped after.

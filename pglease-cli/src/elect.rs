@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::commands::status_json;
-use crate::{EXIT_DATABASE, EXIT_NOT_ACQUIRED, Outcome};
+use crate::{EXIT_DATABASE, EXIT_NOT_ACQUIRED, Outcome, note};
 
 /// `pglease leader NAME`: the holder, token and value of the current term;
 /// exit 3 if nobody leads.
@@ -57,7 +57,7 @@ pub(crate) async fn step_down(manager: &LeaseManager, name: &str, by: &str) -> O
     };
     match asked {
         Some(token) => {
-            eprintln!("pglease: asked the holder of {name:?} (token {token}) to step down");
+            note!("pglease: asked the holder of {name:?} (token {token}) to step down");
             Ok(ExitCode::SUCCESS)
         }
         None => {
@@ -192,7 +192,7 @@ pub(crate) async fn elect(
         failures: Mutex::new(0),
         running: Mutex::new(None),
     });
-    eprintln!("pglease: campaigning for {name:?}");
+    note!("pglease: campaigning for {name:?}");
     let campaign = {
         let shared = Arc::clone(&shared);
         async move {
@@ -250,7 +250,7 @@ fn stop(shared: &Shared, code: &mut Option<u8>, signal: u8) {
 /// background.
 async fn term(shared: &Shared, held: HeldLease) {
     let token = held.token();
-    eprintln!(
+    note!(
         "pglease: leading {:?} (token {token}); starting the command",
         shared.name
     );
@@ -278,7 +278,7 @@ async fn term(shared: &Shared, held: HeldLease) {
                     return;
                 };
                 if status.success() {
-                    eprintln!("pglease: the command finished; resigning");
+                    note!("pglease: the command finished; resigning");
                     shared.finished.send_replace(Some(0));
                     return;
                 }
@@ -307,7 +307,7 @@ async fn term(shared: &Shared, held: HeldLease) {
                 }
             }
             by = shared.elector.step_down_request() => {
-                eprintln!("pglease: {by:?} asked this leader to step down; stopping the command");
+                note!("pglease: {by:?} asked this leader to step down; stopping the command");
                 child.stop(shared.options.grace, Signal::SIGTERM).await;
                 shared.elector.step_down();
                 return;

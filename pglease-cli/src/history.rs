@@ -7,7 +7,8 @@ use std::time::Duration;
 use pglease::{LeaseManager, Transition};
 use serde_json::json;
 
-use crate::{EXIT_DATABASE, EXIT_NOT_ACQUIRED, Outcome};
+use crate::commands::printable;
+use crate::{EXIT_DATABASE, EXIT_NOT_ACQUIRED, Outcome, note};
 
 fn transition_json(t: &Transition) -> serde_json::Value {
     json!({
@@ -73,25 +74,16 @@ pub(crate) async fn history(
         );
     }
     if rows.is_empty() {
-        eprintln!("pglease: no recorded transitions of {name:?}");
+        note!("pglease: no recorded transitions of {name:?}");
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Text a terminal shows on one line: control characters escaped.
-fn printable(text: &str) -> String {
-    if text.chars().any(char::is_control) {
-        text.escape_debug().to_string()
-    } else {
-        text.to_owned()
-    }
 }
 
 /// `pglease force-release NAME --reason TEXT`: 0 forced, 3 nobody held it.
 pub(crate) async fn force_release(manager: &LeaseManager, name: &str, reason: &str) -> Outcome {
     match manager.force_release(name, reason).await {
         Ok(Some(token)) => {
-            eprintln!(
+            note!(
                 "pglease: forced {name:?}: token {token} is stale from now on (its holder's \
                  renewal fails and its fenced writes are rejected); recorded in the history"
             );

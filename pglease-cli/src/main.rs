@@ -8,6 +8,7 @@ mod history;
 mod run;
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
@@ -17,6 +18,29 @@ use sqlx::postgres::PgConnectOptions;
 use args::{Cli, Command};
 use commands::{acquire, demo, doctor, migrate, release, renew, status};
 use run::{RunTiming, run};
+
+/// Prints an informational line on stderr unless `--quiet` was given.
+macro_rules! note {
+    ($($arg:tt)*) => {
+        if !$crate::quiet() {
+            eprintln!($($arg)*);
+        }
+    };
+}
+pub(crate) use note;
+
+static QUIET: AtomicBool = AtomicBool::new(false);
+static CONFLICT_EXIT: AtomicU8 = AtomicU8::new(EXIT_NOT_ACQUIRED);
+
+/// Whether `--quiet` was given.
+pub(crate) fn quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
+
+/// The exit status for "held by another" (`--conflict-exit-code`).
+pub(crate) fn conflict_exit() -> ExitCode {
+    ExitCode::from(CONFLICT_EXIT.load(Ordering::Relaxed))
+}
 
 /// Exit status of `doctor` when a check is not ok.
 const EXIT_PROBLEMS: u8 = 1;
@@ -34,6 +58,28 @@ const EXIT_CANNOT_START: u8 = 127;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    QUIET.store(cli.quiet, Ordering::Relaxed);
+    CONFLICT_EXIT.store(cli.conflict_exit_code, Ordering::Relaxed);
+    match &cli.command {
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut command, "pglease", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Command::Man => {
+            let command = <Cli as clap::CommandFactory>::command();
+            return match clap_mangen::Man::new(command).render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                // A reader that stopped early (`| head`) got what it wanted.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("pglease: cannot write the manual page: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
+        _ => {}
+    }
     // An empty DATABASE_URL means "not set".
     let cli = Cli {
         database_url: cli.database_url.filter(|url| !url.is_empty()),
@@ -84,17 +130,33 @@ async fn main() -> ExitCode {
             ttl,
             json,
         } => renew(&manager, &name, token, ttl, json).await,
-        Command::Release { name, token } => match Fence::new(name, token) {
-            Ok(fence) => release(&manager, &fence).await,
+        Command::Release { name, token, json } => match Fence::new(name, token) {
+            Ok(fence) => release(&manager, &fence, json).await,
             Err(e) => Err((e, "release")),
         },
-        Command::Status { name, json } => status(&manager, name.as_deref(), json).await,
+        Command::Status {
+            name,
+            json,
+            held,
+            expired,
+            prefix,
+            limit,
+        } => {
+            let filter = commands::StatusFilter {
+                held,
+                expired,
+                prefix,
+                limit,
+            };
+            status(&manager, name.as_deref(), json, &filter).await
+        }
         Command::Run {
             name,
             ttl,
             wait,
             holder,
             grace,
+            timeout,
             min_hold,
             cmd,
         } => {
@@ -103,6 +165,7 @@ async fn main() -> ExitCode {
                 ttl,
                 wait,
                 grace,
+                timeout,
                 min_hold,
             };
             run(&manager, &cli.database_url, &name, &holder, timing, &cmd).await
@@ -139,7 +202,9 @@ async fn main() -> ExitCode {
             };
             elect::elect(&manager, &cli.database_url, &name, options, &cmd).await
         }
-        Command::Demo => unreachable!("handled above"),
+        Command::Demo | Command::Completions { .. } | Command::Man => {
+            unreachable!("handled above")
+        }
     };
     match code {
         Ok(code) => code,

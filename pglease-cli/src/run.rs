@@ -9,7 +9,7 @@ use pglease::{Acquire, HeldLease, LeaseManager};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::commands::{announced, not_acquired};
-use crate::{EXIT_CANNOT_START, EXIT_DATABASE, EXIT_LOST, Outcome};
+use crate::{EXIT_CANNOT_START, EXIT_DATABASE, EXIT_LOST, Outcome, note};
 
 /// The exit status that reports `status` of CMD: its code, or 128+N for
 /// signal N.
@@ -37,8 +37,12 @@ pub(crate) struct RunTiming {
     pub(crate) ttl: Duration,
     pub(crate) wait: Duration,
     pub(crate) grace: Duration,
+    pub(crate) timeout: Option<Duration>,
     pub(crate) min_hold: Option<Duration>,
 }
+
+/// Exit status when CMD ran out of `--timeout` (as timeout(1)).
+const EXIT_TIMED_OUT: u8 = 124;
 
 pub(crate) async fn run(
     manager: &LeaseManager,
@@ -52,6 +56,7 @@ pub(crate) async fn run(
         ttl,
         wait,
         grace,
+        timeout,
         min_hold,
     } = timing;
     // Signals are watched from the start, so that none is lost while
@@ -109,12 +114,26 @@ pub(crate) async fn run(
     let mut lost: Option<pglease::LossReason> = None;
     let mut forwarded = false;
     let mut kill_at: Option<tokio::time::Instant> = None;
+    let out_of_time = timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut timed_out = false;
     let status = loop {
         let deadline =
             kill_at.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400));
+        let time_up = out_of_time.unwrap_or(deadline);
         tokio::select! {
             biased;
             status = child.wait() => break status,
+            () = tokio::time::sleep_until(time_up), if out_of_time.is_some() && !timed_out && kill_at.is_none() => {
+                eprintln!(
+                    "pglease: the command ran out of time (--timeout {}); stopping it (SIGTERM, \
+                     then SIGKILL after {})",
+                    humantime::format_duration(timeout.unwrap_or_default()),
+                    humantime::format_duration(grace)
+                );
+                timed_out = true;
+                signal_group(pgid, Signal::SIGTERM);
+                kill_at = Some(tokio::time::Instant::now() + grace);
+            }
             reason = held.lost(), if lost.is_none() => {
                 eprintln!(
                     "pglease: lease {name:?} (token {}) lost: {reason}; stopping the command \
@@ -135,7 +154,7 @@ pub(crate) async fn run(
             _ = sighup.recv() => forward(pgid, Signal::SIGHUP, &mut forwarded),
         }
     };
-    if lost.is_some() {
+    if lost.is_some() || timed_out {
         // Members of the group that outlived its leader go too.
         signal_group(pgid, Signal::SIGKILL);
     }
@@ -152,6 +171,9 @@ pub(crate) async fn run(
     }
     if lost.is_some() {
         return Ok(ExitCode::from(EXIT_LOST));
+    }
+    if timed_out {
+        return Ok(ExitCode::from(EXIT_TIMED_OUT));
     }
     match status {
         Ok(status) => Ok(child_code(status)),
@@ -203,7 +225,7 @@ fn forward(pgid: Pid, signal: Signal, forwarded: &mut bool) {
 async fn expire_after(held: HeldLease, left: Duration) {
     let name = held.name().to_owned();
     match tokio::time::timeout(Duration::from_secs(10), held.expire_in(left)).await {
-        Ok(Ok(expires_at)) => eprintln!(
+        Ok(Ok(expires_at)) => note!(
             "pglease: keeping {name:?} until {} (--min-hold)",
             expires_at.to_rfc3339()
         ),

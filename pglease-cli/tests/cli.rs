@@ -638,3 +638,138 @@ async fn doctor_exits_0_when_all_is_well_and_1_otherwise() {
     assert_eq!(report["checks"][0]["name"], "schema");
     assert_eq!(report["checks"][0]["verdict"], "problem");
 }
+
+#[tokio::test]
+async fn output_an_operator_can_script_against() {
+    let db = TestDb::empty().await;
+    // migrate says what it did.
+    let out = pglease(&db, &["migrate"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("created the pglease schema (migrations 1 to"),
+        "{}",
+        stderr(&out)
+    );
+    let out = pglease(&db, &["migrate"]);
+    assert!(stderr(&out).contains("up to date"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("created"), "{}", stderr(&out));
+
+    // acquire names the host and what took the lease, not a dead pid.
+    let held = json(&pglease(&db, &["acquire", "job", "--ttl", "60s", "--json"]));
+    let holder = held["holder"].as_str().expect("holder");
+    assert!(holder.ends_with(" (pglease acquire)"), "{holder}");
+    let token = held["token"].to_string();
+
+    // Busy: 3, or the status asked for; -q prints nothing then.
+    let out = pglease(&db, &["acquire", "job", "--ttl", "60s"]);
+    assert_eq!(code(&out), 3);
+    let out = pglease(
+        &db,
+        &[
+            "-q",
+            "--conflict-exit-code",
+            "0",
+            "acquire",
+            "job",
+            "--ttl",
+            "60s",
+        ],
+    );
+    assert_eq!(code(&out), 0);
+    assert_eq!((stdout(&out).as_str(), stderr(&out).as_str()), ("", ""));
+    let out = pglease(
+        &db,
+        &[
+            "--conflict-exit-code",
+            "75",
+            "run",
+            "job",
+            "--ttl",
+            "5s",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(code(&out), 75, "{}", stderr(&out));
+
+    // status NAME: 0 held, 3 otherwise; filters and a summary; odd names
+    // are escaped, one line each.
+    assert_eq!(code(&pglease(&db, &["status", "job"])), 0);
+    assert_eq!(code(&pglease(&db, &["status", "never"])), 3);
+    pglease(&db, &["acquire", "odd\nname", "--ttl", "60s"]);
+    pglease(&db, &["acquire", "other", "--ttl", "60s"]);
+    let out = pglease(&db, &["status"]);
+    let table = stdout(&out);
+    assert_eq!(table.lines().count(), 4, "{table}");
+    assert!(table.contains("odd\\nname"), "{table}");
+    assert!(
+        stderr(&out).contains("3 of 3 leases shown: 3 held"),
+        "{}",
+        stderr(&out)
+    );
+    let some = json(&pglease(
+        &db,
+        &["status", "--prefix", "o", "--limit", "1", "--json"],
+    ));
+    assert_eq!(some.as_array().map(Vec::len), Some(1), "{some}");
+    assert_eq!(some[0]["name"], "odd\nname");
+    let none = json(&pglease(&db, &["status", "--expired", "--json"]));
+    assert_eq!(none.as_array().map(Vec::len), Some(0), "{none}");
+    assert_eq!(code(&pglease(&db, &["status", "job", "--held"])), 2);
+
+    // release and renew answer in JSON, also when the token is not held.
+    let out = pglease(&db, &["release", "job", "--token", "999", "--json"]);
+    assert_eq!(code(&out), 4);
+    assert_eq!(json(&out)["released"], false);
+    let out = pglease(
+        &db,
+        &["renew", "job", "--token", "999", "--ttl", "5s", "--json"],
+    );
+    assert_eq!(code(&out), 4);
+    let lost = json(&out);
+    assert!(lost["token"].is_null() && lost["lost"] == true, "{lost}");
+    assert_eq!(lost["current_token"].to_string(), token);
+    let out = pglease(&db, &["release", "job", "--token", &token, "--json"]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(json(&out)["released"], true);
+    assert!(stderr(&out).contains("released"), "{}", stderr(&out));
+    let out = pglease(&db, &["-q", "release", "other", "--token", "999"]);
+    assert!(!stderr(&out).is_empty(), "errors are printed under -q too");
+
+    // run --timeout: CMD stopped, exit 124, the lease released at once.
+    let started = std::time::Instant::now();
+    let out = pglease(
+        &db,
+        &[
+            "run",
+            "slow",
+            "--ttl",
+            "5s",
+            "--timeout",
+            "300ms",
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
+    assert_eq!(code(&out), 124, "{}", stderr(&out));
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let slow = json(&pglease(&db, &["status", "slow", "--json"]));
+    assert!(slow["holder"].is_null(), "released: {slow}");
+
+    // Completions and the manual page need no database.
+    let out = Command::new(BIN)
+        .args(["completions", "bash"])
+        .output()
+        .expect("run");
+    assert_eq!(code(&out), 0);
+    assert!(
+        stdout(&out).contains("force-release"),
+        "the subcommands are completed"
+    );
+    let out = Command::new(BIN).arg("man").output().expect("run");
+    assert_eq!(code(&out), 0);
+    assert!(stdout(&out).contains(".TH pglease 1"), "{}", stdout(&out));
+    let out = Command::new(BIN).arg("--help").output().expect("run");
+    assert!(stdout(&out).contains("Exit status:"), "{}", stdout(&out));
+}

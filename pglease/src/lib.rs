@@ -46,7 +46,7 @@ pub use hold::HeldLease;
 pub use input::{MAX_NAME_BYTES, MAX_TTL, MAX_VALUE_BYTES};
 pub use lease::{Acquire, Fence, Lease, LeaseStatus, default_holder};
 pub use manager::{LeaseManager, ManagerStats};
-pub use migrate::MIGRATIONS_TABLE;
+pub use migrate::{MIGRATIONS_TABLE, Migrated};
 pub use observe::{Change, Observer};
 pub use options::ManagerOptions;
 #[cfg(feature = "signal")]

@@ -114,6 +114,17 @@ async fn apply(conn: &mut PgConnection, missing: &[i64]) -> Result<()> {
     Ok(())
 }
 
+/// What [`LeaseManager::migrate`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Migrated {
+    /// The migrations applied by this call, in order (empty: the schema
+    /// was up to date; starting with 1: it was created).
+    pub applied: Vec<i64>,
+    /// The latest migration the schema has now.
+    pub latest: i64,
+}
+
 impl LeaseManager {
     /// Creates or upgrades the `pglease` schema. Idempotent, and safe when
     /// many processes start at once, also through a transaction pooler
@@ -122,7 +133,8 @@ impl LeaseManager {
     /// migrators of one database run one after the other, and a failure
     /// leaves nothing applied and no lock held.
     ///
-    /// Runs on a connection of its own that is closed afterwards.
+    /// Runs on a connection of its own that is closed afterwards. Returns
+    /// the migrations it applied ([`Migrated`]).
     ///
     /// # Errors
     ///
@@ -139,7 +151,7 @@ impl LeaseManager {
     ///
     /// Dropping the future closes its connection; the server then rolls
     /// back the migration in progress, if any.
-    pub async fn migrate(&self) -> Result<()> {
+    pub async fn migrate(&self) -> Result<Migrated> {
         let mut conn = PgConnection::connect_with(self.pool().connect_options().as_ref()).await?;
         let outcome = migrate_on(&mut conn).await;
         if outcome.is_err() {
@@ -151,7 +163,7 @@ impl LeaseManager {
     }
 }
 
-async fn migrate_on(conn: &mut PgConnection) -> Result<()> {
+async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
     let rows = sql::query(prepare()).fetch_all(&mut *conn).await?;
     // The lock's statement answers one row of one column; the record's
     // rows have three.
@@ -165,5 +177,8 @@ async fn migrate_on(conn: &mut PgConnection) -> Result<()> {
         apply(conn, &missing).await?;
     }
     sqlx::raw_sql("COMMIT").execute(&mut *conn).await?;
-    Ok(())
+    Ok(Migrated {
+        applied: missing,
+        latest: latest_version(),
+    })
 }
