@@ -109,9 +109,16 @@ async fn main() -> ExitCode {
     if let Command::Demo = cli.command {
         return demo(&options, cli.connect_timeout).await;
     }
+    // With --json, failures are answered in JSON on stdout too.
+    let json = wants_json(&cli.command);
     let manager = match connect(&options, cli.connect_timeout).await {
         Ok(manager) => manager,
-        Err(code) => return code,
+        Err(code) => {
+            if json {
+                json_failure("cannot connect to PostgreSQL", EXIT_DATABASE);
+            }
+            return code;
+        }
     };
     let code = match cli.command {
         Command::Migrate => migrate(&manager).await,
@@ -208,18 +215,43 @@ async fn main() -> ExitCode {
     };
     match code {
         Ok(code) => code,
-        Err((e, what)) => fail(&e, what),
+        Err((e, what)) => {
+            let status = fail(&e, what);
+            if json {
+                json_failure(&format!("{what} failed: {e}"), status);
+            }
+            ExitCode::from(status)
+        }
     }
+}
+
+/// Whether the command was asked for JSON output.
+fn wants_json(command: &Command) -> bool {
+    match command {
+        Command::Doctor { json }
+        | Command::Acquire { json, .. }
+        | Command::Renew { json, .. }
+        | Command::Release { json, .. }
+        | Command::Status { json, .. }
+        | Command::History { json, .. }
+        | Command::Leader { json, .. } => *json,
+        _ => false,
+    }
+}
+
+/// A failure as one JSON object on stdout: `{"error": ..., "status": N}`.
+fn json_failure(error: &str, status: u8) {
+    println!("{}", serde_json::json!({"error": error, "status": status}));
 }
 
 type Outcome = Result<ExitCode, (Error, &'static str)>;
 
 /// Maps a library error to a message and an exit status.
-fn fail(e: &Error, what: &str) -> ExitCode {
+fn fail(e: &Error, what: &str) -> u8 {
     match e {
         Error::InvalidInput { .. } => {
             eprintln!("pglease: {e}");
-            ExitCode::from(EXIT_USAGE)
+            EXIT_USAGE
         }
         Error::Database(db)
             if matches!(
@@ -232,11 +264,11 @@ fn fail(e: &Error, what: &str) -> ExitCode {
                 "pglease: {what} failed: the pglease schema is missing or out of date in this \
                  database ({e}); run `pglease migrate` first"
             );
-            ExitCode::from(EXIT_DATABASE)
+            EXIT_DATABASE
         }
         _ => {
             eprintln!("pglease: {what} failed: {e}");
-            ExitCode::from(EXIT_DATABASE)
+            EXIT_DATABASE
         }
     }
 }

@@ -642,6 +642,29 @@ async fn doctor_exits_0_when_all_is_well_and_1_otherwise() {
 #[tokio::test]
 async fn output_an_operator_can_script_against() {
     let db = TestDb::empty().await;
+    // --json answers in JSON also on failure: no schema yet, no server.
+    let out = pglease(&db, &["status", "--json"]);
+    assert_eq!(code(&out), 5);
+    let failed = json(&out);
+    assert_eq!(failed["status"], 5);
+    assert!(
+        failed["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("status failed")),
+        "{failed}"
+    );
+    let out = Command::new(BIN)
+        .args([
+            "--database-url",
+            "postgres://postgres@127.0.0.1:1/x",
+            "acquire",
+            "job",
+        ])
+        .args(["--ttl", "5s", "--json"])
+        .output()
+        .expect("run");
+    assert_eq!(code(&out), 5);
+    assert_eq!(json(&out)["status"], 5);
     // migrate says what it did.
     let out = pglease(&db, &["migrate"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
