@@ -13,6 +13,8 @@ use crate::sql;
 
 /// Extends the lease to database-now + `ttl`; [`Error::Lost`] with the
 /// reason if the token is no longer valid.
+#[tracing::instrument(name = "pglease.renew", level = "debug", skip_all,
+                      fields(name = fence.name(), token = fence.token().get()))]
 pub(crate) async fn renew(pool: &PgPool, fence: &Fence, ttl: PgInterval) -> Result<DateTime<Utc>> {
     let row = sql::query(sql::renew(fence.name(), fence.token(), &ttl))
         .fetch_one(pool)
@@ -26,6 +28,8 @@ pub(crate) async fn renew(pool: &PgPool, fence: &Fence, ttl: PgInterval) -> Resu
 
 /// Publishes `value` (or clears it) under a valid token; [`Error::Lost`]
 /// with the reason if the token is no longer valid.
+#[tracing::instrument(name = "pglease.proclaim", level = "debug", skip_all,
+                      fields(name = fence.name(), token = fence.token().get()))]
 pub(crate) async fn proclaim(pool: &PgPool, fence: &Fence, value: Option<&str>) -> Result<()> {
     let row = sql::query(sql::proclaim(fence.name(), fence.token(), value))
         .fetch_one(pool)
@@ -38,6 +42,8 @@ pub(crate) async fn proclaim(pool: &PgPool, fence: &Fence, value: Option<&str>) 
 }
 
 /// Ends the lease if the token is valid; whether it did.
+#[tracing::instrument(name = "pglease.release", level = "debug", skip_all,
+                      fields(name = fence.name(), token = fence.token().get()))]
 pub(crate) async fn release(pool: &PgPool, fence: &Fence) -> Result<bool> {
     let row = sql::query(sql::release(fence.name(), fence.token()))
         .fetch_one(pool)
@@ -46,6 +52,7 @@ pub(crate) async fn release(pool: &PgPool, fence: &Fence) -> Result<bool> {
 }
 
 /// The status view's row for `name` (checked by the caller).
+#[tracing::instrument(name = "pglease.inspect", level = "debug", skip_all, fields(name))]
 pub(crate) async fn inspect(pool: &PgPool, name: &str) -> Result<LeaseStatus> {
     let row = sql::query(sql::inspect(name)).fetch_optional(pool).await?;
     match row {

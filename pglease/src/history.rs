@@ -106,6 +106,7 @@ impl LeaseManager {
     /// # Cancel safety
     ///
     /// Cancel-safe: it only reads.
+    #[tracing::instrument(name = "pglease.history", level = "debug", skip(self))]
     pub async fn history(
         &self,
         name: &str,
@@ -154,6 +155,7 @@ impl LeaseManager {
     ///
     /// Dropped in flight, the lease may or may not have been forced; look
     /// at [`LeaseManager::inspect`] or the history.
+    #[tracing::instrument(name = "pglease.force_release", level = "debug", skip(self))]
     pub async fn force_release(&self, name: &str, reason: &str) -> Result<Option<Token>> {
         check_text("name", name)?;
         crate::input::check_reason(reason)?;

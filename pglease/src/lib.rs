@@ -28,6 +28,7 @@ mod options;
 #[cfg(feature = "signal")]
 mod signal;
 mod sql;
+mod telemetry;
 mod token;
 mod wait;
 
@@ -51,6 +52,7 @@ pub use observe::{Change, Observer};
 pub use options::ManagerOptions;
 #[cfg(feature = "signal")]
 pub use signal::shutdown_signal;
+pub use telemetry::METRICS;
 pub use token::Token;
 pub use wait::RELEASE_CHANNEL;
 

@@ -108,7 +108,7 @@ impl Registry {
     /// Starts renewing `state`, first at `renew_at`.
     pub(crate) fn insert(&self, state: Arc<HeldState>, renew_at: Instant) {
         let key = (state.lease.name().to_owned(), state.lease.token().get());
-        self.entries().insert(
+        let replaced = self.entries().insert(
             key,
             Entry {
                 state,
@@ -117,19 +117,29 @@ impl Registry {
                 failures: 0,
             },
         );
+        if replaced.is_none() {
+            crate::telemetry::leases_held(1.0);
+        }
     }
 
     /// Stops renewing `lease`. `Some(in_flight)` if it was registered,
     /// telling whether a renewal of it is in flight.
     pub(crate) fn forget(&self, lease: &Lease) -> Option<bool> {
-        self.entries()
+        let removed = self
+            .entries()
             .remove(&(lease.name().to_owned(), lease.token().get()))
-            .map(|entry| entry.in_flight)
+            .map(|entry| entry.in_flight);
+        if removed.is_some() {
+            crate::telemetry::leases_held(-1.0);
+        }
+        removed
     }
 
     /// Stops renewing every lease; returns them.
     pub(crate) fn drain(&self) -> Vec<Arc<HeldState>> {
-        self.entries().drain().map(|(_, e)| e.state).collect()
+        let drained: Vec<Arc<HeldState>> = self.entries().drain().map(|(_, e)| e.state).collect();
+        crate::telemetry::leases_held(-(drained.len() as f64));
+        drained
     }
 
     /// Changes each time a statement's outcome has been applied.
@@ -174,6 +184,7 @@ impl Registry {
             if matches!(reason, LossReason::Expired | LossReason::Unreachable { .. }) {
                 given_up.push(Arc::clone(state));
             }
+            crate::telemetry::leases_held(-1.0);
             false
         });
 
@@ -277,6 +288,7 @@ impl Registry {
                     };
                     entry.state.fire(reason, now);
                     entries.remove(&key);
+                    crate::telemetry::leases_held(-1.0);
                 }
                 // Every lease sent yields a row; should one be missing, it
                 // is sent again.

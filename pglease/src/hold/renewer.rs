@@ -64,6 +64,7 @@ async fn run(context: Arc<Context>, registry: Arc<Registry>) {
                 if applied.failed {
                     counters.renewal_failures.fetch_add(1, Ordering::Relaxed);
                 }
+                crate::telemetry::renewed(applied.renewed, applied.failed);
             }
         }
     }
@@ -78,6 +79,8 @@ async fn poll(in_flight: &mut Option<InFlight>) -> Outcome {
 
 /// Sends one renewal statement with a timeout. On timeout the connection is
 /// closed rather than returned to the pool with a statement still running.
+#[tracing::instrument(name = "pglease.renew_many", level = "debug", skip_all,
+                      fields(leases = batch.keys.len()))]
 async fn send(context: Arc<Context>, batch: Batch) -> Outcome {
     let sent = Instant::now();
     let limit = context
@@ -91,6 +94,7 @@ async fn send(context: Arc<Context>, batch: Batch) -> Outcome {
         .counters
         .renewal_statements
         .fetch_add(1, Ordering::Relaxed);
+    crate::telemetry::renewal_statement();
     let mut slot = None;
     let answer = tokio::time::timeout(limit, async {
         let conn = slot.insert(context.pool.acquire().await?);

@@ -96,6 +96,9 @@ impl HeldState {
             true
         });
         if fired {
+            if let Some(reason) = &self.view.borrow().lost {
+                crate::telemetry::lease_ended(reason);
+            }
             self.lost.cancel();
         }
         fired

@@ -102,6 +102,7 @@ impl LeaseManager {
     ///
     /// Dropped in flight, the request may or may not be made: call it
     /// again (a repeated request changes only its time).
+    #[tracing::instrument(name = "pglease.request_step_down", level = "debug", skip(self))]
     pub async fn request_step_down(&self, name: &str, by: &str) -> Result<Option<Token>> {
         check_text("name", name)?;
         check_text("requested_by", by)?;
@@ -156,6 +157,7 @@ impl LeaseManager {
     /// # Cancel safety
     ///
     /// Cancel-safe: it only reads.
+    #[tracing::instrument(name = "pglease.list", level = "debug", skip(self))]
     pub async fn list(&self) -> Result<Vec<LeaseStatus>> {
         let rows = sql::query(sql::LIST).fetch_all(self.pool()).await?;
         rows.iter().map(LeaseStatus::from_row).collect()
@@ -181,6 +183,7 @@ impl LeaseManager {
     ///
     /// Dropped in flight, the protection may or may not be in place (it is
     /// one statement): call it again.
+    #[tracing::instrument(name = "pglease.protect", level = "debug", skip(self))]
     pub async fn protect(&self, table: &str, name: &str) -> Result<()> {
         check_text("table", table)?;
         check_text("name", name)?;
@@ -202,6 +205,7 @@ impl LeaseManager {
     ///
     /// Dropped in flight, the protection may or may not be removed: call it
     /// again.
+    #[tracing::instrument(name = "pglease.unprotect", level = "debug", skip(self))]
     pub async fn unprotect(&self, table: &str) -> Result<bool> {
         check_text("table", table)?;
         let row = sql::query(sql::unprotect(table))
@@ -224,6 +228,7 @@ impl LeaseManager {
     ///
     /// Dropped in flight, the mark may or may not have moved: call it again
     /// with the same token (a token equal to the highest is accepted).
+    #[tracing::instrument(name = "pglease.advance", level = "debug", skip(self), fields(token = token.get()))]
     pub async fn advance(&self, resource: &str, token: Token) -> Result<bool> {
         check_text("resource", resource)?;
         let row = sql::query(sql::advance(resource, token))
@@ -249,6 +254,8 @@ impl LeaseManager {
     /// transaction back (at once, or within `client_connection_check_interval`
     /// while the check waits for a lock; [`pool_options`](crate::pool_options)
     /// sets it to 1 s).
+    #[tracing::instrument(name = "pglease.begin_fenced", level = "debug", skip_all,
+                          fields(name = lease.as_ref().name(), token = lease.as_ref().token().get()))]
     pub async fn begin_fenced(&self, lease: impl AsRef<Fence>) -> Result<FencedTransaction> {
         fenced::begin(self.pool(), lease.as_ref()).await
     }

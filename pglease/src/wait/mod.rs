@@ -27,6 +27,7 @@ use crate::db;
 use crate::error::{Error, Result};
 use crate::lease::{Acquire, Lease, ttl_duration};
 use crate::sql;
+use crate::telemetry;
 use crate::token::Token;
 
 /// The outcome of one acquisition statement.
@@ -108,11 +109,14 @@ struct Waiting<'a>(&'a AtomicUsize);
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+        telemetry::waiting(-1.0);
     }
 }
 
 /// One acquisition statement (one round trip), and, if its answer came
 /// late, the renewal that confirms it.
+#[tracing::instrument(name = "pglease.acquire", level = "debug", skip_all,
+                      fields(name, holder, token = tracing::field::Empty))]
 async fn attempt(
     context: &Context,
     name: &str,
@@ -128,12 +132,19 @@ async fn attempt(
         .counters
         .acquire_attempts
         .fetch_add(1, Ordering::Relaxed);
-    let row = row?;
+    let row = row.inspect_err(|_| telemetry::acquire_attempt("error"))?;
     let token: Option<i64> = row.try_get("token")?;
     let expires_at: DateTime<Utc> = row.try_get("expires_at")?;
     let current_holder: Option<String> = row.try_get("holder")?;
     let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
     let Some(token) = token else {
+        telemetry::acquire_attempt(
+            if pinned(current_holder.as_deref(), expires_at, checked_at) {
+                "pinned"
+            } else {
+                "held"
+            },
+        );
         return Ok(Attempt::Held {
             holder: current_holder,
             expires_at,
@@ -141,6 +152,8 @@ async fn attempt(
             note: row.try_get("note")?,
         });
     };
+    telemetry::acquire_attempt("acquired");
+    tracing::Span::current().record("token", token);
     let lease = Lease::new(
         name,
         current_holder.unwrap_or_else(|| holder.to_owned()),
@@ -260,7 +273,10 @@ impl Acquirer {
         let mut listener: Option<&Listener> = None;
         let (mut releases, mut listening) = (None, None);
         context.counters.waiting.fetch_add(1, Ordering::Relaxed);
+        telemetry::waiting(1.0);
         let _waiting = Waiting(&context.counters.waiting);
+        // The previous holder's expiry as last seen, for the takeover delay.
+        let mut seen_expiry: Option<DateTime<Utc>> = None;
         let mut polls: u32 = 0;
         // Releases are notified only for names a session watches: watched
         // on the listening connection after the first failed attempt.
@@ -269,7 +285,17 @@ impl Acquirer {
         loop {
             let (current, expires_at, checked_at, note) =
                 match attempt_detached(context, name, holder, ttl, how.lease_value()).await {
-                    Ok(Attempt::Acquired { lease, sent }) => return Ok((lease, sent)),
+                    Ok(Attempt::Acquired { lease, sent }) => {
+                        telemetry::acquisition("acquired", Some(start.elapsed()));
+                        if let Some(expired) = seen_expiry {
+                            // Taken over after the holder seen last expired
+                            // (not after a release, which ends it sooner).
+                            if let Ok(delay) = (lease.acquired_at() - expired).to_std() {
+                                telemetry::takeover_delay(delay);
+                            }
+                        }
+                        return Ok((lease, sent));
+                    }
                     Ok(Attempt::Held {
                         holder,
                         expires_at,
@@ -279,11 +305,16 @@ impl Acquirer {
                     // Acquired so late that it was lost before its
                     // confirming renewal: another attempt, while allowed.
                     Err(Error::Lost { .. }) if Instant::now() < deadline => continue,
-                    Err(error) => return Err(error),
+                    Err(error) => {
+                        telemetry::acquisition("error", None);
+                        return Err(error);
+                    }
                 };
+            seen_expiry = current.as_ref().map(|_| expires_at);
             let pinned = pinned(current.as_deref(), expires_at, checked_at);
             let now = Instant::now();
             if now >= deadline {
+                telemetry::acquisition(if pinned { "pinned" } else { "held" }, None);
                 return Err(Attempt::refusal(
                     name, current, expires_at, checked_at, note,
                 ));

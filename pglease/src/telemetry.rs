@@ -1,0 +1,123 @@
+//! The metrics pglease records through the `metrics` facade: without a
+//! recorder installed (the service's Prometheus or OpenTelemetry exporter)
+//! each call is a no-op. The names are listed in [`METRICS`] and in
+//! docs/library.md, "Metrics".
+
+use std::time::Duration;
+
+use crate::error::LossReason;
+
+/// Every metric pglease records: (name, kind, labels, meaning).
+pub const METRICS: &[(&str, &str, &str, &str)] = &[
+    (
+        ACQUIRE_ATTEMPTS,
+        "counter",
+        "outcome = acquired | held | pinned | error",
+        "acquisition statements answered",
+    ),
+    (
+        ACQUISITIONS,
+        "counter",
+        "outcome = acquired | held | pinned | error",
+        "acquire/hold calls, by how they ended (after any wait)",
+    ),
+    (
+        ACQUIRE_SECONDS,
+        "histogram",
+        "",
+        "time from an acquire/hold call to the lease, waits included",
+    ),
+    (
+        TAKEOVER_DELAY_SECONDS,
+        "histogram",
+        "",
+        "database time from the previous holder's expiry to a waiter's acquisition of the lease",
+    ),
+    (
+        RENEWAL_STATEMENTS,
+        "counter",
+        "",
+        "renewal statements sent (each renews every lease due)",
+    ),
+    (
+        RENEWALS,
+        "counter",
+        "",
+        "lease renewals confirmed by the database",
+    ),
+    (
+        RENEWAL_FAILURES,
+        "counter",
+        "",
+        "renewal statements that failed or timed out (retried)",
+    ),
+    (
+        LEASE_ENDS,
+        "counter",
+        "reason = released | stale | expired | unreachable",
+        "held leases that ended, by reason (released: by its holder or someone else)",
+    ),
+    (
+        LEASES_HELD,
+        "gauge",
+        "",
+        "leases held with background renewal, by all managers of the process",
+    ),
+    (WAITING, "gauge", "", "acquirers waiting for a lease"),
+];
+
+const ACQUIRE_ATTEMPTS: &str = "pglease_acquire_attempts_total";
+const ACQUISITIONS: &str = "pglease_acquisitions_total";
+const ACQUIRE_SECONDS: &str = "pglease_acquire_seconds";
+const TAKEOVER_DELAY_SECONDS: &str = "pglease_takeover_delay_seconds";
+const RENEWAL_STATEMENTS: &str = "pglease_renewal_statements_total";
+const RENEWALS: &str = "pglease_renewals_total";
+const RENEWAL_FAILURES: &str = "pglease_renewal_failures_total";
+const LEASE_ENDS: &str = "pglease_lease_ends_total";
+const LEASES_HELD: &str = "pglease_leases_held";
+const WAITING: &str = "pglease_acquirers_waiting";
+
+pub(crate) fn acquire_attempt(outcome: &'static str) {
+    metrics::counter!(ACQUIRE_ATTEMPTS, "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn acquisition(outcome: &'static str, took: Option<Duration>) {
+    metrics::counter!(ACQUISITIONS, "outcome" => outcome).increment(1);
+    if let Some(took) = took {
+        metrics::histogram!(ACQUIRE_SECONDS).record(took.as_secs_f64());
+    }
+}
+
+pub(crate) fn takeover_delay(delay: Duration) {
+    metrics::histogram!(TAKEOVER_DELAY_SECONDS).record(delay.as_secs_f64());
+}
+
+pub(crate) fn renewal_statement() {
+    metrics::counter!(RENEWAL_STATEMENTS).increment(1);
+}
+
+pub(crate) fn renewed(leases: u64, failed: bool) {
+    metrics::counter!(RENEWALS).increment(leases);
+    if failed {
+        metrics::counter!(RENEWAL_FAILURES).increment(1);
+    }
+}
+
+pub(crate) fn lease_ended(reason: &LossReason) {
+    let reason = match reason {
+        LossReason::Released => "released",
+        LossReason::Stale { .. } => "stale",
+        LossReason::Expired => "expired",
+        LossReason::Unreachable { .. } => "unreachable",
+    };
+    metrics::counter!(LEASE_ENDS, "reason" => reason).increment(1);
+}
+
+/// Leases held by every manager of the process: +1 or -1 (or -n).
+pub(crate) fn leases_held(change: f64) {
+    metrics::gauge!(LEASES_HELD).increment(change);
+}
+
+pub(crate) fn waiting(change: f64) {
+    metrics::gauge!(WAITING).increment(change);
+}
