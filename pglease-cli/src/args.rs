@@ -80,6 +80,9 @@ pub(crate) enum Command {
         /// read in `status`.
         #[arg(long)]
         value: Option<String>,
+        /// A counted lease: one of N slots NAME#k (the output names it).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: Option<u32>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -145,6 +148,10 @@ pub(crate) enum Command {
         /// Time between SIGTERM and SIGKILL when CMD must stop.
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         grace: Duration,
+        /// A counted lease: up to N runs of NAME at once, each holding a
+        /// slot NAME#k of its own (PGLEASE_NAME is the slot).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: Option<u32>,
         /// Stop CMD after this long (SIGTERM, SIGKILL after --grace) and
         /// exit 124, like timeout(1).
         #[arg(long, value_parser = humantime::parse_duration)]

@@ -195,15 +195,28 @@ where
     }
 }
 
+/// What `acquire` is told on the command line.
+pub(crate) struct AcquireOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) holder: Option<String>,
+    pub(crate) wait: Duration,
+    pub(crate) value: Option<String>,
+    pub(crate) limit: Option<u32>,
+}
+
 pub(crate) async fn acquire(
     manager: &LeaseManager,
     name: &str,
-    ttl: Duration,
-    holder: Option<String>,
-    wait: Duration,
-    value: Option<String>,
+    options: AcquireOptions,
     json: bool,
 ) -> Outcome {
+    let AcquireOptions {
+        ttl,
+        holder,
+        wait,
+        value,
+        limit,
+    } = options;
     let holder = holder.unwrap_or_else(acquire_holder);
     // Without --wait one attempt; the library starts its release listener
     // only once an attempt with time to wait has failed.
@@ -211,6 +224,9 @@ pub(crate) async fn acquire(
         let mut how = Acquire::ttl(ttl).holder(holder.as_str()).wait(wait);
         if let Some(value) = &value {
             how = how.value(value.as_str());
+        }
+        if let Some(limit) = limit {
+            how = how.limit(limit);
         }
         manager.acquire(name, how)
     };

@@ -129,8 +129,18 @@ async fn main() -> ExitCode {
             holder,
             wait,
             value,
+            limit,
             json,
-        } => acquire(&manager, &name, ttl, holder, wait, value, json).await,
+        } => {
+            let options = commands::AcquireOptions {
+                ttl,
+                holder,
+                wait,
+                value,
+                limit,
+            };
+            acquire(&manager, &name, options, json).await
+        }
         Command::Renew {
             name,
             token,
@@ -163,6 +173,7 @@ async fn main() -> ExitCode {
             wait,
             holder,
             grace,
+            limit,
             timeout,
             min_hold,
             cmd,
@@ -174,6 +185,7 @@ async fn main() -> ExitCode {
                 grace,
                 timeout,
                 min_hold,
+                limit,
             };
             run(&manager, &cli.database_url, &name, &holder, timing, &cmd).await
         }

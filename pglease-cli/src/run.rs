@@ -39,6 +39,7 @@ pub(crate) struct RunTiming {
     pub(crate) grace: Duration,
     pub(crate) timeout: Option<Duration>,
     pub(crate) min_hold: Option<Duration>,
+    pub(crate) limit: Option<u32>,
 }
 
 /// Exit status when CMD ran out of `--timeout` (as timeout(1)).
@@ -58,6 +59,7 @@ pub(crate) async fn run(
         grace,
         timeout,
         min_hold,
+        limit,
     } = timing;
     // Signals are watched from the start, so that none is lost while
     // waiting for the lease.
@@ -69,7 +71,14 @@ pub(crate) async fn run(
     // CMD never starts; the server abandons an attempt still waiting in it
     // once this process has exited (see `ABANDON_WHEN_GONE`).
     let acquisition = announced(name, wait, |wait| {
-        manager.hold(name, Acquire::ttl(ttl).holder(holder).wait(wait))
+        let how = Acquire::ttl(ttl).holder(holder).wait(wait);
+        manager.hold(
+            name,
+            match limit {
+                Some(limit) => how.limit(limit),
+                None => how,
+            },
+        )
     });
     let held: HeldLease = tokio::select! {
         held = acquisition => match held {
@@ -89,7 +98,8 @@ pub(crate) async fn run(
         .args(&cmd[1..])
         .process_group(0)
         .stdin(Stdio::inherit())
-        .env("PGLEASE_NAME", name)
+        // The lease held: NAME, or with --limit the slot NAME#k.
+        .env("PGLEASE_NAME", held.name())
         .env("PGLEASE_TOKEN", held.token().to_string())
         .env("PGLEASE_HOLDER", holder);
     if let Some(url) = database_url {

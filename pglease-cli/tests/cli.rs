@@ -796,3 +796,56 @@ async fn output_an_operator_can_script_against() {
     let out = Command::new(BIN).arg("--help").output().expect("run");
     assert!(stdout(&out).contains("Exit status:"), "{}", stdout(&out));
 }
+
+#[tokio::test]
+async fn run_with_a_limit_runs_at_most_that_many_at_once() {
+    let db = TestDb::new().await;
+    let started = std::env::temp_dir().join(format!("pglease-limit-{}", db.name()));
+    let _ = std::fs::remove_file(&started);
+    let script = format!(
+        "echo \"$PGLEASE_NAME $PGLEASE_TOKEN\" >> {}; sleep 2",
+        started.display()
+    );
+    let run = || {
+        command(
+            &db,
+            &[
+                "run", "jobs", "--ttl", "5s", "--limit", "2", "--", "sh", "-c", &script,
+            ],
+        )
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start a run")
+    };
+    let (first, second) = (run(), run());
+    poll_until("two runs started", BOUND, || async {
+        bin::read(&started).lines().count() == 2
+    })
+    .await;
+    // A third finds both slots held.
+    let out = pglease(
+        &db,
+        &["run", "jobs", "--ttl", "5s", "--limit", "2", "--", "true"],
+    );
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert_eq!(wait_bounded(first).await.code(), Some(0));
+    assert_eq!(wait_bounded(second).await.code(), Some(0));
+    let mut slots: Vec<String> = bin::read(&started)
+        .lines()
+        .map(|l| l.split(' ').next().unwrap_or_default().to_owned())
+        .collect();
+    slots.sort();
+    assert_eq!(slots, ["jobs#1", "jobs#2"]);
+    // Both released at exit: a run gets a slot at once.
+    let out = pglease(
+        &db,
+        &["run", "jobs", "--ttl", "5s", "--limit", "2", "--", "true"],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = pglease(
+        &db,
+        &["acquire", "jobs", "--ttl", "5s", "--limit", "2", "--json"],
+    );
+    assert_eq!(json(&out)["name"], "jobs#1");
+    let _ = std::fs::remove_file(&started);
+}

@@ -111,10 +111,17 @@ impl LeaseManager {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for a bad name, holder, value or TTL, or a
-    /// TTL too short for the manager's renewal timing.
+    /// [`Error::InvalidInput`] for a bad name, holder, value or TTL, a
+    /// TTL too short for the manager's renewal timing, or a
+    /// [`limit`](Acquire::limit) (an election has one leader).
     pub fn elector(&self, name: &str, how: Acquire) -> Result<Elector> {
         how.check(name)?;
+        if how.lease_limit().is_some() {
+            return Err(Error::invalid(
+                "limit",
+                "an election has one leader: a counted lease cannot be campaigned for",
+            ));
+        }
         self.options().timing(how.lease_ttl())?;
         Ok(Elector {
             manager: self.clone(),

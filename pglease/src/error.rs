@@ -349,7 +349,7 @@ impl Error {
 }
 
 /// The arguments the SQL functions name (in the error's COLUMN field).
-const ARGUMENTS: [&str; 12] = [
+const ARGUMENTS: [&str; 13] = [
     "name",
     "holder",
     "ttl",
@@ -362,6 +362,7 @@ const ARGUMENTS: [&str; 12] = [
     "value",
     "requested_by",
     "reason",
+    "slots",
 ];
 
 impl From<sqlx::Error> for Error {

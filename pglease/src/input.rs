@@ -58,6 +58,33 @@ pub(crate) fn check_text(argument: &'static str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// The most slots a counted lease may have ([`crate::Acquire::limit`]).
+pub const MAX_SLOTS: u32 = 1000;
+
+/// Checks a counted lease's limit, and that its name leaves room for the
+/// slot suffix (`#k`) within [`MAX_NAME_BYTES`].
+pub(crate) fn check_limit(name: &str, limit: u32) -> Result<()> {
+    if !(1..=MAX_SLOTS).contains(&limit) {
+        return Err(Error::invalid(
+            "limit",
+            format!("must be between 1 and {MAX_SLOTS}, got {limit}"),
+        ));
+    }
+    let suffix = format!("#{limit}").len();
+    if name.len() + suffix > MAX_NAME_BYTES {
+        return Err(Error::invalid(
+            "name",
+            format!(
+                "is {} bytes long; with its slot suffix (#{limit}) a counted lease name may be \
+                 at most {} bytes of UTF-8",
+                name.len(),
+                MAX_NAME_BYTES - suffix
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a force release's reason: 1 to
 /// [`MAX_REASON_BYTES`](crate::MAX_REASON_BYTES) bytes, no NUL.
 pub(crate) fn check_reason(reason: &str) -> Result<()> {

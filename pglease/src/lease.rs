@@ -179,6 +179,7 @@ pub struct Acquire {
     holder: Option<String>,
     max_wait: Duration,
     value: Option<String>,
+    limit: Option<u32>,
 }
 
 impl Acquire {
@@ -191,6 +192,7 @@ impl Acquire {
             holder: None,
             max_wait: Duration::ZERO,
             value: None,
+            limit: None,
         }
     }
 
@@ -225,6 +227,25 @@ impl Acquire {
         self.value.as_deref()
     }
 
+    /// A counted lease: up to `limit` holders of the name at once (1 to
+    /// [`MAX_SLOTS`](crate::MAX_SLOTS)), each with a token and expiry of its
+    /// own. The lease acquired is one of the name's slots, `NAME#k`
+    /// ([`Lease::name`] says which): renew, release and fence with it as
+    /// with any lease. Every holder of the name must use the same limit.
+    /// A counted acquisition that waits polls (backing off up to
+    /// [`ManagerOptions::max_poll_interval`](crate::ManagerOptions::max_poll_interval),
+    /// never past the first slot's expiry) instead of listening for
+    /// releases. See docs/design.md, "Counted leases".
+    pub fn limit(mut self, limit: u32) -> Acquire {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// The counted lease's limit, if any.
+    pub fn lease_limit(&self) -> Option<u32> {
+        self.limit
+    }
+
     /// The TTL.
     pub fn lease_ttl(&self) -> Duration {
         self.ttl
@@ -247,6 +268,9 @@ impl Acquire {
     /// and TTL) before anything is sent; the TTL as an interval.
     pub(crate) fn check(&self, name: &str) -> Result<PgInterval> {
         check_text("name", name)?;
+        if let Some(limit) = self.limit {
+            crate::input::check_limit(name, limit)?;
+        }
         check_text("holder", &self.holder_name())?;
         if let Some(value) = self.lease_value() {
             check_value(value)?;

@@ -79,21 +79,44 @@ fn array<T>(items: &[T], element: impl Fn(&T) -> String, ty: &str) -> String {
 /// With a value, `proclaim` runs in the same statement (one round trip,
 /// one commit) once the acquisition has succeeded; a failed one stays
 /// read-only.
-pub(crate) fn acquire(name: &str, holder: &str, ttl: &PgInterval, value: Option<&str>) -> String {
-    let acquire = format!(
-        "pglease.acquire({}, {}, {})",
-        Text(name),
-        Text(holder),
-        Interval(ttl)
-    );
+pub(crate) fn acquire(
+    name: &str,
+    holder: &str,
+    ttl: &PgInterval,
+    value: Option<&str>,
+    slots: Option<u32>,
+) -> String {
+    // A counted lease answers the slot too: the lease it acquired, or the
+    // one that expires first.
+    let (acquire, slot) = match slots {
+        None => (
+            format!(
+                "pglease.acquire({}, {}, {})",
+                Text(name),
+                Text(holder),
+                Interval(ttl)
+            ),
+            format!("{}::text", Text(name)),
+        ),
+        Some(slots) => (
+            format!(
+                "pglease.acquire_counted({}, {slots}, {}, {})",
+                Text(name),
+                Text(holder),
+                Interval(ttl)
+            ),
+            "slot_name".to_owned(),
+        ),
+    };
     match value {
-        None => format!("SELECT token, expires_at, holder, checked_at, note FROM {acquire}"),
+        None => format!(
+            "SELECT token, expires_at, holder, checked_at, note, {slot} AS slot_name FROM {acquire}"
+        ),
         Some(value) => format!(
             "WITH a AS MATERIALIZED (SELECT * FROM {acquire}) \
-             SELECT token, expires_at, holder, checked_at, note, \
-                    CASE WHEN token IS NOT NULL THEN pglease.proclaim({}, token, {}) END \
+             SELECT token, expires_at, holder, checked_at, note, {slot} AS slot_name, \
+                    CASE WHEN token IS NOT NULL THEN pglease.proclaim({slot}, token, {}) END \
                FROM a",
-            Text(name),
             Text(value)
         ),
     }

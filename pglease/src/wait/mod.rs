@@ -123,9 +123,10 @@ async fn attempt(
     holder: &str,
     ttl: PgInterval,
     value: Option<&str>,
+    slots: Option<u32>,
 ) -> Result<Attempt> {
     let sent = Instant::now();
-    let row = sql::query(sql::acquire(name, holder, &ttl, value))
+    let row = sql::query(sql::acquire(name, holder, &ttl, value, slots))
         .fetch_one(&context.pool)
         .await;
     context
@@ -154,8 +155,10 @@ async fn attempt(
     };
     telemetry::acquire_attempt("acquired");
     tracing::Span::current().record("token", token);
+    // A counted lease's slot, or the name itself.
+    let slot: String = row.try_get("slot_name")?;
     let lease = Lease::new(
-        name,
+        &slot,
         current_holder.unwrap_or_else(|| holder.to_owned()),
         Token::issued(token),
         expires_at,
@@ -199,6 +202,7 @@ async fn attempt_detached(
     holder: &str,
     ttl: PgInterval,
     value: Option<&str>,
+    slots: Option<u32>,
 ) -> Result<Attempt> {
     let (reply, answer) = oneshot::channel();
     let context = Arc::clone(context);
@@ -207,7 +211,7 @@ async fn attempt_detached(
     // Tracked, so that `shutdown` waits for an attempt still in the
     // database and for the release of what it acquired for nobody.
     context.background.clone().spawn(async move {
-        let outcome = attempt(&context, &name, &holder, ttl, value.as_deref()).await;
+        let outcome = attempt(&context, &name, &holder, ttl, value.as_deref(), slots).await;
         // If the waiter is gone, the returned delivery is dropped here.
         let _ = reply.send(Delivery {
             outcome: Some(outcome),
@@ -283,33 +287,41 @@ impl Acquirer {
         let mut watching: Option<Watching> = None;
         let mut watched = false;
         loop {
-            let (current, expires_at, checked_at, note) =
-                match attempt_detached(context, name, holder, ttl, how.lease_value()).await {
-                    Ok(Attempt::Acquired { lease, sent }) => {
-                        telemetry::acquisition("acquired", Some(start.elapsed()));
-                        if let Some(expired) = seen_expiry {
-                            // Taken over after the holder seen last expired
-                            // (not after a release, which ends it sooner).
-                            if let Ok(delay) = (lease.acquired_at() - expired).to_std() {
-                                telemetry::takeover_delay(delay);
-                            }
+            let (current, expires_at, checked_at, note) = match attempt_detached(
+                context,
+                name,
+                holder,
+                ttl,
+                how.lease_value(),
+                how.lease_limit(),
+            )
+            .await
+            {
+                Ok(Attempt::Acquired { lease, sent }) => {
+                    telemetry::acquisition("acquired", Some(start.elapsed()));
+                    if let Some(expired) = seen_expiry {
+                        // Taken over after the holder seen last expired
+                        // (not after a release, which ends it sooner).
+                        if let Ok(delay) = (lease.acquired_at() - expired).to_std() {
+                            telemetry::takeover_delay(delay);
                         }
-                        return Ok((lease, sent));
                     }
-                    Ok(Attempt::Held {
-                        holder,
-                        expires_at,
-                        checked_at,
-                        note,
-                    }) => (holder, expires_at, checked_at, note),
-                    // Acquired so late that it was lost before its
-                    // confirming renewal: another attempt, while allowed.
-                    Err(Error::Lost { .. }) if Instant::now() < deadline => continue,
-                    Err(error) => {
-                        telemetry::acquisition("error", None);
-                        return Err(error);
-                    }
-                };
+                    return Ok((lease, sent));
+                }
+                Ok(Attempt::Held {
+                    holder,
+                    expires_at,
+                    checked_at,
+                    note,
+                }) => (holder, expires_at, checked_at, note),
+                // Acquired so late that it was lost before its
+                // confirming renewal: another attempt, while allowed.
+                Err(Error::Lost { .. }) if Instant::now() < deadline => continue,
+                Err(error) => {
+                    telemetry::acquisition("error", None);
+                    return Err(error);
+                }
+            };
             seen_expiry = current.as_ref().map(|_| expires_at);
             let pinned = pinned(current.as_deref(), expires_at, checked_at);
             let now = Instant::now();
@@ -322,7 +334,10 @@ impl Acquirer {
             if context.is_shut_down() {
                 return Err(Error::ShutDown);
             }
-            if listener.is_none() && context.options.notify_enabled() {
+            // A counted lease's slots are released under their own names:
+            // its waiters poll.
+            if listener.is_none() && context.options.notify_enabled() && how.lease_limit().is_none()
+            {
                 let started = self.listener();
                 releases = Some(started.releases.subscribe());
                 listening = Some(started.listening.subscribe());
