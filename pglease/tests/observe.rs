@@ -232,7 +232,8 @@ async fn after_a_dropped_connection_the_latest_state_is_reported() {
     poll_until("the observer to reconnect and wait", BOUND, || async {
         sqlx::query_scalar::<_, bool>(
             "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
-                AND classid = 1886154594 AND NOT granted)",
+                AND classid = 1886154594 AND mode = 'ShareLock' AND NOT granted \
+                AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
         )
         .fetch_one(db.pool())
         .await
