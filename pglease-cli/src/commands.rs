@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use pglease::{
-    Acquire, Error, Fence, Lease, LeaseManager, LeaseStatus, Token, Verdict, default_holder,
+    Acquire, Error, Fence, Lease, LeaseManager, LeaseStatus, ListFilter, Token, Verdict,
+    default_holder,
 };
 use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
@@ -310,45 +311,21 @@ pub(crate) fn status_json(s: &LeaseStatus) -> serde_json::Value {
     value
 }
 
-/// `status`'s filters for the list of all leases.
-pub(crate) struct StatusFilter {
-    pub(crate) held: bool,
-    pub(crate) expired: bool,
-    pub(crate) prefix: Option<String>,
-    pub(crate) limit: Option<usize>,
-}
-
-impl StatusFilter {
-    fn keeps(&self, s: &LeaseStatus) -> bool {
-        (!self.held || s.held)
-            && (!self.expired || (!s.held && s.holder.is_some()))
-            && self.prefix.as_deref().is_none_or(|p| s.name.starts_with(p))
-    }
-}
-
 /// `pglease status [NAME]`: one lease (exit 3 if it is not held), or the
 /// leases the filters keep, with a summary line on stderr.
 pub(crate) async fn status(
     manager: &LeaseManager,
     name: Option<&str>,
     json: bool,
-    filter: &StatusFilter,
+    filter: &ListFilter,
 ) -> Outcome {
-    let (leases, total) = match name {
-        Some(name) => (
-            vec![manager.inspect(name).await.map_err(|e| (e, "status"))?],
-            1,
-        ),
-        None => {
-            let all = manager.list().await.map_err(|e| (e, "status"))?;
-            let total = all.len();
-            let kept: Vec<LeaseStatus> = all
-                .into_iter()
-                .filter(|s| filter.keeps(s))
-                .take(filter.limit.unwrap_or(usize::MAX))
-                .collect();
-            (kept, total)
-        }
+    let leases = match name {
+        Some(name) => vec![manager.inspect(name).await.map_err(|e| (e, "status"))?],
+        // Filtered and limited in the database.
+        None => manager
+            .list_matching(filter)
+            .await
+            .map_err(|e| (e, "status"))?,
     };
     let code = match name {
         Some(_) if !leases[0].held => ExitCode::from(EXIT_NOT_ACQUIRED),
@@ -399,7 +376,10 @@ pub(crate) async fn status(
             s.token.map_or("-".to_owned(), |t| t.to_string()),
         );
     }
-    if name.is_none() {
+    if name.is_none() && !crate::quiet() {
+        let total: i64 = simple_scalar(manager, "SELECT count(*) FROM pglease.status")
+            .await
+            .map_err(|e| (e, "status"))?;
         let held = leases.iter().filter(|s| s.held).count();
         let released = leases.iter().filter(|s| s.holder.is_none()).count();
         let expired = leases.len() - held - released;

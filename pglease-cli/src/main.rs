@@ -159,12 +159,19 @@ async fn main() -> ExitCode {
             prefix,
             limit,
         } => {
-            let filter = commands::StatusFilter {
-                held,
-                expired,
-                prefix,
-                limit,
-            };
+            let mut filter = pglease::ListFilter::default();
+            if held {
+                filter = filter.held();
+            }
+            if expired {
+                filter = filter.expired();
+            }
+            if let Some(prefix) = prefix {
+                filter = filter.prefix(prefix);
+            }
+            if let Some(limit) = limit {
+                filter = filter.limit(limit);
+            }
             status(&manager, name.as_deref(), json, &filter).await
         }
         Command::Run {

@@ -15,7 +15,8 @@
 //! only the failover timing; `BENCH_ONLY=pooler` only the operations
 //! through PgBouncer (started from the installed `pgbouncer`);
 //! `BENCH_ONLY=elect` only leader election and the change trigger;
-//! `BENCH_ONLY=history` only the history's cost.
+//! `BENCH_ONLY=history` only the history's cost; `BENCH_ONLY=status` only
+//! the status of 100,000 leases with and without filters.
 
 // The failover measurement builds a primary and a standby with the test
 // suite's helper (from the installed server binaries).
@@ -33,7 +34,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use pglease::{Acquire, Elector, Error, Leadership, Lease, LeaseManager, ManagerOptions};
+use pglease::{
+    Acquire, Elector, Error, Leadership, Lease, LeaseManager, ListFilter, ManagerOptions,
+};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgPool};
 
@@ -261,6 +264,9 @@ async fn main() -> Result<(), Error> {
     if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "pooler") {
         return through_pooler(&pool, &m, &tokens, secs).await;
     }
+    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "status") {
+        return status_scale(&pool, &m).await;
+    }
     if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "history") {
         return history_cost(&pool, &m, secs).await;
     }
@@ -439,6 +445,7 @@ async fn main() -> Result<(), Error> {
     takeover(&pool).await?;
     election(&pool, &m, secs).await?;
     history_cost(&pool, &m, secs).await?;
+    status_scale(&pool, &m).await?;
     through_pooler(&pool, &m, &tokens, secs).await?;
     failover().await?;
 
@@ -988,6 +995,50 @@ async fn history_cost(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<(), 
         ms(&on),
         ms(&on) / ms(&off)
     );
+    Ok(())
+}
+
+/// The status of 100,000 leases (half held), as `status` reads it: all of
+/// them, and filtered in the database.
+async fn status_scale(pool: &PgPool, m: &LeaseManager) -> Result<(), Error> {
+    const ROWS: i64 = 100_000;
+    fill(pool, ROWS).await?;
+    let filters = [
+        ("all", ListFilter::default()),
+        ("--held", ListFilter::default().held()),
+        (
+            "--prefix filler-4242",
+            ListFilter::default().prefix("filler-4242"),
+        ),
+        ("--limit 100", ListFilter::default().limit(100)),
+        (
+            "--held --limit 100",
+            ListFilter::default().held().limit(100),
+        ),
+    ];
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); filters.len()];
+    let mut counts = vec![0usize; filters.len()];
+    for _ in 0..5 {
+        for (i, (_, filter)) in filters.iter().enumerate() {
+            let start = Instant::now();
+            counts[i] = m.list_matching(filter).await?.len();
+            times[i].push(start.elapsed());
+        }
+    }
+    let all = median(&times[0]).as_secs_f64();
+    println!(
+        "\nstatus of {ROWS} leases (library list_matching, as `pglease status` reads them; \
+         median of 5):\n\n| filter | leases | ms | / all |\n|---|---:|---:|---:|"
+    );
+    for (i, (label, _)) in filters.iter().enumerate() {
+        let t = median(&times[i]).as_secs_f64();
+        println!(
+            "| {label} | {} | {:.1} | {:.3} |",
+            counts[i],
+            t * 1e3,
+            t / all
+        );
+    }
     Ok(())
 }
 

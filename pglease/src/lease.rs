@@ -304,6 +304,47 @@ pub fn default_holder() -> String {
         .clone()
 }
 
+/// Which leases [`LeaseManager::list_matching`](crate::LeaseManager::list_matching)
+/// returns: all by default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListFilter {
+    /// Only leases held now.
+    pub held: bool,
+    /// Only leases that expired (ended without a release).
+    pub expired: bool,
+    /// Only names that start with this.
+    pub prefix: Option<String>,
+    /// At most this many (the first by name).
+    pub limit: Option<usize>,
+}
+
+impl ListFilter {
+    /// Only leases held now.
+    pub fn held(mut self) -> Self {
+        self.held = true;
+        self
+    }
+
+    /// Only leases that expired.
+    pub fn expired(mut self) -> Self {
+        self.expired = true;
+        self
+    }
+
+    /// Only names that start with `prefix`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Some(prefix.into());
+        self
+    }
+
+    /// At most `limit` leases.
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+}
+
 /// One row of the `pglease.status` view.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

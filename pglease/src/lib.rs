@@ -45,7 +45,7 @@ pub use fenced::{FencedTransaction, assert_held};
 pub use history::{Event, MAX_REASON_BYTES, Transition};
 pub use hold::HeldLease;
 pub use input::{MAX_NAME_BYTES, MAX_SLOTS, MAX_TTL, MAX_VALUE_BYTES};
-pub use lease::{Acquire, Fence, Lease, LeaseStatus, default_holder};
+pub use lease::{Acquire, Fence, Lease, LeaseStatus, ListFilter, default_holder};
 pub use manager::{LeaseManager, ManagerStats};
 pub use migrate::{MIGRATIONS_TABLE, Migrated};
 pub use observe::{Change, Observer};

@@ -218,8 +218,29 @@ pub(crate) fn inspect(name: &str) -> String {
     format!("{} WHERE name = {}", status_select!(""), Text(name))
 }
 
-/// Every lease ever acquired, by name.
-pub(crate) const LIST: &str = status_select!(" ORDER BY name");
+/// The leases `filter` keeps, by name.
+pub(crate) fn list(filter: &crate::lease::ListFilter) -> String {
+    let mut conditions = Vec::new();
+    if filter.held {
+        conditions.push("held".to_owned());
+    }
+    if filter.expired {
+        conditions.push("NOT held AND holder IS NOT NULL".to_owned());
+    }
+    if let Some(prefix) = &filter.prefix {
+        conditions.push(format!("starts_with(name, {})", Text(prefix)));
+    }
+    let mut statement = status_select!("").to_owned();
+    if !conditions.is_empty() {
+        statement.push_str(" WHERE ");
+        statement.push_str(&conditions.join(" AND "));
+    }
+    statement.push_str(" ORDER BY name");
+    if let Some(limit) = filter.limit {
+        let _ = write!(statement, " LIMIT {limit}");
+    }
+    statement
+}
 
 /// Be notified on this session of every change of `name` (after LISTEN
 /// on [`CHANGE_CHANNEL`]).

@@ -11,7 +11,7 @@ use crate::db;
 use crate::error::{Error, Result};
 use crate::fenced::{self, FencedTransaction};
 use crate::input::{check_text, check_value};
-use crate::lease::{Fence, LeaseStatus, interval};
+use crate::lease::{Fence, LeaseStatus, ListFilter, interval};
 use crate::sql;
 use crate::token::Token;
 
@@ -159,7 +159,29 @@ impl LeaseManager {
     /// Cancel-safe: it only reads.
     #[tracing::instrument(name = "pglease.list", level = "debug", skip(self))]
     pub async fn list(&self) -> Result<Vec<LeaseStatus>> {
-        let rows = sql::query(sql::LIST).fetch_all(self.pool()).await?;
+        self.list_matching(&ListFilter::default()).await
+    }
+
+    /// The status of the leases `filter` keeps, ordered by name, filtered
+    /// and limited in the database (one statement).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a prefix with a NUL byte (nothing
+    /// sent); [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    #[tracing::instrument(name = "pglease.list", level = "debug", skip(self))]
+    pub async fn list_matching(&self, filter: &ListFilter) -> Result<Vec<LeaseStatus>> {
+        if filter.prefix.as_deref().is_some_and(|p| p.contains('\0')) {
+            return Err(Error::invalid(
+                "prefix",
+                "must not contain NUL bytes (PostgreSQL text cannot store them)",
+            ));
+        }
+        let rows = sql::query(sql::list(filter)).fetch_all(self.pool()).await?;
         rows.iter().map(LeaseStatus::from_row).collect()
     }
 
