@@ -54,7 +54,12 @@ pub(crate) struct Cli {
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {
     /// Create or upgrade the `pglease` schema.
-    Migrate,
+    Migrate {
+        /// Print one JSON object: `applied` (the migrations applied now)
+        /// and `latest`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check the server for what leases rely on (exit 1 if something is
     /// wrong).
     Doctor {
@@ -186,6 +191,10 @@ pub(crate) enum Command {
         /// Why (recorded in the history; 1 to 1000 bytes).
         #[arg(long)]
         reason: String,
+        /// Print one JSON object: `name` and `token` (the token ended, or
+        /// null if nobody held the lease).
+        #[arg(long)]
+        json: bool,
     },
     /// Who leads NAME: holder, token and value (exit 3 if nobody).
     Leader {
@@ -209,6 +218,10 @@ pub(crate) enum Command {
         /// Who asks (default: host name and process id).
         #[arg(long)]
         by: Option<String>,
+        /// Print one JSON object: `name` and `token` (the term asked, or
+        /// null if nobody holds the lease).
+        #[arg(long)]
+        json: bool,
     },
     /// Campaign for NAME and run CMD while leading: stop it when
     /// leadership is lost or the leader is asked to step down, and

@@ -17,8 +17,14 @@ use crate::{EXIT_DATABASE, EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_PROBLEMS, Outcome,
 
 /// Applies the schema, then says whether a takeover from a holder frozen
 /// inside a fenced transaction can work here (see the README).
-pub(crate) async fn migrate(manager: &LeaseManager) -> Outcome {
+pub(crate) async fn migrate(manager: &LeaseManager, json: bool) -> Outcome {
     let migrated = manager.migrate().await.map_err(|e| (e, "migrate"))?;
+    if json {
+        println!(
+            "{}",
+            json!({"applied": migrated.applied, "latest": migrated.latest})
+        );
+    }
     let span = |v: &[i64]| match (v.first(), v.last()) {
         (Some(first), Some(last)) if first != last => format!("migrations {first} to {last}"),
         (Some(only), _) => format!("migration {only}"),

@@ -44,17 +44,26 @@ pub(crate) async fn leader(manager: &LeaseManager, name: &str, json: bool) -> Ou
 
 /// `pglease step-down NAME`: ask the current holder to step down; exit 3
 /// if nobody holds it.
-pub(crate) async fn step_down(manager: &LeaseManager, name: &str, by: &str) -> Outcome {
+pub(crate) async fn step_down(manager: &LeaseManager, name: &str, by: &str, json: bool) -> Outcome {
     let asked = match manager.request_step_down(name, by).await {
         Err(Error::InvalidInput {
             argument: "requested_by",
             reason,
         }) => {
             eprintln!("pglease: invalid --by: {reason}");
+            if json {
+                println!(
+                    "{}",
+                    json!({"error": format!("invalid --by: {reason}"), "status": crate::EXIT_USAGE})
+                );
+            }
             return Ok(ExitCode::from(crate::EXIT_USAGE));
         }
         asked => asked.map_err(|e| (e, "step-down"))?,
     };
+    if json {
+        println!("{}", json!({"name": name, "token": asked.map(|t| t.get())}));
+    }
     match asked {
         Some(token) => {
             note!("pglease: asked the holder of {name:?} (token {token}) to step down");

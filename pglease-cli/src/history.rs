@@ -80,8 +80,17 @@ pub(crate) async fn history(
 }
 
 /// `pglease force-release NAME --reason TEXT`: 0 forced, 3 nobody held it.
-pub(crate) async fn force_release(manager: &LeaseManager, name: &str, reason: &str) -> Outcome {
-    match manager.force_release(name, reason).await {
+pub(crate) async fn force_release(
+    manager: &LeaseManager,
+    name: &str,
+    reason: &str,
+    json: bool,
+) -> Outcome {
+    let forced = manager.force_release(name, reason).await;
+    if let (true, Ok(token)) = (json, &forced) {
+        println!("{}", json!({"name": name, "token": token.map(|t| t.get())}));
+    }
+    match forced {
         Ok(Some(token)) => {
             note!(
                 "pglease: forced {name:?}: token {token} is stale from now on (its holder's \

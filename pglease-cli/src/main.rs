@@ -121,7 +121,7 @@ async fn main() -> ExitCode {
         }
     };
     let code = match cli.command {
-        Command::Migrate => migrate(&manager).await,
+        Command::Migrate { json } => migrate(&manager, json).await,
         Command::Doctor { json } => doctor(&manager, json).await,
         Command::Acquire {
             name,
@@ -199,14 +199,14 @@ async fn main() -> ExitCode {
         Command::History { name, since, json } => {
             history::history(&manager, &name, since, json).await
         }
-        Command::ForceRelease { name, reason } => {
-            history::force_release(&manager, &name, &reason).await
+        Command::ForceRelease { name, reason, json } => {
+            history::force_release(&manager, &name, &reason, json).await
         }
         Command::Leader { name, json } => elect::leader(&manager, &name, json).await,
         Command::Observe { name } => elect::observe(&manager, &name).await,
-        Command::StepDown { name, by } => {
+        Command::StepDown { name, by, json } => {
             let by = by.unwrap_or_else(default_holder);
-            elect::step_down(&manager, &name, &by).await
+            elect::step_down(&manager, &name, &by, json).await
         }
         Command::Elect {
             name,
@@ -248,6 +248,9 @@ async fn main() -> ExitCode {
 fn wants_json(command: &Command) -> bool {
     match command {
         Command::Doctor { json }
+        | Command::Migrate { json }
+        | Command::ForceRelease { json, .. }
+        | Command::StepDown { json, .. }
         | Command::Acquire { json, .. }
         | Command::Renew { json, .. }
         | Command::Release { json, .. }

@@ -676,6 +676,21 @@ async fn output_an_operator_can_script_against() {
     let out = pglease(&db, &["migrate"]);
     assert!(stderr(&out).contains("up to date"), "{}", stderr(&out));
     assert!(!stderr(&out).contains("created"), "{}", stderr(&out));
+    let migrated = json(&pglease(&db, &["migrate", "--json"]));
+    assert_eq!(migrated["applied"], serde_json::json!([]));
+    assert!(
+        migrated["latest"].as_i64().is_some_and(|v| v >= 7),
+        "{migrated}"
+    );
+    // Nobody to force or ask: 3, and the object says so.
+    for args in [
+        &["force-release", "job", "--reason", "test", "--json"][..],
+        &["step-down", "job", "--json"],
+    ] {
+        let out = pglease(&db, args);
+        assert_eq!(code(&out), 3, "{args:?}");
+        assert!(json(&out)["token"].is_null(), "{args:?}");
+    }
 
     // acquire names the host and what took the lease, not a dead pid.
     let held = json(&pglease(&db, &["acquire", "job", "--ttl", "60s", "--json"]));
