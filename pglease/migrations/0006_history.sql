@@ -268,6 +268,9 @@ BEGIN
                    released_at = clock_timestamp()
              WHERE l.name = force_release.name;
             PERFORM set_config('pglease.reason', '', true);
+            -- Wake waiting acquirers at commit, as a release does (rare
+            -- enough to notify whether or not anyone watches).
+            PERFORM pg_notify('pglease_release', force_release.name);
             RETURN cur_token;
         END IF;
         SELECT l.holder, l.expires_at, l.id INTO cur_holder, cur_expiry, cur_id

@@ -153,12 +153,41 @@ async fn force_release_fences_a_running_holder_at_once() {
         .await
         .expect("write inside the fenced transaction");
 
+    // A waiter on another manager, listening for releases.
+    let waiter = db
+        .manager_with("waiter", pglease::ManagerOptions::default())
+        .await;
+    let waiting = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter
+                .acquire(
+                    "job",
+                    Acquire::ttl(Duration::from_secs(30))
+                        .holder("next")
+                        .wait(BOUND),
+                )
+                .await
+        })
+    };
+    common::poll_until("the waiter listens", BOUND, || async {
+        let stats = waiter.stats();
+        stats.waiting == 1 && stats.listening
+    })
+    .await;
+
     let admin = db.manager();
     let forced = admin
         .force_release("job", "INC-42: worker stuck")
         .await
         .expect("force release");
     assert_eq!(forced, Some(old));
+    // The waiter is woken by the force, long before the old term's expiry.
+    let next = waiting
+        .await
+        .expect("waiter task")
+        .expect("the waiter acquires");
+    assert!(next.acquired_at() < held.expires_at(), "woken, not expired");
     // Its open fenced transaction was ended: nothing it wrote commits.
     assert!(open.commit().await.is_err(), "the forced holder's commit");
     assert_eq!(common::data_value(&db).await, "initial");
@@ -172,13 +201,7 @@ async fn force_release_fences_a_running_holder_at_once() {
         .await
         .expect("the holder learns of it at its next renewal");
     assert!(
-        matches!(
-            reason,
-            LossReason::Stale {
-                current_holder: None,
-                ..
-            }
-        ),
+        matches!(reason, LossReason::Stale { current_token: Some(t), .. } if t > old),
         "{reason:?}"
     );
     assert!(
@@ -187,16 +210,10 @@ async fn force_release_fences_a_running_holder_at_once() {
             .await
             .unwrap()
     );
-    // The status shows it free, under a token nobody holds; the next
-    // acquirer gets it at once, with a larger token.
+    // The fence moved past the old token, and the waiter's is larger still.
     let status = admin.inspect("job").await.expect("inspect");
-    assert!(!status.held && status.holder.is_none());
-    assert!(status.token > Some(old));
-    let next = admin
-        .acquire("job", Acquire::ttl(Duration::from_secs(30)).holder("next"))
-        .await
-        .expect("acquired at once");
-    assert!(next.token() > status.token.unwrap());
+    assert_eq!(status.holder.as_deref(), Some("next"));
+    assert!(next.token() > old);
     let history = admin.history("job", None).await.expect("history");
     let forced_row = history
         .iter()

@@ -110,7 +110,17 @@ async fn operations_are_counted_through_the_metrics_facade() {
         "{reason:?}"
     );
     let got = waiting.await.expect("task").expect("the waiter acquires");
-    take(&snapshotter, &mut seen);
+    // Counted by the renewal task, which may still be on its way when the
+    // holder's `lost()` returns.
+    poll_until("the stale end counted", BOUND, || {
+        take(&snapshotter, &mut seen);
+        let ends = seen
+            .get("pglease_lease_ends_total{reason=stale}")
+            .copied()
+            .unwrap_or(0.0);
+        async move { ends >= 1.0 }
+    })
+    .await;
     assert_eq!(seen["pglease_lease_ends_total{reason=stale}"], 1.0);
     assert!(seen["pglease_acquisitions_total{outcome=acquired}"] >= 2.0);
     assert!(seen["pglease_acquire_seconds"] >= 2.0);
