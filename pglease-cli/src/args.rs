@@ -11,13 +11,15 @@ Exit status:
   0    done (acquired, renewed, released, held, forced, ...)
   1    doctor: a check is not ok; elect, run: the command's own status
   2    bad usage or input (nothing was changed)
-  3    not acquired: held by another, or nobody holds it (leader, status NAME,
-       step-down, force-release); --conflict-exit-code changes it
+  3    not acquired: held by another (acquire, run: --conflict-exit-code
+       sets it); nobody holds it (status NAME, leader, step-down,
+       force-release)
   4    lease lost (renew, release, run)
-  5    database unreachable or failing (or the schema is missing: run migrate)
+  5    database unreachable or failing, the schema missing (run migrate),
+       or a privilege missing
   124  run --timeout: the command ran out of time
   127  run, elect: the command cannot be started
-  128+N  run, elect: signal N (forwarded to the command, or the command's death)";
+  128+N  run, elect: signal N";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -30,7 +32,8 @@ pub(crate) struct Cli {
     /// PostgreSQL URL; without it (and without DATABASE_URL) the libpq
     /// defaults apply: PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD, then
     /// localhost:5432.
-    #[arg(long, global = true, env = "DATABASE_URL")]
+    // hide_env_values: --help must not print the URL's password.
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
     pub(crate) database_url: Option<String>,
 
     /// Give up connecting after this long (exit status 5).

@@ -13,14 +13,16 @@ use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
 
-use crate::{EXIT_DATABASE, EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_PROBLEMS, Outcome, connect, note};
+use crate::{
+    EXIT_DATABASE, EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_PROBLEMS, Outcome, connect, note, out,
+};
 
 /// Applies the schema, then says whether a takeover from a holder frozen
 /// inside a fenced transaction can work here (see the README).
 pub(crate) async fn migrate(manager: &LeaseManager, json: bool) -> Outcome {
     let migrated = manager.migrate().await.map_err(|e| (e, "migrate"))?;
     if json {
-        println!(
+        out!(
             "{}",
             json!({"applied": migrated.applied, "latest": migrated.latest})
         );
@@ -77,13 +79,13 @@ pub(crate) async fn doctor(manager: &LeaseManager, json: bool) -> Outcome {
             .iter()
             .map(|c| json!({"name": c.name, "verdict": c.verdict.to_string(), "detail": c.detail}))
             .collect();
-        println!(
+        out!(
             "{}",
             json!({"verdict": diagnosis.verdict().to_string(), "checks": checks})
         );
     } else {
         for check in &diagnosis.checks {
-            println!("{:<8} {:<15} {}", check.verdict, check.name, check.detail);
+            out!("{:<8} {:<15} {}", check.verdict, check.name, check.detail);
         }
     }
     Ok(if diagnosis.verdict() == Verdict::Ok {
@@ -97,7 +99,7 @@ pub(crate) async fn doctor(manager: &LeaseManager, json: bool) -> Outcome {
 pub(crate) async fn release(manager: &LeaseManager, fence: &Fence, json: bool) -> Outcome {
     let released = manager.release(fence).await.map_err(|e| (e, "release"))?;
     if json {
-        println!(
+        out!(
             "{}",
             json!({"name": fence.name(), "token": fence.token().get(), "released": released})
         );
@@ -136,7 +138,7 @@ fn lease_json(
 
 fn print_lease(lease: &Lease, json: bool) {
     if json {
-        println!(
+        out!(
             "{}",
             lease_json(
                 lease.name(),
@@ -146,7 +148,7 @@ fn print_lease(lease: &Lease, json: bool) {
             )
         );
     } else {
-        println!(
+        out!(
             "acquired {:?} for {:?}: token {} until {}",
             lease.name(),
             lease.holder(),
@@ -244,17 +246,24 @@ pub(crate) async fn acquire(
         }
         Err(e) => {
             // The lease as found, in JSON, when it was held or pinned.
+            // The error names the lease it describes: NAME, or the slot
+            // of a counted lease that expires first.
             let found = match &e {
                 Error::Held {
-                    holder, expires_at, ..
+                    name,
+                    holder,
+                    expires_at,
                 } => Some(lease_json(name, Some(holder), None, Some(*expires_at))),
                 Error::Pinned {
-                    holder, ended_at, ..
+                    name,
+                    holder,
+                    ended_at,
+                    ..
                 } => Some(lease_json(name, holder.as_deref(), None, Some(*ended_at))),
                 _ => None,
             };
             if let (true, Some(found)) = (json, found) {
-                println!("{found}");
+                out!("{found}");
             }
             not_acquired(e, "acquire")
         }
@@ -273,7 +282,7 @@ pub(crate) async fn renew(
         Ok(expires_at) => {
             if json {
                 let status = manager.inspect(name).await.map_err(|e| (e, "renew"))?;
-                println!(
+                out!(
                     "{}",
                     lease_json(
                         name,
@@ -283,7 +292,7 @@ pub(crate) async fn renew(
                     )
                 );
             } else {
-                println!(
+                out!(
                     "renewed {name:?} under token {token} until {}",
                     expires_at.to_rfc3339()
                 );
@@ -298,7 +307,7 @@ pub(crate) async fn renew(
                 let mut found = lease_json(name, status.holder.as_deref(), None, None);
                 found["lost"] = json!(true);
                 found["current_token"] = json!(status.token.map(Token::get));
-                println!("{found}");
+                out!("{found}");
             }
             eprintln!("pglease: {e}; acquire it again for a new token");
             Ok(ExitCode::from(EXIT_LOST))
@@ -342,7 +351,7 @@ pub(crate) async fn status(
             Some(_) => status_json(&leases[0]),
             None => serde_json::Value::Array(leases.iter().map(status_json).collect()),
         };
-        println!("{value}");
+        out!("{value}");
         return Ok(code);
     }
     let now: DateTime<Utc> = simple_scalar(manager, "SELECT clock_timestamp()")
@@ -355,9 +364,11 @@ pub(crate) async fn status(
         .max()
         .unwrap_or(0)
         .clamp(4, 48);
-    println!(
+    out!(
         "{:<width$} {:<28} {:>10}  EXPIRES",
-        "NAME", "HOLDER", "TOKEN"
+        "NAME",
+        "HOLDER",
+        "TOKEN"
     );
     for (s, shown) in leases.iter().zip(&names) {
         let expires = match (s.expires_at, s.held) {
@@ -374,7 +385,7 @@ pub(crate) async fn status(
                 short((now - at).to_std().unwrap_or_default())
             ),
         };
-        println!(
+        out!(
             "{shown:<width$} {:<28} {:>10}  {expires}",
             s.holder
                 .as_deref()
@@ -488,7 +499,7 @@ pub(crate) async fn demo(options: &PgConnectOptions, timeout: Duration) -> ExitC
         );
         return ExitCode::from(EXIT_DATABASE);
     }
-    println!("pglease demo in scratch database {scratch} (dropped at the end)\n");
+    out!("pglease demo in scratch database {scratch} (dropped at the end)\n");
     let code = demo_in(&options.clone().database(&scratch), timeout).await;
     let dropped = sqlx::query(AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS {scratch} WITH (FORCE)"
@@ -509,17 +520,17 @@ async fn demo_in(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
     };
     let outcome = async {
         manager.migrate().await?;
-        println!("1. The article's failure: a paused holder's late write\n");
+        out!("1. The article's failure: a paused holder's late write\n");
         pglease_cli::demo::paused_holder(&manager, "report", Duration::from_millis(300), |line| {
-            println!("  {line}")
+            out!("  {line}")
         })
         .await?;
-        println!(
+        out!(
             "\n2. The same failures against a lease, a session advisory lock and a transaction \
              advisory lock, measured now:\n"
         );
         let outcomes = pglease_cli::compare::run(&manager, Duration::from_millis(200), |o| {
-            println!(
+            out!(
                 "  {} / {}: {} - {}",
                 o.scenario.label(),
                 o.variant.label(),
@@ -528,7 +539,7 @@ async fn demo_in(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
             );
         })
         .await?;
-        println!("\n{}", pglease_cli::compare::table(&outcomes));
+        out!("\n{}", pglease_cli::compare::table(&outcomes));
         Ok::<_, Error>(())
     }
     .await;

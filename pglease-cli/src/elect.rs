@@ -15,14 +15,14 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::commands::status_json;
-use crate::{EXIT_DATABASE, EXIT_NOT_ACQUIRED, Outcome, note};
+use crate::{EXIT_DATABASE, EXIT_NOT_ACQUIRED, Outcome, note, out};
 
 /// `pglease leader NAME`: the holder, token and value of the current term;
 /// exit 3 if nobody leads.
 pub(crate) async fn leader(manager: &LeaseManager, name: &str, json: bool) -> Outcome {
     let status = manager.inspect(name).await.map_err(|e| (e, "leader"))?;
     if json {
-        println!("{}", status_json(&status));
+        out!("{}", status_json(&status));
     }
     let (true, Some(holder), Some(token)) = (status.held, &status.holder, status.token) else {
         if !json {
@@ -31,7 +31,7 @@ pub(crate) async fn leader(manager: &LeaseManager, name: &str, json: bool) -> Ou
         return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
     };
     if !json {
-        println!(
+        out!(
             "{holder}\ttoken {token}\t{}",
             status.value.as_deref().unwrap_or("-")
         );
@@ -52,7 +52,7 @@ pub(crate) async fn step_down(manager: &LeaseManager, name: &str, by: &str, json
         }) => {
             eprintln!("pglease: invalid --by: {reason}");
             if json {
-                println!(
+                out!(
                     "{}",
                     json!({"error": format!("invalid --by: {reason}"), "status": crate::EXIT_USAGE})
                 );
@@ -62,7 +62,7 @@ pub(crate) async fn step_down(manager: &LeaseManager, name: &str, by: &str, json
         asked => asked.map_err(|e| (e, "step-down"))?,
     };
     if json {
-        println!("{}", json!({"name": name, "token": asked.map(|t| t.get())}));
+        out!("{}", json!({"name": name, "token": asked.map(|t| t.get())}));
     }
     match asked {
         Some(token) => {

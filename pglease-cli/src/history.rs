@@ -8,7 +8,7 @@ use pglease::{LeaseManager, Transition};
 use serde_json::json;
 
 use crate::commands::printable;
-use crate::{EXIT_DATABASE, EXIT_NOT_ACQUIRED, Outcome, note};
+use crate::{EXIT_DATABASE, EXIT_NOT_ACQUIRED, Outcome, note, out};
 
 fn transition_json(t: &Transition) -> serde_json::Value {
     json!({
@@ -47,22 +47,24 @@ pub(crate) async fn history(
         .map_err(|e| (e, "history"))?;
     if json {
         let rows: Vec<_> = rows.iter().map(transition_json).collect();
-        println!("{}", serde_json::Value::Array(rows));
+        out!("{}", serde_json::Value::Array(rows));
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    out!(
         "{:<32} {:<20} {:>10}  {:<24} DETAIL",
-        "AT", "EVENT", "TOKEN", "HOLDER"
+        "AT",
+        "EVENT",
+        "TOKEN",
+        "HOLDER"
     );
     for t in &rows {
         let mut detail = t.detail.as_deref().map(printable).unwrap_or_default();
         if let Some(renewals) = t.renewals {
-            detail = format!(
-                "renewed {renewals} times{}{detail}",
-                if detail.is_empty() { "" } else { "; " }
-            );
+            let times = if renewals == 1 { "time" } else { "times" };
+            let rest = if detail.is_empty() { "" } else { "; " };
+            detail = format!("renewed {renewals} {times}{rest}{detail}");
         }
-        println!(
+        out!(
             "{:<32} {:<20} {:>10}  {:<24} {detail}",
             t.at.to_rfc3339(),
             t.event.as_str(),
@@ -88,7 +90,7 @@ pub(crate) async fn force_release(
 ) -> Outcome {
     let forced = manager.force_release(name, reason).await;
     if let (true, Ok(token)) = (json, &forced) {
-        println!("{}", json!({"name": name, "token": token.map(|t| t.get())}));
+        out!("{}", json!({"name": name, "token": token.map(|t| t.get())}));
     }
     match forced {
         Ok(Some(token)) => {
@@ -103,10 +105,15 @@ pub(crate) async fn force_release(
             Ok(ExitCode::from(EXIT_NOT_ACQUIRED))
         }
         Err(e) if e.sqlstate() == Some("42501") => {
-            eprintln!(
-                "pglease: this role may not force leases ({e}); an administrator allows it: \
-                 GRANT EXECUTE ON FUNCTION pglease.force_release(text, text) TO <role>"
+            let role = manager.pool().connect_options().get_username().to_owned();
+            let message = format!(
+                "role {role:?} may not force leases ({e}); an administrator allows it: \
+                 GRANT EXECUTE ON FUNCTION pglease.force_release(text, text) TO \"{role}\""
             );
+            eprintln!("pglease: {message}");
+            if json {
+                out!("{}", json!({"error": message, "status": EXIT_DATABASE}));
+            }
             Ok(ExitCode::from(EXIT_DATABASE))
         }
         Err(e) => Err((e, "force-release")),

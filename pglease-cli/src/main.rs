@@ -29,6 +29,17 @@ macro_rules! note {
 }
 pub(crate) use note;
 
+/// Prints a line of the requested output on stdout. A reader that went
+/// away (`| head`, a closed pipe) is not the command's failure: the line
+/// is dropped and the command's own exit status stands.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+pub(crate) use out;
+
 static QUIET: AtomicBool = AtomicBool::new(false);
 static CONFLICT_EXIT: AtomicU8 = AtomicU8::new(EXIT_NOT_ACQUIRED);
 
@@ -63,7 +74,10 @@ async fn main() -> ExitCode {
     match &cli.command {
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(*shell, &mut command, "pglease", &mut std::io::stdout());
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut command, "pglease", &mut script);
+            use std::io::Write as _;
+            let _ = std::io::stdout().write_all(&script);
             return ExitCode::SUCCESS;
         }
         Command::Man => {
@@ -263,7 +277,7 @@ fn wants_json(command: &Command) -> bool {
 
 /// A failure as one JSON object on stdout: `{"error": ..., "status": N}`.
 fn json_failure(error: &str, status: u8) {
-    println!("{}", serde_json::json!({"error": error, "status": status}));
+    out!("{}", serde_json::json!({"error": error, "status": status}));
 }
 
 type Outcome = Result<ExitCode, (Error, &'static str)>;

@@ -808,8 +808,16 @@ async fn output_an_operator_can_script_against() {
     let out = Command::new(BIN).arg("man").output().expect("run");
     assert_eq!(code(&out), 0);
     assert!(stdout(&out).contains(".TH pglease 1"), "{}", stdout(&out));
-    let out = Command::new(BIN).arg("--help").output().expect("run");
+    let out = Command::new(BIN)
+        .arg("--help")
+        .env("DATABASE_URL", "postgres://u:s3cret@127.0.0.1/x")
+        .output()
+        .expect("run");
     assert!(stdout(&out).contains("Exit status:"), "{}", stdout(&out));
+    assert!(
+        !stdout(&out).contains("s3cret"),
+        "--help shows the password"
+    );
 }
 
 #[tokio::test]
@@ -862,5 +870,25 @@ async fn run_with_a_limit_runs_at_most_that_many_at_once() {
         &["acquire", "jobs", "--ttl", "5s", "--limit", "2", "--json"],
     );
     assert_eq!(json(&out)["name"], "jobs#1");
+    pglease(&db, &["acquire", "jobs", "--ttl", "9s", "--limit", "2"]);
+    // Full: the refusal names the slot that expires first.
+    let out = pglease(
+        &db,
+        &["acquire", "jobs", "--ttl", "5s", "--limit", "2", "--json"],
+    );
+    assert_eq!(code(&out), 3);
+    assert_eq!(json(&out)["name"], "jobs#1");
+    assert!(
+        stderr(&out).contains("\"jobs#1\" is held"),
+        "{}",
+        stderr(&out)
+    );
+    // Output to a reader that went away is no failure.
+    let mut piped = command(&db, &["status", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start status");
+    drop(piped.stdout.take());
+    assert_eq!(wait_bounded(piped).await.code(), Some(0));
     let _ = std::fs::remove_file(&started);
 }

@@ -48,6 +48,9 @@ pub(crate) enum Attempt {
         checked_at: DateTime<Utc>,
         /// Why an ended lease could not be taken.
         note: Option<String>,
+        /// The lease the answer describes: the name, or for a counted
+        /// lease the slot that expires first.
+        slot: String,
     },
 }
 
@@ -151,6 +154,7 @@ async fn attempt(
             expires_at,
             checked_at,
             note: row.try_get("note")?,
+            slot: row.try_get("slot_name")?,
         });
     };
     telemetry::acquire_attempt("acquired");
@@ -281,6 +285,7 @@ impl Acquirer {
         let _waiting = Waiting(&context.counters.waiting);
         // The previous holder's expiry as last seen, for the takeover delay.
         let mut seen_expiry: Option<DateTime<Utc>> = None;
+        let mut held_slot: String;
         let mut polls: u32 = 0;
         // Releases are notified only for names a session watches: watched
         // on the listening connection after the first failed attempt.
@@ -313,7 +318,11 @@ impl Acquirer {
                     expires_at,
                     checked_at,
                     note,
-                }) => (holder, expires_at, checked_at, note),
+                    slot,
+                }) => {
+                    held_slot = slot;
+                    (holder, expires_at, checked_at, note)
+                }
                 // Acquired so late that it was lost before its
                 // confirming renewal: another attempt, while allowed.
                 Err(Error::Lost { .. }) if Instant::now() < deadline => continue,
@@ -327,8 +336,9 @@ impl Acquirer {
             let now = Instant::now();
             if now >= deadline {
                 telemetry::acquisition(if pinned { "pinned" } else { "held" }, None);
+                // A counted lease's refusal names the slot it describes.
                 return Err(Attempt::refusal(
-                    name, current, expires_at, checked_at, note,
+                    &held_slot, current, expires_at, checked_at, note,
                 ));
             }
             if context.is_shut_down() {
