@@ -29,11 +29,13 @@ Exit status:
     after_help = EXIT_STATUSES
 )]
 pub(crate) struct Cli {
-    /// PostgreSQL URL; without it (and without DATABASE_URL) the libpq
-    /// defaults apply: PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD, then
-    /// localhost:5432.
-    // hide_env_values: --help must not print the URL's password.
-    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
+    /// PostgreSQL URL (default: the environment's DATABASE_URL); without
+    /// either, the libpq defaults apply: PGHOST, PGPORT, PGUSER,
+    /// PGDATABASE, PGPASSWORD, then localhost:5432.
+    // DATABASE_URL is read in main, not by clap: clap's `env` shows the
+    // value in --help (a password) and the option in usage lines as if it
+    // had been given.
+    #[arg(long, global = true)]
     pub(crate) database_url: Option<String>,
 
     /// Give up connecting after this long (exit status 5).

@@ -94,9 +94,12 @@ async fn main() -> ExitCode {
         }
         _ => {}
     }
-    // An empty DATABASE_URL means "not set".
+    // --database-url, else DATABASE_URL; empty means "not set".
     let cli = Cli {
-        database_url: cli.database_url.filter(|url| !url.is_empty()),
+        database_url: cli
+            .database_url
+            .or_else(|| std::env::var("DATABASE_URL").ok())
+            .filter(|url| !url.is_empty()),
         ..cli
     };
     let options = match &cli.database_url {
