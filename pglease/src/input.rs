@@ -37,14 +37,19 @@ pub(crate) fn check_value(value: &str) -> Result<()> {
 
 /// Checks a name, holder or resource: 1 to [`MAX_NAME_BYTES`] bytes, no NUL.
 pub(crate) fn check_text(argument: &'static str, value: &str) -> Result<()> {
+    check_text_within(argument, value, MAX_NAME_BYTES)
+}
+
+/// Checks text of 1 to `limit` bytes, without NUL.
+fn check_text_within(argument: &'static str, value: &str, limit: usize) -> Result<()> {
     if value.is_empty() {
         return Err(Error::invalid(argument, "must not be empty"));
     }
-    if value.len() > MAX_NAME_BYTES {
+    if value.len() > limit {
         return Err(Error::invalid(
             argument,
             format!(
-                "is {} bytes long; the limit is {MAX_NAME_BYTES} bytes of UTF-8",
+                "is {} bytes long; the limit is {limit} bytes of UTF-8",
                 value.len()
             ),
         ));
@@ -88,26 +93,7 @@ pub(crate) fn check_limit(name: &str, limit: u32) -> Result<()> {
 /// Checks a force release's reason: 1 to
 /// [`MAX_REASON_BYTES`](crate::MAX_REASON_BYTES) bytes, no NUL.
 pub(crate) fn check_reason(reason: &str) -> Result<()> {
-    let limit = crate::history::MAX_REASON_BYTES;
-    if reason.is_empty() {
-        return Err(Error::invalid(
-            "reason",
-            "must not be empty: say why the lease is forced",
-        ));
-    }
-    if reason.len() > limit {
-        return Err(Error::invalid(
-            "reason",
-            format!("is {} bytes long; the limit is {limit} bytes", reason.len()),
-        ));
-    }
-    if reason.contains('\0') {
-        return Err(Error::invalid(
-            "reason",
-            "must not contain NUL bytes (PostgreSQL text cannot store them)",
-        ));
-    }
-    Ok(())
+    check_text_within("reason", reason, crate::history::MAX_REASON_BYTES)
 }
 
 /// Checks a TTL and converts it to whole microseconds, the resolution of a

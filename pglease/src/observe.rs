@@ -233,14 +233,14 @@ impl Tracker {
                     // would have been heard first.
                     changes.push(Change::Expired { token: ended });
                 }
-                self.known.token = Some(token);
-                self.known.holder = Some(holder.clone());
-                self.known.expires_at = Some(expires_at);
-                self.known.held = true;
-                self.known.remaining = None;
-                self.known.value = None;
-                self.known.step_down_requested_by = None;
-                self.known.step_down_requested_at = None;
+                // A new term: nothing of the last one carries over.
+                self.known = LeaseStatus {
+                    holder: Some(holder.clone()),
+                    token: Some(token),
+                    expires_at: Some(expires_at),
+                    held: true,
+                    ..LeaseStatus::never_acquired(&self.known.name)
+                };
                 self.deadline = self
                     .local(expires_at)
                     .or_else(|| Some(Instant::now() + Duration::from_secs(1)));

@@ -113,7 +113,7 @@ pub(crate) fn lease_ended(reason: &LossReason) {
     metrics::counter!(LEASE_ENDS, "reason" => reason).increment(1);
 }
 
-/// Leases held by every manager of the process: +1 or -1 (or -n).
+/// Leases held by every manager of the process: +1 or -1.
 pub(crate) fn leases_held(change: f64) {
     metrics::gauge!(LEASES_HELD).increment(change);
 }

@@ -41,6 +41,24 @@ struct Entry {
     renew_at: Instant,
     in_flight: bool,
     failures: u32,
+    _counted: Counted,
+}
+
+/// Counts a registered lease in the held-leases gauge for as long as its
+/// entry exists, whichever way the entry goes.
+struct Counted;
+
+impl Counted {
+    fn new() -> Counted {
+        crate::telemetry::leases_held(1.0);
+        Counted
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        crate::telemetry::leases_held(-1.0);
+    }
 }
 
 /// Leases to send in one renewal statement.
@@ -108,38 +126,29 @@ impl Registry {
     /// Starts renewing `state`, first at `renew_at`.
     pub(crate) fn insert(&self, state: Arc<HeldState>, renew_at: Instant) {
         let key = (state.lease.name().to_owned(), state.lease.token().get());
-        let replaced = self.entries().insert(
+        self.entries().insert(
             key,
             Entry {
                 state,
                 renew_at,
                 in_flight: false,
                 failures: 0,
+                _counted: Counted::new(),
             },
         );
-        if replaced.is_none() {
-            crate::telemetry::leases_held(1.0);
-        }
     }
 
     /// Stops renewing `lease`. `Some(in_flight)` if it was registered,
     /// telling whether a renewal of it is in flight.
     pub(crate) fn forget(&self, lease: &Lease) -> Option<bool> {
-        let removed = self
-            .entries()
+        self.entries()
             .remove(&(lease.name().to_owned(), lease.token().get()))
-            .map(|entry| entry.in_flight);
-        if removed.is_some() {
-            crate::telemetry::leases_held(-1.0);
-        }
-        removed
+            .map(|entry| entry.in_flight)
     }
 
     /// Stops renewing every lease; returns them.
     pub(crate) fn drain(&self) -> Vec<Arc<HeldState>> {
-        let drained: Vec<Arc<HeldState>> = self.entries().drain().map(|(_, e)| e.state).collect();
-        crate::telemetry::leases_held(-(drained.len() as f64));
-        drained
+        self.entries().drain().map(|(_, e)| e.state).collect()
     }
 
     /// Changes each time a statement's outcome has been applied.
@@ -184,7 +193,6 @@ impl Registry {
             if matches!(reason, LossReason::Expired | LossReason::Unreachable { .. }) {
                 given_up.push(Arc::clone(state));
             }
-            crate::telemetry::leases_held(-1.0);
             false
         });
 
@@ -288,7 +296,6 @@ impl Registry {
                     };
                     entry.state.fire(reason, now);
                     entries.remove(&key);
-                    crate::telemetry::leases_held(-1.0);
                 }
                 // Every lease sent yields a row; should one be missing, it
                 // is sent again.

@@ -157,7 +157,6 @@ impl LeaseManager {
     /// # Cancel safety
     ///
     /// Cancel-safe: it only reads.
-    #[tracing::instrument(name = "pglease.list", level = "debug", skip(self))]
     pub async fn list(&self) -> Result<Vec<LeaseStatus>> {
         self.list_matching(&ListFilter::default()).await
     }

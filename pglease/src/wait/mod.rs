@@ -285,14 +285,13 @@ impl Acquirer {
         let _waiting = Waiting(&context.counters.waiting);
         // The previous holder's expiry as last seen, for the takeover delay.
         let mut seen_expiry: Option<DateTime<Utc>> = None;
-        let mut held_slot: String;
         let mut polls: u32 = 0;
         // Releases are notified only for names a session watches: watched
         // on the listening connection after the first failed attempt.
         let mut watching: Option<Watching> = None;
         let mut watched = false;
         loop {
-            let (current, expires_at, checked_at, note) = match attempt_detached(
+            let (current, expires_at, checked_at, note, slot) = match attempt_detached(
                 context,
                 name,
                 holder,
@@ -319,10 +318,7 @@ impl Acquirer {
                     checked_at,
                     note,
                     slot,
-                }) => {
-                    held_slot = slot;
-                    (holder, expires_at, checked_at, note)
-                }
+                }) => (holder, expires_at, checked_at, note, slot),
                 // Acquired so late that it was lost before its
                 // confirming renewal: another attempt, while allowed.
                 Err(Error::Lost { .. }) if Instant::now() < deadline => continue,
@@ -338,7 +334,7 @@ impl Acquirer {
                 telemetry::acquisition(if pinned { "pinned" } else { "held" }, None);
                 // A counted lease's refusal names the slot it describes.
                 return Err(Attempt::refusal(
-                    &held_slot, current, expires_at, checked_at, note,
+                    &slot, current, expires_at, checked_at, note,
                 ));
             }
             if context.is_shut_down() {
