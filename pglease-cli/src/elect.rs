@@ -52,10 +52,7 @@ pub(crate) async fn step_down(manager: &LeaseManager, name: &str, by: &str, json
         }) => {
             eprintln!("pglease: invalid --by: {reason}");
             if json {
-                out!(
-                    "{}",
-                    json!({"error": format!("invalid --by: {reason}"), "status": crate::EXIT_USAGE})
-                );
+                crate::json_failure(&format!("invalid --by: {reason}"), crate::EXIT_USAGE);
             }
             return Ok(ExitCode::from(crate::EXIT_USAGE));
         }

@@ -112,7 +112,7 @@ pub(crate) async fn force_release(
             );
             eprintln!("pglease: {message}");
             if json {
-                out!("{}", json!({"error": message, "status": EXIT_DATABASE}));
+                crate::json_failure(&message, EXIT_DATABASE);
             }
             Ok(ExitCode::from(EXIT_DATABASE))
         }

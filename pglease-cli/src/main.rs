@@ -72,25 +72,24 @@ async fn main() -> ExitCode {
     QUIET.store(cli.quiet, Ordering::Relaxed);
     CONFLICT_EXIT.store(cli.conflict_exit_code, Ordering::Relaxed);
     match &cli.command {
+        // Rendered in memory, then written like every output (`out!`): a
+        // reader that stops early is not a failure.
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();
             clap_complete::generate(*shell, &mut command, "pglease", &mut script);
-            use std::io::Write as _;
-            let _ = std::io::stdout().write_all(&script);
+            out!("{}", String::from_utf8_lossy(&script).trim_end());
             return ExitCode::SUCCESS;
         }
         Command::Man => {
             let command = <Cli as clap::CommandFactory>::command();
-            return match clap_mangen::Man::new(command).render(&mut std::io::stdout()) {
-                Ok(()) => ExitCode::SUCCESS,
-                // A reader that stopped early (`| head`) got what it wanted.
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("pglease: cannot write the manual page: {e}");
-                    ExitCode::from(1)
-                }
-            };
+            let mut page = Vec::new();
+            if let Err(e) = clap_mangen::Man::new(command).render(&mut page) {
+                eprintln!("pglease: cannot render the manual page: {e}");
+                return ExitCode::from(1);
+            }
+            out!("{}", String::from_utf8_lossy(&page).trim_end());
+            return ExitCode::SUCCESS;
         }
         _ => {}
     }
@@ -279,7 +278,7 @@ fn wants_json(command: &Command) -> bool {
 }
 
 /// A failure as one JSON object on stdout: `{"error": ..., "status": N}`.
-fn json_failure(error: &str, status: u8) {
+pub(crate) fn json_failure(error: &str, status: u8) {
     out!("{}", serde_json::json!({"error": error, "status": status}));
 }
 
