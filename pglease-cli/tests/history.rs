@@ -71,6 +71,12 @@ async fn force_release_stops_a_running_holder_and_the_history_says_why() {
         "its writes were refused"
     );
 
+    // Liveness: another holder gets the lease at once.
+    let out = pglease(&db, &["acquire", "job", "--ttl", "30s", "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(json(&out)["token"].as_i64() > Some(token), "a newer token");
+    let taken = json(&out)["token"].to_string();
+    pglease(&db, &["release", "job", "--token", &taken]);
     // Nothing left to force; a reason is required.
     assert_eq!(
         code(&pglease(
@@ -85,7 +91,11 @@ async fn force_release_stops_a_running_holder_and_the_history_says_why() {
     let history = json(&pglease(&db, &["history", "job", "--json"]));
     let rows = history.as_array().expect("an array");
     let events: Vec<&str> = rows.iter().map(|r| r["event"].as_str().unwrap()).collect();
-    assert_eq!(events, ["acquired", "force_released"], "{history}");
+    assert_eq!(
+        events,
+        ["acquired", "force_released", "acquired", "released"],
+        "{history}"
+    );
     assert_eq!(rows[1]["token"], token);
     assert_eq!(rows[1]["holder"], "worker-7");
     assert_eq!(rows[1]["detail"], "INC-7: stuck");

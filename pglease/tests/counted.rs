@@ -96,6 +96,13 @@ async fn an_expired_slot_is_taken_over_and_held_slots_are_renewed() {
     eprintln!("counted takeover after {took:?} (TTL 500 ms)");
     assert_eq!(taken.name(), dying.name());
     assert!(taken.acquired_at() >= dying.expires_at());
+    // Safety: the expired slot's old token fences nothing.
+    common::create_data_table(&db).await;
+    assert!(matches!(
+        common::fenced_write(&m, dying.name(), dying.token(), "stale").await,
+        Err(Error::NotHeld { .. })
+    ));
+    assert_eq!(common::data_value(&db).await, "initial");
     assert!(took < Duration::from_secs(5), "took {took:?}");
     // The renewed slot was never free.
     assert!(!held.is_lost());
