@@ -177,7 +177,7 @@ pub(crate) enum Command {
         cmd: Vec<String>,
     },
     /// NAME's recorded transitions, oldest first: acquired, released,
-    /// expired, force_released, value, step_down_requested.
+    /// expired, evicted, force_released, value, step_down_requested.
     History {
         /// The lease name.
         name: String,

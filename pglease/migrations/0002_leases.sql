@@ -67,25 +67,41 @@
 
 -- Ends every session (but this one) that holds the marker of lease_id.
 -- Returns NULL, or, when the role that owns the functions may not end one
--- of them, why. Internal: it does not check that the lease has ended, so
--- nobody but the owner may call it.
+-- of them, why. The process ids it ended are kept in the transaction's
+-- setting pglease.evicted ("<lease id>:<pids>"), which the history reads
+-- (0006_history.sql). Internal: it does not check that the lease has
+-- ended, so nobody but the owner may call it.
 CREATE FUNCTION pglease._end_fenced(name text, lease_id integer)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    db   oid := (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
-    note text;
+    db    oid := (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+    ended text;
+    note  text;
 BEGIN
     -- One statement, so that the look-up and the signals are as close
     -- together as they can be. The sessions roll back and exit; their
     -- locks go with them.
-    PERFORM pg_terminate_backend(k.pid)
-       FROM pg_locks AS k
-      WHERE k.locktype = 'advisory' AND k.database = db
-        AND k.classid = 1886152293 AND k.objid = lease_id::oid AND k.objsubid = 2
-        AND k.granted AND k.pid <> pg_backend_pid();
+    -- (The signal is in the aggregate's FILTER, evaluated only for the
+    -- rows that pass WHERE, whatever order the planner tests WHERE in.)
+    SELECT string_agg(k.pid::text, ', ' ORDER BY k.pid)
+               FILTER (WHERE pg_terminate_backend(k.pid)) INTO ended
+      FROM pg_locks AS k
+     WHERE k.locktype = 'advisory' AND k.database = db
+       AND k.classid = 1886152293 AND k.objid = lease_id::oid AND k.objsubid = 2
+       AND k.granted AND k.pid <> pg_backend_pid();
+    IF ended IS NOT NULL THEN
+        -- "<lease id>:<pids>", added to what an earlier call ended for the
+        -- same lease in this transaction.
+        PERFORM set_config('pglease.evicted',
+                           CASE WHEN split_part(current_setting('pglease.evicted', true), ':', 1)
+                                     = lease_id::text
+                                THEN current_setting('pglease.evicted', true) || ', ' || ended
+                                ELSE lease_id::text || ':' || ended END,
+                           true);
+    END IF;
     RETURN NULL;
 EXCEPTION WHEN insufficient_privilege THEN
     note := format('sessions %s are fenced on it under an earlier token, and role %I, which '

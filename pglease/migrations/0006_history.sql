@@ -5,8 +5,10 @@
 -- (the table pglease._history), with its token, holder, database time and
 -- detail: acquired; released; expired (recorded when the lease is next
 -- acquired, at the time it expired: the database has no event for an
--- expiry); force_released (with the administrator's reason); value (the
--- value published); step_down_requested (by whom). Renewals are not
+-- expiry); evicted (that acquisition, or a force release, ended sessions
+-- still inside fenced transactions under the old token; detail: their
+-- process ids); force_released (with the administrator's reason); value
+-- (the value published); step_down_requested (by whom). Renewals are not
 -- transitions: each term's count is kept on the lease (renewals, shown in
 -- the status view) and recorded with the term's end.
 --
@@ -45,7 +47,7 @@ CREATE TABLE pglease._history (
     name   text        NOT NULL,
     token  bigint      NOT NULL,
     event  text        NOT NULL CHECK (event IN ('acquired', 'released', 'expired',
-                                                  'force_released', 'value',
+                                                  'evicted', 'force_released', 'value',
                                                   'step_down_requested')),
     holder text,
     at     timestamptz NOT NULL,
@@ -63,8 +65,9 @@ SELECT h.id, h.name, h.token, h.event, h.holder, h.at, h.renewals, h.detail
 
 COMMENT ON VIEW pglease.history IS
     'Every transition of every lease, oldest first by id: acquired, released, expired '
-    '(recorded at the next acquisition, at the time it expired), force_released (detail: '
-    'the reason), value (detail: the value), step_down_requested (detail: by whom); '
+    '(recorded at the next acquisition, at the time it expired), evicted (sessions still '
+    'fenced under the old token were ended; detail: their process ids), force_released '
+    '(detail: the reason), value (detail: the value), step_down_requested (detail: by whom); '
     'renewals is the term''s renewal count on the row that ends it. Kept for '
     'pglease.history_retention (default 30 days).';
 
@@ -153,6 +156,7 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     new_id    bigint;
+    evicted   text;
     retention interval := pglease._history_retention();
 BEGIN
     IF retention <= interval '0' THEN
@@ -170,6 +174,15 @@ BEGIN
                 INSERT INTO pglease._history (name, token, event, holder, at, renewals)
                 VALUES (NEW.name, OLD.token, 'expired', OLD.holder, OLD.expires_at, OLD.renewals);
             END IF;
+        END IF;
+        -- Sessions fenced under the old token that this transaction ended
+        -- (set by _end_fenced, 0002_leases.sql), however the term ended.
+        evicted := current_setting('pglease.evicted', true);
+        IF split_part(evicted, ':', 1) = NEW.id::text THEN
+            INSERT INTO pglease._history (name, token, event, holder, at, detail)
+            VALUES (NEW.name, OLD.token, 'evicted', OLD.holder, clock_timestamp(),
+                    'ended sessions ' || split_part(evicted, ':', 2));
+            PERFORM set_config('pglease.evicted', '', true);
         END IF;
         IF NEW.holder IS NOT NULL THEN
             INSERT INTO pglease._history (name, token, event, holder, at)

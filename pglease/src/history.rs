@@ -25,6 +25,11 @@ pub enum Event {
     /// It expired unrenewed (recorded when it was next acquired, at the
     /// time it expired).
     Expired,
+    /// Sessions still inside fenced transactions under the ended term's
+    /// token were ended by the acquisition that took the lease over (or by
+    /// a force release): the holder was evicted, its writes rolled back.
+    /// The detail names the process ids (`ended sessions 4711, 4712`).
+    Evicted,
     /// An administrator ended it and moved its fence
     /// ([`LeaseManager::force_release`]); the detail is the reason.
     ForceReleased,
@@ -42,6 +47,7 @@ impl Event {
             "acquired" => Event::Acquired,
             "released" => Event::Released,
             "expired" => Event::Expired,
+            "evicted" => Event::Evicted,
             "force_released" => Event::ForceReleased,
             "value" => Event::ValueChanged,
             "step_down_requested" => Event::StepDownRequested,
@@ -55,6 +61,7 @@ impl Event {
             Event::Acquired => "acquired",
             Event::Released => "released",
             Event::Expired => "expired",
+            Event::Evicted => "evicted",
             Event::ForceReleased => "force_released",
             Event::ValueChanged => "value",
             Event::StepDownRequested => "step_down_requested",

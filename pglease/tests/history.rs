@@ -92,6 +92,68 @@ async fn every_transition_is_recorded_in_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_that_ends_a_frozen_holders_transaction_records_the_eviction() {
+    let db = TestDb::new().await;
+    common::create_data_table(&db).await;
+    let m = db.manager();
+    let old = m
+        .acquire("job", Acquire::ttl(Duration::from_millis(500)).holder("frozen"))
+        .await
+        .expect("acquire");
+    // The holder writes inside a fenced transaction and then freezes in it.
+    let mut open = m.begin_fenced(&old).await.expect("begin fenced");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .persistent(false)
+        .fetch_one(&mut *open)
+        .await
+        .expect("pid");
+    sqlx::query("UPDATE data SET value = 'from the frozen holder' WHERE id = 1")
+        .persistent(false)
+        .execute(&mut *open)
+        .await
+        .expect("write while valid");
+    db.wait_until_db_time(old.expires_at()).await;
+    let started = std::time::Instant::now();
+    let next = db
+        .manager()
+        .acquire("job", Acquire::ttl(Duration::from_secs(30)).holder("next"))
+        .await
+        .expect("the takeover");
+    // Liveness: the frozen transaction did not keep the lease.
+    assert!(started.elapsed() < BOUND, "took {:?}", started.elapsed());
+    // Safety: its write never commits.
+    assert!(open.commit().await.is_err(), "the evicted holder's commit");
+    assert_eq!(common::data_value(&db).await, "initial");
+    let s = |v: &str| Some(v.to_owned());
+    let (to, tn) = (old.token().get(), next.token().get());
+    assert_eq!(
+        events(&db, "job").await,
+        vec![
+            (Event::Acquired, to, s("frozen"), None),
+            (Event::Expired, to, s("frozen"), None),
+            (Event::Evicted, to, s("frozen"), Some(format!("ended sessions {pid}"))),
+            (Event::Acquired, tn, s("next"), None),
+        ]
+    );
+    // A takeover with nobody inside a fenced transaction evicts nobody.
+    let short = db
+        .manager()
+        .acquire("quiet", Acquire::ttl(Duration::from_millis(200)).holder("q"))
+        .await
+        .expect("acquire quiet");
+    db.wait_until_db_time(short.expires_at()).await;
+    m.acquire("quiet", Acquire::ttl(Duration::from_secs(30)))
+        .await
+        .expect("take quiet over");
+    assert!(
+        !events(&db, "quiet")
+            .await
+            .iter()
+            .any(|(e, ..)| *e == Event::Evicted)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn old_rows_are_pruned_by_the_transitions_themselves() {
     let db = TestDb::new().await;
     let m = db.manager();
@@ -222,6 +284,13 @@ async fn force_release_fences_a_running_holder_at_once() {
     assert_eq!(forced_row.token, old);
     assert_eq!(forced_row.holder.as_deref(), Some("worker"));
     assert_eq!(forced_row.detail.as_deref(), Some("INC-42: worker stuck"));
+    // Ending its open fenced transaction is recorded too.
+    let evicted = history
+        .iter()
+        .find(|t| t.event == Event::Evicted)
+        .expect("an evicted row");
+    assert_eq!((evicted.token, evicted.holder.as_deref()), (old, Some("worker")));
+    assert!(evicted.id > forced_row.id);
     // Nobody holds it after a release: nothing to force.
     admin.release(&next).await.expect("release");
     assert_eq!(admin.force_release("job", "again").await.unwrap(), None);
