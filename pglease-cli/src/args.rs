@@ -75,20 +75,21 @@ pub(crate) enum Command {
     /// Acquire a lease (exit 3 if it is held).
     Acquire {
         /// The lease name.
+        #[arg(value_parser = parse_text)]
         name: String,
         /// How long the lease lasts unless renewed (e.g. 30s, 5m).
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: Duration,
         /// Who holds it (default: "HOST (pglease acquire)": this process
         /// exits at once, so its id would name nobody).
-        #[arg(long)]
+        #[arg(long, value_parser = parse_text)]
         holder: Option<String>,
         /// Wait this long for the current holder to release it.
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
         wait: Duration,
         /// Publish this value with the lease (at most 8 KiB), for anyone to
         /// read in `status`.
-        #[arg(long)]
+        #[arg(long, value_parser = parse_value)]
         value: Option<String>,
         /// A counted lease: one of N slots NAME#k (the output names it).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -100,6 +101,7 @@ pub(crate) enum Command {
     /// Extend a lease held under TOKEN (exit 4 if it is lost).
     Renew {
         /// The lease name.
+        #[arg(value_parser = parse_text)]
         name: String,
         /// The token from `acquire`.
         #[arg(long, allow_negative_numbers = true)]
@@ -114,6 +116,7 @@ pub(crate) enum Command {
     /// End a lease held under TOKEN (exit 4 if it was not held).
     Release {
         /// The lease name.
+        #[arg(value_parser = parse_text)]
         name: String,
         /// The token from `acquire`.
         #[arg(long, allow_negative_numbers = true)]
@@ -125,6 +128,7 @@ pub(crate) enum Command {
     /// Show one lease (exit 3 if it is not held), or all of them.
     Status {
         /// The lease name (all leases without it).
+        #[arg(value_parser = parse_text)]
         name: Option<String>,
         /// Print JSON (an object for one name, an array for all).
         #[arg(long)]
@@ -145,6 +149,7 @@ pub(crate) enum Command {
     /// Hold a lease while CMD runs: renew it, stop CMD if it is lost.
     Run {
         /// The lease name.
+        #[arg(value_parser = parse_text)]
         name: String,
         /// Time to live; renewed every third of it while CMD runs.
         #[arg(long, value_parser = humantime::parse_duration)]
@@ -153,7 +158,7 @@ pub(crate) enum Command {
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
         wait: Duration,
         /// Who holds it (default: host name and process id).
-        #[arg(long)]
+        #[arg(long, value_parser = parse_text)]
         holder: Option<String>,
         /// Time between SIGTERM and SIGKILL when CMD must stop.
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -180,6 +185,7 @@ pub(crate) enum Command {
     /// expired, evicted, force_released, value, step_down_requested.
     History {
         /// The lease name.
+        #[arg(value_parser = parse_text)]
         name: String,
         /// Only those of the last D (e.g. 1h, 7days).
         #[arg(long, value_parser = humantime::parse_duration)]
@@ -192,9 +198,10 @@ pub(crate) enum Command {
     /// token is stale (exit 3 if nobody holds it). Administrators only.
     ForceRelease {
         /// The lease name.
+        #[arg(value_parser = parse_text)]
         name: String,
         /// Why (recorded in the history; 1 to 1000 bytes).
-        #[arg(long)]
+        #[arg(long, value_parser = parse_reason)]
         reason: String,
         /// Print one JSON object: `name` and `token` (the token ended, or
         /// null if nobody held the lease).
@@ -204,6 +211,7 @@ pub(crate) enum Command {
     /// Who leads NAME: holder, token and value (exit 3 if nobody).
     Leader {
         /// The lease name.
+        #[arg(value_parser = parse_text)]
         name: String,
         /// Print one JSON object (as `status --json`).
         #[arg(long)]
@@ -214,14 +222,16 @@ pub(crate) enum Command {
     /// interrupted.
     Observe {
         /// The lease name.
+        #[arg(value_parser = parse_text)]
         name: String,
     },
     /// Ask the holder of NAME to step down (exit 3 if nobody holds it).
     StepDown {
         /// The lease name.
+        #[arg(value_parser = parse_text)]
         name: String,
         /// Who asks (default: host name and process id).
-        #[arg(long)]
+        #[arg(long, value_parser = parse_text)]
         by: Option<String>,
         /// Print one JSON object: `name` and `token` (the term asked, or
         /// null if nobody holds the lease).
@@ -233,16 +243,17 @@ pub(crate) enum Command {
     /// campaign again.
     Elect {
         /// The lease name.
+        #[arg(value_parser = parse_text)]
         name: String,
         /// Time to live of each term; renewed every third of it.
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: Duration,
         /// Publish this value with each term (an address, say); CMD gets
         /// it as PGLEASE_VALUE.
-        #[arg(long)]
+        #[arg(long, value_parser = parse_value)]
         value: Option<String>,
         /// Who campaigns (default: host name and process id).
-        #[arg(long)]
+        #[arg(long, value_parser = parse_text)]
         holder: Option<String>,
         /// Time between SIGTERM and SIGKILL when CMD must stop.
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -269,6 +280,42 @@ pub(crate) enum Command {
     /// The article's failures, live: leases vs advisory locks (about 6 s),
     /// in a scratch database that is created and dropped.
     Demo,
+}
+
+/// A lease name, holder or requester, checked before anything connects:
+/// 1 to 255 bytes (NUL cannot be passed in an argument).
+fn parse_text(text: &str) -> Result<String, String> {
+    parse_within(text, pglease::MAX_NAME_BYTES)
+}
+
+/// A force release's reason: 1 to 1000 bytes.
+fn parse_reason(text: &str) -> Result<String, String> {
+    parse_within(text, pglease::MAX_REASON_BYTES)
+}
+
+/// A published value: at most 8 KiB (it may be empty).
+fn parse_value(text: &str) -> Result<String, String> {
+    if text.len() > pglease::MAX_VALUE_BYTES {
+        return Err(format!(
+            "is {} bytes long; the limit is {} bytes",
+            text.len(),
+            pglease::MAX_VALUE_BYTES
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+fn parse_within(text: &str, limit: usize) -> Result<String, String> {
+    if text.is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    if text.len() > limit {
+        return Err(format!(
+            "is {} bytes long; the limit is {limit} bytes of UTF-8",
+            text.len()
+        ));
+    }
+    Ok(text.to_owned())
 }
 
 /// A connection timeout: a `humantime` duration of at most a day.

@@ -516,7 +516,7 @@ pub(crate) async fn demo(options: &PgConnectOptions, timeout: Duration) -> ExitC
 async fn demo_in(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
     let manager = match connect(options, timeout).await {
         Ok(manager) => manager,
-        Err(code) => return code,
+        Err(_) => return ExitCode::from(EXIT_DATABASE),
     };
     let outcome = async {
         manager.migrate().await?;

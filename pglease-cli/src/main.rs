@@ -129,11 +129,11 @@ async fn main() -> ExitCode {
     let json = wants_json(&cli.command);
     let manager = match connect(&options, cli.connect_timeout).await {
         Ok(manager) => manager,
-        Err(code) => {
+        Err(why) => {
             if json {
-                json_failure("cannot connect to PostgreSQL", EXIT_DATABASE);
+                json_failure(&why, EXIT_DATABASE);
             }
-            return code;
+            return ExitCode::from(EXIT_DATABASE);
         }
     };
     let code = match cli.command {
@@ -316,7 +316,8 @@ fn fail(e: &Error, what: &str) -> u8 {
 /// that does not answer. The pool's connections abandon a statement still
 /// waiting in the server once this process is gone (see
 /// `pglease::pool_options`), so an interrupted acquisition acquires nothing.
-async fn connect(options: &PgConnectOptions, timeout: Duration) -> Result<LeaseManager, ExitCode> {
+/// Fails with the message's first line (server and cause), also for JSON.
+async fn connect(options: &PgConnectOptions, timeout: Duration) -> Result<LeaseManager, String> {
     LeaseManager::connect_with(options.clone(), timeout)
         .await
         .map_err(|e| {
@@ -330,11 +331,12 @@ async fn connect(options: &PgConnectOptions, timeout: Duration) -> Result<LeaseM
                 "Set --database-url or DATABASE_URL (or PGHOST, PGPORT, PGUSER, PGDATABASE) \
                  to a reachable server."
             };
-            eprintln!(
-                "pglease: cannot connect to PostgreSQL at {}:{}: {e}\n{next}",
+            let why = format!(
+                "cannot connect to PostgreSQL at {}:{}: {e}",
                 options.get_host(),
                 options.get_port()
             );
-            ExitCode::from(EXIT_DATABASE)
+            eprintln!("pglease: {why}\n{next}");
+            why
         })
 }

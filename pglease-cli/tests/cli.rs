@@ -142,6 +142,35 @@ async fn bad_input_exits_2_and_an_unreachable_database_exits_5() {
         stderr(&out)
     );
     assert!(took < Duration::from_secs(5), "refused after {took:?}");
+    // Bad arguments are found before connecting: usage (2), not "cannot
+    // connect" (5).
+    for args in [
+        &["acquire", "", "--ttl", "1s"][..],
+        &["status", ""],
+        &["acquire", "job", "--ttl", "1s", "--holder", ""],
+        &["step-down", "job", "--by", ""],
+        &["force-release", "job", "--reason", ""],
+    ] {
+        let out = Command::new(BIN)
+            .args(["--database-url", "postgres://nobody@127.0.0.1:1/none"])
+            .args(args)
+            .output()
+            .expect("run");
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("connect"), "{}", stderr(&out));
+    }
+    let long = "n".repeat(pglease::MAX_NAME_BYTES + 1);
+    let out = Command::new(BIN)
+        .args(["--database-url", "postgres://nobody@127.0.0.1:1/none"])
+        .args(["leader", &long])
+        .output()
+        .expect("run");
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("limit is 255 bytes"),
+        "{}",
+        stderr(&out)
+    );
 
     // A server that accepts the connection but never answers: the connect
     // timeout applies.
@@ -664,7 +693,14 @@ async fn output_an_operator_can_script_against() {
         .output()
         .expect("run");
     assert_eq!(code(&out), 5);
-    assert_eq!(json(&out)["status"], 5);
+    let failed = json(&out);
+    assert_eq!(failed["status"], 5);
+    assert!(
+        failed["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("127.0.0.1:1") && e.contains("refused")),
+        "the server and the cause: {failed}"
+    );
     // migrate says what it did.
     let out = pglease(&db, &["migrate"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));

@@ -97,7 +97,10 @@ async fn a_takeover_that_ends_a_frozen_holders_transaction_records_the_eviction(
     common::create_data_table(&db).await;
     let m = db.manager();
     let old = m
-        .acquire("job", Acquire::ttl(Duration::from_millis(500)).holder("frozen"))
+        .acquire(
+            "job",
+            Acquire::ttl(Duration::from_millis(500)).holder("frozen"),
+        )
         .await
         .expect("acquire");
     // The holder writes inside a fenced transaction and then freezes in it.
@@ -131,14 +134,22 @@ async fn a_takeover_that_ends_a_frozen_holders_transaction_records_the_eviction(
         vec![
             (Event::Acquired, to, s("frozen"), None),
             (Event::Expired, to, s("frozen"), None),
-            (Event::Evicted, to, s("frozen"), Some(format!("ended sessions {pid}"))),
+            (
+                Event::Evicted,
+                to,
+                s("frozen"),
+                Some(format!("ended sessions {pid}"))
+            ),
             (Event::Acquired, tn, s("next"), None),
         ]
     );
     // A takeover with nobody inside a fenced transaction evicts nobody.
     let short = db
         .manager()
-        .acquire("quiet", Acquire::ttl(Duration::from_millis(200)).holder("q"))
+        .acquire(
+            "quiet",
+            Acquire::ttl(Duration::from_millis(200)).holder("q"),
+        )
         .await
         .expect("acquire quiet");
     db.wait_until_db_time(short.expires_at()).await;
@@ -289,7 +300,10 @@ async fn force_release_fences_a_running_holder_at_once() {
         .iter()
         .find(|t| t.event == Event::Evicted)
         .expect("an evicted row");
-    assert_eq!((evicted.token, evicted.holder.as_deref()), (old, Some("worker")));
+    assert_eq!(
+        (evicted.token, evicted.holder.as_deref()),
+        (old, Some("worker"))
+    );
     assert!(evicted.id > forced_row.id);
     // Nobody holds it after a release: nothing to force.
     admin.release(&next).await.expect("release");
