@@ -25,7 +25,7 @@
 --
 -- COST. Recording is two inserts per acquire+release cycle: in this
 -- project's benchmark (fsync-bound, loopback) such cycles ran at 0.76 to
--- 0.90 of their rate without it, and renew_many of 1,000 leases took 1.13
+-- 0.98 of their rate without it, and renew_many of 1,000 leases took 1.08
 -- to 1.14 times as long with the renewal count. A lease that changes hands
 -- thousands of times a second can do without: set the retention to '0'
 -- (the renewal count stays).
