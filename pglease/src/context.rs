@@ -27,6 +27,9 @@ pub(crate) struct Context {
     /// held.
     pub(crate) background: TaskTracker,
     shut_down: AtomicBool,
+    /// Faults a test has switched on (`pglease::testing::Faults`).
+    #[cfg(feature = "testing")]
+    pub(crate) faults: crate::testing::FaultFlags,
 }
 
 /// The manager's counters (see [`crate::ManagerStats`]).
@@ -48,6 +51,8 @@ impl Context {
             stop: CancellationToken::new(),
             background: TaskTracker::new(),
             shut_down: AtomicBool::new(false),
+            #[cfg(feature = "testing")]
+            faults: crate::testing::FaultFlags::default(),
         }
     }
 

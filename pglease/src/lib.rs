@@ -25,10 +25,14 @@ mod manager;
 mod migrate;
 mod observe;
 mod options;
+#[cfg(feature = "provision")]
+pub mod provision;
 #[cfg(feature = "signal")]
 mod signal;
 mod sql;
 mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod token;
 mod wait;
 

@@ -242,6 +242,33 @@ impl Registry {
         }
     }
 
+    /// While the renewal task is paused by a test: loses the leases whose
+    /// deadline has passed, as their holders' own checks would; returns
+    /// when to look again.
+    #[cfg(feature = "testing")]
+    pub(crate) fn fire_due(&self, now: Instant) -> Option<Instant> {
+        let mut wake: Option<Instant> = None;
+        self.entries().retain(|_, entry| {
+            if entry.state.check(now).is_some() {
+                return false;
+            }
+            let at = entry.state.fire_at();
+            wake = Some(wake.map_or(at, |w| w.min(at)));
+            true
+        });
+        wake
+    }
+
+    /// Makes every held lease due for renewal now (a test's
+    /// `Faults::renew_now`).
+    #[cfg(feature = "testing")]
+    pub(crate) fn make_due(&self, now: Instant) {
+        for entry in self.entries().values_mut() {
+            entry.renew_at = now;
+        }
+        self.wake.notify_one();
+    }
+
     /// Applies at `now` the outcome of the statement sent at `sent` for
     /// `keys`: confirmed leases get a new deadline (counted from `sent`)
     /// and their next renewal a period after `sent`; leases the database

@@ -44,6 +44,23 @@ async fn run(context: Arc<Context>, registry: Arc<Registry>) {
     let mut in_flight: Option<InFlight> = None;
     loop {
         let now = Instant::now();
+        let idle = now + Duration::from_secs(3600);
+        // Paused by a test: nothing is sent; deadlines still pass.
+        #[cfg(feature = "testing")]
+        if context.faults.is_paused() {
+            let wake = registry.fire_due(now);
+            tokio::select! {
+                () = context.stop.cancelled() => return,
+                () = context.faults.resumed() => {}
+                () = registry.wake.notified() => {}
+                () = tokio::time::sleep_until(wake.unwrap_or(idle)) => {}
+                outcome = poll(&mut in_flight) => {
+                    in_flight = None;
+                    finish(&context, &registry, outcome);
+                }
+            }
+            continue;
+        }
         let plan = registry.plan(now, in_flight.is_none());
         for state in &plan.given_up {
             context.release_in_background(state.lease.fence());
@@ -51,23 +68,29 @@ async fn run(context: Arc<Context>, registry: Arc<Registry>) {
         if let Some(batch) = plan.batch {
             in_flight = Some(Box::pin(send(Arc::clone(&context), batch)));
         }
-        let idle = now + Duration::from_secs(3600);
         tokio::select! {
             () = context.stop.cancelled() => return,
             () = registry.wake.notified() => {}
             () = tokio::time::sleep_until(plan.wake.unwrap_or(idle)) => {}
             outcome = poll(&mut in_flight) => {
                 in_flight = None;
-                let applied = registry.apply(&outcome.keys, outcome.sent, outcome.rows, Instant::now());
-                let counters = &context.counters;
-                counters.leases_renewed.fetch_add(applied.renewed, Ordering::Relaxed);
-                if applied.failed {
-                    counters.renewal_failures.fetch_add(1, Ordering::Relaxed);
-                }
-                crate::telemetry::renewed(applied.renewed, applied.failed);
+                finish(&context, &registry, outcome);
             }
         }
     }
+}
+
+/// Applies a statement's outcome and counts it.
+fn finish(context: &Context, registry: &Registry, outcome: Outcome) {
+    let applied = registry.apply(&outcome.keys, outcome.sent, outcome.rows, Instant::now());
+    let counters = &context.counters;
+    counters
+        .leases_renewed
+        .fetch_add(applied.renewed, Ordering::Relaxed);
+    if applied.failed {
+        counters.renewal_failures.fetch_add(1, Ordering::Relaxed);
+    }
+    crate::telemetry::renewed(applied.renewed, applied.failed);
 }
 
 async fn poll(in_flight: &mut Option<InFlight>) -> Outcome {
@@ -97,6 +120,11 @@ async fn send(context: Arc<Context>, batch: Batch) -> Outcome {
     crate::telemetry::renewal_statement();
     let mut slot = None;
     let answer = tokio::time::timeout(limit, async {
+        // Made to fail by a test, as a server that refuses connections.
+        #[cfg(feature = "testing")]
+        if context.faults.is_failing() {
+            return Err(crate::testing::refused());
+        }
         let conn = slot.insert(context.pool.acquire().await?);
         sql::query(sql::renew_many(&names, &tokens, &batch.ttls))
             .fetch_all(&mut **conn)
