@@ -465,11 +465,36 @@ pub(crate) fn not_acquired(e: Error, what: &'static str) -> Outcome {
 }
 
 /// Runs the demo in a scratch database created for it and dropped after.
-pub(crate) async fn demo(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
+pub(crate) async fn demo(
+    options: &PgConnectOptions,
+    explicit: bool,
+    timeout: Duration,
+) -> ExitCode {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     let scratch = format!("pglease_demo_{}_{nanos}", std::process::id());
+    // The URL given, else the first of: the libpq defaults if a server
+    // answers, a throwaway cluster, a container (pglease::provision).
+    let found;
+    let options = if explicit {
+        options
+    } else {
+        note!(
+            "pglease: looking for PostgreSQL (libpq defaults, else a throwaway cluster, else a container)"
+        );
+        match pglease::provision::find(None).await {
+            Ok(server) => {
+                found = server;
+                out!("pglease demo on {found}");
+                &found.options
+            }
+            Err(e) => {
+                eprintln!("pglease: {e}");
+                return ExitCode::from(EXIT_DATABASE);
+            }
+        }
+    };
     let admin = tokio::time::timeout(timeout, options.connect()).await;
     let mut admin = match admin {
         Ok(Ok(conn)) => conn,

@@ -123,7 +123,10 @@ async fn main() -> ExitCode {
         None => pglease::libpq_defaults(),
     };
     if let Command::Demo = cli.command {
-        return demo(&options, cli.connect_timeout).await;
+        // Without a URL, the demo finds a server as the tests do, down to
+        // a throwaway cluster.
+        let explicit = cli.database_url.is_some();
+        return demo(&options, explicit, cli.connect_timeout).await;
     }
     // With --json, failures are answered in JSON on stdout too.
     let json = wants_json(&cli.command);

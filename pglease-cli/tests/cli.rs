@@ -600,6 +600,53 @@ async fn demo_runs_in_a_scratch_database_and_exits_0() {
     assert_eq!(left, 0, "{scratch} was left behind");
 }
 
+#[test]
+fn demo_without_a_server_runs_on_a_throwaway_cluster_and_removes_it() {
+    // PostgreSQL installed but not answering where the libpq defaults
+    // point, and no DATABASE_URL: the demo starts a cluster of its own.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let child = Command::new(BIN)
+        .arg("demo")
+        .env_remove("DATABASE_URL")
+        .env("PGHOST", "127.0.0.1")
+        .env("PGPORT", dead.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the demo");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("the demo");
+    assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("pglease demo on a throwaway cluster (PostgreSQL "),
+        "{text}"
+    );
+    assert!(text.contains("REJECTED by PostgreSQL (LE001)"), "{text}");
+    // Its directory goes once the demo has exited.
+    let prefix = format!("pglease-cluster-{pid}-");
+    let left = || {
+        std::fs::read_dir(std::env::temp_dir())
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .any(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            })
+            .unwrap_or(false)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while left() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{prefix}* left behind"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[tokio::test]
 async fn migrate_creates_the_schema_and_the_url_may_follow_the_command() {
     let db = TestDb::empty().await;

@@ -6,8 +6,9 @@
 //! pair is measured alternately (raw, library, raw, library) to spread
 //! drift evenly over both sides.
 //!
-//! Run: `cargo run --release --example bench` (uses DATABASE_URL or the
-//! libpq defaults; creates and drops the databases `pglease_bench` and
+//! Run: `cargo run --release --example bench` (on the server
+//! `pglease::provision` finds: DATABASE_URL, the libpq defaults, else a
+//! throwaway cluster; creates and drops the databases `pglease_bench` and
 //! `pglease_bench_1m`).
 //! `BENCH_SECS` sets the seconds per measurement (default 2);
 //! `BENCH_ONLY=fenced` runs only the comparison of the fenced
@@ -110,12 +111,17 @@ fn raw_update(pool: &PgPool) -> Op {
     })
 }
 
-/// The server to benchmark: DATABASE_URL, else the libpq defaults.
-fn server() -> Result<PgConnectOptions, Error> {
-    Ok(match std::env::var("DATABASE_URL") {
-        Ok(url) => url.parse::<PgConnectOptions>()?,
-        Err(_) => pglease::libpq_defaults(),
-    })
+/// The server to benchmark, found as the tests find theirs
+/// (`pglease::provision`: DATABASE_URL, the libpq defaults, a throwaway
+/// cluster, a container).
+async fn server() -> Result<PgConnectOptions, Error> {
+    Ok(found().await?.options.clone())
+}
+
+async fn found() -> Result<&'static pglease::provision::Server, Error> {
+    pglease::provision::server()
+        .await
+        .map_err(|e| Error::Database(sqlx::Error::Configuration(Box::new(e))))
 }
 
 /// Acquire and release a lease with bare statements on `raw_leases`.
@@ -189,7 +195,7 @@ fn lib_renew(m: &LeaseManager, leases: &Arc<Vec<Lease>>) -> Op {
 }
 
 async fn setup() -> Result<PgPool, Error> {
-    let server = server()?;
+    let server = server().await?;
     let mut admin = server.connect().await?;
     sqlx::query("DROP DATABASE IF EXISTS pglease_bench WITH (FORCE)")
         .execute(&mut admin)
@@ -241,6 +247,7 @@ const GUARDED_UPDATE: &str = "WITH fence AS (SELECT pglease.assert_held($1, $2))
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
+    println!("benchmark on {}", found().await?);
     let secs: f64 = std::env::var("BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -450,7 +457,7 @@ async fn main() -> Result<(), Error> {
     failover().await?;
 
     pool.close().await;
-    let mut admin = server()?.connect().await?;
+    let mut admin = server().await?.connect().await?;
     sqlx::query("DROP DATABASE IF EXISTS pglease_bench WITH (FORCE)")
         .execute(&mut admin)
         .await?;
@@ -649,7 +656,7 @@ async fn fill(pool: &PgPool, rows: i64) -> Result<(), Error> {
 /// and on one of 1,000,000 rows (a second database), alternated.
 async fn scale(small: &PgPool, secs: f64) -> Result<(), Error> {
     const BIG: &str = "pglease_bench_1m";
-    let server = server()?;
+    let server = server().await?;
     let mut admin = server.connect().await?;
     for statement in [
         format!("DROP DATABASE IF EXISTS {BIG} WITH (FORCE)"),

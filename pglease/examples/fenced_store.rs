@@ -2,8 +2,8 @@
 //! small file store that remembers the highest token it has accepted (in
 //! its directory, so the mark survives a restart) and rejects lower ones.
 //!
-//! Run: `cargo run --example fenced_store` (uses DATABASE_URL or the libpq
-//! defaults for the leases; the store lives in a temporary directory).
+//! Run: `cargo run --example fenced_store` (the leases on DATABASE_URL,
+//! else the libpq defaults, else a throwaway cluster; the store lives in a temporary directory).
 //!
 //! Worker A acquires the lease and writes; its lease expires while it is
 //! paused; worker B acquires (larger token) and writes; A's delayed write
@@ -57,10 +57,8 @@ impl FileStore {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let options = match std::env::var("DATABASE_URL") {
-        Ok(url) => url.parse()?,
-        Err(_) => pglease::libpq_defaults(),
-    };
+    // DATABASE_URL, else the libpq defaults, else a throwaway cluster.
+    let options = pglease::provision::server().await?.options.clone();
     let pool = PgPoolOptions::new().connect_with(options).await?;
     let leases = LeaseManager::new(pool);
     leases.migrate().await?;

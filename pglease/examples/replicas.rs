@@ -4,8 +4,8 @@
 //! down, and each handover is timed. Every change is printed as an
 //! observer sees it.
 //!
-//! Run: `cargo run --example replicas` (uses DATABASE_URL or the libpq
-//! defaults; it creates the pglease schema if needed and a table
+//! Run: `cargo run --example replicas` (on DATABASE_URL, else the
+//! libpq defaults, else a throwaway cluster; it creates the pglease schema if needed and a table
 //! `pglease_example_replicas`, dropped at the end).
 //!
 //! Each replica has a manager (and pool) of its own, as separate processes
@@ -87,10 +87,8 @@ async fn next_leader(electors: &[Arc<Elector>], not: Option<usize>) -> usize {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let options = match std::env::var("DATABASE_URL") {
-        Ok(url) => pglease::parse_url(&url)?,
-        Err(_) => pglease::libpq_defaults(),
-    };
+    // DATABASE_URL, else the libpq defaults, else a throwaway cluster.
+    let options = pglease::provision::server().await?.options.clone();
     let admin = LeaseManager::new(PgPoolOptions::new().connect_with(options.clone()).await?);
     admin.migrate().await?;
     sqlx::raw_sql(

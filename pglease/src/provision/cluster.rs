@@ -171,7 +171,7 @@ impl TempCluster {
             ))
         })?;
         let version = output(Command::new(bin.join("postgres")).arg("--version"))
-            .map(|v| v.trim().to_owned())
+            .map(|v| v.trim().replace("postgres (PostgreSQL) ", "PostgreSQL "))
             .unwrap_or_else(|_| "PostgreSQL".to_owned());
         let as_server_user = server_user_prefix()?;
         let root = std::env::temp_dir().join(format!(

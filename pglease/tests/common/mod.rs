@@ -1,120 +1,44 @@
 //! Test provisioning: a real PostgreSQL, and a fresh database per test so
-//! that tests run in parallel without seeing each other's leases.
-//!
-//! The server is found in this order: `DATABASE_URL`; else the libpq
+//! that tests run in parallel without seeing each other's leases. Both come
+//! from the crate's own test kit (`pglease::testing`, `pglease::provision`),
+//! which finds the server in this order: `DATABASE_URL`; else the libpq
 //! defaults (`PGHOST`, `PGPORT`, `PGUSER`, ... then localhost:5432) if a
-//! server answers there; else a container started with `testcontainers`;
-//! else the test panics and says how to get a database.
+//! server answers there; else a throwaway cluster from the installed server
+//! binaries; else a container started with `testcontainers`; else the test
+//! panics and says how to get a database.
 
 #![allow(dead_code)] // each test binary uses a different part of this file
 
-use std::str::FromStr;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use pglease::testing::TestDatabase;
 use pglease::{Acquire, Lease, LeaseManager, ManagerOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, PgPool};
 
-/// Tag of the container image used when no server is running locally.
-const CONTAINER_TAG: &str = "16-alpine";
-
-static SERVER: OnceLock<PgConnectOptions> = OnceLock::new();
-/// The password of a container started by the tests (trust auth otherwise).
-const CONTAINER_PASSWORD: &str = "postgres";
-static IN_CONTAINER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-static NEXT_DB: AtomicU32 = AtomicU32::new(0);
-
-/// Options for the server, found once per test binary.
+/// Options for the server (its `postgres` database), found once per test
+/// binary.
 pub fn server() -> PgConnectOptions {
-    SERVER
-        .get_or_init(|| {
-            // Discovery is async but runs once, on its own thread and
-            // runtime, so that every test's runtime can share the result.
-            std::thread::spawn(|| {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("build a tokio runtime for provisioning");
-                rt.block_on(find_server())
-            })
-            .join()
-            .expect("provisioning thread panicked")
-        })
-        .clone()
-}
-
-async fn answers(options: &PgConnectOptions) -> Result<(), String> {
-    let attempt = tokio::time::timeout(Duration::from_secs(5), options.connect()).await;
-    match attempt {
-        Ok(Ok(conn)) => {
-            let _ = conn.close().await;
-            Ok(())
-        }
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("no answer within 5 s".to_owned()),
-    }
-}
-
-async fn find_server() -> PgConnectOptions {
-    if let Ok(url) = std::env::var("DATABASE_URL") {
-        let options = PgConnectOptions::from_str(&url)
-            .unwrap_or_else(|e| panic!("DATABASE_URL is not a valid PostgreSQL URL: {e}"));
-        if let Err(e) = answers(&options).await {
-            panic!("DATABASE_URL is set but the server does not answer: {e}");
-        }
-        return options;
-    }
-    let local = pglease::libpq_defaults();
-    let local_error = match answers(&local).await {
-        Ok(()) => return local,
-        Err(e) => e,
-    };
-    match start_container().await {
-        Ok(options) => options,
-        Err(container_error) => panic!(
-            "no PostgreSQL for the tests.\n\
-             - libpq defaults (PGHOST/PGPORT/PGUSER, else localhost:5432): {local_error}\n\
-             - testcontainers (postgres:{CONTAINER_TAG}): {container_error}\n\
-             Start a server (for example `docker compose up -d` in the repository) \
-             or set DATABASE_URL=postgres://USER@HOST:PORT/DB."
-        ),
-    }
-}
-
-/// Starts `postgres:16-alpine` and keeps it for the rest of the process.
-async fn start_container() -> Result<PgConnectOptions, String> {
-    use testcontainers_modules::postgres::Postgres;
-    use testcontainers_modules::testcontainers::ImageExt;
-    use testcontainers_modules::testcontainers::runners::AsyncRunner;
-
-    let container = Postgres::default()
-        .with_tag(CONTAINER_TAG)
-        .start()
-        .await
-        .map_err(|e| e.to_string())?;
-    let host = container.get_host().await.map_err(|e| e.to_string())?;
-    let port = container
-        .get_host_port_ipv4(5432)
-        .await
-        .map_err(|e| e.to_string())?;
-    IN_CONTAINER.store(true, Ordering::Relaxed);
-    // The container lives as long as the test process; testcontainers'
-    // reaper removes it afterwards.
-    std::mem::forget(container);
-    Ok(PgConnectOptions::new()
-        .host(&host.to_string())
-        .port(port)
-        .username("postgres")
-        .password(CONTAINER_PASSWORD)
-        .database("postgres"))
+    // Found once per process by the kit; this thread and its runtime only
+    // wait for it, so that the function can be called from `Drop`.
+    std::thread::spawn(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("build a tokio runtime for provisioning");
+        rt.block_on(pglease::provision::server())
+            .map(|server| server.options.clone())
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
+    .join()
+    .expect("provisioning thread panicked")
 }
 
 /// A freshly created database, dropped (with its connections) when this
 /// value is dropped, also when the test panics.
 pub struct TestDb {
+    inner: TestDatabase,
     name: String,
     options: PgConnectOptions,
     pool: PgPool,
@@ -123,45 +47,21 @@ pub struct TestDb {
 impl TestDb {
     /// A new database with the `pglease` schema applied.
     pub async fn new() -> TestDb {
-        let db = TestDb::empty().await;
-        db.manager()
-            .migrate()
-            .await
-            .expect("apply pglease migrations to the test database");
-        db
+        TestDb::from(TestDatabase::new().await)
     }
 
     /// A new database without the `pglease` schema.
     pub async fn empty() -> TestDb {
-        let server = server();
-        let name = format!(
-            "pglease_test_{}_{}",
-            std::process::id(),
-            NEXT_DB.fetch_add(1, Ordering::Relaxed)
-        );
-        let mut admin = server.connect().await.expect("connect to the test server");
-        sqlx::query(AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-        )))
-        .execute(&mut admin)
-        .await
-        .expect("drop a leftover test database");
-        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .expect("create a test database");
-        let _ = admin.close().await;
-        let options = server.database(&name);
-        let pool = PgPoolOptions::new()
-            .max_connections(12)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.clone())
-            .await
-            .expect("connect to the test database");
+        TestDb::from(TestDatabase::empty().await)
+    }
+
+    fn from(made: Result<TestDatabase, pglease::testing::SetupError>) -> TestDb {
+        let inner = made.unwrap_or_else(|e| panic!("{e}"));
         TestDb {
-            name,
-            options,
-            pool,
+            name: inner.name().to_owned(),
+            options: inner.options(),
+            pool: inner.pool().clone(),
+            inner,
         }
     }
 
@@ -188,42 +88,7 @@ impl TestDb {
 
     /// This database as a URL, for the command-line tool.
     pub fn url(&self) -> String {
-        if let Ok(url) = std::env::var("DATABASE_URL") {
-            // Same server and credentials, this database.
-            let (base, query) = match url.split_once('?') {
-                Some((base, query)) => (base.to_owned(), format!("?{query}")),
-                None => (url.clone(), String::new()),
-            };
-            let authority_start = base.find("://").map_or(0, |i| i + 3);
-            let base = match base[authority_start..].find('/') {
-                Some(slash) => base[..authority_start + slash].to_owned(),
-                None => base,
-            };
-            return format!("{base}/{}{query}", self.name);
-        }
-        let o = &self.options;
-        let user = o.get_username();
-        let password = if IN_CONTAINER.load(Ordering::Relaxed) {
-            format!(":{CONTAINER_PASSWORD}")
-        } else {
-            String::new()
-        };
-        let host = o.get_host();
-        if host.starts_with('/') {
-            // A socket directory: the `host` parameter overrides the
-            // placeholder host name.
-            format!(
-                "postgres://{user}{password}@localhost:{}/{}?host={host}",
-                o.get_port(),
-                self.name
-            )
-        } else {
-            format!(
-                "postgres://{user}{password}@{host}:{}/{}",
-                o.get_port(),
-                self.name
-            )
-        }
+        self.inner.url()
     }
 
     pub fn options(&self) -> PgConnectOptions {
@@ -387,15 +252,6 @@ impl TestDb {
         .fetch_one(&self.pool)
         .await
         .expect("snapshot the pglease schema")
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        cleanup(vec![format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        )]);
     }
 }
 
