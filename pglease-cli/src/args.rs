@@ -275,8 +275,13 @@ pub(crate) enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
-    /// Print the manual page (roff) to stdout: `pglease man > pglease.1`.
-    Man,
+    /// Print the manual page (roff) to stdout: `pglease man > pglease.1`;
+    /// with --dir, write it and one page per command (pglease-COMMAND.1).
+    Man {
+        /// Write pglease.1 and pglease-COMMAND.1 into this directory.
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
     /// The article's failures, live: leases vs advisory locks (about 6 s),
     /// in a scratch database that is created and dropped.
     Demo,

@@ -81,7 +81,22 @@ async fn main() -> ExitCode {
             out!("{}", String::from_utf8_lossy(&script).trim_end());
             return ExitCode::SUCCESS;
         }
-        Command::Man => {
+        Command::Man { dir: Some(dir) } => {
+            let command = <Cli as clap::CommandFactory>::command();
+            if let Err(e) = clap_mangen::generate_to(command, dir) {
+                eprintln!(
+                    "pglease: cannot write the manual pages to {}: {e}",
+                    dir.display()
+                );
+                return ExitCode::from(1);
+            }
+            note!(
+                "pglease: wrote pglease.1 and a page per command to {}",
+                dir.display()
+            );
+            return ExitCode::SUCCESS;
+        }
+        Command::Man { dir: None } => {
             let command = <Cli as clap::CommandFactory>::command();
             let mut page = Vec::new();
             if let Err(e) = clap_mangen::Man::new(command).render(&mut page) {
@@ -247,7 +262,7 @@ async fn main() -> ExitCode {
             };
             elect::elect(&manager, &cli.database_url, &name, options, &cmd).await
         }
-        Command::Demo | Command::Completions { .. } | Command::Man => {
+        Command::Demo | Command::Completions { .. } | Command::Man { .. } => {
             unreachable!("handled above")
         }
     };

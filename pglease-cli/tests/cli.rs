@@ -891,6 +891,19 @@ async fn output_an_operator_can_script_against() {
     let out = Command::new(BIN).arg("man").output().expect("run");
     assert_eq!(code(&out), 0);
     assert!(stdout(&out).contains(".TH pglease 1"), "{}", stdout(&out));
+    let pages = std::env::temp_dir().join(format!("pglease-man-{}", std::process::id()));
+    std::fs::create_dir_all(&pages).expect("a directory");
+    let out = Command::new(BIN)
+        .args(["man", "--dir"])
+        .arg(&pages)
+        .output()
+        .expect("run");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let run_page = std::fs::read_to_string(pages.join("pglease-run.1")).expect("pglease-run.1");
+    assert!(run_page.contains("\\-\\-timeout"), "{run_page}");
+    assert!(pages.join("pglease.1").exists());
+    assert!(pages.join("pglease-force-release.1").exists());
+    let _ = std::fs::remove_dir_all(&pages);
     let out = Command::new(BIN)
         .arg("--help")
         .env("DATABASE_URL", "postgres://u:s3cret@127.0.0.1/x")
