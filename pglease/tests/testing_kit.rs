@@ -320,6 +320,11 @@ async fn a_test_database_on_the_server_found() {
         );
         println!("cluster: {}", db.server());
     }
+    if std::env::var_os("PGLEASE_HANG").is_some() {
+        // Killed here by `a_killed_process_leaves_no_cluster_behind`.
+        println!("ready");
+        tokio::time::sleep(Duration::from_secs(120)).await;
+    }
 }
 
 /// A port of 127.0.0.1 where nothing listens.
@@ -344,11 +349,11 @@ fn clusters_of(pid: u32) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-#[test]
-fn discovery_falls_through_to_a_throwaway_cluster() {
-    // This test binary again, with the libpq defaults on a dead port and
-    // no DATABASE_URL: the inner test must run on a throwaway cluster.
-    let child = Command::new(std::env::current_exe().expect("this test binary"))
+/// This test binary again, running only the test above, with the libpq
+/// defaults on a dead port and no DATABASE_URL.
+fn inner_test_on_a_cluster() -> Command {
+    let mut command = Command::new(std::env::current_exe().expect("this test binary"));
+    command
         .args([
             "--exact",
             "a_test_database_on_the_server_found",
@@ -360,7 +365,62 @@ fn discovery_falls_through_to_a_throwaway_cluster() {
         .env("PGLEASE_EXPECT_CLUSTER", "1")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    command
+}
+
+/// Waits until process `pid` has no cluster directory left.
+fn until_no_cluster_of(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !clusters_of(pid).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "left behind: {:?}",
+            clusters_of(pid)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_killed_process_leaves_no_cluster_behind() {
+    use std::io::BufRead;
+    let mut child = inner_test_on_a_cluster()
+        .env("PGLEASE_HANG", "1")
+        .spawn()
+        .expect("run the inner test");
+    let pid = child.id();
+    let mut port = None;
+    let stdout = child.stdout.take().expect("its stdout");
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.expect("a line");
+        if let Some(at) = line.find("127.0.0.1:") {
+            port = line[at + 10..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|p| p.parse::<u16>().ok());
+        }
+        if line == "ready" {
+            break;
+        }
+    }
+    let port = port.expect("the cluster's port");
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    assert!(!clusters_of(pid).is_empty());
+    // SIGKILL: no destructor, no panic hook runs.
+    child.kill().expect("kill");
+    child.wait().expect("reap");
+    until_no_cluster_of(pid);
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "the server is stopped"
+    );
+}
+
+#[test]
+fn discovery_falls_through_to_a_throwaway_cluster() {
+    // The inner test must run on a throwaway cluster.
+    let child = inner_test_on_a_cluster()
         .spawn()
         .expect("run the inner test");
     let pid = child.id();
@@ -374,13 +434,5 @@ fn discovery_falls_through_to_a_throwaway_cluster() {
     assert!(stdout.contains("1 passed"), "{stdout}");
     assert!(stdout.contains("cluster: a throwaway cluster"), "{stdout}");
     // Its watchdog removes the cluster once the process has exited.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !clusters_of(pid).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "left behind: {:?}",
-            clusters_of(pid)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    until_no_cluster_of(pid);
 }

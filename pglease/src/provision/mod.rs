@@ -150,7 +150,7 @@ pub async fn find(url: Option<&str>) -> Result<Server, NoServer> {
         });
     }
     let local = crate::libpq_defaults();
-    match answers(&local).await {
+    let passed_over = match answers(&local).await {
         Ok(()) => {
             return Ok(Server {
                 options: local,
@@ -159,18 +159,20 @@ pub async fn find(url: Option<&str>) -> Result<Server, NoServer> {
                 url: None,
             });
         }
-        Err(e) => tried.push(format!(
-            "- the libpq defaults ({}:{}): {e}",
+        Err(e) => format!(
+            "the libpq defaults ({}:{}): {e}",
             local.get_host(),
             local.get_port()
-        )),
-    }
+        ),
+    };
+    tried.push(format!("- {passed_over}"));
     match TempCluster::start().await {
         Ok(cluster) => {
             let (options, what) = cluster.keep_until_exit();
             return Ok(Server {
                 options,
-                source: Source::TempCluster(what),
+                // Why not the libpq defaults, for whoever expected them.
+                source: Source::TempCluster(format!("{what} (not {passed_over})")),
                 password: None,
                 url: None,
             });
