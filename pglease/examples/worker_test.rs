@@ -1,6 +1,7 @@
 //! How a service tests what it does when it loses its lease, with
-//! `pglease::testing` (in your `Cargo.toml`:
-//! `[dev-dependencies] pglease = { version = "0.1", features = ["testing"] }`).
+//! `pglease::testing` (in your `Cargo.toml`, with the path of your
+//! `[dependencies]` line: `[dev-dependencies] pglease = { path =
+//! "../pglease/pglease", features = ["testing"] }`).
 //!
 //! The service: a worker that, while it holds lease `ledger`, appends
 //! entries to a ledger table, each in a fenced transaction under its
@@ -137,8 +138,13 @@ mod tests {
             .await
             .expect("the worker stops")
             .expect("worker task");
+        // Whatever the worker was doing (its fenced transaction ended by the
+        // takeover, or a new one refused), with_lease reports the loss.
         match outcome {
-            Err(Error::Lost { .. } | Error::NotHeld { .. }) => {}
+            Err(Error::Lost {
+                reason: LossReason::Stale { .. },
+                ..
+            }) => {}
             other => panic!("the worker should have stopped on the loss: {other:?}"),
         }
         assert_eq!(

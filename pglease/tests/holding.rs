@@ -341,6 +341,70 @@ async fn scoped_work_releases_the_lease_when_it_finishes() {
     assert_eq!(m.stats().held, 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scoped_work_whose_transaction_a_takeover_ended_reports_the_loss() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    let inside = tokio::sync::Notify::new();
+    let taken = tokio::sync::Notify::new();
+    let work = m.with_lease(
+        "data",
+        Acquire::ttl(Duration::from_secs(60)).holder("A"),
+        async |held| {
+            let mut tx = held.begin_fenced().await?;
+            inside.notify_one();
+            // Frozen here while another holder takes the lease over.
+            taken.notified().await;
+            sqlx::query("UPDATE data SET value = 'late' WHERE id = 1")
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok::<_, Error>(())
+        },
+    );
+    let take_over = async {
+        inside.notified().await;
+        // The lease ends in the database and B takes it, ending A's open
+        // fenced transaction; A's renewal task has not heard of it.
+        let other = db.manager();
+        pglease::testing::take_over(
+            &other,
+            "data",
+            Acquire::ttl(Duration::from_secs(30)).holder("B"),
+        )
+        .await
+        .expect("take over");
+        taken.notify_one();
+    };
+    let (outcome, ()) = tokio::join!(tokio::time::timeout(BOUND, work), take_over);
+    // Not the symptom (57P01, a broken connection) but the loss.
+    match outcome.expect("the work ends") {
+        Err(Error::Lost {
+            reason:
+                LossReason::Stale {
+                    current_holder: Some(holder),
+                    ..
+                },
+            ..
+        }) => assert_eq!(holder, "B"),
+        other => panic!("expected Lost(Stale), got {other:?}"),
+    }
+    assert_eq!(data_value(&db).await, "initial");
+    // Work that fails while its lease is held returns its own error, and
+    // the lease is released.
+    let own = m
+        .with_lease("mine", Acquire::ttl(Duration::from_secs(60)), async |_| {
+            Err::<(), _>(Error::Timeout {
+                operation: "the work's own step",
+                after: None,
+            })
+        })
+        .await;
+    assert!(matches!(own, Err(Error::Timeout { .. })), "{own:?}");
+    assert!(!m.inspect("mine").await.expect("inspect").held);
+}
+
 #[tokio::test]
 async fn dropping_a_held_lease_releases_it() {
     let db = TestDb::new().await;

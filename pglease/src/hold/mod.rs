@@ -228,6 +228,35 @@ impl HeldLease {
         db::renew(&context.pool, self.as_ref(), ttl).await
     }
 
+    /// Asks the database whether the lease is still held under its token
+    /// (one read, bounded by the renewal timeout). If it is not, the lease
+    /// is lost from now on, with the reason the database gives, which is
+    /// returned; `None` while it is held, or when the database cannot say.
+    pub(crate) async fn confirm(&self) -> Option<LossReason> {
+        if let Some(reason) = self.inner.state.check(Instant::now()) {
+            return Some(reason);
+        }
+        let context = &self.inner.context;
+        let limit = context.options.renew_timeout_value();
+        let status = tokio::time::timeout(limit, db::inspect(&context.pool, self.name()))
+            .await
+            .ok()?
+            .ok()?;
+        if status.held && status.token == Some(self.token()) {
+            return None;
+        }
+        let reason = if status.token == Some(self.token()) && status.holder.is_none() {
+            LossReason::Released
+        } else {
+            LossReason::Stale {
+                current_token: status.token,
+                current_holder: status.holder,
+            }
+        };
+        self.inner.state.fire(reason, Instant::now());
+        self.inner.state.loss()
+    }
+
     /// The error for work that finds this lease lost.
     pub(crate) fn lost_error(&self, reason: LossReason) -> Error {
         Error::Lost {

@@ -126,8 +126,13 @@ impl LeaseManager {
     /// # Errors
     ///
     /// Those of [`LeaseManager::hold`] and [`Error::Lost`], converted into
-    /// `E`; `work`'s own error. A failed release after the work is logged,
-    /// not returned (the lease then ends at its expiry).
+    /// `E`; `work`'s own error. When `work` fails, the lease is checked in
+    /// the database (one read): if it is no longer held under its token,
+    /// the failure is a consequence of the loss (a takeover ends the old
+    /// holder's fenced transactions, whose next statement then fails with
+    /// `57P01` or a broken connection) and this returns [`Error::Lost`]
+    /// instead of `work`'s error. A failed release after the work is
+    /// logged, not returned (the lease then ends at its expiry).
     ///
     /// # Cancel safety
     ///
@@ -149,6 +154,16 @@ impl LeaseManager {
         };
         match outcome {
             Ok(value) => {
+                // Work that failed because its lease ended (a takeover ends
+                // the holder's fenced transactions: its statement fails with
+                // 57P01 or a broken connection, before the renewal task has
+                // heard of the takeover) reports the loss, not the symptom.
+                if value.is_err()
+                    && let Some(reason) = held.confirm().await
+                {
+                    tracing::debug!(name, ?reason, "the work failed after its lease was lost");
+                    return Err(held.lost_error(reason).into());
+                }
                 if let Err(error) = held.release().await {
                     // The work is done; an unreleased lease only delays the
                     // next holder until it expires.

@@ -164,12 +164,7 @@ impl TempCluster {
     }
 
     fn make() -> Result<TempCluster, ClusterError> {
-        let bin = find_bindir().ok_or_else(|| {
-            ClusterError(format!(
-                "no PostgreSQL server binaries (initdb, postgres, pg_ctl) found: install the \
-                 server package (e.g. `apt-get install postgresql`) or set {BINDIR_VARIABLE}"
-            ))
-        })?;
+        let bin = find_bindir()?;
         let version = output(Command::new(bin.join("postgres")).arg("--version"))
             .map(|v| v.trim().replace("postgres (PostgreSQL) ", "PostgreSQL "))
             .unwrap_or_else(|_| "PostgreSQL".to_owned());
@@ -357,15 +352,23 @@ fn server_user_prefix() -> Result<Vec<String>, ClusterError> {
 }
 
 /// The directory holding `initdb`, `postgres` and `pg_ctl`.
-fn find_bindir() -> Option<PathBuf> {
+fn find_bindir() -> Result<PathBuf, ClusterError> {
     let complete = |dir: &Path| {
         ["initdb", "postgres", "pg_ctl"]
             .iter()
             .all(|p| dir.join(p).is_file())
     };
+    // When set, it is the only place looked at.
     if let Some(dir) = std::env::var_os(BINDIR_VARIABLE) {
         let dir = PathBuf::from(dir);
-        return complete(&dir).then_some(dir);
+        if complete(&dir) {
+            return Ok(dir);
+        }
+        return Err(ClusterError(format!(
+            "{BINDIR_VARIABLE}={} does not hold initdb, postgres and pg_ctl (when set, it is \
+             the only directory looked at)",
+            dir.display()
+        )));
     }
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Ok(dir) = output(Command::new("pg_config").arg("--bindir")) {
@@ -395,7 +398,15 @@ fn find_bindir() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("PATH") {
         candidates.extend(std::env::split_paths(&path));
     }
-    candidates.into_iter().find(|dir| complete(dir))
+    candidates
+        .into_iter()
+        .find(|dir| complete(dir))
+        .ok_or_else(|| {
+            ClusterError(format!(
+                "no PostgreSQL server binaries (initdb, postgres, pg_ctl) found: install the \
+             server package (e.g. `apt-get install postgresql`) or set {BINDIR_VARIABLE}"
+            ))
+        })
 }
 
 /// A port of 127.0.0.1 that nothing listens on right now.

@@ -112,12 +112,19 @@ impl fmt::Display for Server {
 }
 
 /// No PostgreSQL could be found or started; says what each step found.
-#[derive(Debug, Clone, thiserror::Error)]
+/// Its `Debug` is its message, so that `.expect()` prints it readably.
+#[derive(Clone, thiserror::Error)]
 #[error(
     "no PostgreSQL to use:\n{tried}\nStart a server, or set DATABASE_URL=postgres://USER@HOST:PORT/DB, or install the PostgreSQL server binaries (initdb, postgres, pg_ctl) for a throwaway cluster"
 )]
 pub struct NoServer {
     tried: String,
+}
+
+impl fmt::Debug for NoServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
 }
 
 /// Finds a server in the order of this module, or uses `url` when given

@@ -41,8 +41,9 @@ use crate::provision::{NoServer, Server};
 
 static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 
-/// Why a [`TestDatabase`] could not be made.
-#[derive(Debug, thiserror::Error)]
+/// Why a [`TestDatabase`] could not be made. Its `Debug` is its message,
+/// so that `.expect()` prints it readably.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum SetupError {
     /// No server was found or started.
@@ -56,6 +57,12 @@ pub enum SetupError {
         /// What failed.
         error: Error,
     },
+}
+
+impl std::fmt::Debug for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 /// A database of its own for one test, on the process's server
