@@ -8,9 +8,18 @@
 //! Each verdict is read from the database afterwards (the order in which
 //! the writes committed), not assumed.
 //!
-//! Scenarios so far: (b) the holder's connection is killed, another worker
-//! tries to take over, then the first holder writes the way its library
-//! says to protect a write (or, where it offers none, the obvious way).
+//! Scenarios so far, each with the write protected the way the peer's
+//! documentation says (or, where it offers no way, the obvious way):
+//! (a) the holder has written and is committing when its network freezes
+//! (a paused process looks the same to the server) past its TTL; another
+//! worker tries to take over and writes; then the holder's commit arrives.
+//! (b) the holder's connection is killed, another worker tries to take
+//! over, then the first holder writes.
+
+mod paused;
+pub mod proxy;
+
+pub use paused::paused_commit;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -75,6 +84,47 @@ pub struct Verdict {
     pub detail: String,
 }
 
+/// A scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// (a) The holder's commit is held up past its TTL.
+    PausedCommit,
+    /// (b) The holder's connection is killed.
+    KilledConnection,
+}
+
+impl Scenario {
+    /// Every scenario, in table order.
+    pub const ALL: [Scenario; 2] = [Scenario::PausedCommit, Scenario::KilledConnection];
+
+    /// A short label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Scenario::PausedCommit => {
+                "(a) the holder's commit is held up past its TTL of 1 s (its network frozen until \
+                 another worker has taken over and written, or for 3 s)"
+            }
+            Scenario::KilledConnection => "(b) the holder's connection is killed, then it writes",
+        }
+    }
+}
+
+/// Every scenario for every peer, each in a database of its own.
+///
+/// # Errors
+///
+/// A peer or the database failing in a way the scenario does not expect.
+pub async fn safety() -> Result<Vec<(Scenario, Verdict)>, BoxError> {
+    let mut verdicts = Vec::new();
+    for peer in Peer::ALL {
+        verdicts.push((Scenario::PausedCommit, paused_commit(peer).await?));
+    }
+    for peer in Peer::ALL {
+        verdicts.push((Scenario::KilledConnection, killed_connection(peer).await?));
+    }
+    Ok(verdicts)
+}
+
 /// Scenario (b) for every peer, each in a database of its own.
 ///
 /// # Errors
@@ -97,13 +147,7 @@ pub async fn killed_connection_all() -> Result<Vec<Verdict>, BoxError> {
 ///
 /// As [`killed_connection_all`].
 pub async fn killed_connection(peer: Peer) -> Result<Verdict, BoxError> {
-    let db = TestDatabase::new().await?;
-    sqlx08::raw_sql(
-        "CREATE TABLE ledger (seq bigserial PRIMARY KEY, writer text NOT NULL, \
-                              token bigint)",
-    )
-    .execute(&pool(&db, "setup").await?)
-    .await?;
+    let db = scratch().await?;
     let verdict = match peer {
         Peer::Pglease => pglease_killed(&db).await?,
         Peer::PgLease => pg_lease_killed(&db).await?,
@@ -111,6 +155,15 @@ pub async fn killed_connection(peer: Peer) -> Result<Verdict, BoxError> {
         Peer::SqlxAdvisoryLock => sqlx_lock_killed(&db).await?,
     };
     Ok(verdict)
+}
+
+/// A database of its own with the ledger the writers append to.
+async fn scratch() -> Result<TestDatabase, BoxError> {
+    let db = TestDatabase::new().await?;
+    sqlx08::raw_sql("CREATE TABLE ledger (seq bigserial PRIMARY KEY, writer text NOT NULL)")
+        .execute(&pool(&db, "setup").await?)
+        .await?;
+    Ok(db)
 }
 
 /// A sqlx 0.8 pool on the scenario's database, its connections named `app`.
@@ -457,6 +510,22 @@ async fn sqlx_lock_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
             }
         ),
     })
+}
+
+/// The verdicts as Markdown tables, one per scenario.
+pub fn tables(verdicts: &[(Scenario, Verdict)]) -> String {
+    let mut out = String::new();
+    for scenario in Scenario::ALL {
+        let these: Vec<Verdict> = verdicts
+            .iter()
+            .filter(|(s, _)| *s == scenario)
+            .map(|(_, v)| v.clone())
+            .collect();
+        if !these.is_empty() {
+            out.push_str(&format!("\n{}\n\n{}\n", scenario.label(), table(&these)));
+        }
+    }
+    out
 }
 
 /// The verdicts as a Markdown table.

@@ -3,30 +3,35 @@
 
 use std::time::Duration;
 
-use pglease_peers::{Peer, killed_connection_all};
+use pglease_peers::{Peer, Scenario, safety};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_connection_lets_advisory_locks_go_and_leases_stay() {
-    let verdicts = tokio::time::timeout(Duration::from_secs(120), killed_connection_all())
+async fn the_articles_failures_against_each_peer() {
+    let verdicts = tokio::time::timeout(Duration::from_secs(180), safety())
         .await
-        .expect("the scenario ends within 2 minutes")
-        .expect("the scenario runs");
-    println!("{}", pglease_peers::table(&verdicts));
-    for v in &verdicts {
-        match v.peer {
-            // The lease is in a table: killing a connection loses nothing,
-            // nobody else takes over, the holder's checked write is its own.
-            Peer::Pglease | Peer::PgLease => {
-                assert!(!v.stale_write_applied, "{v:?}");
-                assert!(v.took_over.is_none(), "{v:?}");
-            }
+        .expect("the scenarios end within 3 minutes")
+        .expect("the scenarios run");
+    println!("{}", pglease_peers::tables(&verdicts));
+    assert_eq!(verdicts.len(), Scenario::ALL.len() * Peer::ALL.len());
+    for (scenario, v) in &verdicts {
+        let stale = v.stale_write_applied;
+        let took_over = v.took_over.is_some();
+        let expected = match (scenario, v.peer) {
+            // The check is held until commit, and the takeover ends the
+            // stale transaction: B takes over after the TTL, A's commit
+            // fails.
+            (Scenario::PausedCommit, Peer::Pglease) => (false, true),
+            // verify_lease_held holds nothing: B takes over after the TTL
+            // and A's commit lands after B's write.
+            (Scenario::PausedCommit, Peer::PgLease) => (true, true),
+            // The lock lasts as long as A's (frozen) session: no takeover.
+            (Scenario::PausedCommit, _) => (false, false),
+            // A lease in a table survives a killed connection.
+            (Scenario::KilledConnection, Peer::Pglease | Peer::PgLease) => (false, false),
             // The lock dies with the session: B takes over at once and A,
             // not told, writes after B.
-            Peer::DistributedLock | Peer::SqlxAdvisoryLock => {
-                assert!(v.stale_write_applied, "{v:?}");
-                assert!(v.took_over.is_some(), "{v:?}");
-            }
-        }
+            (Scenario::KilledConnection, _) => (true, true),
+        };
+        assert_eq!((stale, took_over), expected, "{scenario:?}: {v:?}");
     }
-    assert_eq!(verdicts.len(), Peer::ALL.len());
 }
