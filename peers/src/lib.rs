@@ -18,8 +18,10 @@
 
 mod paused;
 pub mod proxy;
+mod speed;
 
 pub use paused::paused_commit;
+pub use speed::{Load, Speed, speed, speed_table};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

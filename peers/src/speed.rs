@@ -1,0 +1,626 @@
+//! Speed and load, each peer measured the same way in the same run, each
+//! in a database of its own: acquire+release cycles per second (one
+//! client, one name); takeover after a holder dies without releasing;
+//! handover from a release to a waiting acquirer; what waiting on a held
+//! lease costs the server; what holding 1,000 leases costs the server.
+//!
+//! Settings: TTL 1 s for the leases (pglease renews at a third of it;
+//! pg_lease's heartbeat every 1/3 s and its attempts every 100 ms, as its
+//! own tests configure it: its defaults are all zero); the advisory locks
+//! have no TTL.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
+use pglease::testing::TestDatabase;
+use pglease::{Acquire, Error, LeaseManager};
+use sqlx08::postgres::PgPool;
+use tokio::sync::{Notify, oneshot};
+
+use crate::{BoxError, Peer, pool};
+
+const TTL: Duration = Duration::from_secs(1);
+
+/// Fired once, by the first call of a looper's function.
+type Once<T> = Arc<std::sync::Mutex<Option<oneshot::Sender<T>>>>;
+
+fn fire<T>(once: &Once<T>, value: T) {
+    if let Some(tx) = once.lock().ok().and_then(|mut c| c.take()) {
+        let _ = tx.send(value);
+    }
+}
+
+fn looper_options() -> pg_lease::LeaseLooperOptions {
+    pg_lease::LeaseLooperOptions {
+        loop_interval: Duration::from_millis(100),
+        loop_interval_jitter: Duration::ZERO,
+        lease_duration: TTL,
+        lease_heartbeat_interval: TTL / 3,
+    }
+}
+
+/// The figures of one peer.
+#[derive(Debug, Clone, Default)]
+pub struct Speed {
+    /// Acquire+release cycles per second, one client.
+    pub cycles_per_s: Option<f64>,
+    /// From a holder's death (right after acquiring) to another's
+    /// acquisition.
+    pub takeover: Option<Duration>,
+    /// From a release to the waiting acquirer holding it.
+    pub handover: Option<Duration>,
+    /// Transactions and WAL bytes per second on the server while one
+    /// worker waits for 5 s on a lease another holds.
+    pub waiting: Option<Load>,
+    /// The same while 1,000 leases are held (`None`: cannot).
+    pub holding: Option<Load>,
+    /// Why a figure is missing, or a note on one.
+    pub note: String,
+}
+
+/// Server load, per second.
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    /// Write transactions (those given a transaction id), server-wide.
+    pub transactions_per_s: f64,
+    /// WAL written by the server.
+    pub wal_bytes_per_s: f64,
+}
+
+/// Every figure for every peer. `hold_for` is how long the 1,000 leases
+/// are held (the issue's minute by default in the command).
+///
+/// # Errors
+///
+/// A peer or the database failing unexpectedly.
+pub async fn speed(
+    cycle_for: Duration,
+    hold_for: Duration,
+) -> Result<Vec<(Peer, Speed)>, BoxError> {
+    let mut all = Vec::new();
+    for peer in Peer::ALL {
+        let mut s = Speed::default();
+        let label = peer.label();
+        eprintln!("peers: {label}: acquire+release cycles for {cycle_for:?}");
+        s.cycles_per_s = Some(cycles(peer, cycle_for).await?);
+        eprintln!("peers: {label}: takeover after a holder's death");
+        s.takeover = takeover(peer).await?;
+        eprintln!("peers: {label}: handover to a waiter");
+        s.handover = handover(peer).await?;
+        eprintln!("peers: {label}: a waiter's load for 5 s");
+        s.waiting = Some(waiting(peer, Duration::from_secs(5)).await?);
+        eprintln!("peers: {label}: holding 1,000 for {hold_for:?}");
+        s.holding = holding(peer, hold_for, &mut s.note).await?;
+        all.push((peer, s));
+    }
+    Ok(all)
+}
+
+/// Write transactions begun so far (the next transaction id to assign)
+/// and the WAL position, server-wide; read without consuming an id.
+/// (pg_stat_database's counters would include reads, but each session
+/// flushes them only when idle, up to 10 s late.)
+async fn counters(reader: &PgPool) -> Result<(i64, i64, Instant), BoxError> {
+    let at = Instant::now();
+    let (xacts, wal): (i64, i64) = sqlx08::query_as(
+        "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, \
+                pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint",
+    )
+    .fetch_one(reader)
+    .await?;
+    Ok((xacts, wal, at))
+}
+
+/// The load from `before` to now, per second of `elapsed`, or, without
+/// it, of the time between the two readings (for activity that goes on
+/// throughout, such as holding).
+async fn load_since(
+    reader: &PgPool,
+    before: (i64, i64, Instant),
+    elapsed: Option<Duration>,
+) -> Result<Load, BoxError> {
+    let after = counters(reader).await?;
+    let secs = elapsed
+        .unwrap_or_else(|| after.2.duration_since(before.2))
+        .as_secs_f64();
+    Ok(Load {
+        transactions_per_s: (after.0 - before.0) as f64 / secs,
+        wal_bytes_per_s: (after.1 - before.1) as f64 / secs,
+    })
+}
+
+async fn cycles(peer: Peer, run_for: Duration) -> Result<f64, BoxError> {
+    let db = TestDatabase::new().await?;
+    let started = Instant::now();
+    let mut n = 0u64;
+    match peer {
+        Peer::Pglease => {
+            let m = db.manager();
+            while started.elapsed() < run_for {
+                let lease = m.acquire("res", Acquire::ttl(TTL)).await?;
+                m.release(&lease).await?;
+                n += 1;
+            }
+        }
+        Peer::PgLease => {
+            let p = pool(&db, "peer").await?;
+            while started.elapsed() < run_for {
+                // Its only way to acquire: a looper whose function runs
+                // while the lease is held; returning releases it.
+                let (called, was_called) = oneshot::channel::<()>();
+                let called = Arc::new(std::sync::Mutex::new(Some(called)));
+                let looper = pg_lease::LeaseLooper::new(
+                    "res".to_owned(),
+                    move |_ctx, called: Once<()>| async move {
+                        fire(&called, ());
+                        Ok(())
+                    },
+                    format!("w{n}"),
+                    p.clone(),
+                    pg_lease::LeaseLooperOptions {
+                        loop_interval: Duration::from_millis(1),
+                        ..looper_options()
+                    },
+                    called,
+                );
+                looper.start().await?;
+                tokio::time::timeout(Duration::from_secs(10), was_called)
+                    .await
+                    .map_err(|_| "pg_lease: no acquisition within 10 s")??;
+                n += 1;
+            }
+        }
+        Peer::DistributedLock => {
+            let p = pool(&db, "peer").await?;
+            let provider = distributed_lock_postgres::PostgresLockProvider::builder()
+                .pool(p)
+                .build()
+                .await?;
+            let lock = provider.create_lock("res");
+            while started.elapsed() < run_for {
+                let handle = lock.acquire(Some(Duration::from_secs(10))).await?;
+                handle.release().await?;
+                n += 1;
+            }
+        }
+        Peer::SqlxAdvisoryLock => {
+            let p = pool(&db, "peer").await?;
+            let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
+            let mut conn = p.acquire().await?;
+            while started.elapsed() < run_for {
+                let guard = lock.acquire(&mut *conn).await?;
+                guard.release_now().await?;
+                n += 1;
+            }
+        }
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// A holder dies right after acquiring; how long until another holds it.
+async fn takeover(peer: Peer) -> Result<Option<Duration>, BoxError> {
+    let db = TestDatabase::new().await?;
+    match peer {
+        Peer::Pglease => {
+            let a = db.manager();
+            // Acquired, never renewed nor released: dead.
+            let _dead = a.acquire("res", Acquire::ttl(TTL)).await?;
+            let died = Instant::now();
+            let b = db.manager();
+            b.acquire("res", Acquire::ttl(TTL).wait(Duration::from_secs(10)))
+                .await?;
+            Ok(Some(died.elapsed()))
+        }
+        Peer::PgLease => {
+            let p = pool(&db, "peer-B").await?;
+            let a_pool = pool(&db, "peer-A").await?;
+            let (held, was_held) = oneshot::channel::<()>();
+            let held = Arc::new(std::sync::Mutex::new(Some(held)));
+            let a = pg_lease::LeaseLooper::new(
+                "res".to_owned(),
+                move |_ctx, held: Once<()>| async move {
+                    fire(&held, ());
+                    std::future::pending::<()>().await;
+                    Ok(())
+                },
+                "A".to_owned(),
+                a_pool.clone(),
+                looper_options(),
+                held,
+            );
+            a.start().await?;
+            was_held.await?;
+            // The process dies: its tasks stop and its connections close
+            // (stop() alone leaves the heartbeat task running: it is
+            // spawned apart from the task stop() aborts).
+            a.stop().await?;
+            a_pool.close().await;
+            let died = Instant::now();
+            let (got, b_got) = oneshot::channel::<()>();
+            let got = Arc::new(std::sync::Mutex::new(Some(got)));
+            let b = pg_lease::LeaseLooper::new(
+                "res".to_owned(),
+                move |_ctx, got: Once<()>| async move {
+                    fire(&got, ());
+                    std::future::pending::<()>().await;
+                    Ok(())
+                },
+                "B".to_owned(),
+                p,
+                looper_options(),
+                got,
+            );
+            b.start().await?;
+            tokio::time::timeout(Duration::from_secs(10), b_got)
+                .await
+                .map_err(|_| "pg_lease: no takeover within 10 s")??;
+            let took = died.elapsed();
+            b.stop().await?;
+            Ok(Some(took))
+        }
+        Peer::DistributedLock => {
+            let a_pool = pool(&db, "peer-A").await?;
+            let a = distributed_lock_postgres::PostgresLockProvider::builder()
+                .pool(a_pool.clone())
+                .build()
+                .await?;
+            let handle = a.create_lock("res").acquire(Some(TTL)).await?;
+            // The process dies: its connections close (ended here from
+            // the server's side; the handle is never used again).
+            crate::kill(&db, "peer-A").await?;
+            let died = Instant::now();
+            std::mem::forget(handle);
+            let b = distributed_lock_postgres::PostgresLockProvider::builder()
+                .pool(pool(&db, "peer-B").await?)
+                .build()
+                .await?;
+            let got = b
+                .create_lock("res")
+                .acquire(Some(Duration::from_secs(10)))
+                .await?;
+            let took = died.elapsed();
+            let _ = got.release().await;
+            Ok(Some(took))
+        }
+        Peer::SqlxAdvisoryLock => {
+            let a_pool = pool(&db, "peer-A").await?;
+            let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
+            let conn = lock.acquire(a_pool.acquire().await?).await?.leak();
+            // The process dies: its connection closes.
+            conn.close().await?;
+            let died = Instant::now();
+            let b_pool = pool(&db, "peer-B").await?;
+            let guard = lock.acquire(b_pool.acquire().await?).await?;
+            let took = died.elapsed();
+            guard.release_now().await?;
+            Ok(Some(took))
+        }
+    }
+}
+
+/// A waiter is waiting when the holder releases; how long until it holds.
+async fn handover(peer: Peer) -> Result<Option<Duration>, BoxError> {
+    let db = TestDatabase::new().await?;
+    let released = Arc::new(Notify::new());
+    match peer {
+        Peer::Pglease => {
+            let a = db.manager();
+            let lease = a.acquire("res", Acquire::ttl(TTL * 30)).await?;
+            let b = db.manager();
+            let watcher = b.clone();
+            let waiting = tokio::spawn(async move {
+                b.acquire("res", Acquire::ttl(TTL).wait(Duration::from_secs(10)))
+                    .await
+                    .map(|_| Instant::now())
+            });
+            // Until the waiter listens for the release.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !(watcher.stats().waiting == 1 && watcher.stats().listening)
+                && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let at = Instant::now();
+            a.release(&lease).await?;
+            let got: Result<Instant, Error> = waiting.await?;
+            Ok(Some(got?.duration_since(at)))
+        }
+        Peer::PgLease => {
+            let p = pool(&db, "peer").await?;
+            let release = Arc::clone(&released);
+            let (held, was_held) = oneshot::channel::<()>();
+            let held = Arc::new(std::sync::Mutex::new(Some(held)));
+            let a = pg_lease::LeaseLooper::new(
+                "res".to_owned(),
+                move |_ctx, (held, release): (Once<()>, Arc<Notify>)| async move {
+                    fire(&held, ());
+                    // Returning releases the lease.
+                    release.notified().await;
+                    Ok(())
+                },
+                "A".to_owned(),
+                p.clone(),
+                looper_options(),
+                (held, release),
+            );
+            a.start().await?;
+            was_held.await?;
+            let (got, b_got) = oneshot::channel::<Instant>();
+            let got = Arc::new(std::sync::Mutex::new(Some(got)));
+            let b = pg_lease::LeaseLooper::new(
+                "res".to_owned(),
+                move |_ctx, got: Once<Instant>| async move {
+                    fire(&got, Instant::now());
+                    std::future::pending::<()>().await;
+                    Ok(())
+                },
+                "B".to_owned(),
+                p,
+                looper_options(),
+                got,
+            );
+            b.start().await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let at = Instant::now();
+            released.notify_one();
+            let got = tokio::time::timeout(Duration::from_secs(10), b_got)
+                .await
+                .map_err(|_| "pg_lease: no handover within 10 s")??;
+            b.stop().await?;
+            Ok(Some(got.duration_since(at)))
+        }
+        Peer::DistributedLock => {
+            let provider = |app: &'static str| {
+                let db = &db;
+                async move {
+                    distributed_lock_postgres::PostgresLockProvider::builder()
+                        .pool(pool(db, app).await?)
+                        .build()
+                        .await
+                        .map_err(BoxError::from)
+                }
+            };
+            let a = provider("peer-A").await?;
+            let b = provider("peer-B").await?;
+            let handle = a.create_lock("res").acquire(Some(TTL)).await?;
+            let waiting = tokio::spawn(async move {
+                let lock = b.create_lock("res");
+                let got = lock.acquire(Some(Duration::from_secs(10))).await;
+                let at = Instant::now();
+                got.map(|h| (at, h))
+            });
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let at = Instant::now();
+            handle.release().await?;
+            let (got, h) = waiting.await??;
+            let _ = h.release().await;
+            Ok(Some(got.duration_since(at)))
+        }
+        Peer::SqlxAdvisoryLock => {
+            let a_pool = pool(&db, "peer-A").await?;
+            let b_pool = pool(&db, "peer-B").await?;
+            let lock = Arc::new(sqlx08::postgres::PgAdvisoryLock::new("res"));
+            let guard = lock.acquire(a_pool.acquire().await?).await?;
+            let waiting = {
+                let lock = Arc::clone(&lock);
+                tokio::spawn(async move {
+                    let conn = b_pool.acquire().await?;
+                    let guard = lock.acquire(conn).await?;
+                    let at = Instant::now();
+                    guard.release_now().await?;
+                    Ok::<_, BoxError>(at)
+                })
+            };
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let at = Instant::now();
+            guard.release_now().await?;
+            let got = waiting.await??;
+            Ok(Some(got.duration_since(at)))
+        }
+    }
+}
+
+/// One worker holds the lease; another waits for it for `span`.
+async fn waiting(peer: Peer, span: Duration) -> Result<Load, BoxError> {
+    let db = TestDatabase::new().await?;
+    let reader = pool(&db, "reader").await?;
+    match peer {
+        Peer::Pglease => {
+            let a = db.manager();
+            let _held = a.hold("res", Acquire::ttl(TTL * 30)).await?;
+            let b = db.manager();
+            let before = counters(&reader).await?;
+            let started = Instant::now();
+            let _ = b.acquire("res", Acquire::ttl(TTL).wait(span)).await;
+            load_since(&reader, before, Some(started.elapsed())).await
+        }
+        Peer::PgLease => {
+            let p = pool(&db, "peer").await?;
+            let forever = |_ctx, _: ()| async move {
+                std::future::pending::<()>().await;
+                Ok(())
+            };
+            let a = pg_lease::LeaseLooper::new(
+                "res".to_owned(),
+                forever,
+                "A".to_owned(),
+                p.clone(),
+                looper_options(),
+                (),
+            );
+            a.start().await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            // With A's heartbeat: measured alone first, then with B.
+            let before = counters(&reader).await?;
+            let started = Instant::now();
+            let b = pg_lease::LeaseLooper::new(
+                "res".to_owned(),
+                forever,
+                "B".to_owned(),
+                p.clone(),
+                looper_options(),
+                (),
+            );
+            b.start().await?;
+            tokio::time::sleep(span).await;
+            b.stop().await?;
+            let load = load_since(&reader, before, Some(started.elapsed())).await;
+            a.stop().await?;
+            p.close().await;
+            load
+        }
+        Peer::DistributedLock => {
+            let provider = |app: &'static str| {
+                let db = &db;
+                async move {
+                    distributed_lock_postgres::PostgresLockProvider::builder()
+                        .pool(pool(db, app).await?)
+                        .build()
+                        .await
+                        .map_err(BoxError::from)
+                }
+            };
+            let a = provider("peer-A").await?;
+            let b = provider("peer-B").await?;
+            let _handle = a.create_lock("res").acquire(Some(TTL)).await?;
+            let before = counters(&reader).await?;
+            let started = Instant::now();
+            let _ = b.create_lock("res").acquire(Some(span)).await;
+            load_since(&reader, before, Some(started.elapsed())).await
+        }
+        Peer::SqlxAdvisoryLock => {
+            let a_pool = pool(&db, "peer-A").await?;
+            let b_pool = pool(&db, "peer-B").await?;
+            let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
+            let _guard = lock.acquire(a_pool.acquire().await?).await?;
+            let before = counters(&reader).await?;
+            let started = Instant::now();
+            // Its documented wait blocks in the server; bounded here.
+            let mut conn = b_pool.acquire().await?;
+            let _ = sqlx08::query("SET lock_timeout = '5s'")
+                .execute(&mut *conn)
+                .await;
+            let _ = lock.acquire(&mut *conn).await;
+            load_since(&reader, before, Some(started.elapsed())).await
+        }
+    }
+}
+
+/// 1,000 leases held for `span`.
+async fn holding(peer: Peer, span: Duration, note: &mut String) -> Result<Option<Load>, BoxError> {
+    const N: usize = 1000;
+    let db = TestDatabase::new().await?;
+    let reader = pool(&db, "reader").await?;
+    match peer {
+        Peer::Pglease => {
+            let m = LeaseManager::new(db.pool().clone());
+            let mut held = Vec::with_capacity(N);
+            for i in 0..N {
+                held.push(m.hold(&format!("res-{i}"), Acquire::ttl(TTL * 30)).await?);
+            }
+            let before = counters(&reader).await?;
+            tokio::time::sleep(span).await;
+            let load = load_since(&reader, before, None).await;
+            m.shutdown().await?;
+            note.push_str(
+                "pglease: TTL 30 s here (renewed every 10 s, all 1,000 in one statement). ",
+            );
+            load.map(Some)
+        }
+        Peer::PgLease => {
+            let p = pool(&db, "peer").await?;
+            let mut loopers = Vec::with_capacity(N);
+            for i in 0..N {
+                let looper = pg_lease::LeaseLooper::new(
+                    format!("res-{i}"),
+                    |_ctx, _: ()| async move {
+                        std::future::pending::<()>().await;
+                        Ok(())
+                    },
+                    "A".to_owned(),
+                    p.clone(),
+                    pg_lease::LeaseLooperOptions {
+                        lease_duration: TTL * 30,
+                        lease_heartbeat_interval: TTL * 10,
+                        ..looper_options()
+                    },
+                    (),
+                );
+                looper.start().await?;
+                loopers.push(looper);
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let before = counters(&reader).await?;
+            tokio::time::sleep(span).await;
+            let load = load_since(&reader, before, None).await;
+            for looper in &loopers {
+                looper.stop().await?;
+            }
+            p.close().await;
+            note.push_str("pg_lease: lease 30 s, heartbeat every 10 s, one per lease. ");
+            load.map(Some)
+        }
+        Peer::DistributedLock => {
+            note.push_str(
+                "distributed-lock-postgres: each lock keeps a pooled connection for as long as \
+                 it is held, so 1,000 locks need 1,000 server connections (max_connections \
+                 is usually 100 or 200): not measured. ",
+            );
+            Ok(None)
+        }
+        Peer::SqlxAdvisoryLock => {
+            let p = pool(&db, "peer").await?;
+            let mut conn = p.acquire().await?;
+            for i in 0..N {
+                let lock = sqlx08::postgres::PgAdvisoryLock::new(format!("res-{i}"));
+                lock.acquire(&mut *conn).await?.leak();
+            }
+            let before = counters(&reader).await?;
+            tokio::time::sleep(span).await;
+            let load = load_since(&reader, before, None).await;
+            note.push_str("sqlx PgAdvisoryLock: 1,000 session locks on one connection. ");
+            load.map(Some)
+        }
+    }
+}
+
+/// The figures as a Markdown table, with ratios to pglease's.
+pub fn speed_table(all: &[(Peer, Speed)]) -> String {
+    let base = all
+        .iter()
+        .find(|(p, _)| *p == Peer::Pglease)
+        .map(|(_, s)| s);
+    let ratio = |v: Option<f64>, b: Option<f64>| match (v, b) {
+        (Some(v), Some(b)) if b > 0.0 => format!(" ({:.2}x)", v / b),
+        _ => String::new(),
+    };
+    let mut out = String::from(
+        "| peer | acquire+release /s | takeover after death | handover | waiting: write xacts/s, WAL B/s | holding 1,000: write xacts/s, WAL B/s |\n|---|---|---|---|---|---|",
+    );
+    for (peer, s) in all {
+        let load = |l: &Option<Load>| {
+            l.map_or_else(
+                || "not possible".to_owned(),
+                |l| format!("{:.1}, {:.0}", l.transactions_per_s, l.wal_bytes_per_s),
+            )
+        };
+        out.push_str(&format!(
+            "\n| {} | {}{} | {} | {} | {} | {} |",
+            peer.label(),
+            s.cycles_per_s.map_or("-".to_owned(), |c| format!("{c:.0}")),
+            ratio(s.cycles_per_s, base.and_then(|b| b.cycles_per_s)),
+            s.takeover
+                .map_or("-".to_owned(), |t| format!("{} ms", t.as_millis())),
+            s.handover.map_or("-".to_owned(), |t| format!(
+                "{:.1} ms",
+                t.as_secs_f64() * 1000.0
+            )),
+            load(&s.waiting),
+            load(&s.holding),
+        ));
+    }
+    let notes: Vec<&str> = all.iter().map(|(_, s)| s.note.as_str()).collect();
+    out.push_str(&format!("\n\n{}", notes.concat().trim_end()));
+    out
+}
