@@ -14,13 +14,19 @@
 //! (a paused process looks the same to the server) past its TTL; another
 //! worker tries to take over and writes; then the holder's commit arrives.
 //! (b) the holder's connection is killed, another worker tries to take
-//! over, then the first holder writes.
+//! over, then the first holder writes. (d) The holder's network freezes
+//! for 3 s while it holds: are its renewals' missing answers noticed
+//! before another worker takes over?
 
+mod duplicate;
 mod paused;
 pub mod proxy;
+mod silent;
 mod speed;
 
+pub use duplicate::late_release;
 pub use paused::paused_commit;
+pub use silent::silent_renewal;
 pub use speed::{Load, Speed, speed, speed_table};
 
 use std::sync::Arc;
@@ -77,8 +83,11 @@ impl Peer {
 pub struct Verdict {
     /// The peer.
     pub peer: Peer,
-    /// A write by the old holder committed after the new holder's.
-    pub stale_write_applied: bool,
+    /// The scenario's safety property was violated: a write by the old
+    /// holder committed after the new holder's ((a), (b)), or two workers
+    /// held the resource at once ((c): a late release ended the holder's
+    /// new term; (d): the old one not told).
+    pub violated: bool,
     /// How long after the fault the second worker held the resource;
     /// `None` if it could not within the window (3 s).
     pub took_over: Option<Duration>,
@@ -93,11 +102,20 @@ pub enum Scenario {
     PausedCommit,
     /// (b) The holder's connection is killed.
     KilledConnection,
+    /// (c) A release arrives late, after the holder acquired again.
+    LateRelease,
+    /// (d) The holder's renewals get no answer.
+    SilentRenewal,
 }
 
 impl Scenario {
     /// Every scenario, in table order.
-    pub const ALL: [Scenario; 2] = [Scenario::PausedCommit, Scenario::KilledConnection];
+    pub const ALL: [Scenario; 4] = [
+        Scenario::PausedCommit,
+        Scenario::KilledConnection,
+        Scenario::LateRelease,
+        Scenario::SilentRenewal,
+    ];
 
     /// A short label.
     pub fn label(self) -> &'static str {
@@ -107,6 +125,23 @@ impl Scenario {
                  another worker has taken over and written, or for 3 s)"
             }
             Scenario::KilledConnection => "(b) the holder's connection is killed, then it writes",
+            Scenario::LateRelease => {
+                "(c) a release arrives late, after the same holder acquired again"
+            }
+            Scenario::SilentRenewal => {
+                "(d) the holder's renewals get no answer (its network frozen for 3 s; TTL 1 s)"
+            }
+        }
+    }
+
+    /// What `violated` means in this scenario, as a column heading.
+    pub fn violation(self) -> &'static str {
+        match self {
+            Scenario::PausedCommit | Scenario::KilledConnection => {
+                "stale write applied after the new holder's"
+            }
+            Scenario::LateRelease => "the late release ended the new term, another took it",
+            Scenario::SilentRenewal => "two holders at once, the old one not told",
         }
     }
 }
@@ -123,6 +158,12 @@ pub async fn safety() -> Result<Vec<(Scenario, Verdict)>, BoxError> {
     }
     for peer in Peer::ALL {
         verdicts.push((Scenario::KilledConnection, killed_connection(peer).await?));
+    }
+    for peer in Peer::ALL {
+        verdicts.push((Scenario::LateRelease, late_release(peer).await?));
+    }
+    for peer in Peer::ALL {
+        verdicts.push((Scenario::SilentRenewal, silent_renewal(peer).await?));
     }
     Ok(verdicts)
 }
@@ -263,7 +304,7 @@ async fn pglease_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
     held.release().await.ok();
     Ok(Verdict {
         peer: Peer::Pglease,
-        stale_write_applied: stale_after_new(&rows),
+        violated: stale_after_new(&rows),
         took_over,
         detail: format!(
             "{killed} connections of A killed; the lease lives in its table, not in a \
@@ -392,7 +433,7 @@ async fn pg_lease_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
     b.stop().await?;
     Ok(Verdict {
         peer: Peer::PgLease,
-        stale_write_applied: stale_after_new(&rows),
+        violated: stale_after_new(&rows),
         took_over,
         detail: format!(
             "{killed} connections of A killed; the lease row outlives them: A's heartbeat went on \
@@ -441,7 +482,7 @@ async fn dlock_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
     }
     Ok(Verdict {
         peer: Peer::DistributedLock,
-        stale_write_applied: stale_after_new(&rows),
+        violated: stale_after_new(&rows),
         took_over,
         detail: format!(
             "{killed} connection of A killed: the lock went with it, B {}; A's lost_token \
@@ -493,7 +534,7 @@ async fn sqlx_lock_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
     drop(b_guard);
     Ok(Verdict {
         peer: Peer::SqlxAdvisoryLock,
-        stale_write_applied: stale_after_new(&rows),
+        violated: stale_after_new(&rows),
         took_over,
         detail: format!(
             "{killed} connection of A killed: the lock went with it, B {}; A's write through \
@@ -524,27 +565,30 @@ pub fn tables(verdicts: &[(Scenario, Verdict)]) -> String {
             .map(|(_, v)| v.clone())
             .collect();
         if !these.is_empty() {
-            out.push_str(&format!("\n{}\n\n{}\n", scenario.label(), table(&these)));
+            out.push_str(&format!(
+                "\n{}\n\n{}\n",
+                scenario.label(),
+                table(scenario.violation(), &these)
+            ));
         }
     }
     out
 }
 
-/// The verdicts as a Markdown table.
-pub fn table(verdicts: &[Verdict]) -> String {
-    let mut out = String::from(
-        "| peer | stale write applied after the new holder's | takeover | what happened |\n\
-         |---|---|---|---|",
+/// The verdicts of one scenario as a Markdown table; `violation` heads
+/// the verdict's column.
+pub fn table(violation: &str, verdicts: &[Verdict]) -> String {
+    let mut out = format!(
+        "| peer | {violation} | takeover | what happened |\n\
+         |---|---|---|---|"
     );
     for v in verdicts {
         out.push_str(&format!(
             "\n| {} | {} | {} | {} |",
             v.peer.label(),
-            if v.stale_write_applied { "YES" } else { "no" },
-            v.took_over.map_or_else(
-                || "none in 3 s".to_owned(),
-                |t| format!("{} ms", t.as_millis())
-            ),
+            if v.violated { "YES" } else { "no" },
+            v.took_over
+                .map_or_else(|| "none".to_owned(), |t| format!("{} ms", t.as_millis())),
             v.detail
         ));
     }

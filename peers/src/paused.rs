@@ -40,7 +40,7 @@ pub async fn paused_commit(peer: Peer) -> Result<Verdict, BoxError> {
 }
 
 /// Where the test database's server listens.
-async fn target(db: &TestDatabase) -> Result<Target, BoxError> {
+pub(crate) async fn target(db: &TestDatabase) -> Result<Target, BoxError> {
     let options = db.options();
     let (host, port) = (options.get_host().to_owned(), options.get_port());
     if host.starts_with('/') {
@@ -54,7 +54,7 @@ async fn target(db: &TestDatabase) -> Result<Target, BoxError> {
 }
 
 /// A sqlx 0.8 pool through the proxy, its connections named `peer-A`.
-async fn proxied_pool(db: &TestDatabase, proxy: &Proxy) -> Result<PgPool, BoxError> {
+pub(crate) async fn proxied_pool(db: &TestDatabase, proxy: &Proxy) -> Result<PgPool, BoxError> {
     let options = db.options();
     let mut through = PgConnectOptions::new_without_pgpass()
         .host("127.0.0.1")
@@ -76,7 +76,10 @@ async fn proxied_pool(db: &TestDatabase, proxy: &Proxy) -> Result<PgPool, BoxErr
 }
 
 /// The same, as pglease's sqlx 0.9 options.
-fn proxied_options(db: &TestDatabase, proxy: &Proxy) -> sqlx::postgres::PgConnectOptions {
+pub(crate) fn proxied_options(
+    db: &TestDatabase,
+    proxy: &Proxy,
+) -> sqlx::postgres::PgConnectOptions {
     let options = db.options();
     let mut through = sqlx::postgres::PgConnectOptions::new()
         .host("127.0.0.1")
@@ -118,7 +121,7 @@ async fn verdict(
         peer,
         // B's write committed before the thaw, so an A row means A's
         // commit landed after it.
-        stale_write_applied: a_kept && b_wrote,
+        violated: a_kept && b_wrote,
         took_over,
         detail: format!(
             "{what}; B {}; A's commit after the thaw: {commit}; rows by insertion {rows:?}",

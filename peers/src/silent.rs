@@ -1,0 +1,244 @@
+//! Scenario (d): the holder's network freezes for 3 s while it holds (its
+//! renewals or heartbeats get no answer; the server still sees its
+//! connections). Another worker tries to take over for those 3 s. Is the
+//! holder told it has lost the lease before the other one holds it? If
+//! not, two workers act as holders at once, the old one unaware.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
+use pglease::{Acquire, LeaseManager};
+use tokio::sync::oneshot;
+
+use crate::paused::{proxied_options, proxied_pool, target};
+use crate::proxy::Proxy;
+use crate::{BoxError, Peer, Verdict, pool, scratch};
+
+const TTL: Duration = Duration::from_secs(1);
+const FROZEN: Duration = Duration::from_secs(3);
+
+/// A's work says when it started and when it was dropped.
+type Marks = Arc<
+    std::sync::Mutex<(
+        Option<oneshot::Sender<()>>,
+        Option<oneshot::Sender<Instant>>,
+    )>,
+>;
+/// B's work says when it started.
+type Got = Arc<std::sync::Mutex<Option<oneshot::Sender<Instant>>>>;
+
+/// Reports when the work is dropped (aborted by pg_lease).
+struct OnDrop(Marks);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.lock().ok().and_then(|mut s| s.1.take()) {
+            let _ = tx.send(Instant::now());
+        }
+    }
+}
+
+fn looper_options() -> pg_lease::LeaseLooperOptions {
+    pg_lease::LeaseLooperOptions {
+        loop_interval: Duration::from_millis(100),
+        loop_interval_jitter: Duration::ZERO,
+        lease_duration: TTL,
+        lease_heartbeat_interval: TTL / 3,
+    }
+}
+
+/// Scenario (d) for `peer`, in a database of its own.
+///
+/// # Errors
+///
+/// A peer or the database failing in a way the scenario does not expect.
+pub async fn silent_renewal(peer: Peer) -> Result<Verdict, BoxError> {
+    let db = scratch().await?;
+    let proxy = Proxy::start(target(&db).await?).await?;
+    let ms = |d: Option<Duration>| {
+        d.map_or_else(
+            || "not within the 3 s".to_owned(),
+            |d| format!("after {} ms", d.as_millis()),
+        )
+    };
+    let (told, took_over, what) = match peer {
+        Peer::Pglease => {
+            let a = LeaseManager::new(
+                pglease::pool_options()
+                    .max_connections(4)
+                    .connect_with(proxied_options(&db, &proxy))
+                    .await?,
+            );
+            let held = a.hold("res", Acquire::ttl(TTL).holder("A")).await?;
+            proxy.freeze();
+            let frozen_at = Instant::now();
+            let noticed = {
+                let held = held.clone();
+                tokio::spawn(async move {
+                    let reason = held.lost().await;
+                    ((), reason)
+                })
+            };
+            let b = db.manager();
+            let took_over = b
+                .acquire("res", Acquire::ttl(TTL * 30).holder("B").wait(FROZEN))
+                .await
+                .ok()
+                .map(|_| frozen_at.elapsed());
+            proxy.thaw();
+            let (_, reason) = tokio::time::timeout(Duration::from_secs(10), noticed)
+                .await
+                .map_err(|_| "A was never told")??;
+            // The holder knows from its local deadline on (is_lost(),
+            // remaining()), whenever a task gets round to reporting it.
+            let known = held
+                .lost_at()
+                .map_or(held.deadline(), |at| at.min(held.deadline()));
+            let told = known.saturating_duration_since(frozen_at);
+            (
+                Some(told),
+                took_over,
+                format!("A's HeldLease reported {reason:?}"),
+            )
+        }
+        Peer::PgLease => {
+            let a_pool = proxied_pool(&db, &proxy).await?;
+            let (started, was_started) = oneshot::channel::<()>();
+            let (stopped, was_stopped) = oneshot::channel::<Instant>();
+            let state = Arc::new(std::sync::Mutex::new((Some(started), Some(stopped))));
+            let a = pg_lease::LeaseLooper::new(
+                "res".to_owned(),
+                |_ctx, state: Marks| async move {
+                    let _guard = OnDrop(Arc::clone(&state));
+                    if let Some(tx) = state.lock().ok().and_then(|mut s| s.0.take()) {
+                        let _ = tx.send(());
+                    }
+                    // Work that does not touch the database.
+                    std::future::pending::<()>().await;
+                    Ok(())
+                },
+                "A".to_owned(),
+                a_pool.clone(),
+                looper_options(),
+                state,
+            );
+            a.start().await?;
+            tokio::time::timeout(Duration::from_secs(10), was_started)
+                .await
+                .map_err(|_| "pg_lease: A never acquired")??;
+            proxy.freeze();
+            let frozen_at = Instant::now();
+            let b_pool = pool(&db, "peer-B").await?;
+            let (got, b_got) = oneshot::channel::<Instant>();
+            let got = Arc::new(std::sync::Mutex::new(Some(got)));
+            let b = pg_lease::LeaseLooper::new(
+                "res".to_owned(),
+                |_ctx, got: Got| async move {
+                    if let Some(tx) = got.lock().ok().and_then(|mut g| g.take()) {
+                        let _ = tx.send(Instant::now());
+                    }
+                    std::future::pending::<()>().await;
+                    Ok(())
+                },
+                "B".to_owned(),
+                b_pool,
+                looper_options(),
+                got,
+            );
+            b.start().await?;
+            let took_over = tokio::time::timeout(FROZEN, b_got)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .map(|at| at.duration_since(frozen_at));
+            // Was A's work stopped during the freeze?
+            let mut was_stopped = was_stopped;
+            let told = match tokio::time::timeout(
+                FROZEN.saturating_sub(frozen_at.elapsed()),
+                &mut was_stopped,
+            )
+            .await
+            {
+                Ok(Ok(at)) => Some(at.duration_since(frozen_at)),
+                _ => None,
+            };
+            proxy.thaw();
+            a.stop().await?;
+            b.stop().await?;
+            a_pool.close().await;
+            (
+                told,
+                took_over,
+                "A's work is stopped only when a heartbeat fails, and a heartbeat without an \
+                 answer neither fails nor times out"
+                    .to_owned(),
+            )
+        }
+        Peer::DistributedLock => {
+            use distributed_lock_postgres::PostgresLockProvider;
+            let a = PostgresLockProvider::builder()
+                .pool(proxied_pool(&db, &proxy).await?)
+                .build()
+                .await?;
+            let handle = a.create_lock("res").acquire(Some(FROZEN)).await?;
+            proxy.freeze();
+            let frozen_at = Instant::now();
+            let b = PostgresLockProvider::builder()
+                .pool(pool(&db, "peer-B").await?)
+                .build()
+                .await?;
+            let b_handle = b.create_lock("res").acquire(Some(FROZEN)).await.ok();
+            let took_over = b_handle.as_ref().map(|_| frozen_at.elapsed());
+            let lost = *handle.lost_token().borrow();
+            proxy.thaw();
+            if let Some(h) = b_handle {
+                let _ = h.release().await;
+            }
+            let _ = handle.release().await;
+            (
+                lost.then(|| frozen_at.elapsed()),
+                took_over,
+                format!("the lock stays with A's (frozen) session; lost_token said {lost}"),
+            )
+        }
+        Peer::SqlxAdvisoryLock => {
+            let a_pool = proxied_pool(&db, &proxy).await?;
+            let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
+            let guard = lock.acquire(a_pool.acquire().await?).await?;
+            proxy.freeze();
+            let frozen_at = Instant::now();
+            let b_pool = pool(&db, "peer-B").await?;
+            let mut took_over = None;
+            while frozen_at.elapsed() < FROZEN {
+                if let sqlx08::Either::Left(g) = lock.try_acquire(b_pool.acquire().await?).await? {
+                    took_over = Some(frozen_at.elapsed());
+                    drop(g);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            proxy.thaw();
+            drop(guard);
+            (
+                None,
+                took_over,
+                "the lock stays with A's (frozen) session; there is nothing to renew and \
+                 nothing to tell A"
+                    .to_owned(),
+            )
+        }
+    };
+    // Two holders: B took over and A had not been told by then.
+    let violated = match (took_over, told) {
+        (Some(b), Some(a)) => a > b,
+        (Some(_), None) => true,
+        (None, _) => false,
+    };
+    Ok(Verdict {
+        peer,
+        violated,
+        took_over,
+        detail: format!("{what}; A told {}; B took over {}", ms(told), ms(took_over)),
+    })
+}
