@@ -29,8 +29,12 @@ async fn the_articles_failures_against_each_peer() {
             // A lease in a table survives a killed connection.
             (Scenario::KilledConnection, Peer::Pglease | Peer::PgLease) => (false, false),
             // The lock dies with the session: B takes over at once and A,
-            // not told, writes after B.
-            (Scenario::KilledConnection, _) => (true, true),
+            // not told, writes after B (its handle offers no connection to
+            // write through).
+            (Scenario::KilledConnection, Peer::DistributedLock) => (true, true),
+            // B takes over at once; a write through the guard's own
+            // connection fails (a retry through the pool would land).
+            (Scenario::KilledConnection, Peer::SqlxAdvisoryLock) => (false, true),
             // The late release names the first term's token: nothing.
             (Scenario::LateRelease, Peer::Pglease) => (false, false),
             // The late DELETE (by worker id) removes the second term's
