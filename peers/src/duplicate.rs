@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use pglease::Acquire;
 use tokio::sync::oneshot;
 
+use crate::looper::{OnDrop, Signal, signal, slot};
 use crate::paused::{proxied_pool, target};
 use crate::proxy::Proxy;
 use crate::{BoxError, Peer, Verdict, pool, scratch};
@@ -16,35 +17,8 @@ const TTL: Duration = Duration::from_secs(1);
 /// How long the second worker tries after the late release.
 const WINDOW: Duration = Duration::from_secs(2);
 
-type Signal = Arc<std::sync::Mutex<Option<oneshot::Sender<Instant>>>>;
-
-fn signal(slot: &Signal) {
-    if let Some(tx) = slot.lock().ok().and_then(|mut s| s.take()) {
-        let _ = tx.send(Instant::now());
-    }
-}
-
-fn slot() -> (Signal, oneshot::Receiver<Instant>) {
-    let (tx, rx) = oneshot::channel();
-    (Arc::new(std::sync::Mutex::new(Some(tx))), rx)
-}
-
-/// Reports when the work is dropped (aborted by pg_lease).
-struct OnDrop(Signal);
-
-impl Drop for OnDrop {
-    fn drop(&mut self) {
-        signal(&self.0);
-    }
-}
-
 fn looper_options() -> pg_lease::LeaseLooperOptions {
-    pg_lease::LeaseLooperOptions {
-        loop_interval: Duration::from_millis(100),
-        loop_interval_jitter: Duration::ZERO,
-        lease_duration: TTL,
-        lease_heartbeat_interval: TTL / 3,
-    }
+    crate::looper::options(TTL)
 }
 
 /// Scenario (c) for `peer`, in a database of its own.

@@ -19,6 +19,7 @@
 //! before another worker takes over?
 
 mod duplicate;
+mod looper;
 mod paused;
 pub mod proxy;
 mod silent;
@@ -373,24 +374,7 @@ async fn pg_lease_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
     );
     a.start().await?;
     let reader = pool(db, "reader").await?;
-    // The looper creates its table when it starts: until then, nobody.
-    let holder = || async {
-        sqlx08::query_scalar::<_, String>(
-            "SELECT worker_id FROM _pg_lease WHERE name = 'res' \
-              AND to_regclass('_pg_lease') IS NOT NULL",
-        )
-        .fetch_optional(&reader)
-        .await
-        .ok()
-        .flatten()
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while holder().await.as_deref() != Some("A") {
-        if Instant::now() > deadline {
-            return Err("pg_lease: A never acquired".into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::looper::until_held_by(&reader, "A").await?;
     let killed = kill(db, "peer-A").await?;
     // B runs its own looper, which writes once it holds the lease.
     let b_pool = pool(db, "peer-B").await?;
@@ -416,7 +400,7 @@ async fn pg_lease_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
     b.start().await?;
     let mut took_over = None;
     while started.elapsed() < WINDOW {
-        if holder().await.as_deref() == Some("B") {
+        if crate::looper::holder(&reader).await.as_deref() == Some("B") {
             took_over = Some(started.elapsed());
             break;
         }

@@ -53,6 +53,14 @@ pub(crate) async fn target(db: &TestDatabase) -> Result<Target, BoxError> {
     Ok(Target::Tcp(addr))
 }
 
+/// The password in the test database's URL, if it has one (a container's).
+fn password(db: &TestDatabase) -> Option<String> {
+    let url = db.url();
+    let (_, rest) = url.split_once("://")?;
+    let credentials = rest.split_once('@')?.0;
+    Some(credentials.split_once(':')?.1.to_owned())
+}
+
 /// A sqlx 0.8 pool through the proxy, its connections named `peer-A`.
 pub(crate) async fn proxied_pool(db: &TestDatabase, proxy: &Proxy) -> Result<PgPool, BoxError> {
     let options = db.options();
@@ -62,10 +70,7 @@ pub(crate) async fn proxied_pool(db: &TestDatabase, proxy: &Proxy) -> Result<PgP
         .username(options.get_username())
         .database(db.name())
         .application_name("peer-A");
-    if let Some(password) = db.url().split_once("://").and_then(|(_, rest)| {
-        let credentials = rest.split_once('@')?.0;
-        Some(credentials.split_once(':')?.1.to_owned())
-    }) {
+    if let Some(password) = password(db) {
         through = through.password(&password);
     }
     Ok(PgPoolOptions::new()
@@ -87,10 +92,7 @@ pub(crate) fn proxied_options(
         .username(options.get_username())
         .database(db.name())
         .application_name("peer-A");
-    if let Some(password) = db.url().split_once("://").and_then(|(_, rest)| {
-        let credentials = rest.split_once('@')?.0;
-        Some(credentials.split_once(':')?.1.to_owned())
-    }) {
+    if let Some(password) = password(db) {
         through = through.password(&password);
     }
     through
@@ -187,14 +189,9 @@ type Step = oneshot::Sender<()>;
 type Orders = Arc<Mutex<mpsc::Receiver<(Step, oneshot::Receiver<()>)>>>;
 
 async fn pg_lease_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
-    use pg_lease::{LeaseContext, LeaseLooper, LeaseLooperOptions, verify_lease_held};
+    use pg_lease::{LeaseContext, LeaseLooper, verify_lease_held};
 
-    let options = LeaseLooperOptions {
-        loop_interval: Duration::from_millis(100),
-        loop_interval_jitter: Duration::ZERO,
-        lease_duration: TTL,
-        lease_heartbeat_interval: TTL / 3,
-    };
+    let options = crate::looper::options(TTL);
     // A's looper: once told, it verifies the lease in a transaction and
     // writes (as pg_lease documents), says so, and commits when told.
     let (go, inbox) = mpsc::channel::<(Step, oneshot::Receiver<()>)>(1);
@@ -233,23 +230,7 @@ async fn pg_lease_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, Bo
     );
     a.start().await?;
     let reader = pool(db, "reader").await?;
-    let holder = || async {
-        sqlx08::query_scalar::<_, String>(
-            "SELECT worker_id FROM _pg_lease WHERE name = 'res' \
-              AND to_regclass('_pg_lease') IS NOT NULL",
-        )
-        .fetch_optional(&reader)
-        .await
-        .ok()
-        .flatten()
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while holder().await.as_deref() != Some("A") {
-        if Instant::now() > deadline {
-            return Err("pg_lease: A never acquired".into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::looper::until_held_by(&reader, "A").await?;
     let (written, was_written) = oneshot::channel();
     let (commit_now, commit) = oneshot::channel();
     go.send((written, commit))
@@ -285,7 +266,7 @@ async fn pg_lease_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, Bo
     let mut took_over = None;
     while frozen_at.elapsed() < WINDOW {
         let b_wrote = ledger(db).await?.iter().any(|w| w == "B");
-        if holder().await.as_deref() == Some("B") && b_wrote {
+        if crate::looper::holder(&reader).await.as_deref() == Some("B") && b_wrote {
             took_over = Some(frozen_at.elapsed());
             break;
         }

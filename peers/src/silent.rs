@@ -4,13 +4,12 @@
 //! holder told it has lost the lease before the other one holds it? If
 //! not, two workers act as holders at once, the old one unaware.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
 use pglease::{Acquire, LeaseManager};
-use tokio::sync::oneshot;
 
+use crate::looper::{OnDrop, Signal, signal, slot};
 use crate::paused::{proxied_options, proxied_pool, target};
 use crate::proxy::Proxy;
 use crate::{BoxError, Peer, Verdict, pool, scratch};
@@ -18,34 +17,8 @@ use crate::{BoxError, Peer, Verdict, pool, scratch};
 const TTL: Duration = Duration::from_secs(1);
 const FROZEN: Duration = Duration::from_secs(3);
 
-/// A's work says when it started and when it was dropped.
-type Marks = Arc<
-    std::sync::Mutex<(
-        Option<oneshot::Sender<()>>,
-        Option<oneshot::Sender<Instant>>,
-    )>,
->;
-/// B's work says when it started.
-type Got = Arc<std::sync::Mutex<Option<oneshot::Sender<Instant>>>>;
-
-/// Reports when the work is dropped (aborted by pg_lease).
-struct OnDrop(Marks);
-
-impl Drop for OnDrop {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.lock().ok().and_then(|mut s| s.1.take()) {
-            let _ = tx.send(Instant::now());
-        }
-    }
-}
-
 fn looper_options() -> pg_lease::LeaseLooperOptions {
-    pg_lease::LeaseLooperOptions {
-        loop_interval: Duration::from_millis(100),
-        loop_interval_jitter: Duration::ZERO,
-        lease_duration: TTL,
-        lease_heartbeat_interval: TTL / 3,
-    }
+    crate::looper::options(TTL)
 }
 
 /// Scenario (d) for `peer`, in a database of its own.
@@ -104,16 +77,13 @@ pub async fn silent_renewal(peer: Peer) -> Result<Verdict, BoxError> {
         }
         Peer::PgLease => {
             let a_pool = proxied_pool(&db, &proxy).await?;
-            let (started, was_started) = oneshot::channel::<()>();
-            let (stopped, was_stopped) = oneshot::channel::<Instant>();
-            let state = Arc::new(std::sync::Mutex::new((Some(started), Some(stopped))));
+            let (started, was_started) = slot();
+            let (stopped, was_stopped) = slot();
             let a = pg_lease::LeaseLooper::new(
                 "res".to_owned(),
-                |_ctx, state: Marks| async move {
-                    let _guard = OnDrop(Arc::clone(&state));
-                    if let Some(tx) = state.lock().ok().and_then(|mut s| s.0.take()) {
-                        let _ = tx.send(());
-                    }
+                |_ctx, (started, stopped): (Signal, Signal)| async move {
+                    let _guard = OnDrop(stopped);
+                    signal(&started);
                     // Work that does not touch the database.
                     std::future::pending::<()>().await;
                     Ok(())
@@ -121,7 +91,7 @@ pub async fn silent_renewal(peer: Peer) -> Result<Verdict, BoxError> {
                 "A".to_owned(),
                 a_pool.clone(),
                 looper_options(),
-                state,
+                (started, stopped),
             );
             a.start().await?;
             tokio::time::timeout(Duration::from_secs(10), was_started)
@@ -130,14 +100,11 @@ pub async fn silent_renewal(peer: Peer) -> Result<Verdict, BoxError> {
             proxy.freeze();
             let frozen_at = Instant::now();
             let b_pool = pool(&db, "peer-B").await?;
-            let (got, b_got) = oneshot::channel::<Instant>();
-            let got = Arc::new(std::sync::Mutex::new(Some(got)));
+            let (got, b_got) = slot();
             let b = pg_lease::LeaseLooper::new(
                 "res".to_owned(),
-                |_ctx, got: Got| async move {
-                    if let Some(tx) = got.lock().ok().and_then(|mut g| g.take()) {
-                        let _ = tx.send(Instant::now());
-                    }
+                |_ctx, got: Signal| async move {
+                    signal(&got);
                     std::future::pending::<()>().await;
                     Ok(())
                 },

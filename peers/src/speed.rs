@@ -16,28 +16,15 @@ use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
 use pglease::testing::TestDatabase;
 use pglease::{Acquire, Error, LeaseManager};
 use sqlx08::postgres::PgPool;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 
+use crate::looper::{Signal, signal, slot};
 use crate::{BoxError, Peer, pool};
 
 const TTL: Duration = Duration::from_secs(1);
 
-/// Fired once, by the first call of a looper's function.
-type Once<T> = Arc<std::sync::Mutex<Option<oneshot::Sender<T>>>>;
-
-fn fire<T>(once: &Once<T>, value: T) {
-    if let Some(tx) = once.lock().ok().and_then(|mut c| c.take()) {
-        let _ = tx.send(value);
-    }
-}
-
 fn looper_options() -> pg_lease::LeaseLooperOptions {
-    pg_lease::LeaseLooperOptions {
-        loop_interval: Duration::from_millis(100),
-        loop_interval_jitter: Duration::ZERO,
-        lease_duration: TTL,
-        lease_heartbeat_interval: TTL / 3,
-    }
+    crate::looper::options(TTL)
 }
 
 /// The figures of one peer.
@@ -155,12 +142,11 @@ async fn cycles(peer: Peer, run_for: Duration) -> Result<f64, BoxError> {
             while started.elapsed() < run_for {
                 // Its only way to acquire: a looper whose function runs
                 // while the lease is held; returning releases it.
-                let (called, was_called) = oneshot::channel::<()>();
-                let called = Arc::new(std::sync::Mutex::new(Some(called)));
+                let (called, was_called) = slot();
                 let looper = pg_lease::LeaseLooper::new(
                     "res".to_owned(),
-                    move |_ctx, called: Once<()>| async move {
-                        fire(&called, ());
+                    move |_ctx, called: Signal| async move {
+                        signal(&called);
                         Ok(())
                     },
                     format!("w{n}"),
@@ -222,12 +208,11 @@ async fn takeover(peer: Peer) -> Result<Option<Duration>, BoxError> {
         Peer::PgLease => {
             let p = pool(&db, "peer-B").await?;
             let a_pool = pool(&db, "peer-A").await?;
-            let (held, was_held) = oneshot::channel::<()>();
-            let held = Arc::new(std::sync::Mutex::new(Some(held)));
+            let (held, was_held) = slot();
             let a = pg_lease::LeaseLooper::new(
                 "res".to_owned(),
-                move |_ctx, held: Once<()>| async move {
-                    fire(&held, ());
+                move |_ctx, held: Signal| async move {
+                    signal(&held);
                     std::future::pending::<()>().await;
                     Ok(())
                 },
@@ -244,12 +229,11 @@ async fn takeover(peer: Peer) -> Result<Option<Duration>, BoxError> {
             a.stop().await?;
             a_pool.close().await;
             let died = Instant::now();
-            let (got, b_got) = oneshot::channel::<()>();
-            let got = Arc::new(std::sync::Mutex::new(Some(got)));
+            let (got, b_got) = slot();
             let b = pg_lease::LeaseLooper::new(
                 "res".to_owned(),
-                move |_ctx, got: Once<()>| async move {
-                    fire(&got, ());
+                move |_ctx, got: Signal| async move {
+                    signal(&got);
                     std::future::pending::<()>().await;
                     Ok(())
                 },
@@ -336,12 +320,11 @@ async fn handover(peer: Peer, offset: Duration) -> Result<Option<Duration>, BoxE
         Peer::PgLease => {
             let p = pool(&db, "peer").await?;
             let release = Arc::clone(&released);
-            let (held, was_held) = oneshot::channel::<()>();
-            let held = Arc::new(std::sync::Mutex::new(Some(held)));
+            let (held, was_held) = slot();
             let a = pg_lease::LeaseLooper::new(
                 "res".to_owned(),
-                move |_ctx, (held, release): (Once<()>, Arc<Notify>)| async move {
-                    fire(&held, ());
+                move |_ctx, (held, release): (Signal, Arc<Notify>)| async move {
+                    signal(&held);
                     // Returning releases the lease.
                     release.notified().await;
                     Ok(())
@@ -353,12 +336,11 @@ async fn handover(peer: Peer, offset: Duration) -> Result<Option<Duration>, BoxE
             );
             a.start().await?;
             was_held.await?;
-            let (got, b_got) = oneshot::channel::<Instant>();
-            let got = Arc::new(std::sync::Mutex::new(Some(got)));
+            let (got, b_got) = slot();
             let b = pg_lease::LeaseLooper::new(
                 "res".to_owned(),
-                move |_ctx, got: Once<Instant>| async move {
-                    fire(&got, Instant::now());
+                move |_ctx, got: Signal| async move {
+                    signal(&got);
                     std::future::pending::<()>().await;
                     Ok(())
                 },
@@ -455,11 +437,7 @@ async fn waiting(peer: Peer, span: Duration) -> Result<Load, BoxError> {
                 forever,
                 "A".to_owned(),
                 p.clone(),
-                pg_lease::LeaseLooperOptions {
-                    lease_duration: TTL * 30,
-                    lease_heartbeat_interval: TTL * 10,
-                    ..looper_options()
-                },
+                crate::looper::options(TTL * 30),
                 (),
             );
             a.start().await?;
@@ -552,11 +530,7 @@ async fn holding(peer: Peer, span: Duration, note: &mut String) -> Result<Option
                     },
                     "A".to_owned(),
                     p.clone(),
-                    pg_lease::LeaseLooperOptions {
-                        lease_duration: TTL * 30,
-                        lease_heartbeat_interval: TTL * 10,
-                        ..looper_options()
-                    },
+                    crate::looper::options(TTL * 30),
                     (),
                 );
                 looper.start().await?;

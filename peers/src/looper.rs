@@ -1,0 +1,70 @@
+//! What the scenarios share to drive pg_lease's `LeaseLooper`: its
+//! settings, one-shot signals its functions send, and who holds a lease.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx08::postgres::PgPool;
+use tokio::sync::oneshot;
+
+/// Attempts every 100 ms, a lease of `ttl`, a heartbeat every third of
+/// it (as pg_lease's own tests configure it: its defaults are all zero).
+pub(crate) fn options(ttl: Duration) -> pg_lease::LeaseLooperOptions {
+    pg_lease::LeaseLooperOptions {
+        loop_interval: Duration::from_millis(100),
+        loop_interval_jitter: Duration::ZERO,
+        lease_duration: ttl,
+        lease_heartbeat_interval: ttl / 3,
+    }
+}
+
+/// A signal a looper's function sends once (later sends do nothing),
+/// with the moment: it must be `Clone` to be the looper's state.
+pub(crate) type Signal = Arc<std::sync::Mutex<Option<oneshot::Sender<Instant>>>>;
+
+/// A signal and its receiver.
+pub(crate) fn slot() -> (Signal, oneshot::Receiver<Instant>) {
+    let (tx, rx) = oneshot::channel();
+    (Arc::new(std::sync::Mutex::new(Some(tx))), rx)
+}
+
+/// Sends `slot`'s signal, the first time.
+pub(crate) fn signal(slot: &Signal) {
+    if let Some(tx) = slot.lock().ok().and_then(|mut s| s.take()) {
+        let _ = tx.send(Instant::now());
+    }
+}
+
+/// Signals when dropped: when pg_lease aborts the function holding it.
+pub(crate) struct OnDrop(pub(crate) Signal);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        signal(&self.0);
+    }
+}
+
+/// The worker id holding lease `res`, if any (none before a looper has
+/// created its table).
+pub(crate) async fn holder(reader: &PgPool) -> Option<String> {
+    sqlx08::query_scalar::<_, String>(
+        "SELECT worker_id FROM _pg_lease WHERE name = 'res' \
+          AND to_regclass('_pg_lease') IS NOT NULL",
+    )
+    .fetch_optional(reader)
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Waits (10 s at most) until `worker` holds lease `res`.
+pub(crate) async fn until_held_by(reader: &PgPool, worker: &str) -> Result<(), crate::BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while holder(reader).await.as_deref() != Some(worker) {
+        if Instant::now() > deadline {
+            return Err(format!("pg_lease: {worker} never acquired").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
