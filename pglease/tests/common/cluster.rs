@@ -149,7 +149,7 @@ impl Replicated {
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).expect("create the cluster directory");
         as_postgres::give(&[&root]);
-        let cluster = Replicated {
+        let mut cluster = Replicated {
             primary: Node {
                 name: "primary",
                 dir: root.join("primary"),
@@ -213,6 +213,11 @@ impl Replicated {
                 "--no-sync",
             ],
         );
+        // Chosen now rather than with the primary's: a port chosen seconds
+        // earlier can meanwhile be taken as the local end of an outgoing
+        // connection (same ephemeral range), and the standby then cannot
+        // bind it (seen once in CI).
+        cluster.standby.port = as_postgres::free_port();
         append(
             &cluster.standby.dir.join("postgresql.conf"),
             // Once promoted it has no standby of its own: it must not wait
