@@ -3,7 +3,7 @@
 //! past its TTL while another worker takes over.
 
 mod bin;
-#[path = "../../pglease/tests/common/mod.rs"]
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::PathBuf;

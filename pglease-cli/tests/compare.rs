@@ -2,7 +2,7 @@
 //! stale write is rejected under leases, and the advisory locks' weaknesses
 //! show up where the article predicts (and their strengths where it does).
 
-#[path = "../../pglease/tests/common/mod.rs"]
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The demo scenario: the paused holder's late write is rejected by the
 //! database and its delayed release is ignored.
 
-#[path = "../../pglease/tests/common/mod.rs"]
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::time::Duration;

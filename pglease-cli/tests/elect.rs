@@ -9,7 +9,7 @@
 //! term wrote after a later one began.
 
 mod bin;
-#[path = "../../pglease/tests/common/mod.rs"]
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::io::{BufRead, BufReader};

@@ -3,7 +3,7 @@
 //! database's expiry of the lease, and `pglease` must exit 4 within a
 //! couple of seconds of that, whatever its final release does.
 
-#[path = "../../pglease/tests/common/cluster.rs"]
+#[path = "../../tests/common/cluster.rs"]
 mod cluster;
 
 use std::process::Stdio;

@@ -4,7 +4,7 @@
 //! commits after the force, and the history shows the term and the reason.
 
 mod bin;
-#[path = "../../pglease/tests/common/mod.rs"]
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::Stdio;

@@ -3,9 +3,9 @@
 //! a row of rounds, `run` renewing across several periods and handing
 //! over to a waiting `run`, and `doctor`.
 
-#[path = "../../pglease/tests/common/mod.rs"]
+#[path = "../../tests/common/mod.rs"]
 mod common;
-#[path = "../../pglease/tests/common/pooler.rs"]
+#[path = "../../tests/common/pooler.rs"]
 mod pooler;
 
 use std::process::{Command, Output};

@@ -1,7 +1,7 @@
 //! How a service tests what it does when it loses its lease, with
 //! `pglease::testing` (in your `Cargo.toml`, with the path of your
 //! `[dependencies]` line: `[dev-dependencies] pglease = { path =
-//! "../pglease/pglease", features = ["testing"] }`).
+//! "../pglease", features = ["testing"] }`).
 //!
 //! The service: a worker that, while it holds lease `ledger`, appends
 //! entries to a ledger table, each in a fenced transaction under its

@@ -67,8 +67,8 @@ pub use sqlx;
 
 /// The README's and the library guide's examples, compiled as doctests.
 #[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 // docs/library.md's examples include `shutdown_signal` (feature `signal`,
 // which the workspace's CLI enables for a root `cargo test`).
-#[cfg_attr(feature = "signal", doc = include_str!("../../docs/library.md"))]
+#[cfg_attr(feature = "signal", doc = include_str!("../docs/library.md"))]
 pub struct ReadmeDoctests;

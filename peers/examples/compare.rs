@@ -1,4 +1,4 @@
-//! `cargo run --release -p pglease-peers`: the comparison with the crates
+//! `cargo run --release -p pglease-peers --example compare`: the comparison with the crates
 //! users would pick instead, on the server `pglease::provision` finds,
 //! printed as tables: the article's failures (verdicts read from the
 //! database), then speed and load. `PEERS_HOLD_SECS` (default 60) is how
