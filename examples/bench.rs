@@ -19,22 +19,13 @@
 //! `BENCH_ONLY=history` only the history's cost; `BENCH_ONLY=status` only
 //! the status of 100,000 leases with and without filters.
 
-// The failover measurement builds a primary and a standby with the test
-// suite's helper (from the installed server binaries).
-#[path = "../tests/common/cluster.rs"]
-mod cluster;
-// The pooler measurement starts PgBouncer with the test suite's helper.
-// Both helpers carry their own copy of `as_postgres.rs`.
-#[allow(clippy::duplicate_mod)]
-#[path = "../tests/common/pooler.rs"]
-mod pooler;
-
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use pglease::testing::{Endpoint, PgBouncer, Replicated, SetupError, Standby};
 use pglease::{
     Acquire, Elector, Error, Leadership, Lease, LeaseManager, ListFilter, ManagerOptions,
 };
@@ -122,6 +113,19 @@ async fn found() -> Result<&'static pglease::provision::Server, Error> {
     pglease::provision::server()
         .await
         .map_err(|e| Error::Database(sqlx::Error::Configuration(Box::new(e))))
+}
+
+/// A throwaway server of the test kit (PgBouncer, a replicated pair):
+/// `None`, said on stdout, when this machine lacks what it needs.
+fn kit<T>(what: &str, started: Result<T, SetupError>) -> Result<Option<T>, Error> {
+    match started {
+        Ok(server) => Ok(Some(server)),
+        Err(SetupError::Unavailable(why)) => {
+            println!("\n{what}: skipped ({why})");
+            Ok(None)
+        }
+        Err(e) => Err(Error::Database(sqlx::Error::Configuration(Box::new(e)))),
+    }
 }
 
 /// Acquire and release a lease with bare statements on `raw_leases`.
@@ -1119,8 +1123,8 @@ async fn through_pooler(
     secs: f64,
 ) -> Result<(), Error> {
     let server = pool.connect_options();
-    let Some(bouncer) = pooler::Bouncer::with_server_pool(&server, 8) else {
-        println!("\nThrough PgBouncer: skipped (pgbouncer is not installed)");
+    let started = PgBouncer::builder().server_pool(8).start(&server);
+    let Some(bouncer) = kit("Through PgBouncer", started)? else {
         return Ok(());
     };
     let pooled_pool = PgPoolOptions::new()
@@ -1132,7 +1136,7 @@ async fn through_pooler(
         "\nThrough PgBouncer {} (pool_mode = transaction, 8 server sessions) vs direct, \
          alternated\n| operation | clients | direct ops/s | through PgBouncer ops/s | ratio |\n\
          |---|---:|---:|---:|---:|",
-        pooler::version()
+        PgBouncer::version().unwrap_or_default()
     );
     for clients in [1usize, 8] {
         let rows: Vec<(&str, Op, Op)> = vec![
@@ -1161,18 +1165,17 @@ async fn through_pooler(
 /// how long the promotion took and how soon the holder was told) instead
 /// of timed.
 async fn failover() -> Result<(), Error> {
-    use cluster::{Endpoint, Replicated, Standby};
     const ROUNDS: usize = 5;
     let mut promoted = Vec::new();
     let mut renewed = Vec::new();
     let mut lost = Vec::new();
     for round in 0..ROUNDS {
-        let Some(pair) = Replicated::start(Standby::Synchronous).await else {
-            println!("\nFailover: skipped (no PostgreSQL server binaries)");
+        let Some(pair) = kit("Failover", Replicated::start(Standby::Synchronous).await)? else {
             return Ok(());
         };
-        let endpoint = Endpoint::start(pair.primary.port).await;
-        let admin = pair.primary.pool().await;
+        let endpoint = kit("Failover", Endpoint::start(pair.primary().port()).await)?
+            .expect("an endpoint needs nothing from the machine");
+        let admin = kit("Failover", pair.primary().pool().await)?.expect("a pool");
         LeaseManager::new(admin.clone()).migrate().await?;
         admin.close().await;
         let leases = LeaseManager::new(
@@ -1192,9 +1195,9 @@ async fn failover() -> Result<(), Error> {
         tokio::time::sleep(phase).await;
         let before = leases.stats().leases_renewed;
         let crashed = Instant::now();
-        pair.crash_primary();
-        pair.promote().await;
-        endpoint.repoint(pair.standby.port);
+        kit("Failover", pair.crash_primary())?;
+        kit("Failover", pair.promote().await)?;
+        endpoint.repoint(pair.standby().port());
         let promotion = crashed.elapsed();
         promoted.push(promotion);
         loop {

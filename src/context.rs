@@ -29,7 +29,7 @@ pub(crate) struct Context {
     shut_down: AtomicBool,
     /// Faults a test has switched on (`pglease::testing::Faults`).
     #[cfg(feature = "testing")]
-    pub(crate) faults: crate::testing::FaultFlags,
+    pub(crate) faults: FaultFlags,
 }
 
 /// The manager's counters (see [`crate::ManagerStats`]).
@@ -52,7 +52,7 @@ impl Context {
             background: TaskTracker::new(),
             shut_down: AtomicBool::new(false),
             #[cfg(feature = "testing")]
-            faults: crate::testing::FaultFlags::default(),
+            faults: FaultFlags::default(),
         }
     }
 
@@ -90,4 +90,58 @@ impl Context {
             &runtime,
         );
     }
+}
+
+/// The faults a test has switched on for one manager, read by the
+/// renewal task; set through `pglease::testing::Faults` (the kit uses
+/// the runtime, never the reverse).
+#[cfg(feature = "testing")]
+pub(crate) struct FaultFlags {
+    failing: std::sync::atomic::AtomicBool,
+    paused: tokio::sync::watch::Sender<bool>,
+}
+
+#[cfg(feature = "testing")]
+impl Default for FaultFlags {
+    fn default() -> Self {
+        FaultFlags {
+            failing: std::sync::atomic::AtomicBool::new(false),
+            paused: tokio::sync::watch::Sender::new(false),
+        }
+    }
+}
+
+#[cfg(feature = "testing")]
+impl FaultFlags {
+    pub(crate) fn set_failing(&self, failing: bool) {
+        self.failing.store(failing, Ordering::Release);
+    }
+
+    pub(crate) fn set_paused(&self, paused: bool) {
+        self.paused.send_replace(paused);
+    }
+
+    pub(crate) fn is_failing(&self) -> bool {
+        self.failing.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_paused(&self) -> bool {
+        *self.paused.borrow()
+    }
+
+    /// Resolves once the renewal task is no longer paused.
+    pub(crate) async fn resumed(&self) {
+        let mut paused = self.paused.subscribe();
+        let _ = paused.wait_for(|paused| !paused).await;
+    }
+}
+
+/// The error a renewal made to fail reports: the one a server that
+/// refuses connections gives.
+#[cfg(feature = "testing")]
+pub(crate) fn refused() -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        "connection refused (made to fail by pglease::testing::Faults::fail_renewals)",
+    ))
 }

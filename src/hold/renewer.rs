@@ -123,7 +123,7 @@ async fn send(context: Arc<Context>, batch: Batch) -> Outcome {
         // Made to fail by a test, as a server that refuses connections.
         #[cfg(feature = "testing")]
         if context.faults.is_failing() {
-            return Err(crate::testing::refused());
+            return Err(crate::context::refused());
         }
         let conn = slot.insert(context.pool.acquire().await?);
         sql::query(sql::renew_many(&names, &tokens, &batch.ttls))

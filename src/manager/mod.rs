@@ -149,20 +149,15 @@ impl LeaseManager {
         &self.shared.context.pool
     }
 
-    /// Faults to switch on in tests (feature `testing`): renewals that
-    /// fail or pause, and renewal on demand. They affect this manager and
-    /// its clones only.
-    #[cfg(feature = "testing")]
-    pub fn faults(&self) -> crate::testing::Faults {
-        crate::testing::Faults::new(
-            Arc::clone(&self.shared.context),
-            Arc::clone(&self.shared.registry),
-        )
-    }
-
     /// What this manager's clones and tasks share.
     pub(crate) fn context(&self) -> &Arc<Context> {
         &self.shared.context
+    }
+
+    /// The leases this manager holds (for the test kit's faults).
+    #[cfg(feature = "testing")]
+    pub(crate) fn registry(&self) -> &Arc<Registry> {
+        &self.shared.registry
     }
 
     /// This manager's options.

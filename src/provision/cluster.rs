@@ -15,14 +15,14 @@
 //! operating-system user `postgres` (through `runuser`), which gets the
 //! directory.
 
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgConnectOptions;
+
+use super::host::{self, ServerUser, output};
 
 /// Environment variable naming the directory of `initdb`, `postgres` and
 /// `pg_ctl`, when they are not where pglease looks (see
@@ -50,10 +50,38 @@ while kill -0 "$owner" 2>/dev/null; do sleep 0.5; done
 rm -rf "$root"
 "#;
 
-/// Why a throwaway cluster could not be started.
+/// Why a throwaway cluster (or another throwaway server) could not be
+/// started.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct ClusterError(String);
+#[error("{message}")]
+pub struct ClusterError {
+    message: String,
+    missing: bool,
+}
+
+impl ClusterError {
+    /// A step that failed.
+    pub(crate) fn failed(message: impl Into<String>) -> ClusterError {
+        ClusterError {
+            message: message.into(),
+            missing: false,
+        }
+    }
+
+    /// Something this machine lacks (binaries, a user to run them as).
+    pub(crate) fn missing(message: impl Into<String>) -> ClusterError {
+        ClusterError {
+            message: message.into(),
+            missing: true,
+        }
+    }
+
+    /// Whether it failed because this machine lacks what it needs (the
+    /// server binaries), rather than in a step that ran.
+    pub fn is_missing(&self) -> bool {
+        self.missing
+    }
+}
 
 /// A PostgreSQL cluster of its own, started from the installed binaries,
 /// removed when dropped (or, at the latest, once this process has exited).
@@ -74,11 +102,9 @@ pub struct TempCluster {
     bin: PathBuf,
     port: u16,
     version: String,
-    as_server_user: Vec<String>,
+    user: ServerUser,
     watchdog: Option<Child>,
 }
-
-static NEXT: AtomicU32 = AtomicU32::new(0);
 
 impl TempCluster {
     /// Makes and starts a cluster: `initdb` in a new directory under the
@@ -110,13 +136,24 @@ impl TempCluster {
             attempt += 1;
             let mut cluster = tokio::task::spawn_blocking(TempCluster::make)
                 .await
-                .map_err(|e| ClusterError(format!("the set-up thread failed: {e}")))??;
+                .map_err(|e| ClusterError::failed(format!("the set-up thread failed: {e}")))??;
             match cluster.wait_until_ready().await {
                 Ok(()) => return Ok(cluster),
-                Err(e) if attempt < 3 && e.0.contains("could not bind") => continue,
+                Err(e) if attempt < 3 && e.message.contains("could not bind") => continue,
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// The directory [`TempCluster::start`] takes the server binaries from,
+    /// looked for in the same order: to tell beforehand whether a cluster
+    /// can be made here.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError`] ([`ClusterError::is_missing`]) when there are none.
+    pub fn binaries() -> Result<PathBuf, ClusterError> {
+        host::find_bindir(&[])
     }
 
     /// Connect options for its `postgres` database as user `postgres`.
@@ -164,31 +201,21 @@ impl TempCluster {
     }
 
     fn make() -> Result<TempCluster, ClusterError> {
-        let bin = find_bindir()?;
+        let bin = host::find_bindir(&[])?;
         let version = output(Command::new(bin.join("postgres")).arg("--version"))
             .map(|v| v.trim().replace("postgres (PostgreSQL) ", "PostgreSQL "))
             .unwrap_or_else(|_| "PostgreSQL".to_owned());
-        let as_server_user = server_user_prefix()?;
-        let root = std::env::temp_dir().join(format!(
-            "pglease-cluster-{}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos())
-        ));
-        std::fs::create_dir(&root)
-            .map_err(|e| ClusterError(format!("create {}: {e}", root.display())))?;
+        let user = ServerUser::find()?;
+        let root = host::scratch_dir("cluster", &user)?;
         let mut cluster = TempCluster {
             root,
             bin,
             port: 0,
             version,
-            as_server_user,
+            user,
             watchdog: None,
         };
         // From here on, a failure removes the directory (Drop).
-        cluster.give_to_server_user()?;
         let data = cluster.root.join("data");
         let mut initdb = cluster.server_command("initdb");
         initdb.arg("-D").arg(&data).args([
@@ -201,8 +228,8 @@ impl TempCluster {
             "--locale=C",
             "-N",
         ]);
-        output(&mut initdb).map_err(|e| ClusterError(format!("initdb failed: {e}")))?;
-        cluster.port = free_port()?;
+        output(&mut initdb).map_err(|e| ClusterError::failed(format!("initdb failed: {e}")))?;
+        cluster.port = host::free_port()?;
         let watchdog = Command::new("sh")
             .arg("-c")
             .arg(WATCHDOG)
@@ -211,14 +238,14 @@ impl TempCluster {
             .arg(&cluster.bin)
             .arg(&cluster.root)
             .arg(cluster.port.to_string())
-            .args(&cluster.as_server_user)
+            .args(cluster.user.prefix())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .current_dir(&cluster.root)
             .process_group(0)
             .spawn()
-            .map_err(|e| ClusterError(format!("start the server's watchdog (sh): {e}")))?;
+            .map_err(|e| ClusterError::failed(format!("start the server's watchdog (sh): {e}")))?;
         cluster.watchdog = Some(watchdog);
         Ok(cluster)
     }
@@ -243,13 +270,13 @@ impl TempCluster {
             let log = || std::fs::read_to_string(self.root.join("server.log")).unwrap_or_default();
             // The watchdog marks a server that has stopped; its log says why.
             if exited || self.root.join("stopped").exists() {
-                return Err(ClusterError(format!(
+                return Err(ClusterError::failed(format!(
                     "the server did not start ({error}); its log:\n{}",
                     log()
                 )));
             }
             if started.elapsed() > START_LIMIT {
-                return Err(ClusterError(format!(
+                return Err(ClusterError::failed(format!(
                     "the server did not accept connections within {START_LIMIT:?} ({error}); \
                      its log:\n{}",
                     log()
@@ -260,36 +287,7 @@ impl TempCluster {
     }
 
     fn server_command(&self, program: &str) -> Command {
-        let path = self.bin.join(program);
-        let mut command = match self.as_server_user.split_first() {
-            Some((runner, args)) => {
-                let mut command = Command::new(runner);
-                command.args(args).arg(path);
-                command
-            }
-            None => Command::new(path),
-        };
-        command.current_dir("/");
-        command
-    }
-
-    fn give_to_server_user(&self) -> Result<(), ClusterError> {
-        if self.as_server_user.is_empty() {
-            return Ok(());
-        }
-        let ids = |flag: &str| -> Result<u32, ClusterError> {
-            output(Command::new("id").args([flag, "postgres"]))?
-                .trim()
-                .parse()
-                .map_err(|e| ClusterError(format!("id {flag} postgres: {e}")))
-        };
-        let (uid, gid) = (ids("-u")?, ids("-g")?);
-        std::os::unix::fs::chown(&self.root, Some(uid), Some(gid)).map_err(|e| {
-            ClusterError(format!(
-                "give {} to the postgres user: {e}",
-                self.root.display()
-            ))
-        })
+        self.user.command(&self.bin.join(program))
     }
 }
 
@@ -312,107 +310,4 @@ impl Drop for TempCluster {
         }
         let _ = std::fs::remove_dir_all(&self.root);
     }
-}
-
-/// Runs `command`; its standard output, or an error with what it printed.
-fn output(command: &mut Command) -> Result<String, ClusterError> {
-    let program = command.get_program().to_string_lossy().into_owned();
-    let out = command
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| ClusterError(format!("run {program}: {e}")))?;
-    if !out.status.success() {
-        return Err(ClusterError(format!(
-            "{program} exited with {}: {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// `runuser -u postgres --` when running as root (PostgreSQL refuses to
-/// run as root), else nothing.
-fn server_user_prefix() -> Result<Vec<String>, ClusterError> {
-    let uid = output(Command::new("id").arg("-u"))?;
-    if uid.trim() != "0" {
-        return Ok(Vec::new());
-    }
-    if output(Command::new("id").args(["-u", "postgres"])).is_err() {
-        return Err(ClusterError(
-            "running as root, and PostgreSQL refuses to run as root; there is no \
-             `postgres` user to run it as"
-                .to_owned(),
-        ));
-    }
-    Ok(["runuser", "-u", "postgres", "--"]
-        .map(str::to_owned)
-        .to_vec())
-}
-
-/// The directory holding `initdb`, `postgres` and `pg_ctl`.
-fn find_bindir() -> Result<PathBuf, ClusterError> {
-    let complete = |dir: &Path| {
-        ["initdb", "postgres", "pg_ctl"]
-            .iter()
-            .all(|p| dir.join(p).is_file())
-    };
-    // When set, it is the only place looked at.
-    if let Some(dir) = std::env::var_os(BINDIR_VARIABLE) {
-        let dir = PathBuf::from(dir);
-        if complete(&dir) {
-            return Ok(dir);
-        }
-        return Err(ClusterError(format!(
-            "{BINDIR_VARIABLE}={} does not hold initdb, postgres and pg_ctl (when set, it is \
-             the only directory looked at)",
-            dir.display()
-        )));
-    }
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Ok(dir) = output(Command::new("pg_config").arg("--bindir")) {
-        candidates.push(PathBuf::from(dir.trim()));
-    }
-    // Versioned directories, newest first.
-    for (parent, prefix, suffix) in [
-        ("/usr/lib/postgresql", "", "bin"),
-        ("/usr", "pgsql-", "bin"),
-        ("/opt/homebrew/opt", "postgresql@", "bin"),
-        ("/usr/local/opt", "postgresql@", "bin"),
-    ] {
-        let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir(parent)
-            .into_iter()
-            .flatten()
-            .filter_map(|entry| {
-                let entry = entry.ok()?;
-                let name = entry.file_name().into_string().ok()?;
-                let version: u32 = name.strip_prefix(prefix)?.split('.').next()?.parse().ok()?;
-                Some((version, entry.path().join(suffix)))
-            })
-            .collect();
-        versions.sort_by_key(|v| std::cmp::Reverse(v.0));
-        candidates.extend(versions.into_iter().map(|(_, dir)| dir));
-    }
-    candidates.push(PathBuf::from("/usr/local/pgsql/bin"));
-    if let Some(path) = std::env::var_os("PATH") {
-        candidates.extend(std::env::split_paths(&path));
-    }
-    candidates
-        .into_iter()
-        .find(|dir| complete(dir))
-        .ok_or_else(|| {
-            ClusterError(format!(
-                "no PostgreSQL server binaries (initdb, postgres, pg_ctl) found: install the \
-             server package (e.g. `apt-get install postgresql`) or set {BINDIR_VARIABLE}"
-            ))
-        })
-}
-
-/// A port of 127.0.0.1 that nothing listens on right now.
-fn free_port() -> Result<u16, ClusterError> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| ClusterError(format!("find a free port on 127.0.0.1: {e}")))
 }

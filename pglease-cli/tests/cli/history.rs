@@ -1,0 +1,108 @@
+//! `pglease history` and `pglease force-release` driven as an operator
+//! would: a `run` holding a lease while its command writes under the
+//! token is forced; the run exits 4 (lost), no write under the old token
+//! commits after the force, and the history shows the term and the reason.
+
+use std::process::Stdio;
+
+use crate::common::poll_until;
+use crate::common::{
+    BOUND, code, command, groups, json, pglease, read, stderr, stdout, wait_bounded,
+};
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
+
+async fn force_release_stops_a_running_holder_and_the_history_says_why() {
+    let db = crate::common::new_db().await;
+    sqlx::query("CREATE TABLE log (id bigserial PRIMARY KEY, token bigint NOT NULL)")
+        .execute(db.pool())
+        .await
+        .expect("create the log");
+    db.manager().protect("log", "job").await.expect("protect");
+    let outcomes = std::env::temp_dir().join(format!("pglease-force-{}", db.name()));
+    let _ = std::fs::remove_file(&outcomes);
+    let script = crate::common::fenced_writer(&outcomes);
+    let run = command(
+        &db,
+        &[
+            "run", "job", "--ttl", "3s", "--grace", "2s", "--holder", "worker-7", "--", "sh", "-c",
+            &script,
+        ],
+    )
+    .stdout(Stdio::null())
+    .spawn()
+    .expect("start pglease run");
+    poll_until("the command's first fenced write", BOUND, || async {
+        read(&outcomes).contains("ok")
+    })
+    .await;
+    let token = json(&pglease(&db, &["status", "job", "--json"]))["token"]
+        .as_i64()
+        .expect("a token");
+
+    let out = pglease(&db, &["force-release", "job", "--reason", "INC-7: stuck"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let forced = std::time::Instant::now();
+    let written: i64 = sqlx::query_scalar("SELECT count(*) FROM log")
+        .fetch_one(db.pool())
+        .await
+        .expect("count");
+    // The run learns at its next renewal (a third of 3 s at most) and
+    // stops its command; meanwhile every write under the old token fails.
+    let status = wait_bounded(run).await;
+    assert_eq!(status.code(), Some(4), "run reports the lost lease");
+    eprintln!("run exited {:?} after the force", forced.elapsed());
+    for group in groups(&outcomes) {
+        poll_until("the command's group to end", BOUND, || async {
+            kill(Pid::from_raw(-group), None).is_err()
+        })
+        .await;
+    }
+    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM log")
+        .fetch_one(db.pool())
+        .await
+        .expect("count");
+    assert_eq!(after, written, "a write under the forced token committed");
+    assert!(
+        read(&outcomes).contains("rejected"),
+        "its writes were refused"
+    );
+
+    // Liveness: another holder gets the lease at once.
+    let out = pglease(&db, &["acquire", "job", "--ttl", "30s", "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(json(&out)["token"].as_i64() > Some(token), "a newer token");
+    let taken = json(&out)["token"].to_string();
+    pglease(&db, &["release", "job", "--token", &taken]);
+    // Nothing left to force; a reason is required.
+    assert_eq!(
+        code(&pglease(
+            &db,
+            &["force-release", "job", "--reason", "again"]
+        )),
+        3
+    );
+    let out = pglease(&db, &["force-release", "job", "--reason", ""]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+
+    let history = json(&pglease(&db, &["history", "job", "--json"]));
+    let rows = history.as_array().expect("an array");
+    let events: Vec<&str> = rows.iter().map(|r| r["event"].as_str().unwrap()).collect();
+    assert_eq!(
+        events,
+        ["acquired", "force_released", "acquired", "released"],
+        "{history}"
+    );
+    assert_eq!(rows[1]["token"], token);
+    assert_eq!(rows[1]["holder"], "worker-7");
+    assert_eq!(rows[1]["detail"], "INC-7: stuck");
+    let table = stdout(&pglease(&db, &["history", "job", "--since", "1h"]));
+    assert!(table.starts_with("AT"), "{table}");
+    assert!(
+        table.contains("force_released") && table.contains("INC-7: stuck"),
+        "{table}"
+    );
+    let _ = std::fs::remove_file(&outcomes);
+}
+
+tests![force_release_stops_a_running_holder_and_the_history_says_why(2),];

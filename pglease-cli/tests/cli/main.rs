@@ -1,0 +1,50 @@
+//! The `pglease` command line's tests, driving the binary as a user would
+//! against a real PostgreSQL: one test binary, a module per concern,
+//! `common` shared. Each module ends with `tests![...]`; tests run through
+//! `pglease::testing::harness` (see the library's `tests/it/main.rs`).
+
+/// `tests![a, b(4), c ignored]`: the module's tests, each named
+/// `module::a` and run on a tokio runtime of its own: current-thread, or
+/// with a number, multi-threaded with that many workers; `ignored` ones
+/// only when asked.
+macro_rules! tests {
+    ($($name:ident $(($workers:expr))? $($ignored:ident)?),* $(,)?) => {
+        pub(crate) fn tests() -> Vec<pglease::testing::harness::Test> {
+            let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+            vec![$(
+                pglease::testing::harness::Test::new(
+                    format!("{module}::{}", stringify!($name)),
+                    $name,
+                )
+                $(.threads($workers))?
+                $(.$ignored())?
+            ),*]
+        }
+    };
+}
+
+mod common;
+
+mod commands;
+mod compare;
+mod demo;
+mod elect;
+mod failover;
+mod history;
+mod pooler;
+
+fn main() -> std::process::ExitCode {
+    pglease::testing::harness::run(
+        [
+            commands::tests(),
+            compare::tests(),
+            demo::tests(),
+            elect::tests(),
+            failover::tests(),
+            history::tests(),
+            pooler::tests(),
+        ]
+        .into_iter()
+        .flatten(),
+    )
+}

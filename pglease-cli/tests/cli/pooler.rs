@@ -1,0 +1,205 @@
+//! The `pglease` binary through PgBouncer in transaction mode (the
+//! distribution's version): concurrent `migrate`, every lease command in
+//! a row of rounds, `run` renewing across several periods and handing
+//! over to a waiting `run`, and `doctor`.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use crate::common::TestDb;
+use pglease::testing::{PgBouncer, SetupError};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pglease");
+
+/// `pglease ARGS` with the database reached through `bouncer`.
+fn pglease(bouncer: &PgBouncer, db: &TestDb, args: &[&str]) -> Output {
+    pglease_as(bouncer, db, db.options().get_username(), args)
+}
+
+/// `pglease ARGS` through `bouncer`, logged in as `user`.
+fn pglease_as(bouncer: &PgBouncer, db: &TestDb, user: &str, args: &[&str]) -> Output {
+    let url = format!(
+        "postgres://{user}@127.0.0.1:{}/{}",
+        bouncer.port(),
+        db.name()
+    );
+    Command::new(BIN)
+        .arg("--database-url")
+        .arg(url)
+        .args(args)
+        .output()
+        .expect("run the pglease binary")
+}
+
+fn check(output: &Output, expected: i32, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(
+        output.status.code(),
+        Some(expected),
+        "{what}: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+async fn every_command_works_through_the_pooler() -> Result<(), SetupError> {
+    let db = crate::common::empty_db().await;
+    let bouncer = PgBouncer::builder().start(&db.options())?;
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..4)
+            .map(|_| scope.spawn(|| pglease(&bouncer, &db, &["migrate"])))
+            .collect();
+        for run in runs {
+            check(&run.join().expect("migrate"), 0, "concurrent migrate");
+        }
+    });
+
+    for round in 0..10 {
+        let out = pglease(&bouncer, &db, &["acquire", "job", "--ttl", "30s", "--json"]);
+        let acquired: serde_json::Value =
+            serde_json::from_str(&check(&out, 0, "acquire")).expect("JSON");
+        let token = acquired["token"].as_i64().expect("a token").to_string();
+        let out = pglease(&bouncer, &db, &["acquire", "job", "--ttl", "30s"]);
+        check(&out, 3, "acquire of a held lease");
+        let out = pglease(
+            &bouncer,
+            &db,
+            &["renew", "job", "--token", &token, "--ttl", "30s"],
+        );
+        check(&out, 0, "renew");
+        let out = pglease(&bouncer, &db, &["status", "job", "--json"]);
+        let status: serde_json::Value =
+            serde_json::from_str(&check(&out, 0, "status")).expect("JSON");
+        assert_eq!(status["token"].to_string(), token, "round {round}");
+        // The table reads the database clock too.
+        for args in [&["status", "job"][..], &["status"]] {
+            let table = check(&pglease(&bouncer, &db, args), 0, "status as a table");
+            assert!(table.contains(&format!(" {token}  in ")), "{table}");
+        }
+        check(
+            &pglease(&bouncer, &db, &["release", "job", "--token", &token]),
+            0,
+            "release",
+        );
+        check(
+            &pglease(&bouncer, &db, &["release", "job", "--token", &token]),
+            4,
+            "release again",
+        );
+    }
+
+    // `run` renews a 900 ms lease over three seconds, while a second `run`
+    // waits (polling) and runs its command once the first releases.
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| {
+            pglease(
+                &bouncer,
+                &db,
+                &["run", "batch", "--ttl", "900ms", "--", "sleep", "3"],
+            )
+        });
+        let holding = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = pglease(&bouncer, &db, &["status", "batch", "--json"]);
+            // 0 once held, 3 before.
+            let held = out.status.code() == Some(0);
+            let status: serde_json::Value =
+                serde_json::from_str(&check(&out, if held { 0 } else { 3 }, "status"))
+                    .expect("JSON");
+            if status["held"] == serde_json::Value::Bool(true) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < holding,
+                "the first run never held"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let second = scope.spawn(|| {
+            pglease(
+                &bouncer,
+                &db,
+                &[
+                    "run", "batch", "--ttl", "900ms", "--wait", "20s", "--", "true",
+                ],
+            )
+        });
+        check(&first.join().expect("first run"), 0, "first run");
+        check(&second.join().expect("second run"), 0, "second run");
+    });
+
+    // Election: who leads, a step-down request, and a whole `elect`.
+    check(
+        &pglease(&bouncer, &db, &["leader", "svc"]),
+        3,
+        "leader, nobody",
+    );
+    let out = pglease(
+        &bouncer,
+        &db,
+        &[
+            "acquire", "svc", "--ttl", "30s", "--holder", "a", "--value", "a:1", "--json",
+        ],
+    );
+    let token = serde_json::from_str::<serde_json::Value>(&check(&out, 0, "acquire svc"))
+        .expect("JSON")["token"]
+        .to_string();
+    let out = pglease(&bouncer, &db, &["leader", "svc"]);
+    assert_eq!(check(&out, 0, "leader"), format!("a\ttoken {token}\ta:1\n"));
+    check(
+        &pglease(&bouncer, &db, &["step-down", "svc"]),
+        0,
+        "step-down",
+    );
+    check(
+        &pglease(&bouncer, &db, &["release", "svc", "--token", &token]),
+        0,
+        "release svc",
+    );
+    let out = pglease(
+        &bouncer,
+        &db,
+        &["elect", "svc", "--ttl", "2s", "--", "true"],
+    );
+    check(&out, 0, "elect with a command that succeeds");
+    check(
+        &pglease(&bouncer, &db, &["leader", "svc"]),
+        3,
+        "leader after elect",
+    );
+
+    let out = pglease(&bouncer, &db, &["doctor"]);
+    let report = check(&out, 0, "doctor");
+    assert!(report.contains("share server sessions"), "{report}");
+    Ok(())
+}
+
+/// An owner without `pg_signal_backend` is told the GRANT it lacks, by a
+/// query of the command line's own, also through the pooler and on every
+/// run (not only the first, before a prepared statement could collide).
+async fn migrate_names_the_missing_grant_through_the_pooler() -> Result<(), SetupError> {
+    let owner = format!("pglease_pooler_owner_{}", std::process::id());
+    let db = &crate::common::empty_db().await;
+    db.scratch_roles(&[&owner]).await;
+    db.execute(&[
+        format!("CREATE ROLE {owner} LOGIN"),
+        format!("GRANT CREATE ON DATABASE {} TO {owner}", db.name()),
+    ])
+    .await;
+    let bouncer = PgBouncer::builder().user(&owner).start(&db.options())?;
+    for run in 0..5 {
+        let out = pglease_as(&bouncer, db, &owner, &["migrate"]);
+        check(&out, 0, "migrate as the owner");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            said.contains(&format!("GRANT pg_signal_backend TO {owner}")),
+            "run {run}: {said}"
+        );
+    }
+    Ok(())
+}
+
+tests![
+    every_command_works_through_the_pooler(2),
+    migrate_names_the_missing_grant_through_the_pooler,
+];

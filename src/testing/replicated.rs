@@ -1,0 +1,507 @@
+//! A replicated PostgreSQL for failover tests: a primary and a streaming
+//! standby made from the installed server binaries (`initdb`, `pg_ctl`,
+//! `pg_basebackup`, found as [`TempCluster`](crate::provision::TempCluster)
+//! finds them), in a temporary directory, on free ports of 127.0.0.1, with
+//! trust authentication; and [`Endpoint`], a stable address in front of
+//! them that a test re-points, as a virtual IP or a proxy would be.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+use super::SetupError;
+use crate::provision::host::{self, ServerUser};
+
+/// How the standby of a [`Replicated`] pair acknowledges commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standby {
+    /// Named in `synchronous_standby_names`: a commit returns once the
+    /// standby has flushed it (with the default `synchronous_commit`).
+    Synchronous,
+    /// Streaming only: a commit returns before the standby has it.
+    Asynchronous,
+}
+
+/// One server of a [`Replicated`] pair.
+#[derive(Debug)]
+pub struct Node {
+    name: &'static str,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Node {
+    /// `"primary"` or `"standby"`.
+    pub fn name(&self) -> &str {
+        self.name
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Connect options for its `postgres` database as user `postgres`.
+    pub fn options(&self) -> PgConnectOptions {
+        PgConnectOptions::new()
+            .host("127.0.0.1")
+            .port(self.port)
+            .username("postgres")
+            .database("postgres")
+    }
+
+    /// A small pool (4 connections) on it.
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError::Server`] if it cannot be reached within 10 s.
+    pub async fn pool(&self) -> Result<PgPool, SetupError> {
+        PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(self.options())
+            .await
+            .map_err(|e| SetupError::Server(format!("connect to the {}: {e}", self.name)))
+    }
+
+    /// The postmaster's process id, from `postmaster.pid`.
+    fn postmaster(&self) -> Option<u32> {
+        std::fs::read_to_string(self.dir.join("postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    }
+}
+
+/// A primary and a standby streaming from it, stopped and deleted when
+/// dropped (also after a failed assertion).
+///
+/// ```no_run
+/// # async fn f() -> Result<(), pglease::testing::SetupError> {
+/// use pglease::testing::{Replicated, Standby};
+///
+/// let pair = Replicated::start(Standby::Synchronous).await?;
+/// // ... acquire through pair.primary().options() ...
+/// pair.crash_primary()?;
+/// pair.promote().await?;
+/// // ... the lease and its token on pair.standby() ...
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Replicated {
+    root: PathBuf,
+    bin: PathBuf,
+    user: ServerUser,
+    primary: Node,
+    standby: Node,
+}
+
+impl Replicated {
+    /// Starts a primary and a standby streaming from it, and waits until
+    /// the standby streams (and, if synchronous, is the synchronous one).
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError::Unavailable`] when the server binaries are not
+    /// installed; [`SetupError::Server`] with the output of the step that
+    /// failed. A start that fails leaves nothing behind.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelled, the servers started so far keep running until this
+    /// process exits.
+    pub async fn start(standby: Standby) -> Result<Replicated, SetupError> {
+        let bin = host::find_bindir(&["pg_basebackup"])?;
+        let user = ServerUser::find()?;
+        let root = host::scratch_dir("replicated", &user)?;
+        let mut pair = Replicated {
+            primary: Node {
+                name: "primary",
+                dir: root.join("primary"),
+                port: host::free_port()?,
+            },
+            standby: Node {
+                name: "standby",
+                dir: root.join("standby"),
+                port: 0,
+            },
+            root,
+            bin,
+            user,
+        };
+        // From here on, a failure stops and removes everything (Drop).
+        pair.start_primary(standby)?;
+        pair.start_standby()?;
+        let pool = pair.primary.pool().await?;
+        let wanted = match standby {
+            Standby::Synchronous => "streaming sync",
+            Standby::Asynchronous => "streaming async",
+        };
+        until(
+            &pool,
+            "SELECT coalesce((SELECT state || ' ' || sync_state FROM pg_stat_replication \
+                               WHERE application_name = 'standby'), 'not connected')",
+            &format!("the standby {wanted}"),
+            |state: &String| state == wanted,
+        )
+        .await?;
+        pool.close().await;
+        Ok(pair)
+    }
+
+    fn start_primary(&self, standby: Standby) -> Result<(), SetupError> {
+        let primary = &self.primary;
+        host::output(self.command("initdb").arg("-D").arg(&primary.dir).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        ]))?;
+        let sync_names = match standby {
+            Standby::Synchronous => "'standby'",
+            Standby::Asynchronous => "''",
+        };
+        append(
+            &primary.dir.join("postgresql.conf"),
+            &format!(
+                "\nport = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
+                 wal_level = replica\nmax_wal_senders = 4\nsynchronous_standby_names = {sync_names}\n\
+                 fsync = off\nshared_buffers = 16MB\nmax_connections = 40\n",
+                primary.port,
+                self.root.display()
+            ),
+        )?;
+        self.pg_ctl(primary, &["start", "-w", "-t", "60"])
+    }
+
+    fn start_standby(&mut self) -> Result<(), SetupError> {
+        let conninfo = format!(
+            "host=127.0.0.1 port={} user=postgres application_name=standby",
+            self.primary.port
+        );
+        host::output(
+            self.command("pg_basebackup")
+                .args(["-d", &conninfo, "-D"])
+                .arg(&self.standby.dir)
+                .args(["-R", "-X", "stream", "--no-sync"]),
+        )?;
+        // Chosen now rather than with the primary's: a port chosen seconds
+        // earlier can meanwhile be taken as the local end of an outgoing
+        // connection (same ephemeral range), and the standby then cannot
+        // bind it.
+        self.standby.port = host::free_port()?;
+        append(
+            &self.standby.dir.join("postgresql.conf"),
+            // Once promoted it has no standby of its own: it must not wait
+            // for one (a failover manager clears this on promotion too).
+            &format!(
+                "\nport = {}\nsynchronous_standby_names = ''\n",
+                self.standby.port
+            ),
+        )?;
+        self.pg_ctl(&self.standby, &["start", "-w", "-t", "60"])
+    }
+
+    /// The primary.
+    pub fn primary(&self) -> &Node {
+        &self.primary
+    }
+
+    /// The standby (the primary, once promoted).
+    pub fn standby(&self) -> &Node {
+        &self.standby
+    }
+
+    /// A server binary as a command, run as the server's user.
+    fn command(&self, program: &str) -> std::process::Command {
+        self.user.command(&self.bin.join(program))
+    }
+
+    fn pg_ctl(&self, node: &Node, args: &[&str]) -> Result<(), SetupError> {
+        let log = self.root.join(format!("{}.log", node.name));
+        let mut command = self.command("pg_ctl");
+        command
+            .arg("-D")
+            .arg(&node.dir)
+            .arg("-l")
+            .arg(&log)
+            .args(args);
+        host::output(&mut command).map(drop).map_err(|e| {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            SetupError::Server(format!("{e}; the {}'s log:\n{log}", node.name))
+        })
+    }
+
+    /// Kills every process of the primary at once, without warning, as a
+    /// crashed host would leave it: the postmaster is stopped first (so it
+    /// forks nothing more), then its children and itself get SIGKILL.
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError::Server`] if the primary is not running, or survives.
+    pub fn crash_primary(&self) -> Result<(), SetupError> {
+        let Some(pid) = self.primary.postmaster() else {
+            return Err(SetupError::Server("the primary is not running".to_owned()));
+        };
+        signal("STOP", &[pid]);
+        signal("KILL", &children(pid));
+        signal("KILL", &[pid]);
+        // Gone (or a zombie), so that nothing of it answers any more.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Path::new(&format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|stat| stat.contains(") Z "))
+        {
+            if Instant::now() > deadline {
+                return Err(SetupError::Server(
+                    "the primary survived SIGKILL".to_owned(),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
+    /// Stops the standby (`stop = true`), or starts it again. While it is
+    /// stopped an asynchronous standby falls behind by everything the
+    /// primary commits; started again after the primary has gone, it
+    /// keeps only what it had received.
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError::Server`] with `pg_ctl`'s output.
+    pub fn stop_standby(&self, stop: bool) -> Result<(), SetupError> {
+        if stop {
+            self.pg_ctl(&self.standby, &["stop", "-m", "fast", "-w", "-t", "60"])
+        } else {
+            self.pg_ctl(&self.standby, &["start", "-w", "-t", "60"])
+        }
+    }
+
+    /// Waits until the standby has replayed everything the primary has
+    /// written so far (an asynchronous standby may lag behind).
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError::Server`] if either cannot be read, or after 30 s.
+    pub async fn wait_for_replay(&self) -> Result<(), SetupError> {
+        let primary = self.primary.pool().await?;
+        let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(&primary)
+            .await
+            .map_err(|e| SetupError::Server(format!("read the primary's WAL position: {e}")))?;
+        primary.close().await;
+        let standby = self.standby.pool().await?;
+        until(
+            &standby,
+            &format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn"),
+            &format!("the standby replaying up to {lsn}"),
+            |replayed: &bool| *replayed,
+        )
+        .await?;
+        standby.close().await;
+        Ok(())
+    }
+
+    /// Promotes the standby and waits until it accepts writes.
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError::Server`] with `pg_ctl`'s output, or after 30 s.
+    pub async fn promote(&self) -> Result<(), SetupError> {
+        self.pg_ctl(&self.standby, &["promote", "-w", "-t", "60"])?;
+        let pool = self.standby.pool().await?;
+        until(
+            &pool,
+            "SELECT pg_is_in_recovery()",
+            "the standby promoted",
+            |recovering: &bool| !*recovering,
+        )
+        .await?;
+        pool.close().await;
+        Ok(())
+    }
+}
+
+impl Drop for Replicated {
+    fn drop(&mut self) {
+        for node in [&self.standby, &self.primary] {
+            if node.postmaster().is_some() {
+                let _ = self
+                    .command("pg_ctl")
+                    .arg("-D")
+                    .arg(&node.dir)
+                    .args(["stop", "-m", "immediate", "-w", "-t", "30"])
+                    .output();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn append(path: &Path, text: &str) -> Result<(), SetupError> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .and_then(|mut file| file.write_all(text.as_bytes()))
+        .map_err(|e| SetupError::Server(format!("write {}: {e}", path.display())))
+}
+
+/// Sends `SIGNAL` to `pids` (`kill -SIGNAL`); a process already gone is
+/// nothing to report.
+fn signal(signal: &str, pids: &[u32]) {
+    if pids.is_empty() {
+        return;
+    }
+    let _ = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .args(pids.iter().map(u32::to_string))
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
+/// The processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let child: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+            // "pid (comm) state ppid ...": comm may hold spaces, so split
+            // after its closing parenthesis.
+            let rest = &stat[stat.rfind(')')? + 1..];
+            let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == pid).then_some(child)
+        })
+        .collect()
+}
+
+/// Reads the one value `query` answers on `pool` every 20 ms until `done`
+/// accepts it; an error after 30 s, saying what it waited for and the last
+/// value read.
+async fn until<T>(
+    pool: &PgPool,
+    query: &str,
+    what: &str,
+    done: impl Fn(&T) -> bool,
+) -> Result<(), SetupError>
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + std::fmt::Debug,
+    T: Send + Unpin,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let value: T = sqlx::query_scalar(sqlx::AssertSqlSafe(query.to_owned()))
+            .fetch_one(pool)
+            .await
+            .map_err(|e| SetupError::Server(format!("waiting for {what}: {query}: {e}")))?;
+        if done(&value) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(SetupError::Server(format!(
+                "waited 30 s for {what}; last read: {value:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A stable endpoint in front of a [`Replicated`] pair, as a virtual
+/// address or a proxy would be: a TCP proxy on a port of its own that
+/// forwards every new connection to the current target. Re-pointing it
+/// drops the connections it carries, so that clients reconnect to the new
+/// target. Stops when dropped.
+#[derive(Debug)]
+pub struct Endpoint {
+    port: u16,
+    target: Arc<AtomicU16>,
+    connections: Arc<Mutex<tokio::task::JoinSet<()>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Endpoint {
+    /// Starts forwarding to `target` (a port of 127.0.0.1), on the current
+    /// tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError::Server`] if no port can be bound.
+    pub async fn start(target: u16) -> Result<Endpoint, SetupError> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| SetupError::Server(format!("bind the endpoint: {e}")))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| SetupError::Server(format!("the endpoint's address: {e}")))?
+            .port();
+        let target = Arc::new(AtomicU16::new(target));
+        let connections = Arc::new(Mutex::new(tokio::task::JoinSet::new()));
+        let accept = tokio::spawn({
+            let (target, connections) = (Arc::clone(&target), Arc::clone(&connections));
+            async move {
+                while let Ok((mut client, _)) = listener.accept().await {
+                    let port = target.load(Ordering::SeqCst);
+                    lock(&connections).spawn(async move {
+                        if let Ok(mut server) =
+                            tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                        {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                    });
+                }
+            }
+        });
+        Ok(Endpoint {
+            port,
+            target,
+            connections,
+            accept,
+        })
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Forwards new connections to `target` and drops the current ones.
+    pub fn repoint(&self, target: u16) {
+        self.target.store(target, Ordering::SeqCst);
+        lock(&self.connections).abort_all();
+    }
+
+    /// Connect options through the endpoint (user and database
+    /// `postgres`).
+    pub fn options(&self) -> PgConnectOptions {
+        PgConnectOptions::new()
+            .host("127.0.0.1")
+            .port(self.port)
+            .username("postgres")
+            .database("postgres")
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.accept.abort();
+        lock(&self.connections).abort_all();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,228 @@
+//! Every kind of bad input is rejected with a typed error (in Rust) or
+//! SQLSTATE 22023 (in SQL), and leaves the database exactly as it was.
+
+use std::time::Duration;
+
+use crate::common::TestDb;
+use pglease::{Acquire, Error, Fence, MAX_NAME_BYTES, MAX_TTL, Token};
+
+const TTL: Duration = Duration::from_secs(60);
+
+fn bad_names() -> Vec<(&'static str, String)> {
+    vec![
+        ("empty", String::new()),
+        ("too long", "n".repeat(MAX_NAME_BYTES + 1)),
+        (
+            "too many bytes of UTF-8",
+            "é".repeat(MAX_NAME_BYTES / 2 + 1),
+        ),
+        ("NUL byte", "a\0b".to_owned()),
+    ]
+}
+
+fn assert_invalid<T: std::fmt::Debug>(what: &str, result: Result<T, Error>, argument: &str) {
+    match result {
+        Err(Error::InvalidInput { argument: got, .. }) => {
+            assert_eq!(got, argument, "{what}: wrong argument named")
+        }
+        other => panic!("{what}: expected InvalidInput for {argument}, got {other:?}"),
+    }
+}
+
+async fn library_rejects_bad_input_before_touching_the_database() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let lease = m
+        .acquire("ok", Acquire::ttl(TTL).holder("A"))
+        .await
+        .expect("acquire");
+    m.advance("res", crate::common::token(5))
+        .await
+        .expect("advance");
+    let before = db.state().await;
+
+    for (what, bad) in bad_names() {
+        assert_invalid(
+            what,
+            m.acquire(&bad, Acquire::ttl(TTL).holder("A")).await,
+            "name",
+        );
+        assert_invalid(
+            what,
+            m.acquire("ok2", Acquire::ttl(TTL).holder(&bad)).await,
+            "holder",
+        );
+        // A fence with a bad name cannot be built, so no operation on a
+        // lease can be sent with one.
+        assert_invalid(what, Fence::new(bad.as_str(), lease.token()), "name");
+        assert_invalid(what, m.inspect(&bad).await, "name");
+        assert_invalid(what, m.observe(&bad).await, "name");
+        assert_invalid(what, m.request_step_down(&bad, "ops").await, "name");
+        assert_invalid(what, m.request_step_down("ok", &bad).await, "requested_by");
+        assert_invalid(
+            what,
+            m.advance(&bad, crate::common::token(6)).await,
+            "resource",
+        );
+    }
+    let bad_ttls = [
+        ("zero", Duration::ZERO),
+        ("over the maximum", MAX_TTL + Duration::from_nanos(1)),
+        ("overflowing", Duration::MAX),
+    ];
+    for (what, ttl) in bad_ttls {
+        assert_invalid(
+            what,
+            m.acquire("ok2", Acquire::ttl(ttl).holder("A")).await,
+            "ttl",
+        );
+        assert_invalid(
+            what,
+            m.renew(&crate::common::fence("ok", lease.token()), ttl)
+                .await,
+            "ttl",
+        );
+    }
+    assert_invalid("zero token", Token::new(0), "token");
+    assert_invalid("negative token", Token::new(-1), "token");
+    assert_invalid("not a number", "12a".parse::<Token>(), "token");
+
+    assert_eq!(
+        db.state().await,
+        before,
+        "a rejected call changed the database"
+    );
+    // The limits themselves are accepted.
+    let longest = "n".repeat(MAX_NAME_BYTES);
+    m.acquire(&longest, Acquire::ttl(MAX_TTL).holder(&longest))
+        .await
+        .expect("limits are valid");
+}
+
+/// Runs `sql` and returns its SQLSTATE.
+async fn sqlstate(db: &TestDb, sql: &'static str) -> String {
+    match sqlx::query(sql).execute(db.pool()).await {
+        Ok(_) => panic!("{sql}: accepted"),
+        Err(e) => e
+            .as_database_error()
+            .and_then(|d| d.code())
+            .map(|c| c.into_owned())
+            .unwrap_or_else(|| panic!("{sql}: not a database error: {e}")),
+    }
+}
+
+async fn sql_functions_reject_bad_input_with_22023() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    m.acquire("ok", Acquire::ttl(TTL).holder("A"))
+        .await
+        .expect("acquire");
+    m.advance("res", crate::common::token(5))
+        .await
+        .expect("advance");
+    let before = db.state().await;
+
+    let calls = [
+        "SELECT * FROM pglease.acquire(NULL, 'A', '1s')",
+        "SELECT * FROM pglease.acquire('', 'A', '1s')",
+        "SELECT * FROM pglease.acquire(repeat('n', 256), 'A', '1s')",
+        "SELECT * FROM pglease.acquire(repeat('é', 128), 'A', '1s')",
+        "SELECT * FROM pglease.acquire('x', NULL, '1s')",
+        "SELECT * FROM pglease.acquire('x', '', '1s')",
+        "SELECT * FROM pglease.acquire('x', repeat('h', 256), '1s')",
+        "SELECT * FROM pglease.acquire('x', 'A', NULL)",
+        "SELECT * FROM pglease.acquire('x', 'A', '0s')",
+        "SELECT * FROM pglease.acquire('x', 'A', '-1s')",
+        "SELECT * FROM pglease.acquire('x', 'A', '7 days 1 microsecond')",
+        "SELECT * FROM pglease.acquire('x', 'A', '1 mon')",
+        "SELECT * FROM pglease.acquire('x', 'A', '-1 day 23 hours')",
+        "SELECT pglease.renew(NULL, 1, '1s')",
+        "SELECT pglease.renew('ok', NULL, '1s')",
+        "SELECT pglease.renew('ok', 1, NULL)",
+        "SELECT pglease.renew('ok', 1, '0s')",
+        "SELECT pglease.renew('ok', 1, '8 days')",
+        "SELECT pglease.release(NULL, 1)",
+        "SELECT pglease.release('', 1)",
+        "SELECT pglease.release('ok', NULL)",
+        "SELECT pglease.request_step_down(NULL, 'ops')",
+        "SELECT pglease.request_step_down('ok', NULL)",
+        "SELECT pglease.request_step_down('ok', '')",
+        "SELECT pglease.request_step_down('ok', repeat('b', 256))",
+        "SELECT pglease.observe(NULL)",
+        "SELECT pglease.observe('')",
+        "SELECT pglease.assert_held(NULL, 1)",
+        "SELECT pglease.assert_held('ok', NULL)",
+        "SELECT pglease.advance(NULL, 1)",
+        "SELECT pglease.advance('', 1)",
+        "SELECT pglease.advance(repeat('r', 256), 1)",
+        "SELECT pglease.advance('res', NULL)",
+        "SELECT pglease.advance('res', 0)",
+        "SELECT pglease.advance('res', -7)",
+        // A bad element anywhere rejects the whole batch, valid ones included.
+        "SELECT * FROM pglease.renew_many(NULL, '{1}', '{1s}')",
+        "SELECT * FROM pglease.renew_many('{ok}', NULL, '{1s}')",
+        "SELECT * FROM pglease.renew_many('{ok}', '{1}', NULL)",
+        "SELECT * FROM pglease.renew_many('{ok,ok}', '{1}', '{1s,1s}')",
+        "SELECT * FROM pglease.renew_many('{ok,\"\"}', '{1,1}', '{1s,1s}')",
+        "SELECT * FROM pglease.renew_many(ARRAY['ok', NULL], '{1,1}', '{1s,1s}')",
+        "SELECT * FROM pglease.renew_many(ARRAY['ok', repeat('n', 256)], '{1,1}', '{1s,1s}')",
+        "SELECT * FROM pglease.renew_many('{ok,x}', '{1,NULL}', '{1s,1s}')",
+        "SELECT * FROM pglease.renew_many('{ok,x}', '{1,1}', '{1s,NULL}')",
+        "SELECT * FROM pglease.renew_many('{ok,x}', '{1,1}', '{1s,0s}')",
+        "SELECT * FROM pglease.renew_many('{ok,x}', '{1,1}', '{1s,8 days}')",
+    ];
+    for sql in calls {
+        assert_eq!(sqlstate(&db, sql).await, "22023", "{sql}");
+    }
+    assert_eq!(
+        db.state().await,
+        before,
+        "a rejected call changed the database"
+    );
+}
+
+/// The SQL functions name the argument in the error's COLUMN field; the
+/// library reads it from there, not from the message.
+async fn database_errors_name_their_argument() {
+    let db = TestDb::new().await;
+    for (sql, argument) in [
+        ("SELECT * FROM pglease.acquire('', 'A', '1s')", "name"),
+        ("SELECT * FROM pglease.acquire('x', '', '1s')", "holder"),
+        ("SELECT pglease.renew('x', NULL, '1s')", "token"),
+        ("SELECT pglease.advance(repeat('r', 256), 1)", "resource"),
+        ("SELECT pglease.advance('r', 0)", "token"),
+        (
+            "SELECT * FROM pglease.renew_many('{ok,x}', '{1,1}', '{1s,0s}')",
+            "ttl",
+        ),
+        ("SELECT pglease.protect(NULL, 'x')", "tbl"),
+    ] {
+        let err = sqlx::query(sql).execute(db.pool()).await.expect_err(sql);
+        match Error::from(err) {
+            Error::InvalidInput { argument: got, .. } => assert_eq!(got, argument, "{sql}"),
+            other => panic!("{sql}: expected InvalidInput, got {other:?}"),
+        }
+    }
+}
+
+async fn database_errors_for_bad_input_map_to_invalid_input() {
+    let db = TestDb::new().await;
+    let err = sqlx::query("SELECT * FROM pglease.acquire('x', 'A', '0s')")
+        .execute(db.pool())
+        .await
+        .expect_err("zero ttl");
+    match Error::from(err) {
+        Error::InvalidInput { argument, reason } => {
+            assert_eq!(argument, "ttl");
+            assert!(reason.contains("ttl must be greater than zero"), "{reason}")
+        }
+        other => panic!("expected InvalidInput, got {other:?}"),
+    }
+}
+
+tests![
+    library_rejects_bad_input_before_touching_the_database,
+    sql_functions_reject_bad_input_with_22023,
+    database_errors_name_their_argument,
+    database_errors_for_bad_input_map_to_invalid_input,
+];

@@ -1,0 +1,121 @@
+//! Test provisioning: a real PostgreSQL, and a fresh database per test so
+//! that tests run in parallel without seeing each other's leases. Both come
+//! from the crate's own test kit (`pglease::testing`, `pglease::provision`),
+//! which finds the server in this order: `DATABASE_URL`; else the libpq
+//! defaults (`PGHOST`, `PGPORT`, `PGUSER`, ... then localhost:5432) if a
+//! server answers there; else a throwaway cluster from the installed server
+//! binaries; else a container started with `testcontainers`; else the test
+//! panics and says how to get a database.
+
+use std::time::Duration;
+
+use pglease::testing::TestDatabase;
+pub use pglease::testing::poll_until;
+use pglease::{LeaseManager, ManagerOptions};
+use sqlx::PgConnection;
+use sqlx::postgres::PgPoolOptions;
+
+/// A freshly created database (see [`TestDatabase`], whose helpers it
+/// dereferences to), dropped with its connections when this value is
+/// dropped, also when the test panics.
+pub struct TestDb(TestDatabase);
+
+impl std::ops::Deref for TestDb {
+    type Target = TestDatabase;
+
+    fn deref(&self) -> &TestDatabase {
+        &self.0
+    }
+}
+
+impl TestDb {
+    /// A new database with the `pglease` schema applied.
+    pub async fn new() -> TestDb {
+        TestDb(TestDatabase::new().await.unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    /// A new database without the `pglease` schema.
+    pub async fn empty() -> TestDb {
+        TestDb(
+            TestDatabase::empty()
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+        )
+    }
+
+    /// A manager with `options` on a pool of its own whose connections
+    /// carry `application_name` = `app`, so that a test can find them in
+    /// `pg_stat_activity`. Build it on the runtime that will use it.
+    pub async fn manager_with(&self, app: &str, options: ManagerOptions) -> LeaseManager {
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(self.options().application_name(app))
+            .await
+            .expect("connect a manager's pool");
+        LeaseManager::with_options(pool, options).expect("valid manager options")
+    }
+
+    /// A connection of its own, outside the pool.
+    pub async fn connect(&self) -> PgConnection {
+        self.0
+            .connect()
+            .await
+            .expect("connect to the test database")
+    }
+}
+
+/// A data table that the tests write to under a lease.
+pub async fn create_data_table(db: &TestDb) {
+    sqlx::query("CREATE TABLE data (id int PRIMARY KEY, value text NOT NULL, token bigint)")
+        .execute(db.pool())
+        .await
+        .expect("create the data table");
+    sqlx::query("INSERT INTO data VALUES (1, 'initial', NULL)")
+        .execute(db.pool())
+        .await
+        .expect("seed the data table");
+}
+
+/// The data table's single value.
+pub async fn data_value(db: &TestDb) -> String {
+    sqlx::query_scalar("SELECT value FROM data WHERE id = 1")
+        .fetch_one(db.pool())
+        .await
+        .expect("read the data table")
+}
+
+/// A write under lease `name` with `token` in a fenced transaction.
+pub async fn fenced_write(
+    manager: &LeaseManager,
+    name: &str,
+    token: impl Into<i64>,
+    value: &str,
+) -> Result<(), pglease::Error> {
+    let token: i64 = token.into();
+    manager
+        .fenced(&fence(name, token), async |conn| {
+            // Unnamed, so that it also works through a transaction pooler
+            // without prepared-statement support (tests/pooler.rs).
+            sqlx::query("UPDATE data SET value = $1, token = $2 WHERE id = 1")
+                .persistent(false)
+                .bind(value)
+                .bind(token)
+                .execute(&mut *conn)
+                .await
+                .map_err(pglease::Error::from)?;
+            Ok(())
+        })
+        .await
+}
+
+/// The fence of lease `name` under `token`, for operations on a lease this
+/// test did not acquire through the library (or with a made-up token).
+pub fn fence(name: &str, token: impl Into<i64>) -> pglease::Fence {
+    pglease::Fence::new(name, self::token(token.into())).expect("a valid fence")
+}
+
+/// A token from a number.
+pub fn token(token: i64) -> pglease::Token {
+    pglease::Token::new(token).expect("a valid token")
+}

@@ -1,0 +1,83 @@
+//! Connecting: a refused connection fails at once with its cause, a server
+//! that never answers fails after the timeout, and the manager's
+//! connections tell the server to abandon a statement whose client is gone.
+
+use std::time::{Duration, Instant};
+
+use crate::common::TestDb;
+use pglease::{Error, LeaseManager};
+use sqlx::postgres::PgConnectOptions;
+
+async fn a_refused_connection_fails_at_once_with_its_cause() {
+    let options = PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(1)
+        .username("nobody");
+    let started = Instant::now();
+    let error = LeaseManager::connect_with(options, Duration::from_secs(20))
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "gave up after {:?}, not at once",
+        started.elapsed()
+    );
+    assert!(matches!(error, Error::Database(_)), "{error:?}");
+    assert!(error.to_string().contains("refused"), "{error}");
+}
+
+async fn a_server_that_never_answers_fails_after_the_timeout() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = silent.local_addr().expect("address").port();
+    let options = PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(port)
+        .username("nobody");
+    let error = LeaseManager::connect_with(options, Duration::from_millis(500))
+        .await
+        .expect_err("the server never answers");
+    assert!(error.to_string().contains("no answer"), "{error}");
+    drop(silent);
+}
+
+async fn the_managers_connections_abandon_statements_of_a_client_that_is_gone() {
+    let db = TestDb::new().await;
+    let m = LeaseManager::connect(&db.url()).await.expect("connect");
+    let interval: String = sqlx::query_scalar("SHOW client_connection_check_interval")
+        .fetch_one(m.pool())
+        .await
+        .expect("show");
+    assert_eq!(interval, "1s");
+    m.pool().close().await;
+}
+
+async fn several_hosts_or_a_target_session_attribute_are_refused_with_what_to_do() {
+    for url in [
+        "postgres://postgres@127.0.0.1:5432,127.0.0.1:5433/postgres",
+        "postgres://postgres@/postgres?host=127.0.0.1,127.0.0.2",
+        "postgres://postgres@127.0.0.1/postgres?target_session_attrs=read-write",
+        "postgres://postgres@127.0.0.1/postgres?sslmode=disable&target_session_attrs=primary",
+    ] {
+        match LeaseManager::connect(url).await {
+            Err(
+                e @ Error::InvalidInput {
+                    argument: "url", ..
+                },
+            ) => {
+                assert!(e.to_string().contains("stable endpoint"), "{e}");
+            }
+            other => panic!("{url}: expected InvalidInput, got {other:?}"),
+        }
+    }
+    // One host and `any` are what sqlx does anyway.
+    let one = pglease::parse_url("postgres://postgres@127.0.0.1:5432/db?target_session_attrs=any")
+        .expect("one host");
+    assert_eq!(one.get_port(), 5432);
+}
+
+tests![
+    a_refused_connection_fails_at_once_with_its_cause,
+    a_server_that_never_answers_fails_after_the_timeout,
+    the_managers_connections_abandon_statements_of_a_client_that_is_gone,
+    several_hosts_or_a_target_session_attribute_are_refused_with_what_to_do,
+];

@@ -1,0 +1,98 @@
+//! The library's integration tests, against a real PostgreSQL: one test
+//! binary (one link of the crate), a module per concern, `common` shared.
+//!
+//! Each module ends with `tests![...]`, the list of its tests; a test
+//! function left out of it is dead code, which the lints refuse. Tests run
+//! through `pglease::testing::harness`, so that one that cannot run here
+//! (no PgBouncer, no server binaries, no restart command) is reported as
+//! ignored with why, or fails with `PGLEASE_TEST_REQUIRE_ALL` set.
+
+/// `tests![a, b(4), c ignored]`: the module's tests, each named
+/// `module::a` and run on a tokio runtime of its own: current-thread, or
+/// with a number, multi-threaded with that many workers; `ignored` ones
+/// only when asked (processes that another test starts).
+macro_rules! tests {
+    ($($name:ident $(($workers:expr))? $($ignored:ident)?),* $(,)?) => {
+        pub(crate) fn tests() -> Vec<pglease::testing::harness::Test> {
+            let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+            vec![$(
+                pglease::testing::harness::Test::new(
+                    format!("{module}::{}", stringify!($name)),
+                    $name,
+                )
+                $(.threads($workers))?
+                $(.$ignored())?
+            ),*]
+        }
+    };
+}
+
+mod common;
+
+mod acquire_race;
+mod advisory;
+mod article_scenario;
+mod bad_input;
+mod connect;
+mod counted;
+mod doctor;
+mod elect;
+mod failover;
+mod fenced_begin;
+mod fenced_lock;
+mod guarded_write;
+mod history;
+mod holding;
+mod metrics;
+mod migrate;
+mod model;
+mod observe;
+mod pooler;
+mod protect;
+mod roles;
+mod shutdown;
+mod stale_tokens;
+mod status;
+mod takeover;
+mod testing_kit;
+mod values;
+mod waiting;
+mod watch;
+
+fn main() -> std::process::ExitCode {
+    pglease::testing::harness::run(
+        [
+            acquire_race::tests(),
+            advisory::tests(),
+            article_scenario::tests(),
+            bad_input::tests(),
+            connect::tests(),
+            counted::tests(),
+            doctor::tests(),
+            elect::tests(),
+            failover::tests(),
+            fenced_begin::tests(),
+            fenced_lock::tests(),
+            guarded_write::tests(),
+            history::tests(),
+            holding::tests(),
+            metrics::tests(),
+            migrate::tests(),
+            model::tests(),
+            observe::tests(),
+            pooler::tests(),
+            protect::tests(),
+            roles::tests(),
+            shutdown::tests(),
+            stale_tokens::tests(),
+            status::tests(),
+            takeover::tests(),
+            testing_kit::tests(),
+            values::tests(),
+            waiting::tests(),
+            watch::tests(),
+        ]
+        .into_iter()
+        .flatten(),
+    )
+}
