@@ -261,9 +261,12 @@ impl std::fmt::Display for SchemaText {
         } else {
             write!(
                 f,
-                "the pglease schema in this database comes from a development version with \
-                 another migration history (migration {} differs): drop it with \
-                 `DROP SCHEMA pglease CASCADE` (every lease in it ends) and migrate again",
+                "the pglease schema in this database was made by a development version of \
+                 pglease with another migration history (migration {} differs; before 0.1 the \
+                 schema came in seven files): nothing was changed. For a development database \
+                 only, drop it once and migrate again: `DROP SCHEMA pglease CASCADE` (every \
+                 lease, token and history row in it goes, and tables protected with \
+                 pglease.protect lose their protection: protect them again)",
                 self.version
             )
         }
@@ -405,7 +408,7 @@ impl From<sqlx::migrate::MigrateError> for Error {
 }
 
 /// `assert_held`'s DETAIL: `key=value` fields separated by spaces, `name`
-/// last (it may contain spaces). See `migrations/0003_fencing.sql`.
+/// last (it may contain spaces). See `assert_held` in `migrations/0001_schema.sql`.
 fn not_held(detail: Option<&str>) -> Error {
     let detail = detail.unwrap_or_default();
     let (fields, name) = match detail.split_once(" name=") {

@@ -1,5 +1,5 @@
 //! The recorded transitions of leases (`pglease.history`, see
-//! migrations/0006_history.sql), and the break-glass release that moves a
+//! migrations/0001_schema.sql, "the history"), and the break-glass release that moves a
 //! lease's fence.
 
 use chrono::{DateTime, Utc};

@@ -59,24 +59,28 @@ fn plan(recorded: &[(i64, String, bool)]) -> Result<Vec<i64>> {
         .map(|m| (m.version, hex(&m.checksum)))
         .collect();
     let latest = latest_version();
-    // A migration this version lacks says more (use a newer version) than
-    // one it has with other contents, so it is reported first.
+    // A migration this version has, recorded with other contents, is a
+    // development history (before 0.1 the schema came in seven files,
+    // edited in place): said first, since such a record also holds
+    // versions this one lacks, which would otherwise read as "newer".
+    for (version, checksum, success) in recorded {
+        if let Some(ours) = known.get(version) {
+            if !success {
+                return Err(Error::Migrate(MigrateError::Dirty(*version)));
+            }
+            if ours != checksum {
+                return Err(Error::IncompatibleSchema {
+                    version: *version,
+                    newer: false,
+                });
+            }
+        }
+    }
     if let Some((version, _, _)) = recorded.iter().find(|(v, _, _)| !known.contains_key(v)) {
         return Err(Error::IncompatibleSchema {
             version: *version,
             newer: *version > latest,
         });
-    }
-    for (version, checksum, success) in recorded {
-        if !success {
-            return Err(Error::Migrate(MigrateError::Dirty(*version)));
-        }
-        if known.get(version) != Some(checksum) {
-            return Err(Error::IncompatibleSchema {
-                version: *version,
-                newer: false,
-            });
-        }
     }
     let mut missing: Vec<i64> = known
         .keys()

@@ -2,7 +2,7 @@
 //! value published, step-down requested, released, expired) in order.
 //!
 //! Changes are heard as notifications on a connection of the observer's
-//! own (`pglease.observe`, see migrations/0005_changes.sql), which carry
+//! own (`pglease.observe`, see migrations/0001_schema.sql), which carry
 //! the change itself, so that none is merged with the next. Expiry is not
 //! an event in the database: it is read when the known expiry passes.
 //! Without notifications (a transaction pooler, [`ManagerOptions::notify`]
@@ -348,7 +348,7 @@ impl Tracker {
 }
 
 /// A parsed notification (see the payload format in
-/// migrations/0005_changes.sql).
+/// migrations/0001_schema.sql).
 #[derive(Debug, PartialEq, Eq)]
 enum Heard {
     Acquired {

@@ -115,38 +115,20 @@ async fn failed_migration_leaves_no_lock_on_the_pool() {
         .expect("migrate succeeds once the conflict is gone");
 }
 
-/// An acquisition commits durably even when the session asked for
-/// asynchronous commit (a crash must never let a token be issued twice).
+/// A schema this version cannot use is refused, with what to do, and
+/// nothing is changed: one migrated by a newer version, and one made by a
+/// development version's seven files (before 0.1), whose one-time fix the
+/// message names and which then works.
 async fn a_schema_from_another_history_or_a_newer_version_is_refused_with_what_to_do() {
     let db = TestDb::new().await;
     let table = MIGRATIONS_TABLE;
     let before = db.state().await;
-    // A development version's migration 2 had other contents.
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE {table} SET checksum = '\\x00'::bytea WHERE version = 2"
-    )))
-    .execute(db.pool())
-    .await
-    .expect("alter the recorded checksum");
-    match db.manager().migrate().await {
-        Err(
-            e @ Error::IncompatibleSchema {
-                version: 2,
-                newer: false,
-            },
-        ) => {
-            assert!(e.to_string().contains("DROP SCHEMA pglease CASCADE"), "{e}");
-        }
-        other => panic!("expected an incompatible schema, got {other:?}"),
-    }
     // A newer version applied a migration this one does not have.
-    sqlx::query(sqlx::AssertSqlSafe(format!(
+    db.execute(&[format!(
         "INSERT INTO {table} (version, description, success, checksum, execution_time) \
          VALUES (9999, 'from the future', true, '\\x00'::bytea, 0)"
-    )))
-    .execute(db.pool())
-    .await
-    .expect("record a future migration");
+    )])
+    .await;
     match db.manager().migrate().await {
         Err(
             e @ Error::IncompatibleSchema {
@@ -158,10 +140,60 @@ async fn a_schema_from_another_history_or_a_newer_version_is_refused_with_what_t
         }
         other => panic!("expected a newer schema, got {other:?}"),
     }
+    assert_eq!(db.state().await, before);
+
+    // The record a development version's seven migration files left:
+    // versions 1 to 7, the first with other contents.
+    let mut development = vec![
+        format!("DELETE FROM {table}"),
+        format!(
+            "INSERT INTO {table} (version, description, success, checksum, execution_time) \
+             VALUES (1, 'schema', true, '\\x01'::bytea, 0)"
+        ),
+    ];
+    for (version, description) in [
+        (2, "leases"),
+        (3, "fencing"),
+        (4, "values"),
+        (5, "changes"),
+        (6, "history"),
+        (7, "counted"),
+    ] {
+        development.push(format!(
+            "INSERT INTO {table} (version, description, success, checksum, execution_time) \
+             VALUES ({version}, '{description}', true, '\\x01'::bytea, 0)"
+        ));
+    }
+    db.execute(&development).await;
+    let fix = "DROP SCHEMA pglease CASCADE";
+    match db.manager().migrate().await {
+        Err(
+            e @ Error::IncompatibleSchema {
+                version: 1,
+                newer: false,
+            },
+        ) => {
+            let said = e.to_string();
+            assert!(said.contains("development version"), "{said}");
+            assert!(said.contains(fix), "{said}");
+            assert!(said.contains("nothing was changed"), "{said}");
+        }
+        other => panic!("expected a development schema, got {other:?}"),
+    }
     // Nothing else changed: the leases and functions are as they were.
     assert_eq!(db.state().await, before);
+    // The one-time fix the message names works.
+    db.execute(&[fix]).await;
+    let migrated = db.manager().migrate().await.expect("migrate after the fix");
+    assert_eq!(migrated.applied, vec![1]);
+    db.manager()
+        .acquire("job", pglease::Acquire::ttl(Duration::from_secs(5)))
+        .await
+        .expect("acquire on the new schema");
 }
 
+/// An acquisition commits durably even when the session asked for
+/// asynchronous commit (a crash must never let a token be issued twice).
 async fn acquisition_forces_synchronous_commit() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
