@@ -25,10 +25,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use pglease::elect::{Elector, Leadership};
 use pglease::testing::{Endpoint, PgBouncer, Replicated, SetupError, Standby};
-use pglease::{
-    Acquire, Elector, Error, Leadership, Lease, LeaseManager, ListFilter, ManagerOptions,
-};
+use pglease::{AcquireOptions, Error, Lease, LeaseManager, ListFilter, ManagerOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgPool};
 
@@ -158,7 +157,9 @@ fn lib_cycle(m: &LeaseManager) -> Op {
         let m = m.clone();
         async move {
             let name = format!("cycle-{c}");
-            let lease = m.acquire(&name, Acquire::ttl(LONG).holder("bench")).await?;
+            let lease = m
+                .acquire(&name, AcquireOptions::ttl(LONG).holder("bench"))
+                .await?;
             m.release(&lease).await?;
             Ok(())
         }
@@ -263,8 +264,11 @@ async fn main() -> Result<(), Error> {
     let mut tokens = Vec::new();
     for c in 0..8 {
         tokens.push(
-            m.acquire(&format!("held-{c}"), Acquire::ttl(LONG).holder("bench"))
-                .await?,
+            m.acquire(
+                &format!("held-{c}"),
+                AcquireOptions::ttl(LONG).holder("bench"),
+            )
+            .await?,
         );
     }
     let tokens = Arc::new(tokens);
@@ -403,7 +407,10 @@ async fn main() -> Result<(), Error> {
                         let m = m.clone();
                         async move {
                             match m
-                                .acquire("held-0", Acquire::ttl(LONG).holder(format!("other-{c}")))
+                                .acquire(
+                                    "held-0",
+                                    AcquireOptions::ttl(LONG).holder(format!("other-{c}")),
+                                )
                                 .await
                             {
                                 Err(Error::Held { .. }) => Ok(()),
@@ -431,7 +438,10 @@ async fn main() -> Result<(), Error> {
     let attempts = 1000;
     for i in 0..attempts {
         let _ = m
-            .acquire("held-0", Acquire::ttl(LONG).holder(format!("other-{i}")))
+            .acquire(
+                "held-0",
+                AcquireOptions::ttl(LONG).holder(format!("other-{i}")),
+            )
             .await;
     }
     let wal_bytes: i64 =
@@ -543,7 +553,10 @@ async fn renewal_batches(m: &LeaseManager, secs: f64) -> Result<(), Error> {
     for n in [1usize, 100, 1000] {
         while held.len() < n {
             let name = format!("renew-{:04}", held.len());
-            held.push(m.acquire(&name, Acquire::ttl(LONG).holder("bench")).await?);
+            held.push(
+                m.acquire(&name, AcquireOptions::ttl(LONG).holder("bench"))
+                    .await?,
+            );
         }
         let names: Vec<&str> = held.iter().map(Lease::name).collect();
         let tokens: Vec<i64> = held.iter().map(|h| h.token().get()).collect();
@@ -604,14 +617,14 @@ async fn handover(pool: &PgPool) -> Result<(), Error> {
         for round in 0..ROUNDS {
             let name = format!("handover-{label}-{round}");
             let held = holder
-                .acquire(&name, Acquire::ttl(LONG).holder("holder"))
+                .acquire(&name, AcquireOptions::ttl(LONG).holder("holder"))
                 .await?;
             let attempts = waiter.stats().acquire_attempts;
             let task = {
                 let (waiter, name) = (waiter.clone(), name.clone());
                 tokio::spawn(async move {
                     let got = waiter
-                        .acquire(&name, Acquire::ttl(LONG).holder("waiter").wait(LONG))
+                        .acquire(&name, AcquireOptions::ttl(LONG).holder("waiter").wait(LONG))
                         .await;
                     (got, Instant::now())
                 })
@@ -698,7 +711,7 @@ async fn scale(small: &PgPool, secs: f64) -> Result<(), Error> {
             mine.push(
                 m.acquire(
                     &format!("scale-held-{c}"),
-                    Acquire::ttl(LONG).holder("bench"),
+                    AcquireOptions::ttl(LONG).holder("bench"),
                 )
                 .await?,
             );
@@ -749,7 +762,7 @@ async fn takeover(pool: &PgPool) -> Result<(), Error> {
             let name = format!("takeover-{round}-{kind}");
             let start = Instant::now();
             let lease = holder
-                .acquire(&name, Acquire::ttl(TTL).holder("holder"))
+                .acquire(&name, AcquireOptions::ttl(TTL).holder("holder"))
                 .await?;
             let fenced = if frozen {
                 Some(holder.begin_fenced(&lease).await?)
@@ -757,7 +770,7 @@ async fn takeover(pool: &PgPool) -> Result<(), Error> {
                 None
             };
             let got = waiter
-                .acquire(&name, Acquire::ttl(LONG).holder("waiter").wait(LONG))
+                .acquire(&name, AcquireOptions::ttl(LONG).holder("waiter").wait(LONG))
                 .await?;
             after[kind].1.push(start.elapsed());
             after[kind].0.push(
@@ -857,11 +870,11 @@ async fn election(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<(), Erro
     let mut handovers = Vec::new();
     for round in 0..ROUNDS {
         let name = format!("elect-{round}");
-        let how = Acquire::ttl(Duration::from_secs(15));
+        let how = AcquireOptions::ttl(Duration::from_secs(15));
         let leader = Arc::new(a.elector(&name, how.clone().holder("a"))?);
         let led = campaign(&leader);
         leader
-            .subscribe()
+            .watch_leadership()
             .wait_for(|l| matches!(l, Leadership::Leading { .. }))
             .await
             .expect("the leader leads");
@@ -871,7 +884,7 @@ async fn election(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<(), Erro
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let mut leading = follower.subscribe();
+        let mut leading = follower.watch_leadership();
         let resigned = Instant::now();
         leader.resign();
         leading
@@ -892,11 +905,13 @@ async fn election(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<(), Erro
     let mut failovers = Vec::new();
     for round in 0..DEATHS {
         let name = format!("death-{round}");
-        let dead = a.acquire(&name, Acquire::ttl(TTL).holder("dead")).await?;
-        let candidate = Arc::new(b.elector(&name, Acquire::ttl(TTL).holder("b"))?);
+        let dead = a
+            .acquire(&name, AcquireOptions::ttl(TTL).holder("dead"))
+            .await?;
+        let candidate = Arc::new(b.elector(&name, AcquireOptions::ttl(TTL).holder("b"))?);
         let runs = campaign(&candidate);
         candidate
-            .subscribe()
+            .watch_leadership()
             .wait_for(|l| matches!(l, Leadership::Leading { .. }))
             .await
             .expect("the candidate leads");
@@ -973,7 +988,7 @@ async fn history_cost(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<(), 
         held.push(
             m.acquire(
                 &format!("history-renew-{i:04}"),
-                Acquire::ttl(LONG).holder("bench"),
+                AcquireOptions::ttl(LONG).holder("bench"),
             )
             .await?,
         );
@@ -1075,7 +1090,7 @@ async fn protect_overhead(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<
     .execute(pool)
     .await?;
     let lease = m
-        .acquire("prot", Acquire::ttl(LONG).holder("bench"))
+        .acquire("prot", AcquireOptions::ttl(LONG).holder("bench"))
         .await?;
     println!("\nProtected tables: a fenced transaction inserting N rows in one statement");
     println!(
@@ -1179,12 +1194,15 @@ async fn failover() -> Result<(), Error> {
         LeaseManager::new(admin.clone()).migrate().await?;
         admin.close().await;
         let leases = LeaseManager::new(
-            pglease::pool_options()
+            pglease::connect::pool_options()
                 .acquire_timeout(Duration::from_secs(1))
                 .connect_lazy_with(endpoint.options()),
         );
         let held = leases
-            .hold("job", Acquire::ttl(Duration::from_secs(6)).holder("bench"))
+            .hold(
+                "job",
+                AcquireOptions::ttl(Duration::from_secs(6)).holder("bench"),
+            )
             .await?;
         // A random point of the 2 s renewal period.
         let random = std::hash::BuildHasher::hash_one(

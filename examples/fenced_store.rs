@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use pglease::{Acquire, Error, HighWaterMark, LeaseManager, Token};
+use pglease::{AcquireOptions, Error, HighWaterMark, LeaseManager, Token};
 use sqlx::postgres::PgPoolOptions;
 
 /// The store: one file per key, and `.fence` with the highest token.
@@ -69,7 +69,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ttl = Duration::from_millis(500);
 
     let a = leases
-        .acquire(&name, Acquire::ttl(ttl).holder("worker-A"))
+        .acquire(&name, AcquireOptions::ttl(ttl).holder("worker-A"))
         .await?;
     println!(
         "A acquires token {} and writes: accepted = {}",
@@ -79,7 +79,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("A pauses past its TTL ...");
     tokio::time::sleep(ttl * 2).await;
     let b = match leases
-        .acquire(&name, Acquire::ttl(ttl).holder("worker-B"))
+        .acquire(&name, AcquireOptions::ttl(ttl).holder("worker-B"))
         .await
     {
         Ok(b) => b,
@@ -106,9 +106,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "pglease.advance: B's token {} accepted = {}, A's token {} accepted = {}",
         b.token(),
-        leases.advance(&resource, b.token()).await?,
+        leases.admit(&resource, b.token()).await?,
         a.token(),
-        leases.advance(&resource, a.token()).await?
+        leases.admit(&resource, a.token()).await?
     );
 
     leases.release(&b).await?;

@@ -14,7 +14,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pglease::{Acquire, Change, Elector, HeldLease, Leadership, LeaseManager};
+use pglease::elect::{Elector, Leadership};
+use pglease::observe::Change;
+use pglease::{AcquireOptions, HeldLease, LeaseManager};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::time::Instant;
 
@@ -27,7 +29,7 @@ const BOUND: Duration = Duration::from_secs(10);
 async fn lead(me: &Elector, term: HeldLease, replica: usize) {
     loop {
         tokio::select! {
-            by = me.step_down_request() => {
+            by = me.until_step_down_requested() => {
                 println!("           replica-{replica}: {by} asked me to step down; handing over");
                 me.step_down();
                 return;
@@ -55,7 +57,7 @@ async fn replica(options: PgConnectOptions, i: usize) -> Result<Arc<Elector>, pg
         .max_connections(3)
         .connect_with(options)
         .await?;
-    let how = Acquire::ttl(Duration::from_secs(2))
+    let how = AcquireOptions::ttl(Duration::from_secs(2))
         .holder(format!("replica-{i}"))
         .value(format!("10.0.0.{i}:8080"));
     Ok(Arc::new(LeaseManager::new(pool).elector(NAME, how)?))

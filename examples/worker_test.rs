@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use pglease::{Acquire, Error, LeaseManager};
+use pglease::{AcquireOptions, Error, LeaseManager};
 
 /// The service: appends numbered entries under the lease until `entries`
 /// are written or the lease is lost (`Error::Lost`). Each entry is a
@@ -29,7 +29,7 @@ pub async fn run_worker(
     leases
         .with_lease(
             "ledger",
-            Acquire::ttl(Duration::from_secs(3))
+            AcquireOptions::ttl(Duration::from_secs(3))
                 .holder(holder)
                 .wait(Duration::from_secs(10)),
             async |held| {
@@ -125,7 +125,7 @@ mod tests {
         let next = take_over(
             &other,
             "ledger",
-            Acquire::ttl(Duration::from_secs(30)).holder("other"),
+            AcquireOptions::ttl(Duration::from_secs(30)).holder("other"),
         )
         .await
         .expect("take over");

@@ -19,16 +19,16 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Connection, PgConnection, Postgres, Transaction};
 
 use crate::error::{Error, Result};
-use crate::input::check_text;
+use crate::limits::check_text;
 use crate::manager::LeaseManager;
 
 /// The advisory-lock key for `name` (64-bit FNV-1a of its UTF-8 bytes).
 ///
 /// ```
-/// assert_eq!(pglease::advisory_key(""), 0xcbf29ce484222325_u64 as i64);
-/// assert_eq!(pglease::advisory_key("a"), 0xaf63dc4c8601ec8c_u64 as i64);
+/// assert_eq!(pglease::advisory::key(""), 0xcbf29ce484222325_u64 as i64);
+/// assert_eq!(pglease::advisory::key("a"), 0xaf63dc4c8601ec8c_u64 as i64);
 /// ```
-pub fn advisory_key(name: &str) -> i64 {
+pub fn key(name: &str) -> i64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in name.as_bytes() {
         hash ^= u64::from(*byte);
@@ -71,7 +71,7 @@ impl SessionLock {
         &self.name
     }
 
-    /// The advisory key ([`advisory_key`] of the name).
+    /// The advisory key ([`key`] of the name).
     pub fn key(&self) -> i64 {
         self.key
     }
@@ -230,7 +230,7 @@ impl LeaseManager {
     /// `Ok(None)` if another session holds it.
     pub async fn try_session_lock(&self, name: &str) -> Result<Option<SessionLock>> {
         check_text("name", name)?;
-        let key = advisory_key(name);
+        let key = key(name);
         let mut conn = Unfinished(Some(self.pool().acquire().await?));
         let (locked, pid): (bool, i32) =
             sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")
@@ -255,7 +255,7 @@ impl LeaseManager {
         max_wait: Duration,
     ) -> Result<Option<SessionLock>> {
         check_text("name", name)?;
-        let key = advisory_key(name);
+        let key = key(name);
         let mut conn = Unfinished(Some(self.pool().acquire().await?));
         let timeout_ms = max_wait.as_millis().clamp(1, i32::MAX as u128).to_string();
         // The timeout is set for this transaction only; the session lock
@@ -296,7 +296,7 @@ impl LeaseManager {
     /// back) if another transaction holds it.
     pub async fn try_xact_lock(&self, name: &str) -> Result<Option<XactLock>> {
         check_text("name", name)?;
-        let key = advisory_key(name);
+        let key = key(name);
         let mut tx = self.pool().begin().await?;
         let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
             .bind(key)

@@ -20,7 +20,7 @@ const ABANDON_WHEN_GONE: &str = "SELECT set_config('client_connection_check_inte
 
 /// How long [`LeaseManager::connect`](crate::LeaseManager::connect) waits
 /// for a server that does not answer.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Pool settings for leases: at most 8 connections, and on each new
 /// connection `client_connection_check_interval = 1s` (PostgreSQL 14 and

@@ -73,7 +73,7 @@ impl Context {
             return;
         };
         let pool = self.pool.clone();
-        let limit = self.options.renew_timeout_value();
+        let limit = self.options.get_renew_timeout();
         let (name, token) = (lease.name().to_owned(), lease.token().get());
         let statement = sql::release(lease.name(), lease.token());
         self.background.spawn_on(

@@ -205,7 +205,7 @@ impl LeaseManager {
                 "connections keep their server session (no transaction pooler detected)",
             )
         } else {
-            let waits = if self.options().notify_enabled() {
+            let waits = if self.options().get_notify() {
                 "this manager detects it and does not LISTEN there: waiting acquirers poll \
                  (ManagerOptions::notify(false) skips the detection)"
             } else {

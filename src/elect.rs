@@ -14,9 +14,9 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff;
 use crate::error::{Error, LossReason, Result};
 use crate::hold::HeldLease;
-use crate::lease::Acquire;
 use crate::manager::LeaseManager;
 use crate::observe::Change;
+use crate::options::AcquireOptions;
 use crate::token::Token;
 
 /// How long one campaign statement waits before it is sent again (a
@@ -53,13 +53,14 @@ pub struct Leader {
 /// One candidate in the election of a lease name, made by
 /// [`LeaseManager::elector`]. [`Elector::run`] campaigns and runs the
 /// leader's work; [`Elector::is_leader`], [`Elector::leadership`] and
-/// [`Elector::subscribe`] tell where it stands; [`Elector::resign`] hands
+/// [`Elector::watch_leadership`] tell where it stands, [`Elector::leader`]
+/// and [`Elector::watch_leader`] who leads; [`Elector::resign`] hands
 /// over. See docs/library.md, "Leader election".
 #[derive(Debug)]
 pub struct Elector {
     manager: LeaseManager,
     name: String,
-    how: Acquire,
+    how: AcquireOptions,
     state: watch::Sender<Leadership>,
     held: Mutex<Option<HeldLease>>,
     resigned: CancellationToken,
@@ -113,16 +114,16 @@ impl LeaseManager {
     ///
     /// [`Error::InvalidInput`] for a bad name, holder, value or TTL, a
     /// TTL too short for the manager's renewal timing, or a
-    /// [`limit`](Acquire::limit) (an election has one leader).
-    pub fn elector(&self, name: &str, how: Acquire) -> Result<Elector> {
+    /// [`limit`](AcquireOptions::limit) (an election has one leader).
+    pub fn elector(&self, name: &str, how: AcquireOptions) -> Result<Elector> {
         how.check(name)?;
-        if how.lease_limit().is_some() {
+        if how.get_limit().is_some() {
             return Err(Error::invalid(
                 "limit",
                 "an election has one leader: a counted lease cannot be campaigned for",
             ));
         }
-        self.options().timing(how.lease_ttl())?;
+        self.options().timing(how.get_ttl())?;
         Ok(Elector {
             manager: self.clone(),
             name: name.to_owned(),
@@ -368,7 +369,7 @@ impl Elector {
         tokio::select! {
             () = self.resigned.cancelled() => true,
             _ = leader.wait_for(|l| l.as_ref().is_some_and(|l| l.token > token)) => false,
-            () = tokio::time::sleep(self.how.lease_ttl()) => false,
+            () = tokio::time::sleep(self.how.get_ttl()) => false,
         }
     }
 
@@ -388,7 +389,7 @@ impl Elector {
 
     /// Every change of [`Elector::leadership`], as a watch channel:
     /// `changed().await` wakes on the next one.
-    pub fn subscribe(&self) -> watch::Receiver<Leadership> {
+    pub fn watch_leadership(&self) -> watch::Receiver<Leadership> {
         self.state.subscribe()
     }
 
@@ -407,7 +408,7 @@ impl Elector {
 
     /// Every change of [`Elector::leader`], as a watch channel: a follower
     /// awaits `changed()` to learn of a new leader.
-    pub fn leaders(&self) -> watch::Receiver<Option<Leader>> {
+    pub fn watch_leader(&self) -> watch::Receiver<Option<Leader>> {
         self.leader.subscribe()
     }
 
@@ -432,7 +433,7 @@ impl Elector {
     /// # Cancel safety
     ///
     /// Cancel-safe: it only waits.
-    pub async fn step_down_request(&self) -> String {
+    pub async fn until_step_down_requested(&self) -> String {
         let mut asked = self.asked.subscribe();
         let mut state = self.state.subscribe();
         loop {

@@ -6,14 +6,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgDatabaseError;
 
+use crate::sqlstate::{INVALID_INPUT, NOT_DECLARED, NOT_HELD};
 use crate::token::Token;
-
-/// SQLSTATE raised by `pglease` functions for invalid arguments.
-pub const SQLSTATE_INVALID_INPUT: &str = "22023";
-/// SQLSTATE raised when a lease is not held under the given token.
-pub const SQLSTATE_NOT_HELD: &str = "LE001";
-/// SQLSTATE raised for a write to a protected table without a declared token.
-pub const SQLSTATE_NOT_DECLARED: &str = "LE002";
 
 /// Why a held lease is no longer to be trusted.
 #[derive(Debug, Clone)]
@@ -333,8 +327,8 @@ impl Error {
     /// The SQLSTATE behind this error, when the database raised it.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
-            Error::NotHeld { .. } => Some(SQLSTATE_NOT_HELD),
-            Error::NotDeclared { .. } => Some(SQLSTATE_NOT_DECLARED),
+            Error::NotHeld { .. } => Some(NOT_HELD),
+            Error::NotDeclared { .. } => Some(NOT_DECLARED),
             Error::Database(e) => e
                 .as_database_error()
                 .and_then(|d| d.try_downcast_ref::<PgDatabaseError>())
@@ -379,11 +373,11 @@ impl From<sqlx::Error> for Error {
             return Error::Database(e);
         };
         match db.code() {
-            SQLSTATE_NOT_HELD => not_held(db.detail()),
-            SQLSTATE_NOT_DECLARED => Error::NotDeclared {
+            NOT_HELD => not_held(db.detail()),
+            NOT_DECLARED => Error::NotDeclared {
                 message: db.message().trim_start_matches("pglease: ").to_owned(),
             },
-            SQLSTATE_INVALID_INPUT if db.message().starts_with("pglease: ") => {
+            INVALID_INPUT if db.message().starts_with("pglease: ") => {
                 let argument = db
                     .column()
                     .and_then(|c| ARGUMENTS.into_iter().find(|a| *a == c))

@@ -6,13 +6,10 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 
 use crate::error::Result;
-use crate::input::check_text;
+use crate::limits::check_text;
 use crate::manager::LeaseManager;
 use crate::sql;
 use crate::token::Token;
-
-/// The longest reason [`LeaseManager::force_release`] accepts, in bytes.
-pub const MAX_REASON_BYTES: usize = 1000;
 
 /// What happened to a lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,7 +162,7 @@ impl LeaseManager {
     #[tracing::instrument(name = "pglease.force_release", level = "debug", skip(self))]
     pub async fn force_release(&self, name: &str, reason: &str) -> Result<Option<Token>> {
         check_text("name", name)?;
-        crate::input::check_reason(reason)?;
+        crate::limits::check_reason(reason)?;
         let row = sql::query(sql::force_release(name, reason))
             .fetch_one(self.pool())
             .await?;

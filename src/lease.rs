@@ -1,6 +1,6 @@
 //! What a lease is, as values: its fence (name and token), an acquisition
-//! ([`Lease`]), how to acquire one ([`Acquire`]) and a row of the status
-//! view ([`LeaseStatus`]). No I/O here.
+//! ([`Lease`]), a row of the status view ([`LeaseStatus`]) and a filter of
+//! them ([`ListFilter`]). No I/O here.
 
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use sqlx::Row;
 use sqlx::postgres::types::PgInterval;
 
 use crate::error::{Error, Result};
-use crate::input::{check_text, check_ttl, check_value};
+use crate::limits::{check_text, check_ttl};
 use crate::token::Token;
 
 /// A lease name and a token: what the database checks before it lets a
@@ -30,7 +30,7 @@ impl Fence {
     /// # Errors
     ///
     /// [`Error::InvalidInput`] (argument `name`) for an empty name, one
-    /// over [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES), or one with a NUL.
+    /// over [`MAX_NAME_BYTES`](crate::limits::MAX_NAME_BYTES), or one with a NUL.
     pub fn new(name: impl Into<String>, token: Token) -> Result<Fence> {
         let name = name.into();
         check_text("name", &name)?;
@@ -150,160 +150,6 @@ impl AsRef<Fence> for Lease {
     }
 }
 
-/// How to acquire a lease: for how long (the TTL, required), for whom
-/// (default: this host and process), and how long to wait for the current
-/// holder (default: not at all, one attempt).
-///
-/// ```
-/// use std::time::Duration;
-/// use pglease::Acquire;
-///
-/// let how = Acquire::ttl(Duration::from_secs(30))
-///     .holder("worker-7")
-///     .wait(Duration::from_secs(5));
-/// assert_eq!(how.max_wait(), Duration::from_secs(5));
-/// ```
-///
-/// The TTL and the wait are named, so they cannot be swapped by position:
-///
-/// ```compile_fail
-/// # async fn f(leases: pglease::LeaseManager) {
-/// use std::time::Duration;
-/// // The positional form of earlier versions does not compile:
-/// leases.hold("job", "worker-7", Duration::from_secs(5), Duration::from_secs(30)).await;
-/// # }
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Acquire {
-    ttl: Duration,
-    holder: Option<String>,
-    max_wait: Duration,
-    value: Option<String>,
-    limit: Option<u32>,
-}
-
-impl Acquire {
-    /// Acquire for `ttl`: the lease expires `ttl` after the database
-    /// grants it (or after each renewal), on the database clock. At most
-    /// [`MAX_TTL`](crate::MAX_TTL), at least 1 µs.
-    pub fn ttl(ttl: Duration) -> Acquire {
-        Acquire {
-            ttl,
-            holder: None,
-            max_wait: Duration::ZERO,
-            value: None,
-            limit: None,
-        }
-    }
-
-    /// Who acquires, as the status view and other holders see it (1 to
-    /// [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) bytes). Default:
-    /// [`default_holder`].
-    pub fn holder(mut self, holder: impl Into<String>) -> Acquire {
-        self.holder = Some(holder.into());
-        self
-    }
-
-    /// Wait up to `max_wait` for the current holder to release the lease
-    /// or let it expire. Default: zero, one attempt.
-    pub fn wait(mut self, max_wait: Duration) -> Acquire {
-        self.max_wait = max_wait;
-        self
-    }
-
-    /// Publish `value` with the lease once acquired (at most
-    /// [`MAX_VALUE_BYTES`](crate::MAX_VALUE_BYTES)), in the same statement
-    /// as the acquisition: anyone reads it in the status view
-    /// ([`LeaseStatus::value`]) until the next acquisition, which starts
-    /// without one. Default: none. Change it later with
-    /// [`LeaseManager::proclaim`](crate::LeaseManager::proclaim).
-    pub fn value(mut self, value: impl Into<String>) -> Acquire {
-        self.value = Some(value.into());
-        self
-    }
-
-    /// The value to publish, if any.
-    pub fn lease_value(&self) -> Option<&str> {
-        self.value.as_deref()
-    }
-
-    /// A counted lease: up to `limit` holders of the name at once (1 to
-    /// [`MAX_SLOTS`](crate::MAX_SLOTS)), each with a token and expiry of its
-    /// own. The lease acquired is one of the name's slots, `NAME#k`
-    /// ([`Lease::name`] says which): renew, release and fence with it as
-    /// with any lease. Every holder of the name must use the same limit.
-    /// A counted acquisition that waits polls (backing off up to
-    /// [`ManagerOptions::max_poll_interval`](crate::ManagerOptions::max_poll_interval),
-    /// never past the first slot's expiry) instead of listening for
-    /// releases. See docs/design.md, "Counted leases".
-    pub fn limit(mut self, limit: u32) -> Acquire {
-        self.limit = Some(limit);
-        self
-    }
-
-    /// The counted lease's limit, if any.
-    pub fn lease_limit(&self) -> Option<u32> {
-        self.limit
-    }
-
-    /// The TTL.
-    pub fn lease_ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    /// The holder name that will be used.
-    pub fn holder_name(&self) -> std::borrow::Cow<'_, str> {
-        match &self.holder {
-            Some(holder) => std::borrow::Cow::Borrowed(holder),
-            None => std::borrow::Cow::Owned(default_holder()),
-        }
-    }
-
-    /// The longest wait.
-    pub fn max_wait(&self) -> Duration {
-        self.max_wait
-    }
-
-    /// Checks an acquisition of `name` as this says (name, holder, value
-    /// and TTL) before anything is sent; the TTL as an interval.
-    pub(crate) fn check(&self, name: &str) -> Result<PgInterval> {
-        check_text("name", name)?;
-        if let Some(limit) = self.limit {
-            crate::input::check_limit(name, limit)?;
-        }
-        check_text("holder", &self.holder_name())?;
-        if let Some(value) = self.lease_value() {
-            check_value(value)?;
-        }
-        interval(self.ttl)
-    }
-}
-
-/// The holder name used when none is given: `HOST:PID`, this machine's
-/// host name and this process's id, so that the status view tells where a
-/// holder runs.
-pub fn default_holder() -> String {
-    static HOLDER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    HOLDER
-        .get_or_init(|| {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|h| h.trim().to_owned())
-                .filter(|h| !h.is_empty())
-                .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
-                .or_else(|| std::env::var("COMPUTERNAME").ok().filter(|h| !h.is_empty()))
-                .unwrap_or_else(|| "localhost".to_owned());
-            let mut holder = format!("{host}:{}", std::process::id());
-            // A host name is at most 253 bytes; keep the whole within the
-            // limit (on a character boundary).
-            while holder.len() > crate::MAX_NAME_BYTES {
-                holder.remove(0);
-            }
-            holder
-        })
-        .clone()
-}
-
 /// Which leases [`LeaseManager::list_matching`](crate::LeaseManager::list_matching)
 /// returns: all by default.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -361,8 +207,8 @@ pub struct LeaseStatus {
     pub remaining: Option<Duration>,
     /// Whether the lease is held right now (database clock).
     pub held: bool,
-    /// The value the latest acquisition published ([`Acquire::value`],
-    /// [`LeaseManager::proclaim`](crate::LeaseManager::proclaim)); it
+    /// The value the latest acquisition published ([`AcquireOptions::value`](crate::AcquireOptions::value),
+    /// [`LeaseManager::set_value`](crate::LeaseManager::set_value)); it
     /// stays after a release or expiry until the next acquisition.
     pub value: Option<String>,
     /// Who asked the current holder to step down
@@ -414,30 +260,19 @@ impl LeaseStatus {
 
 /// A validated TTL as a PostgreSQL interval of exact microseconds.
 pub(crate) fn interval(ttl: Duration) -> Result<PgInterval> {
-    Ok(PgInterval {
+    Ok(micros_interval(check_ttl(ttl)?))
+}
+
+/// A PostgreSQL interval of exactly `microseconds`.
+pub(crate) fn micros_interval(microseconds: i64) -> PgInterval {
+    PgInterval {
         months: 0,
         days: 0,
-        microseconds: check_ttl(ttl)?,
-    })
+        microseconds,
+    }
 }
 
 /// The TTL an interval made by [`interval`] stands for.
 pub(crate) fn ttl_duration(ttl: PgInterval) -> Duration {
     Duration::from_micros(ttl.microseconds.unsigned_abs())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_default_holder_names_this_host_and_process() {
-        let holder = default_holder();
-        assert!(
-            holder.ends_with(&format!(":{}", std::process::id())),
-            "{holder}"
-        );
-        assert!(holder.len() <= crate::MAX_NAME_BYTES && holder.len() > 2);
-        assert_eq!(Acquire::ttl(Duration::from_secs(1)).holder_name(), holder);
-    }
 }

@@ -16,12 +16,8 @@ use sqlx::{Connection, PgConnection, Row};
 
 use crate::error::{Error, Result};
 use crate::manager::LeaseManager;
+use crate::schema::{MIGRATIONS_TABLE, Migrated};
 use crate::sql;
-
-/// Where `pglease` records which of its migrations are applied: its own
-/// table in its own schema, so it never clashes with the host
-/// application's `_sqlx_migrations`.
-pub const MIGRATIONS_TABLE: &str = "pglease._pglease_migrations";
 
 /// The transaction-level advisory lock that serialises migrators of one
 /// database (the bytes of "pglease").
@@ -116,17 +112,6 @@ async fn apply(conn: &mut PgConnection, missing: &[i64]) -> Result<()> {
         tracing::info!(version = migration.version, description = %migration.description, "pglease migration applied");
     }
     Ok(())
-}
-
-/// What [`LeaseManager::migrate`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Migrated {
-    /// The migrations applied by this call, in order (empty: the schema
-    /// was up to date; starting with 1: it was created).
-    pub applied: Vec<i64>,
-    /// The latest migration the schema has now.
-    pub latest: i64,
 }
 
 impl LeaseManager {

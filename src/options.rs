@@ -1,9 +1,170 @@
-//! How a manager holds leases over time: renewal period, safety margin,
-//! renewal timeout, and how waiting acquirers learn of releases.
+//! How to acquire a lease ([`AcquireOptions`]: TTL, holder, wait, value,
+//! limit), and how a manager holds leases over time ([`ManagerOptions`]:
+//! renewal period, safety margin, renewal timeout, and how waiting
+//! acquirers learn of releases). Builders with one getter convention
+//! (`get_*`); values checked before anything is sent.
 
 use std::time::Duration;
 
+use sqlx::postgres::types::PgInterval;
+
 use crate::error::{Error, Result};
+use crate::lease::interval;
+use crate::limits::{MAX_NAME_BYTES, check_limit, check_text, check_value};
+
+/// How to acquire a lease: for how long (the TTL, required), for whom
+/// (default: this host and process), and how long to wait for the current
+/// holder (default: not at all, one attempt).
+///
+/// ```
+/// use std::time::Duration;
+/// use pglease::AcquireOptions;
+///
+/// let how = AcquireOptions::ttl(Duration::from_secs(30))
+///     .holder("worker-7")
+///     .wait(Duration::from_secs(5));
+/// assert_eq!(how.get_wait(), Duration::from_secs(5));
+/// ```
+///
+/// The TTL and the wait are named, so they cannot be swapped by position:
+///
+/// ```compile_fail
+/// # async fn f(leases: pglease::LeaseManager) {
+/// use std::time::Duration;
+/// // The positional form of earlier versions does not compile:
+/// leases.hold("job", "worker-7", Duration::from_secs(5), Duration::from_secs(30)).await;
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireOptions {
+    ttl: Duration,
+    holder: Option<String>,
+    max_wait: Duration,
+    value: Option<String>,
+    limit: Option<u32>,
+}
+
+impl AcquireOptions {
+    /// Acquire for `ttl`: the lease expires `ttl` after the database
+    /// grants it (or after each renewal), on the database clock. At most
+    /// [`MAX_TTL`](crate::limits::MAX_TTL), at least 1 µs.
+    pub fn ttl(ttl: Duration) -> AcquireOptions {
+        AcquireOptions {
+            ttl,
+            holder: None,
+            max_wait: Duration::ZERO,
+            value: None,
+            limit: None,
+        }
+    }
+
+    /// Who acquires, as the status view and other holders see it (1 to
+    /// [`MAX_NAME_BYTES`] bytes). Default:
+    /// [`AcquireOptions::default_holder`].
+    pub fn holder(mut self, holder: impl Into<String>) -> AcquireOptions {
+        self.holder = Some(holder.into());
+        self
+    }
+
+    /// Wait up to `max_wait` for the current holder to release the lease
+    /// or let it expire. Default: zero, one attempt.
+    pub fn wait(mut self, max_wait: Duration) -> AcquireOptions {
+        self.max_wait = max_wait;
+        self
+    }
+
+    /// Publish `value` with the lease once acquired (at most
+    /// [`MAX_VALUE_BYTES`](crate::limits::MAX_VALUE_BYTES)), in the same statement
+    /// as the acquisition: anyone reads it in the status view
+    /// ([`LeaseStatus::value`](crate::LeaseStatus::value)) until the next acquisition, which starts
+    /// without one. Default: none. Change it later with
+    /// [`LeaseManager::set_value`](crate::LeaseManager::set_value).
+    pub fn value(mut self, value: impl Into<String>) -> AcquireOptions {
+        self.value = Some(value.into());
+        self
+    }
+
+    /// The value to publish, if any.
+    pub fn get_value(&self) -> Option<&str> {
+        self.value.as_deref()
+    }
+
+    /// A counted lease: up to `limit` holders of the name at once (1 to
+    /// [`MAX_SLOTS`](crate::limits::MAX_SLOTS)), each with a token and expiry of its
+    /// own. The lease acquired is one of the name's slots, `NAME#k`
+    /// ([`Lease::name`](crate::Lease::name) says which): renew, release and fence with it as
+    /// with any lease. Every holder of the name must use the same limit.
+    /// A counted acquisition that waits polls (backing off up to
+    /// [`ManagerOptions::max_poll_interval`](crate::ManagerOptions::max_poll_interval),
+    /// never past the first slot's expiry) instead of listening for
+    /// releases. See docs/design.md, "Counted leases".
+    pub fn limit(mut self, limit: u32) -> AcquireOptions {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// The counted lease's limit, if any.
+    pub fn get_limit(&self) -> Option<u32> {
+        self.limit
+    }
+
+    /// The TTL.
+    pub fn get_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The holder name that will be used.
+    pub fn get_holder(&self) -> std::borrow::Cow<'_, str> {
+        match &self.holder {
+            Some(holder) => std::borrow::Cow::Borrowed(holder),
+            None => std::borrow::Cow::Owned(AcquireOptions::default_holder()),
+        }
+    }
+
+    /// The longest wait.
+    pub fn get_wait(&self) -> Duration {
+        self.max_wait
+    }
+
+    /// Checks an acquisition of `name` as this says (name, holder, value
+    /// and TTL) before anything is sent; the TTL as an interval.
+    pub(crate) fn check(&self, name: &str) -> Result<PgInterval> {
+        check_text("name", name)?;
+        if let Some(limit) = self.limit {
+            check_limit(name, limit)?;
+        }
+        check_text("holder", &self.get_holder())?;
+        if let Some(value) = self.get_value() {
+            check_value(value)?;
+        }
+        interval(self.ttl)
+    }
+
+    /// The holder name used when none is given: `HOST:PID`, this machine's
+    /// host name and this process's id, so that the status view tells where a
+    /// holder runs.
+    pub fn default_holder() -> String {
+        static HOLDER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        HOLDER
+            .get_or_init(|| {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_owned())
+                    .filter(|h| !h.is_empty())
+                    .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+                    .or_else(|| std::env::var("COMPUTERNAME").ok().filter(|h| !h.is_empty()))
+                    .unwrap_or_else(|| "localhost".to_owned());
+                let mut holder = format!("{host}:{}", std::process::id());
+                // A host name is at most 253 bytes; keep the whole within the
+                // limit (on a character boundary).
+                while holder.len() > MAX_NAME_BYTES {
+                    holder.remove(0);
+                }
+                holder
+            })
+            .clone()
+    }
+}
 
 /// Settings of a [`LeaseManager`](crate::LeaseManager) for holding leases
 /// and waiting for them. Start from [`ManagerOptions::default()`] and change
@@ -138,28 +299,28 @@ impl ManagerOptions {
     }
 
     /// The fraction of a TTL after which a held lease is renewed.
-    pub fn renew_fraction_value(&self) -> f64 {
+    pub fn get_renew_fraction(&self) -> f64 {
         self.renew_fraction
     }
 
     /// The safety margin set with [`ManagerOptions::safety_margin`];
     /// `None` means the default, 2 % of each lease's TTL.
-    pub fn safety_margin_value(&self) -> Option<Duration> {
+    pub fn get_safety_margin(&self) -> Option<Duration> {
         self.safety_margin
     }
 
     /// How long a renewal statement may go unanswered.
-    pub fn renew_timeout_value(&self) -> Duration {
+    pub fn get_renew_timeout(&self) -> Duration {
         self.renew_timeout
     }
 
     /// Whether waiting acquisitions listen for releases.
-    pub fn notify_enabled(&self) -> bool {
+    pub fn get_notify(&self) -> bool {
         self.notify
     }
 
     /// The longest pause between polls of a waiting acquisition.
-    pub fn max_poll(&self) -> Duration {
+    pub fn get_max_poll_interval(&self) -> Duration {
         self.max_poll_interval
     }
 }
@@ -176,6 +337,20 @@ pub(crate) struct Timing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_holder_names_this_host_and_process() {
+        let holder = AcquireOptions::default_holder();
+        assert!(
+            holder.ends_with(&format!(":{}", std::process::id())),
+            "{holder}"
+        );
+        assert!(holder.len() <= MAX_NAME_BYTES && holder.len() > 2);
+        assert_eq!(
+            AcquireOptions::ttl(Duration::from_secs(1)).get_holder(),
+            holder
+        );
+    }
 
     #[test]
     fn fraction_bounds() {

@@ -18,7 +18,7 @@ use std::future::Future;
 /// use std::time::Duration;
 ///
 /// let stop = pglease::shutdown_signal()?;
-/// let how = pglease::Acquire::ttl(Duration::from_secs(30)).wait(Duration::from_secs(60));
+/// let how = pglease::AcquireOptions::ttl(Duration::from_secs(30)).wait(Duration::from_secs(60));
 /// let work = leases.with_lease("nightly-report", how, async |held| {
 ///     // ... work under held.token() ...
 ///     Ok::<_, pglease::Error>(())

@@ -243,13 +243,10 @@ pub(crate) fn list(filter: &crate::lease::ListFilter) -> String {
 }
 
 /// Be notified on this session of every change of `name` (after LISTEN
-/// on [`CHANGE_CHANNEL`]).
+/// on [`crate::schema::CHANGE_CHANNEL`]).
 pub(crate) fn observe(name: &str) -> String {
     format!("SELECT pglease.observe({})", Text(name))
 }
-
-/// The channel on which observed changes are notified.
-pub(crate) const CHANGE_CHANNEL: &str = "pglease_change";
 
 /// Ask the holder of `name` to step down; the token asked, or NULL.
 pub(crate) fn request_step_down(name: &str, by: &str) -> String {

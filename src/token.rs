@@ -1,7 +1,7 @@
-//! The fencing token: which acquisition of a lease.
-
-use crate::error::{Error, Result};
-use crate::input::check_positive_token;
+//! The fencing token: which acquisition of a lease. A leaf of the crate:
+//! its checked constructors (`Token::new`, `FromStr`) live with the other
+//! checks, in `limits.rs`, so that the error type can name tokens without
+//! a circle.
 
 /// A fencing token: which acquisition of a lease. Every acquisition of a
 /// name gets a token greater than all tokens issued before for that name;
@@ -12,18 +12,6 @@ use crate::input::check_positive_token;
 pub struct Token(i64);
 
 impl Token {
-    /// A token read from elsewhere (a database row, `PGLEASE_TOKEN`, a
-    /// message). Tokens start at 1.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] (argument `token`) for zero or less, which
-    /// was never issued and can only be a mistake.
-    pub fn new(token: i64) -> Result<Token> {
-        check_positive_token(token)?;
-        Ok(Token(token))
-    }
-
     /// A token the database issued.
     pub(crate) fn issued(token: i64) -> Token {
         Token(token)
@@ -70,18 +58,6 @@ impl PartialOrd<i64> for Token {
     }
 }
 
-impl std::str::FromStr for Token {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Token> {
-        let token: i64 = s
-            .trim()
-            .parse()
-            .map_err(|e| Error::invalid("token", format!("{s:?} is not a whole number ({e})")))?;
-        Token::new(token)
-    }
-}
-
 impl sqlx::Type<sqlx::Postgres> for Token {
     fn type_info() -> sqlx::postgres::PgTypeInfo {
         <i64 as sqlx::Type<sqlx::Postgres>>::type_info()
@@ -100,19 +76,6 @@ impl<'q> sqlx::Encode<'q, sqlx::Postgres> for Token {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_start_at_one_and_parse_from_text() {
-        assert!(Token::new(0).is_err());
-        assert_eq!(" 7 ".parse::<Token>().expect("token").get(), 7);
-        assert!(matches!(
-            "x".parse::<Token>(),
-            Err(Error::InvalidInput {
-                argument: "token",
-                ..
-            })
-        ));
-    }
 
     #[test]
     fn tokens_compare_with_plain_integers() {

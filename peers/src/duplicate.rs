@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pglease::Acquire;
+use pglease::AcquireOptions;
 use tokio::sync::oneshot;
 
 use crate::looper::{OnDrop, Signal, signal, slot};
@@ -31,15 +31,19 @@ pub async fn late_release(peer: Peer) -> Result<Verdict, BoxError> {
     match peer {
         Peer::Pglease => {
             let a = db.manager();
-            let first = a.acquire("res", Acquire::ttl(TTL * 30).holder("A")).await?;
+            let first = a
+                .acquire("res", AcquireOptions::ttl(TTL * 30).holder("A"))
+                .await?;
             assert!(a.release(&first).await?);
-            let again = a.acquire("res", Acquire::ttl(TTL * 30).holder("A")).await?;
+            let again = a
+                .acquire("res", AcquireOptions::ttl(TTL * 30).holder("A"))
+                .await?;
             // The first release again, as a late duplicate.
             let ended = a.release(&first).await?;
             let b = db.manager();
             let started = Instant::now();
             let took_over = b
-                .acquire("res", Acquire::ttl(TTL).holder("B").wait(WINDOW))
+                .acquire("res", AcquireOptions::ttl(TTL).holder("B").wait(WINDOW))
                 .await
                 .ok()
                 .map(|_| started.elapsed());

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
 use pglease::testing::TestDatabase;
-use pglease::{Acquire, LeaseManager};
+use pglease::{AcquireOptions, LeaseManager};
 use sqlx08::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
@@ -259,13 +259,16 @@ async fn write(pool: &PgPool, writer: &str) -> Result<(), BoxError> {
 async fn pglease_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
     let options = db.options().application_name("peer-A");
     let a = LeaseManager::new(
-        pglease::pool_options()
+        pglease::connect::pool_options()
             .max_connections(4)
             .connect_with(options)
             .await?,
     );
     let held = a
-        .hold("res", Acquire::ttl(Duration::from_secs(2)).holder("A"))
+        .hold(
+            "res",
+            AcquireOptions::ttl(Duration::from_secs(2)).holder("A"),
+        )
         .await?;
     let killed = kill(db, "peer-A").await?;
     let b = db.manager();
@@ -273,7 +276,7 @@ async fn pglease_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
     let took_over = match b
         .acquire(
             "res",
-            Acquire::ttl(Duration::from_secs(30))
+            AcquireOptions::ttl(Duration::from_secs(30))
                 .holder("B")
                 .wait(WINDOW),
         )

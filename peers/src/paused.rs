@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
 use pglease::testing::TestDatabase;
-use pglease::{Acquire, LeaseManager};
+use pglease::{AcquireOptions, LeaseManager};
 use sqlx08::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
@@ -134,12 +134,12 @@ async fn verdict(
 
 async fn pglease_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
     let a = LeaseManager::new(
-        pglease::pool_options()
+        pglease::connect::pool_options()
             .max_connections(4)
             .connect_with(proxied_options(db, proxy))
             .await?,
     );
-    let held = a.hold("res", Acquire::ttl(TTL).holder("A")).await?;
+    let held = a.hold("res", AcquireOptions::ttl(TTL).holder("A")).await?;
     let mut tx = held.begin_fenced().await?;
     sqlx::query("INSERT INTO ledger (writer) VALUES ('A')")
         .execute(&mut *tx)
@@ -149,7 +149,10 @@ async fn pglease_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, Box
     let commit = tokio::spawn(async move { tx.commit().await });
     let b = db.manager();
     let took_over = match b
-        .acquire("res", Acquire::ttl(TTL * 30).holder("B").wait(WINDOW))
+        .acquire(
+            "res",
+            AcquireOptions::ttl(TTL * 30).holder("B").wait(WINDOW),
+        )
         .await
     {
         Ok(lease) => {

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
-use pglease::{Acquire, LeaseManager};
+use pglease::{AcquireOptions, LeaseManager};
 
 use crate::looper::{OnDrop, Signal, signal, slot};
 use crate::paused::{proxied_options, proxied_pool, target};
@@ -38,12 +38,12 @@ pub async fn silent_renewal(peer: Peer) -> Result<Verdict, BoxError> {
     let (told, took_over, what) = match peer {
         Peer::Pglease => {
             let a = LeaseManager::new(
-                pglease::pool_options()
+                pglease::connect::pool_options()
                     .max_connections(4)
                     .connect_with(proxied_options(&db, &proxy))
                     .await?,
             );
-            let held = a.hold("res", Acquire::ttl(TTL).holder("A")).await?;
+            let held = a.hold("res", AcquireOptions::ttl(TTL).holder("A")).await?;
             proxy.freeze();
             let frozen_at = Instant::now();
             let noticed = {
@@ -55,7 +55,10 @@ pub async fn silent_renewal(peer: Peer) -> Result<Verdict, BoxError> {
             };
             let b = db.manager();
             let took_over = b
-                .acquire("res", Acquire::ttl(TTL * 30).holder("B").wait(FROZEN))
+                .acquire(
+                    "res",
+                    AcquireOptions::ttl(TTL * 30).holder("B").wait(FROZEN),
+                )
                 .await
                 .ok()
                 .map(|_| frozen_at.elapsed());

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
 use pglease::testing::TestDatabase;
-use pglease::{Acquire, Error, LeaseManager};
+use pglease::{AcquireOptions, Error, LeaseManager};
 use sqlx08::postgres::PgPool;
 use tokio::sync::Notify;
 
@@ -132,7 +132,7 @@ async fn cycles(peer: Peer, run_for: Duration) -> Result<f64, BoxError> {
         Peer::Pglease => {
             let m = db.manager();
             while started.elapsed() < run_for {
-                let lease = m.acquire("res", Acquire::ttl(TTL)).await?;
+                let lease = m.acquire("res", AcquireOptions::ttl(TTL)).await?;
                 m.release(&lease).await?;
                 n += 1;
             }
@@ -198,11 +198,14 @@ async fn takeover(peer: Peer) -> Result<Option<Duration>, BoxError> {
         Peer::Pglease => {
             let a = db.manager();
             // Acquired, never renewed nor released: dead.
-            let _dead = a.acquire("res", Acquire::ttl(TTL)).await?;
+            let _dead = a.acquire("res", AcquireOptions::ttl(TTL)).await?;
             let died = Instant::now();
             let b = db.manager();
-            b.acquire("res", Acquire::ttl(TTL).wait(Duration::from_secs(10)))
-                .await?;
+            b.acquire(
+                "res",
+                AcquireOptions::ttl(TTL).wait(Duration::from_secs(10)),
+            )
+            .await?;
             Ok(Some(died.elapsed()))
         }
         Peer::PgLease => {
@@ -297,13 +300,16 @@ async fn handover(peer: Peer, offset: Duration) -> Result<Option<Duration>, BoxE
     match peer {
         Peer::Pglease => {
             let a = db.manager();
-            let lease = a.acquire("res", Acquire::ttl(TTL * 30)).await?;
+            let lease = a.acquire("res", AcquireOptions::ttl(TTL * 30)).await?;
             let b = db.manager();
             let watcher = b.clone();
             let waiting = tokio::spawn(async move {
-                b.acquire("res", Acquire::ttl(TTL).wait(Duration::from_secs(10)))
-                    .await
-                    .map(|_| Instant::now())
+                b.acquire(
+                    "res",
+                    AcquireOptions::ttl(TTL).wait(Duration::from_secs(10)),
+                )
+                .await
+                .map(|_| Instant::now())
             });
             // Until the waiter listens for the release.
             let deadline = Instant::now() + Duration::from_secs(5);
@@ -417,11 +423,11 @@ async fn waiting(peer: Peer, span: Duration) -> Result<Load, BoxError> {
     match peer {
         Peer::Pglease => {
             let a = db.manager();
-            let _held = a.hold("res", Acquire::ttl(TTL * 30)).await?;
+            let _held = a.hold("res", AcquireOptions::ttl(TTL * 30)).await?;
             let b = db.manager();
             let before = counters(&reader).await?;
             let started = Instant::now();
-            let _ = b.acquire("res", Acquire::ttl(TTL).wait(span)).await;
+            let _ = b.acquire("res", AcquireOptions::ttl(TTL).wait(span)).await;
             load_since(&reader, before, Some(started.elapsed())).await
         }
         Peer::PgLease => {
@@ -507,7 +513,10 @@ async fn holding(peer: Peer, span: Duration, note: &mut String) -> Result<Option
             let m = LeaseManager::new(db.pool().clone());
             let mut held = Vec::with_capacity(N);
             for i in 0..N {
-                held.push(m.hold(&format!("res-{i}"), Acquire::ttl(TTL * 30)).await?);
+                held.push(
+                    m.hold(&format!("res-{i}"), AcquireOptions::ttl(TTL * 30))
+                        .await?,
+                );
             }
             let before = counters(&reader).await?;
             tokio::time::sleep(span).await;

@@ -290,21 +290,21 @@ pub(crate) enum Command {
 /// A lease name, holder or requester, checked before anything connects:
 /// 1 to 255 bytes (NUL cannot be passed in an argument).
 fn parse_text(text: &str) -> Result<String, String> {
-    parse_within(text, pglease::MAX_NAME_BYTES)
+    parse_within(text, pglease::limits::MAX_NAME_BYTES)
 }
 
 /// A force release's reason: 1 to 1000 bytes.
 fn parse_reason(text: &str) -> Result<String, String> {
-    parse_within(text, pglease::MAX_REASON_BYTES)
+    parse_within(text, pglease::limits::MAX_REASON_BYTES)
 }
 
 /// A published value: at most 8 KiB (it may be empty).
 fn parse_value(text: &str) -> Result<String, String> {
-    if text.len() > pglease::MAX_VALUE_BYTES {
+    if text.len() > pglease::limits::MAX_VALUE_BYTES {
         return Err(format!(
             "is {} bytes long; the limit is {} bytes",
             text.len(),
-            pglease::MAX_VALUE_BYTES
+            pglease::limits::MAX_VALUE_BYTES
         ));
     }
     Ok(text.to_owned())
@@ -335,7 +335,7 @@ fn parse_connect_timeout(text: &str) -> Result<Duration, String> {
 /// A minimum hold: a `humantime` duration from 1 µs to 7 days, like a TTL.
 fn parse_min_hold(text: &str) -> Result<Duration, String> {
     let hold = humantime::parse_duration(text).map_err(|e| e.to_string())?;
-    if hold < Duration::from_micros(1) || hold > pglease::MAX_TTL {
+    if hold < Duration::from_micros(1) || hold > pglease::limits::MAX_TTL {
         return Err("must be at least 1 microsecond and at most 7 days".to_owned());
     }
     Ok(hold)

@@ -5,10 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pglease::{
-    Acquire, Error, Fence, Lease, LeaseManager, LeaseStatus, ListFilter, Token, Verdict,
-    default_holder,
-};
+use pglease::doctor::Verdict;
+use pglease::{AcquireOptions, Error, Fence, Lease, LeaseManager, LeaseStatus, ListFilter, Token};
 use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
@@ -161,7 +159,7 @@ fn print_lease(lease: &Lease, json: bool) {
 /// The default holder of `acquire`: this host, and what took the lease
 /// (the process exits at once, so its id would name nobody).
 fn acquire_holder() -> String {
-    let holder = default_holder();
+    let holder = AcquireOptions::default_holder();
     let host = holder
         .rsplit_once(':')
         .map_or(holder.as_str(), |(host, _)| host);
@@ -205,7 +203,7 @@ where
 }
 
 /// What `acquire` is told on the command line.
-pub(crate) struct AcquireOptions {
+pub(crate) struct AcquireArgs {
     pub(crate) ttl: Duration,
     pub(crate) holder: Option<String>,
     pub(crate) wait: Duration,
@@ -216,10 +214,10 @@ pub(crate) struct AcquireOptions {
 pub(crate) async fn acquire(
     manager: &LeaseManager,
     name: &str,
-    options: AcquireOptions,
+    options: AcquireArgs,
     json: bool,
 ) -> Outcome {
-    let AcquireOptions {
+    let AcquireArgs {
         ttl,
         holder,
         wait,
@@ -230,7 +228,7 @@ pub(crate) async fn acquire(
     // Without --wait one attempt; the library starts its release listener
     // only once an attempt with time to wait has failed.
     let attempt = |wait: Duration| {
-        let mut how = Acquire::ttl(ttl).holder(holder.as_str()).wait(wait);
+        let mut how = AcquireOptions::ttl(ttl).holder(holder.as_str()).wait(wait);
         if let Some(value) = &value {
             how = how.value(value.as_str());
         }

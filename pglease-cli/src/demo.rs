@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sqlx::{Connection, PgConnection};
 
-use pglease::{Acquire, Error, Lease, LeaseManager, Result, assert_held};
+use pglease::{AcquireOptions, Error, Lease, LeaseManager, Result, assert_held};
 
 /// Runs the paused-holder scenario on lease `name`, reporting each step to
 /// `report`. One step of the scenario is `unit` long (the whole run is
@@ -25,7 +25,7 @@ pub async fn paused_holder(
         .await?;
 
     let a = manager
-        .acquire(name, Acquire::ttl(ttl).holder("worker-A"))
+        .acquire(name, AcquireOptions::ttl(ttl).holder("worker-A"))
         .await?;
     report(&format!(
         "worker-A acquires {name:?} for {ttl:?}: token {}",
@@ -40,7 +40,7 @@ pub async fn paused_holder(
     tokio::time::sleep(unit * 4).await;
 
     let b = manager
-        .acquire(name, Acquire::ttl(ttl).holder("worker-B"))
+        .acquire(name, AcquireOptions::ttl(ttl).holder("worker-B"))
         .await?;
     report(&format!(
         "worker-B acquires the expired lease: token {} > {}",

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use pglease::{Acquire, Change, Elector, Error, HeldLease, LeaseManager, Token};
+use pglease::elect::Elector;
+use pglease::observe::Change;
+use pglease::{AcquireOptions, Error, HeldLease, LeaseManager, Token};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -180,7 +182,7 @@ pub(crate) async fn elect(
     let Some((mut sigterm, mut sigint, mut sighup)) = crate::run::stop_signals() else {
         return Ok(ExitCode::from(EXIT_DATABASE));
     };
-    let mut how = Acquire::ttl(options.ttl).holder(&options.holder);
+    let mut how = AcquireOptions::ttl(options.ttl).holder(&options.holder);
     if let Some(value) = &options.value {
         how = how.value(value);
     }
@@ -312,7 +314,7 @@ async fn term(shared: &Shared, held: HeldLease) {
                     () = shared.stopping.cancelled() => return,
                 }
             }
-            by = shared.elector.step_down_request() => {
+            by = shared.elector.until_step_down_requested() => {
                 note!("pglease: {by:?} asked this leader to step down; stopping the command");
                 child.stop(shared.options.grace, Signal::SIGTERM).await;
                 shared.elector.step_down();

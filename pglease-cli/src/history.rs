@@ -4,7 +4,8 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pglease::{LeaseManager, Transition};
+use pglease::LeaseManager;
+use pglease::history::Transition;
 use serde_json::json;
 
 use crate::commands::printable;

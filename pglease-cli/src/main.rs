@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
-use pglease::{Error, Fence, LeaseManager, default_holder};
+use pglease::{AcquireOptions, Error, Fence, LeaseManager};
 use sqlx::postgres::PgConnectOptions;
 
 use args::{Cli, Command};
@@ -117,7 +117,7 @@ async fn main() -> ExitCode {
         ..cli
     };
     let options = match &cli.database_url {
-        Some(url) => match pglease::parse_url(url) {
+        Some(url) => match pglease::connect::parse_url(url) {
             Ok(options) => options,
             Err(e) => {
                 let why = match e {
@@ -135,7 +135,7 @@ async fn main() -> ExitCode {
             );
             return ExitCode::from(EXIT_USAGE);
         }
-        None => pglease::libpq_defaults(),
+        None => pglease::connect::libpq_defaults(),
     };
     if let Command::Demo = cli.command {
         // Without a URL, the demo finds a server as the tests do, down to
@@ -166,7 +166,7 @@ async fn main() -> ExitCode {
             limit,
             json,
         } => {
-            let options = commands::AcquireOptions {
+            let options = commands::AcquireArgs {
                 ttl,
                 holder,
                 wait,
@@ -219,7 +219,7 @@ async fn main() -> ExitCode {
             min_hold,
             cmd,
         } => {
-            let holder = holder.unwrap_or_else(default_holder);
+            let holder = holder.unwrap_or_else(AcquireOptions::default_holder);
             let timing = RunTiming {
                 ttl,
                 wait,
@@ -239,7 +239,7 @@ async fn main() -> ExitCode {
         Command::Leader { name, json } => elect::leader(&manager, &name, json).await,
         Command::Observe { name } => elect::observe(&manager, &name).await,
         Command::StepDown { name, by, json } => {
-            let by = by.unwrap_or_else(default_holder);
+            let by = by.unwrap_or_else(AcquireOptions::default_holder);
             elect::step_down(&manager, &name, &by, json).await
         }
         Command::Elect {
@@ -254,7 +254,7 @@ async fn main() -> ExitCode {
         } => {
             let options = elect::ElectOptions {
                 ttl,
-                holder: holder.unwrap_or_else(default_holder),
+                holder: holder.unwrap_or_else(AcquireOptions::default_holder),
                 value,
                 grace,
                 max_restarts,
@@ -333,7 +333,7 @@ fn fail(e: &Error, what: &str) -> u8 {
 /// reported at once with its cause; `timeout` applies only to a server
 /// that does not answer. The pool's connections abandon a statement still
 /// waiting in the server once this process is gone (see
-/// `pglease::pool_options`), so an interrupted acquisition acquires nothing.
+/// `pglease::connect::pool_options`), so an interrupted acquisition acquires nothing.
 /// Fails with the message's first line (server and cause), also for JSON.
 async fn connect(options: &PgConnectOptions, timeout: Duration) -> Result<LeaseManager, String> {
     LeaseManager::connect_with(options.clone(), timeout)

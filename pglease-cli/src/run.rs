@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use pglease::{Acquire, HeldLease, LeaseManager};
+use pglease::{AcquireOptions, HeldLease, LeaseManager};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::commands::{announced, not_acquired};
@@ -71,7 +71,7 @@ pub(crate) async fn run(
     // CMD never starts; the server abandons an attempt still waiting in it
     // once this process has exited (see `ABANDON_WHEN_GONE`).
     let acquisition = announced(name, wait, |wait| {
-        let how = Acquire::ttl(ttl).holder(holder).wait(wait);
+        let how = AcquireOptions::ttl(ttl).holder(holder).wait(wait);
         manager.hold(
             name,
             match limit {

@@ -24,9 +24,9 @@ use state::HeldState;
 use crate::context::Context;
 use crate::db;
 use crate::error::{Error, LossReason, Result};
-use crate::fenced::{self, FencedTransaction};
-use crate::input::check_duration;
-use crate::lease::{Fence, Lease, interval};
+use crate::fencing::{self, FencedTransaction};
+use crate::lease::{Fence, Lease, micros_interval};
+use crate::limits::check_duration;
 use crate::options::Timing;
 use crate::token::Token;
 
@@ -170,7 +170,7 @@ impl HeldLease {
         if let Some(reason) = self.inner.state.check(Instant::now()) {
             return Err(self.lost_error(reason));
         }
-        fenced::begin(&self.inner.context.pool, self.as_ref()).await
+        fencing::begin(&self.inner.context.pool, self.as_ref()).await
     }
 
     /// Stops renewing and releases the lease in the database. Returns
@@ -194,7 +194,7 @@ impl HeldLease {
     /// # Errors
     ///
     /// [`Error::InvalidInput`] if `after` is not between 1 µs and
-    /// [`MAX_TTL`](crate::MAX_TTL) (the handle is then dropped, which
+    /// [`MAX_TTL`](crate::limits::MAX_TTL) (the handle is then dropped, which
     /// releases the lease); [`Error::Lost`] if the lease was already lost;
     /// [`Error::Database`] if the statement failed (the lease then expires
     /// at its last expiry, unless the statement got through).
@@ -206,8 +206,7 @@ impl HeldLease {
     /// renewal that got through, or `after` from now if this statement
     /// got through.
     pub async fn expire_in(self, after: Duration) -> Result<DateTime<Utc>> {
-        check_duration("after", after)?;
-        let ttl = interval(after)?;
+        let ttl = micros_interval(check_duration("after", after)?);
         if let Some(reason) = self.inner.state.check(Instant::now()) {
             return Err(self.lost_error(reason));
         }
@@ -222,7 +221,7 @@ impl HeldLease {
         if in_flight {
             // A renewal already sent would, landing after the statement
             // below, set the expiry to a TTL from then: let it land first.
-            let limit = context.options.renew_timeout_value();
+            let limit = context.options.get_renew_timeout();
             let _ = tokio::time::timeout(limit, applied.changed()).await;
         }
         db::renew(&context.pool, self.as_ref(), ttl).await
@@ -237,7 +236,7 @@ impl HeldLease {
             return Some(reason);
         }
         let context = &self.inner.context;
-        let limit = context.options.renew_timeout_value();
+        let limit = context.options.get_renew_timeout();
         let status = tokio::time::timeout(limit, db::inspect(&context.pool, self.name()))
             .await
             .ok()?

@@ -108,7 +108,7 @@ async fn send(context: Arc<Context>, batch: Batch) -> Outcome {
     let sent = Instant::now();
     let limit = context
         .options
-        .renew_timeout_value()
+        .get_renew_timeout()
         .min(batch.first_fire_at.saturating_duration_since(sent))
         .max(Duration::from_millis(1));
     let names: Vec<&str> = batch.keys.iter().map(|k| k.0.as_str()).collect();

@@ -5,11 +5,12 @@ use tokio::time::Instant;
 use super::LeaseManager;
 use crate::error::{Error, Result};
 use crate::hold::{self, HeldLease};
-use crate::lease::{Acquire, Lease, interval};
+use crate::lease::{Lease, interval};
+use crate::options::AcquireOptions;
 
 impl LeaseManager {
     /// Acquires lease `name` as `how` says: for its TTL, for its holder,
-    /// and waiting up to its [`wait`](Acquire::wait) for the current holder
+    /// and waiting up to its [`wait`](AcquireOptions::wait) for the current holder
     /// to release it or let it expire (by default, one attempt).
     ///
     /// Each success carries a new token, greater than every token issued
@@ -30,9 +31,9 @@ impl LeaseManager {
     /// ```no_run
     /// # async fn f(leases: pglease::LeaseManager) -> Result<(), pglease::Error> {
     /// use std::time::Duration;
-    /// use pglease::{Acquire, Error};
+    /// use pglease::{AcquireOptions, Error};
     ///
-    /// match leases.acquire("nightly-report", Acquire::ttl(Duration::from_secs(30))).await {
+    /// match leases.acquire("nightly-report", AcquireOptions::ttl(Duration::from_secs(30))).await {
     ///     Ok(lease) => println!("mine under token {}", lease.token()),
     ///     Err(Error::Held { holder, .. }) => println!("{holder} has it"),
     ///     Err(e) => return Err(e),
@@ -53,12 +54,12 @@ impl LeaseManager {
     ///
     /// Cancel-safe: dropping the future leaves nothing held (an attempt in
     /// flight at that moment is released if it succeeded).
-    pub async fn acquire(&self, name: &str, how: Acquire) -> Result<Lease> {
+    pub async fn acquire(&self, name: &str, how: AcquireOptions) -> Result<Lease> {
         Ok(self.acquire_sent(name, &how).await?.0)
     }
 
     /// [`LeaseManager::acquire`], and when its confirming statement was sent.
-    async fn acquire_sent(&self, name: &str, how: &Acquire) -> Result<(Lease, Instant)> {
+    async fn acquire_sent(&self, name: &str, how: &AcquireOptions) -> Result<(Lease, Instant)> {
         self.shared.acquirer.acquire(name, how).await
     }
 
@@ -77,11 +78,11 @@ impl LeaseManager {
     ///
     /// Cancel-safe: dropped before it returns, nothing stays held (an
     /// acquisition in flight is released in the background).
-    pub async fn hold(&self, name: &str, how: Acquire) -> Result<HeldLease> {
+    pub async fn hold(&self, name: &str, how: AcquireOptions) -> Result<HeldLease> {
         let shared = &self.shared;
         // The TTL as renewals send it, validated and converted once.
-        let pg_ttl = interval(how.lease_ttl())?;
-        let timing = shared.context.options.timing(how.lease_ttl())?;
+        let pg_ttl = interval(how.get_ttl())?;
+        let timing = shared.context.options.timing(how.get_ttl())?;
         // Until the lease is registered (or released, if a shutdown came
         // first), `shutdown` waits for this call.
         let _busy = shared.context.background.token();
@@ -110,10 +111,10 @@ impl LeaseManager {
     /// ```no_run
     /// # async fn f(leases: pglease::LeaseManager) -> Result<(), pglease::Error> {
     /// use std::time::Duration;
-    /// use pglease::Acquire;
+    /// use pglease::AcquireOptions;
     ///
     /// let rows = leases
-    ///     .with_lease("nightly-report", Acquire::ttl(Duration::from_secs(30)), async |held| {
+    ///     .with_lease("nightly-report", AcquireOptions::ttl(Duration::from_secs(30)), async |held| {
     ///         let mut tx = held.begin_fenced().await?;
     ///         let rows = sqlx::query("DELETE FROM outbox").execute(&mut *tx).await?;
     ///         tx.commit().await?;
@@ -138,7 +139,12 @@ impl LeaseManager {
     ///
     /// Dropped early, `work` is dropped with it and the lease is released
     /// in the background.
-    pub async fn with_lease<T, E, F>(&self, name: &str, how: Acquire, work: F) -> Result<T, E>
+    pub async fn with_lease<T, E, F>(
+        &self,
+        name: &str,
+        how: AcquireOptions,
+        work: F,
+    ) -> Result<T, E>
     where
         F: AsyncFnOnce(HeldLease) -> Result<T, E>,
         E: From<Error>,

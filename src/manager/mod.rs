@@ -12,7 +12,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use tokio_util::sync::DropGuard;
 
-use crate::connect::{DEFAULT_CONNECT_TIMEOUT, connect_pool};
+use crate::connect::{DEFAULT_TIMEOUT, connect_pool};
 use crate::context::Context;
 use crate::db;
 use crate::error::{Error, LossReason, Result};
@@ -101,16 +101,16 @@ impl LeaseManager {
         }
     }
 
-    /// Connects a pool of [`pool_options`](crate::pool_options) to `url`
+    /// Connects a pool of [`pool_options`](crate::connect::pool_options) to `url`
     /// and builds a manager on it, with the default [`ManagerOptions`].
     ///
     /// # Errors
     ///
     /// [`Error::InvalidInput`] for a URL with several hosts or a
-    /// `target_session_attrs` (see [`parse_url`](crate::parse_url));
+    /// `target_session_attrs` (see [`parse_url`](crate::connect::parse_url));
     /// [`Error::Database`] for a URL that does not parse, or when the server
     /// cannot be reached: at once for a refused connection or a failed
-    /// login, after [`DEFAULT_CONNECT_TIMEOUT`](crate::DEFAULT_CONNECT_TIMEOUT)
+    /// login, after [`DEFAULT_TIMEOUT`](crate::connect::DEFAULT_TIMEOUT)
     /// (10 s) for a server that does not answer.
     ///
     /// # Cancel safety
@@ -119,7 +119,7 @@ impl LeaseManager {
     /// and no manager exists.
     pub async fn connect(url: &str) -> Result<Self> {
         let options = crate::connect::parse_url(url)?;
-        Self::connect_with(options, DEFAULT_CONNECT_TIMEOUT).await
+        Self::connect_with(options, DEFAULT_TIMEOUT).await
     }
 
     /// Like [`LeaseManager::connect`], with connect options and the time to
@@ -208,7 +208,7 @@ impl LeaseManager {
         context.begin_shutdown();
         let leases = hold::drain(&self.shared.registry);
         context.stop.cancel();
-        let limit = context.options.renew_timeout_value();
+        let limit = context.options.get_renew_timeout();
         let mut first_error = None;
         for lease in &leases {
             let outcome =

@@ -9,9 +9,9 @@ use sqlx::{PgConnection, Row};
 use super::LeaseManager;
 use crate::db;
 use crate::error::{Error, Result};
-use crate::fenced::{self, FencedTransaction};
-use crate::input::{check_text, check_value};
+use crate::fencing::{self, FencedTransaction};
 use crate::lease::{Fence, LeaseStatus, ListFilter, interval};
+use crate::limits::{check_text, check_value};
 use crate::sql;
 use crate::token::Token;
 
@@ -59,13 +59,13 @@ impl LeaseManager {
     }
 
     /// Publishes `value` with the lease (at most
-    /// [`MAX_VALUE_BYTES`](crate::MAX_VALUE_BYTES); `None` clears it), for
+    /// [`MAX_VALUE_BYTES`](crate::limits::MAX_VALUE_BYTES); `None` clears it), for
     /// anyone to read in the status view ([`LeaseStatus::value`]): a
     /// leader's address, say. Only the current holder can: the update is
     /// keyed on (name, token) and decided on the database clock, like a
     /// renewal. The value stays after a release or expiry, until the next
     /// acquisition, which starts without one (or with its own,
-    /// [`Acquire::value`](crate::Acquire::value)).
+    /// [`AcquireOptions::value`](crate::AcquireOptions::value)).
     ///
     /// # Errors
     ///
@@ -77,7 +77,7 @@ impl LeaseManager {
     ///
     /// Dropped in flight, the value may or may not be published: call it
     /// again (it is idempotent).
-    pub async fn proclaim(&self, lease: impl AsRef<Fence>, value: Option<&str>) -> Result<()> {
+    pub async fn set_value(&self, lease: impl AsRef<Fence>, value: Option<&str>) -> Result<()> {
         if let Some(value) = value {
             check_value(value)?;
         }
@@ -87,8 +87,8 @@ impl LeaseManager {
     /// Asks the current holder of `name` to step down, on behalf of `by`
     /// (a candidate or an operator): the request is shown in the status
     /// view ([`LeaseStatus::step_down_requested_by`]) and reported to
-    /// observers, and an [`Elector`](crate::Elector) that leads hears it
-    /// ([`Elector::step_down_requested`](crate::Elector::step_down_requested)).
+    /// observers, and an [`Elector`](crate::elect::Elector) that leads hears it
+    /// ([`Elector::step_down_requested`](crate::elect::Elector::step_down_requested)).
     /// It changes nothing else: a holder that ignores it keeps the lease.
     /// Returns the token of the acquisition asked, or `None` if nobody
     /// holds the lease.
@@ -250,7 +250,7 @@ impl LeaseManager {
     /// Dropped in flight, the mark may or may not have moved: call it again
     /// with the same token (a token equal to the highest is accepted).
     #[tracing::instrument(name = "pglease.advance", level = "debug", skip(self), fields(token = token.get()))]
-    pub async fn advance(&self, resource: &str, token: Token) -> Result<bool> {
+    pub async fn admit(&self, resource: &str, token: Token) -> Result<bool> {
         check_text("resource", resource)?;
         let row = sql::query(sql::advance(resource, token))
             .fetch_one(self.pool())
@@ -273,12 +273,12 @@ impl LeaseManager {
     /// Cancel-safe: dropped before it returns, its connection is closed
     /// rather than returned to the pool, and the server rolls the
     /// transaction back (at once, or within `client_connection_check_interval`
-    /// while the check waits for a lock; [`pool_options`](crate::pool_options)
+    /// while the check waits for a lock; [`pool_options`](crate::connect::pool_options)
     /// sets it to 1 s).
     #[tracing::instrument(name = "pglease.begin_fenced", level = "debug", skip_all,
                           fields(name = lease.as_ref().name(), token = lease.as_ref().token().get()))]
     pub async fn begin_fenced(&self, lease: impl AsRef<Fence>) -> Result<FencedTransaction> {
-        fenced::begin(self.pool(), lease.as_ref()).await
+        fencing::begin(self.pool(), lease.as_ref()).await
     }
 
     /// Runs `work` in a fenced transaction for `lease`, committing if it

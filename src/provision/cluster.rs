@@ -91,7 +91,7 @@ impl ClusterError {
 /// let cluster = pglease::provision::TempCluster::start().await?;
 /// let manager = pglease::LeaseManager::connect_with(
 ///     cluster.options(),
-///     pglease::DEFAULT_CONNECT_TIMEOUT,
+///     pglease::connect::DEFAULT_TIMEOUT,
 /// )
 /// .await?;
 /// # Ok(()) }

@@ -157,7 +157,7 @@ pub async fn find(url: Option<&str>) -> Result<Server, NoServer> {
             source: Source::Url,
         });
     }
-    let local = crate::libpq_defaults();
+    let local = crate::connect::libpq_defaults();
     let passed_over = match answers(&local).await {
         Ok(()) => {
             return Ok(Server {

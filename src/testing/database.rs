@@ -11,8 +11,9 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection};
 
 use super::{SetupError, poll_until};
 use crate::error::{Error, Result};
-use crate::lease::{Acquire, Lease};
+use crate::lease::Lease;
 use crate::manager::LeaseManager;
+use crate::options::AcquireOptions;
 use crate::provision::Server;
 
 static NEXT_DB: AtomicU32 = AtomicU32::new(0);
@@ -31,7 +32,7 @@ static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 /// let db = TestDatabase::new().await?;
 /// let manager = db.manager();
 /// let lease = manager
-///     .acquire("job", pglease::Acquire::ttl(Duration::from_secs(30)))
+///     .acquire("job", pglease::AcquireOptions::ttl(Duration::from_secs(30)))
 ///     .await?;
 /// # Ok(()) }
 /// ```
@@ -291,7 +292,10 @@ impl TestDatabase {
         name: &str,
     ) -> (Lease, sqlx::Transaction<'static, sqlx::Postgres>) {
         let lease = manager
-            .acquire(name, Acquire::ttl(Duration::from_millis(300)).holder("A"))
+            .acquire(
+                name,
+                AcquireOptions::ttl(Duration::from_millis(300)).holder("A"),
+            )
             .await
             .unwrap_or_else(|e| panic!("A acquires {name:?}: {e}"));
         self.wait_until(lease.expires_at()).await;
@@ -366,7 +370,7 @@ impl TestDatabase {
     ///
     /// [`Error::InvalidInput`] for invalid options.
     pub fn manager_with(&self, options: crate::ManagerOptions) -> Result<LeaseManager> {
-        let pool = crate::pool_options()
+        let pool = crate::connect::pool_options()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(30))
             .connect_lazy_with(self.options.clone());

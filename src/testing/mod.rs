@@ -36,9 +36,10 @@ use std::time::Duration;
 use sqlx::postgres::PgPool;
 
 use crate::error::{Error, Result};
-use crate::input::check_text;
-use crate::lease::{Acquire, Lease};
+use crate::lease::Lease;
+use crate::limits::check_text;
 use crate::manager::LeaseManager;
+use crate::options::AcquireOptions;
 use crate::provision::{ClusterError, NoServer};
 
 pub use database::TestDatabase;
@@ -138,7 +139,7 @@ pub async fn expire_now(pool: &PgPool, name: &str) -> Result<bool> {
 ///
 /// As [`LeaseManager::acquire`]; cancelled after the first step, the lease
 /// has ended and nobody holds it.
-pub async fn take_over(manager: &LeaseManager, name: &str, how: Acquire) -> Result<Lease> {
+pub async fn take_over(manager: &LeaseManager, name: &str, how: AcquireOptions) -> Result<Lease> {
     expire_now(manager.pool(), name).await?;
     manager.acquire(name, how).await
 }

@@ -5,15 +5,17 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::watches::{Watches, Watching};
 use crate::backoff;
+use crate::notify;
+use crate::schema::RELEASE_CHANNEL;
 
-/// The channel `pglease.release` notifies, with the lease name as payload.
-pub const RELEASE_CHANNEL: &str = "pglease_release";
+/// How long the listener's connection may take to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The manager's listener for releases, started by the first waiter.
 pub(crate) struct Listener {
@@ -84,19 +86,7 @@ async fn listen(
     // Whether the probe for a transaction pooler has run (once per manager).
     let mut probed = false;
     loop {
-        let connect = async {
-            if !probed && crate::connect::sessions_shared(&options).await? {
-                return Ok(None);
-            }
-            let pool = PgPoolOptions::new()
-                .max_connections(1)
-                .acquire_timeout(Duration::from_secs(10))
-                .connect_lazy_with(options.clone());
-            let mut listener = PgListener::connect_with(&pool).await?;
-            listener.eager_reconnect(false);
-            listener.listen(RELEASE_CHANNEL).await?;
-            Ok::<_, crate::Error>(Some(listener))
-        };
+        let connect = notify::listen(&options, RELEASE_CHANNEL, !probed, CONNECT_TIMEOUT);
         let connected = tokio::select! {
             () = stop.cancelled() => return,
             connected = connect => connected,

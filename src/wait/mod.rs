@@ -18,14 +18,14 @@ use tokio::sync::{broadcast, oneshot, watch};
 use tokio::time::Instant;
 
 pub(crate) use listener::Listener;
-pub use listener::RELEASE_CHANNEL;
 use watches::Watching;
 
 use crate::backoff;
 use crate::context::Context;
 use crate::db;
 use crate::error::{Error, Result};
-use crate::lease::{Acquire, Lease, ttl_duration};
+use crate::lease::{Lease, ttl_duration};
+use crate::options::AcquireOptions;
 use crate::sql;
 use crate::telemetry;
 use crate::token::Token;
@@ -262,11 +262,15 @@ impl Acquirer {
 
     /// Acquires `name` as `how` says (see `LeaseManager::acquire`); returns
     /// the lease and when the statement that confirmed it was sent.
-    pub(crate) async fn acquire(&self, name: &str, how: &Acquire) -> Result<(Lease, Instant)> {
+    pub(crate) async fn acquire(
+        &self,
+        name: &str,
+        how: &AcquireOptions,
+    ) -> Result<(Lease, Instant)> {
         let ttl = how.check(name)?;
-        let holder = how.holder_name();
+        let holder = how.get_holder();
         let holder = holder.as_ref();
-        let max_wait = how.max_wait();
+        let max_wait = how.get_wait();
         let context = &self.context;
         if context.is_shut_down() {
             return Err(Error::ShutDown);
@@ -296,8 +300,8 @@ impl Acquirer {
                 name,
                 holder,
                 ttl,
-                how.lease_value(),
-                how.lease_limit(),
+                how.get_value(),
+                how.get_limit(),
             )
             .await
             {
@@ -342,8 +346,7 @@ impl Acquirer {
             }
             // A counted lease's slots are released under their own names:
             // its waiters poll.
-            if listener.is_none() && context.options.notify_enabled() && how.lease_limit().is_none()
-            {
+            if listener.is_none() && context.options.get_notify() && how.get_limit().is_none() {
                 let started = self.listener();
                 releases = Some(started.releases.subscribe());
                 listening = Some(started.listening.subscribe());
@@ -374,14 +377,17 @@ impl Acquirer {
                 // Ended but pinned by a transaction the database could not
                 // end: no release or expiry will announce when it lets go.
                 polls = polls.saturating_add(1);
-                backoff::poll(polls, context.options.max_poll())
+                backoff::poll(polls, context.options.get_max_poll_interval())
             } else if heard {
                 // A release wakes us; otherwise try again when it expires,
                 // spread a little so that many waiters do not arrive at once.
                 until_expiry + backoff::spread(until_expiry)
             } else {
                 polls = polls.saturating_add(1);
-                until_expiry.min(backoff::poll(polls, context.options.max_poll()))
+                until_expiry.min(backoff::poll(
+                    polls,
+                    context.options.get_max_poll_interval(),
+                ))
             };
             let wake = (now + nap).min(deadline);
             loop {

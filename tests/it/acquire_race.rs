@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::TestDb;
-use pglease::{Acquire, Error, Lease, LeaseManager};
+use pglease::{AcquireOptions, Error, Lease, LeaseManager};
 use tokio::sync::Barrier;
 
 const RACERS: usize = 8;
@@ -21,8 +21,11 @@ async fn race(m: &LeaseManager, name: &str, ttl: Duration, what: &str) -> Vec<Le
             let (m, barrier, name) = (m.clone(), barrier.clone(), name.to_owned());
             tokio::spawn(async move {
                 barrier.wait().await;
-                m.acquire(&name, Acquire::ttl(ttl).holder(format!("worker-{i}")))
-                    .await
+                m.acquire(
+                    &name,
+                    AcquireOptions::ttl(ttl).holder(format!("worker-{i}")),
+                )
+                .await
             })
         })
         .collect();
@@ -85,7 +88,7 @@ async fn failed_attempts_on_a_held_lease_issue_no_token() {
     let lease = m
         .acquire(
             "hot",
-            Acquire::ttl(Duration::from_secs(600)).holder("owner"),
+            AcquireOptions::ttl(Duration::from_secs(600)).holder("owner"),
         )
         .await
         .expect("acquire");
@@ -100,7 +103,7 @@ async fn failed_attempts_on_a_held_lease_issue_no_token() {
                     let attempt = m
                         .acquire(
                             "hot",
-                            Acquire::ttl(Duration::from_secs(1)).holder(format!("w{i}")),
+                            AcquireOptions::ttl(Duration::from_secs(1)).holder(format!("w{i}")),
                         )
                         .await;
                     assert!(matches!(attempt, Err(Error::Held { .. })), "{attempt:?}");
@@ -111,7 +114,7 @@ async fn failed_attempts_on_a_held_lease_issue_no_token() {
     for task in tasks {
         task.await.expect("attempts");
     }
-    let next = m.advance("probe", crate::common::token(1)).await;
+    let next = m.admit("probe", crate::common::token(1)).await;
     assert!(next.is_ok());
     let last_value: i64 = sqlx::query_scalar("SELECT last_value FROM pglease.fence_seq")
         .fetch_one(db.pool())

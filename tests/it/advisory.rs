@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use crate::common::TestDb;
-use pglease::{LeaseManager, advisory_key};
+use pglease::LeaseManager;
+use pglease::advisory::key as advisory_key;
 use sqlx::postgres::PgPoolOptions;
 
 /// Advisory locks held for `key` in this test's database.

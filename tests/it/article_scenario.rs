@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::common::{TestDb, create_data_table, data_value, fenced_write};
 use chrono::{DateTime, TimeDelta, Utc};
-use pglease::Acquire;
+use pglease::AcquireOptions;
 use pglease::Error;
 
 const UNIT: Duration = Duration::from_millis(400);
@@ -30,7 +30,7 @@ async fn article_serial_scenario_holds_against_postgres() {
 
     // A acquires at 0 for 5 units.
     let a = m
-        .acquire(name, Acquire::ttl(UNIT * 5).holder("A"))
+        .acquire(name, AcquireOptions::ttl(UNIT * 5).holder("A"))
         .await
         .expect("A acquires");
     let t0 = a.acquired_at();
@@ -72,7 +72,7 @@ async fn article_serial_scenario_holds_against_postgres() {
     // B acquires at 10 with a larger token and writes.
     db.wait_until(at(t0, 10)).await;
     let b = m
-        .acquire(name, Acquire::ttl(UNIT * 5).holder("B"))
+        .acquire(name, AcquireOptions::ttl(UNIT * 5).holder("B"))
         .await
         .expect("B acquires at 10");
     assert!(b.token() > a.token());
@@ -86,7 +86,7 @@ async fn article_serial_scenario_holds_against_postgres() {
 
     // C cannot acquire a held lease; A's delayed release changes nothing.
     assert!(matches!(
-        m.acquire(name, Acquire::ttl(UNIT * 5).holder("C")).await,
+        m.acquire(name, AcquireOptions::ttl(UNIT * 5).holder("C")).await,
         Err(Error::Held { ref holder, .. }) if holder == "B"
     ));
     assert!(
@@ -103,7 +103,7 @@ async fn article_serial_scenario_holds_against_postgres() {
     // B reacquires under a new token; its old token can neither release
     // nor renew the new lease.
     let new_b = m
-        .acquire(name, Acquire::ttl(UNIT * 5).holder("B"))
+        .acquire(name, AcquireOptions::ttl(UNIT * 5).holder("B"))
         .await
         .expect("B reacquires");
     assert!(new_b.token() > b.token());
@@ -127,7 +127,7 @@ async fn article_serial_scenario_holds_against_postgres() {
     );
 
     let c = m
-        .acquire(name, Acquire::ttl(UNIT * 5).holder("C"))
+        .acquire(name, AcquireOptions::ttl(UNIT * 5).holder("C"))
         .await
         .expect("C acquires");
     assert!(c.token() > new_b.token());
@@ -138,7 +138,7 @@ async fn article_serial_scenario_holds_against_postgres() {
 
     // Invalid TTLs are rejected.
     assert!(matches!(
-        m.acquire(name, Acquire::ttl(Duration::ZERO).holder("D"))
+        m.acquire(name, AcquireOptions::ttl(Duration::ZERO).holder("D"))
             .await,
         Err(Error::InvalidInput {
             argument: "ttl",

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use crate::common::TestDb;
-use pglease::{Acquire, Error, Fence, MAX_NAME_BYTES, MAX_TTL, Token};
+use pglease::limits::{MAX_NAME_BYTES, MAX_TTL};
+use pglease::{AcquireOptions, Error, Fence, Token};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -33,10 +34,10 @@ async fn library_rejects_bad_input_before_touching_the_database() {
     let db = TestDb::new().await;
     let m = db.manager();
     let lease = m
-        .acquire("ok", Acquire::ttl(TTL).holder("A"))
+        .acquire("ok", AcquireOptions::ttl(TTL).holder("A"))
         .await
         .expect("acquire");
-    m.advance("res", crate::common::token(5))
+    m.admit("res", crate::common::token(5))
         .await
         .expect("advance");
     let before = db.state().await;
@@ -44,12 +45,13 @@ async fn library_rejects_bad_input_before_touching_the_database() {
     for (what, bad) in bad_names() {
         assert_invalid(
             what,
-            m.acquire(&bad, Acquire::ttl(TTL).holder("A")).await,
+            m.acquire(&bad, AcquireOptions::ttl(TTL).holder("A")).await,
             "name",
         );
         assert_invalid(
             what,
-            m.acquire("ok2", Acquire::ttl(TTL).holder(&bad)).await,
+            m.acquire("ok2", AcquireOptions::ttl(TTL).holder(&bad))
+                .await,
             "holder",
         );
         // A fence with a bad name cannot be built, so no operation on a
@@ -61,7 +63,7 @@ async fn library_rejects_bad_input_before_touching_the_database() {
         assert_invalid(what, m.request_step_down("ok", &bad).await, "requested_by");
         assert_invalid(
             what,
-            m.advance(&bad, crate::common::token(6)).await,
+            m.admit(&bad, crate::common::token(6)).await,
             "resource",
         );
     }
@@ -73,7 +75,7 @@ async fn library_rejects_bad_input_before_touching_the_database() {
     for (what, ttl) in bad_ttls {
         assert_invalid(
             what,
-            m.acquire("ok2", Acquire::ttl(ttl).holder("A")).await,
+            m.acquire("ok2", AcquireOptions::ttl(ttl).holder("A")).await,
             "ttl",
         );
         assert_invalid(
@@ -94,7 +96,7 @@ async fn library_rejects_bad_input_before_touching_the_database() {
     );
     // The limits themselves are accepted.
     let longest = "n".repeat(MAX_NAME_BYTES);
-    m.acquire(&longest, Acquire::ttl(MAX_TTL).holder(&longest))
+    m.acquire(&longest, AcquireOptions::ttl(MAX_TTL).holder(&longest))
         .await
         .expect("limits are valid");
 }
@@ -114,10 +116,10 @@ async fn sqlstate(db: &TestDb, sql: &'static str) -> String {
 async fn sql_functions_reject_bad_input_with_22023() {
     let db = TestDb::new().await;
     let m = db.manager();
-    m.acquire("ok", Acquire::ttl(TTL).holder("A"))
+    m.acquire("ok", AcquireOptions::ttl(TTL).holder("A"))
         .await
         .expect("acquire");
-    m.advance("res", crate::common::token(5))
+    m.admit("res", crate::common::token(5))
         .await
         .expect("advance");
     let before = db.state().await;

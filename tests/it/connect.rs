@@ -70,8 +70,10 @@ async fn several_hosts_or_a_target_session_attribute_are_refused_with_what_to_do
         }
     }
     // One host and `any` are what sqlx does anyway.
-    let one = pglease::parse_url("postgres://postgres@127.0.0.1:5432/db?target_session_attrs=any")
-        .expect("one host");
+    let one = pglease::connect::parse_url(
+        "postgres://postgres@127.0.0.1:5432/db?target_session_attrs=any",
+    )
+    .expect("one host");
     assert_eq!(one.get_port(), 5432);
 }
 

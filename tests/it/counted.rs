@@ -7,12 +7,12 @@
 use std::time::{Duration, Instant};
 
 use crate::common::TestDb;
-use pglease::{Acquire, Error};
+use pglease::{AcquireOptions, Error};
 
 const TTL: Duration = Duration::from_secs(30);
 
-fn counted(holder: &str) -> Acquire {
-    Acquire::ttl(TTL).holder(holder).limit(3)
+fn counted(holder: &str) -> AcquireOptions {
+    AcquireOptions::ttl(TTL).holder(holder).limit(3)
 }
 
 async fn up_to_the_limit_hold_at_once_each_with_its_own_token() {
@@ -73,7 +73,7 @@ async fn up_to_the_limit_hold_at_once_each_with_its_own_token() {
 async fn an_expired_slot_is_taken_over_and_held_slots_are_renewed() {
     let db = TestDb::new().await;
     let m = db.manager();
-    let how = |holder: &str, ttl: Duration| Acquire::ttl(ttl).holder(holder).limit(2);
+    let how = |holder: &str, ttl: Duration| AcquireOptions::ttl(ttl).holder(holder).limit(2);
     // One slot renewed in the background, one left to expire.
     let held = m
         .hold("pool", how("kept", Duration::from_millis(600)))
@@ -119,14 +119,17 @@ async fn bad_limits_are_refused_before_anything_is_sent() {
         (1001, "jobs".to_owned(), "limit"),
         (10, "n".repeat(253), "name"),
     ] {
-        match m.acquire(&name, Acquire::ttl(TTL).limit(limit)).await {
+        match m
+            .acquire(&name, AcquireOptions::ttl(TTL).limit(limit))
+            .await
+        {
             Err(Error::InvalidInput { argument: got, .. }) => {
                 assert_eq!(got, argument, "limit {limit}")
             }
             other => panic!("limit {limit}: {other:?}"),
         }
     }
-    let elector = m.elector("leader", Acquire::ttl(TTL).limit(2));
+    let elector = m.elector("leader", AcquireOptions::ttl(TTL).limit(2));
     assert!(matches!(
         elector,
         Err(Error::InvalidInput {
@@ -150,7 +153,7 @@ async fn bad_limits_are_refused_before_anything_is_sent() {
     assert_eq!(db.state().await, before, "a refused call changed something");
     // 252 bytes and "#9": 254 in all, allowed.
     let fits = m
-        .acquire(&"n".repeat(252), Acquire::ttl(TTL).limit(9))
+        .acquire(&"n".repeat(252), AcquireOptions::ttl(TTL).limit(9))
         .await
         .expect("a name that fits with its suffix");
     assert_eq!(fits.name(), format!("{}#1", "n".repeat(252)));

@@ -3,9 +3,10 @@
 //! do. (Standbys: `failover.rs`.)
 
 use crate::common::TestDb;
-use pglease::{Diagnosis, MIGRATIONS_TABLE, Verdict};
+use pglease::doctor::{Diagnosis, Verdict};
+use pglease::schema::MIGRATIONS_TABLE;
 
-fn check<'a>(diagnosis: &'a Diagnosis, name: &str) -> &'a pglease::Check {
+fn check<'a>(diagnosis: &'a Diagnosis, name: &str) -> &'a pglease::doctor::Check {
     diagnosis
         .checks
         .iter()

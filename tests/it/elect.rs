@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::common::{TestDb, poll_until};
-use pglease::{Acquire, Elector, Error, HeldLease, Leader, Leadership, ManagerOptions};
+use pglease::elect::{Elector, Leader, Leadership};
+use pglease::{AcquireOptions, Error, HeldLease, ManagerOptions};
 
 const BOUND: Duration = Duration::from_secs(10);
 
@@ -58,7 +59,7 @@ async fn candidates(db: &TestDb, count: usize, ttl: Duration) -> Vec<Arc<Elector
         let manager = db
             .manager_with(&format!("candidate-{i}"), ManagerOptions::default())
             .await;
-        let how = Acquire::ttl(ttl)
+        let how = AcquireOptions::ttl(ttl)
             .holder(format!("candidate-{i}"))
             .value(format!("10.0.0.{i}:8080"));
         electors.push(Arc::new(manager.elector("leader", how).expect("elector")));
@@ -242,7 +243,7 @@ async fn followers_see_the_leader_and_a_step_down_request_is_honoured() {
                 e.run(async move |held| {
                     tokio::select! {
                         () = lead(held) => {}
-                        _ = me.step_down_request() => me.step_down(),
+                        _ = me.until_step_down_requested() => me.step_down(),
                     }
                 })
                 .await
@@ -343,7 +344,7 @@ async fn a_campaign_without_the_schema_fails_at_once() {
     let db = TestDb::empty().await;
     let elector = db
         .manager()
-        .elector("leader", Acquire::ttl(Duration::from_secs(5)))
+        .elector("leader", AcquireOptions::ttl(Duration::from_secs(5)))
         .expect("elector");
     let ran = tokio::time::timeout(BOUND, elector.run(async |_held| {}))
         .await

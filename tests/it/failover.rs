@@ -13,8 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use pglease::doctor::Verdict;
 use pglease::testing::{Endpoint, Replicated, SetupError, Standby};
-use pglease::{Acquire, Error, HeldLease, LeaseManager, LossReason, ManagerOptions, Verdict, sqlx};
+use pglease::{AcquireOptions, Error, HeldLease, LeaseManager, LossReason, ManagerOptions, sqlx};
 use sqlx::postgres::PgPoolOptions;
 
 const CLIENTS: usize = 6;
@@ -126,7 +127,7 @@ async fn crash_under_load(
                 match leases
                     .acquire(
                         &name,
-                        Acquire::ttl(Duration::from_secs(60)).holder(format!("c{client}")),
+                        AcquireOptions::ttl(Duration::from_secs(60)).holder(format!("c{client}")),
                     )
                     .await
                 {
@@ -203,7 +204,10 @@ async fn crash_under_load(
         let name = format!("after-{name}");
         let lease = tokio::time::timeout(
             Duration::from_secs(30),
-            after.acquire(&name, Acquire::ttl(Duration::from_secs(60)).holder("after")),
+            after.acquire(
+                &name,
+                AcquireOptions::ttl(Duration::from_secs(60)).holder("after"),
+            ),
         )
         .await
         .expect("the promoted server answers within 30 s")
@@ -274,7 +278,7 @@ async fn through(
         .await
         .expect("seed it");
     admin.close().await;
-    let pool = pglease::pool_options()
+    let pool = pglease::connect::pool_options()
         .acquire_timeout(Duration::from_secs(1))
         .connect_lazy_with(endpoint.options());
     Ok(LeaseManager::with_options(pool, options).expect("valid options"))
@@ -302,7 +306,10 @@ async fn a_held_lease_survives_a_failover_behind_a_stable_endpoint() -> Result<(
         // Renewed every 3.3 s: the failover below (a failed renewal, the
         // promotion, a retry) fits before the local deadline with seconds
         // to spare on a loaded machine.
-        .hold("job", Acquire::ttl(Duration::from_secs(10)).holder("A"))
+        .hold(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(10)).holder("A"),
+        )
         .await
         .expect("hold");
     write(&held, "before")
@@ -358,7 +365,12 @@ async fn a_held_lease_survives_a_failover_behind_a_stable_endpoint() -> Result<(
     // Nobody else got it meanwhile; once released, the next holder gets it
     // at once, with a larger token.
     let other = LeaseManager::new(cluster.standby().pool().await?);
-    let b = || other.acquire("job", Acquire::ttl(Duration::from_secs(60)).holder("B"));
+    let b = || {
+        other.acquire(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(60)).holder("B"),
+        )
+    };
     assert!(matches!(b().await, Err(Error::Held { .. })));
     let token = held.token();
     held.release().await.expect("release");
@@ -378,7 +390,10 @@ async fn a_failover_too_late_ends_the_lease_as_unreachable_before_its_expiry()
     let options = ManagerOptions::default().safety_margin(Duration::from_millis(300));
     let leases = through(&endpoint, &cluster, options).await?;
     let held = leases
-        .hold("job", Acquire::ttl(Duration::from_secs(2)).holder("A"))
+        .hold(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(2)).holder("A"),
+        )
         .await
         .expect("hold");
     cluster.crash_primary()?;
@@ -410,7 +425,7 @@ async fn a_failover_too_late_ends_the_lease_as_unreachable_before_its_expiry()
         Duration::from_secs(10),
         other.acquire(
             "job",
-            Acquire::ttl(Duration::from_secs(60))
+            AcquireOptions::ttl(Duration::from_secs(60))
                 .holder("B")
                 .wait(Duration::from_secs(8)),
         ),

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::common::{TestDb, create_data_table, data_value, poll_until};
-use pglease::{Acquire, Error, LeaseManager, NotHeldReason};
+use pglease::{AcquireOptions, Error, LeaseManager, NotHeldReason};
 use sqlx::Connection;
 
 const LONG: Duration = Duration::from_secs(600);
@@ -28,7 +28,7 @@ const APP: &str = "fenced_begin_under_test";
 /// bad state would be the next one used; with pglease's pool settings, so
 /// that the server notices a client gone within a second.
 async fn single_connection(db: &TestDb) -> LeaseManager {
-    let pool = pglease::pool_options()
+    let pool = pglease::connect::pool_options()
         .max_connections(1)
         .connect_with(db.options().application_name(APP))
         .await
@@ -72,7 +72,10 @@ async fn awkward_names_are_checked_as_themselves() {
             m.clone()
         };
         for name in AWKWARD {
-            let lease = m.acquire(name, Acquire::ttl(LONG)).await.expect("acquire");
+            let lease = m
+                .acquire(name, AcquireOptions::ttl(LONG))
+                .await
+                .expect("acquire");
             let mut tx = m.begin_fenced(&lease).await.expect("begin under the lease");
             sqlx::query("UPDATE data SET value = $1 WHERE id = 1")
                 .bind(name)
@@ -107,7 +110,7 @@ async fn a_failed_check_leaves_the_connection_usable() {
     create_data_table(&db).await;
     let m = single_connection(&db).await;
     let lease = m
-        .acquire("data", Acquire::ttl(LONG))
+        .acquire("data", AcquireOptions::ttl(LONG))
         .await
         .expect("acquire");
     let stale = crate::common::fence("data", lease.token().get() + 1);
@@ -132,7 +135,7 @@ async fn a_savepoint_inside_is_a_savepoint_and_a_drop_rolls_back() {
     create_data_table(&db).await;
     let m = single_connection(&db).await;
     let lease = m
-        .acquire("data", Acquire::ttl(LONG))
+        .acquire("data", AcquireOptions::ttl(LONG))
         .await
         .expect("acquire");
     let mut tx = m.begin_fenced(&lease).await.expect("begin");
@@ -165,7 +168,7 @@ async fn giving_up_while_the_check_waits_closes_the_connection() {
     let db = TestDb::new().await;
     let m = single_connection(&db).await;
     let lease = m
-        .acquire("data", Acquire::ttl(LONG))
+        .acquire("data", AcquireOptions::ttl(LONG))
         .await
         .expect("acquire");
     // Another session locks the lease row, so the check waits for it.

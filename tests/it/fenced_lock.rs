@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::common::{TestDb, create_data_table, data_value};
-use pglease::{Acquire, Error, FencedTransaction, Lease, LeaseManager};
+use pglease::{AcquireOptions, Error, FencedTransaction, Lease, LeaseManager};
 use sqlx::Connection;
 
 const LONG: Duration = Duration::from_secs(600);
@@ -17,10 +17,13 @@ const BOUND: Duration = Duration::from_secs(10);
 /// B's one attempt at lease "data", bounded: it must end the stale
 /// transaction that holds the row and take the lease, with a larger token.
 async fn b_takes_over(m: &LeaseManager, old: &Lease) -> Lease {
-    let b = tokio::time::timeout(BOUND, m.acquire("data", Acquire::ttl(LONG).holder("B")))
-        .await
-        .expect("B's acquisition must not wait for A's transaction")
-        .expect("B acquires");
+    let b = tokio::time::timeout(
+        BOUND,
+        m.acquire("data", AcquireOptions::ttl(LONG).holder("B")),
+    )
+    .await
+    .expect("B's acquisition must not wait for A's transaction")
+    .expect("B acquires");
     assert!(b.token() > old.token());
     b
 }
@@ -37,7 +40,7 @@ async fn fenced_on(db: &TestDb, name: &str) -> Vec<i32> {
 /// A acquires "data" for `ttl` and opens a fenced transaction under it.
 async fn a_fenced(m: &LeaseManager, ttl: Duration) -> (Lease, FencedTransaction) {
     let lease = m
-        .acquire("data", Acquire::ttl(ttl).holder("A"))
+        .acquire("data", AcquireOptions::ttl(ttl).holder("A"))
         .await
         .expect("A acquires");
     let tx = m.begin_fenced(&lease).await.expect("A checks");
@@ -80,7 +83,7 @@ async fn fenced_transaction_does_not_block_renew_release_or_held_check() {
     let db = TestDb::new().await;
     let m = db.manager();
     let lease = m
-        .acquire("data", Acquire::ttl(LONG).holder("A"))
+        .acquire("data", AcquireOptions::ttl(LONG).holder("A"))
         .await
         .expect("acquire");
     let tx = m
@@ -91,10 +94,12 @@ async fn fenced_transaction_does_not_block_renew_release_or_held_check() {
     let other = LeaseManager::new(db.pool().clone());
     // A failed acquire of a held lease returns at once, even while the row
     // is locked by a fenced transaction.
-    let attempt =
-        tokio::time::timeout(BOUND, other.acquire("data", Acquire::ttl(LONG).holder("B")))
-            .await
-            .expect("acquire of a held lease must not wait");
+    let attempt = tokio::time::timeout(
+        BOUND,
+        other.acquire("data", AcquireOptions::ttl(LONG).holder("B")),
+    )
+    .await
+    .expect("acquire of a held lease must not wait");
     assert!(matches!(attempt, Err(Error::Held { .. })));
     tokio::time::timeout(
         BOUND,
@@ -119,7 +124,7 @@ async fn a_released_lease_is_taken_at_once_from_its_open_fenced_transaction() {
     create_data_table(&db).await;
     let m = db.manager();
     let lease = m
-        .acquire("data", Acquire::ttl(LONG).holder("A"))
+        .acquire("data", AcquireOptions::ttl(LONG).holder("A"))
         .await
         .expect("acquire");
     let mut conn = db.connect().await;
@@ -155,7 +160,7 @@ async fn a_renewed_holder_keeps_its_fenced_transaction_past_one_ttl() {
     // does not lose it.
     let ttl = Duration::from_millis(1500);
     let held = a
-        .hold("data", Acquire::ttl(ttl).holder("A"))
+        .hold("data", AcquireOptions::ttl(ttl).holder("A"))
         .await
         .expect("hold");
     let first_expiry = held.expires_at();
@@ -171,7 +176,10 @@ async fn a_renewed_holder_keeps_its_fenced_transaction_past_one_ttl() {
     let until = first_expiry + chrono::Duration::from_std(ttl * 2).expect("ttl");
     let mut attempts = 0;
     while db.now().await < until {
-        match b.acquire("data", Acquire::ttl(LONG).holder("B")).await {
+        match b
+            .acquire("data", AcquireOptions::ttl(LONG).holder("B"))
+            .await
+        {
             Err(Error::Held { holder, .. }) => assert_eq!(holder, "A"),
             other => panic!("B's attempt while A renews: {other:?}"),
         }
@@ -198,7 +206,7 @@ async fn a_failed_check_rolled_back_to_a_savepoint_leaves_no_marker() {
     let db = TestDb::new().await;
     let m = db.manager();
     let stale = m
-        .acquire("data", Acquire::ttl(LONG).holder("A"))
+        .acquire("data", AcquireOptions::ttl(LONG).holder("A"))
         .await
         .expect("A acquires");
     assert!(
@@ -262,7 +270,10 @@ async fn a_lock_taken_without_assert_held_pins_the_lease_within_a_bound() {
     let db = TestDb::new().await;
     let m = db.manager();
     let old = m
-        .acquire("data", Acquire::ttl(Duration::from_millis(300)).holder("A"))
+        .acquire(
+            "data",
+            AcquireOptions::ttl(Duration::from_millis(300)).holder("A"),
+        )
         .await
         .expect("A acquires");
     let mut conn = db.connect().await;
@@ -272,7 +283,12 @@ async fn a_lock_taken_without_assert_held_pins_the_lease_within_a_bound() {
         .await
         .expect("lock the row");
     db.wait_until(old.expires_at()).await;
-    match tokio::time::timeout(BOUND, m.acquire("data", Acquire::ttl(LONG).holder("B"))).await {
+    match tokio::time::timeout(
+        BOUND,
+        m.acquire("data", AcquireOptions::ttl(LONG).holder("B")),
+    )
+    .await
+    {
         Ok(Err(Error::Pinned { holder, reason, .. })) => {
             assert_eq!(holder.as_deref(), Some("A"));
             assert!(reason.contains("cannot end"), "{reason}");
@@ -281,7 +297,7 @@ async fn a_lock_taken_without_assert_held_pins_the_lease_within_a_bound() {
     }
     tx.commit().await.expect("the lock goes");
     let b = m
-        .acquire("data", Acquire::ttl(LONG).holder("B"))
+        .acquire("data", AcquireOptions::ttl(LONG).holder("B"))
         .await
         .expect("B acquires");
     assert!(b.token() > old.token());

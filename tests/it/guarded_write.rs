@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::common::{TestDb, create_data_table, data_value, fenced_write};
-use pglease::{Acquire, Error, NotHeldReason, Token};
+use pglease::{AcquireOptions, Error, NotHeldReason, Token};
 use sqlx::Connection;
 
 const LONG: Duration = Duration::from_secs(600);
@@ -37,7 +37,7 @@ async fn guarded_write_commits_under_valid_lease() {
     create_data_table(&db).await;
     let m = db.manager();
     let lease = m
-        .acquire("data", Acquire::ttl(LONG).holder("A"))
+        .acquire("data", AcquireOptions::ttl(LONG).holder("A"))
         .await
         .expect("acquire");
     fenced_write(&m, "data", lease.token(), "a-1")
@@ -51,7 +51,7 @@ async fn guarded_write_rejected_after_expiry() {
     create_data_table(&db).await;
     let m = db.manager();
     let lease = m
-        .acquire("data", Acquire::ttl(SHORT).holder("A"))
+        .acquire("data", AcquireOptions::ttl(SHORT).holder("A"))
         .await
         .expect("acquire");
     db.wait_until(lease.expires_at()).await;
@@ -71,12 +71,12 @@ async fn guarded_write_rejected_after_takeover() {
     create_data_table(&db).await;
     let m = db.manager();
     let old = m
-        .acquire("data", Acquire::ttl(SHORT).holder("A"))
+        .acquire("data", AcquireOptions::ttl(SHORT).holder("A"))
         .await
         .expect("A acquires");
     db.wait_until(old.expires_at()).await;
     let new = m
-        .acquire("data", Acquire::ttl(LONG).holder("B"))
+        .acquire("data", AcquireOptions::ttl(LONG).holder("B"))
         .await
         .expect("B takes over");
     fenced_write(&m, "data", new.token(), "b-1")
@@ -106,7 +106,7 @@ async fn guarded_write_rejected_after_release() {
     create_data_table(&db).await;
     let m = db.manager();
     let lease = m
-        .acquire("data", Acquire::ttl(LONG).holder("A"))
+        .acquire("data", AcquireOptions::ttl(LONG).holder("A"))
         .await
         .expect("acquire");
     assert!(
@@ -134,7 +134,7 @@ async fn transaction_begun_while_valid_is_rejected_when_it_checks_after_expiry()
     create_data_table(&db).await;
     let m = db.manager();
     let lease = m
-        .acquire("data", Acquire::ttl(SHORT).holder("A"))
+        .acquire("data", AcquireOptions::ttl(SHORT).holder("A"))
         .await
         .expect("acquire");
 
@@ -163,7 +163,7 @@ async fn fenced_transaction_recheck_rejects_after_expiry_and_nothing_commits() {
     create_data_table(&db).await;
     let m = db.manager();
     let lease = m
-        .acquire("data", Acquire::ttl(SHORT).holder("A"))
+        .acquire("data", AcquireOptions::ttl(SHORT).holder("A"))
         .await
         .expect("acquire");
     let mut tx = m
@@ -188,7 +188,7 @@ async fn fenced_closure_rolls_back_on_error() {
     create_data_table(&db).await;
     let m = db.manager();
     let lease = m
-        .acquire("data", Acquire::ttl(LONG).holder("A"))
+        .acquire("data", AcquireOptions::ttl(LONG).holder("A"))
         .await
         .expect("acquire");
     let outcome: Result<(), Error> = m
@@ -211,7 +211,7 @@ async fn single_statement_guarded_write() {
     create_data_table(&db).await;
     let m = db.manager();
     let old = m
-        .acquire("data", Acquire::ttl(SHORT).holder("A"))
+        .acquire("data", AcquireOptions::ttl(SHORT).holder("A"))
         .await
         .expect("A acquires");
     const GUARDED_UPDATE: &str = "WITH fence AS (SELECT pglease.assert_held($1, $2)) \
@@ -229,7 +229,7 @@ async fn single_statement_guarded_write() {
     assert_eq!(data_value(&db).await, "a-1");
     db.wait_until(old.expires_at()).await;
     let new = m
-        .acquire("data", Acquire::ttl(LONG).holder("B"))
+        .acquire("data", AcquireOptions::ttl(LONG).holder("B"))
         .await
         .expect("B takes over");
     let err = write(old.token(), "stale")

@@ -8,7 +8,8 @@
 use std::time::Duration;
 
 use crate::common::TestDb;
-use pglease::{Acquire, Error, Event, LossReason, Transition};
+use pglease::history::{Event, Transition};
+use pglease::{AcquireOptions, Error, LossReason};
 use sqlx::{AssertSqlSafe, Connection};
 
 const BOUND: Duration = Duration::from_secs(10);
@@ -30,13 +31,13 @@ async fn every_transition_is_recorded_in_order() {
     let a = m
         .acquire(
             "job",
-            Acquire::ttl(Duration::from_secs(30))
+            AcquireOptions::ttl(Duration::from_secs(30))
                 .holder("a")
                 .value("v1"),
         )
         .await
         .expect("acquire a");
-    m.proclaim(&a, Some("v2")).await.expect("proclaim");
+    m.set_value(&a, Some("v2")).await.expect("proclaim");
     for _ in 0..3 {
         m.renew(&a, Duration::from_secs(30)).await.expect("renew");
     }
@@ -45,7 +46,10 @@ async fn every_transition_is_recorded_in_order() {
     assert!(m.release(&a).await.expect("release"));
     // A short term that expires, then a takeover.
     let b = m
-        .acquire("job", Acquire::ttl(Duration::from_millis(300)).holder("b"))
+        .acquire(
+            "job",
+            AcquireOptions::ttl(Duration::from_millis(300)).holder("b"),
+        )
         .await
         .expect("acquire b");
     m.renew(&b, Duration::from_millis(300))
@@ -54,7 +58,10 @@ async fn every_transition_is_recorded_in_order() {
     db.wait_until(m.inspect("job").await.unwrap().expires_at.unwrap())
         .await;
     let c = m
-        .acquire("job", Acquire::ttl(Duration::from_secs(30)).holder("c"))
+        .acquire(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(30)).holder("c"),
+        )
         .await
         .expect("acquire c");
     assert_eq!(m.inspect("job").await.unwrap().renewals, 0);
@@ -95,7 +102,7 @@ async fn a_takeover_that_ends_a_frozen_holders_transaction_records_the_eviction(
     let old = m
         .acquire(
             "job",
-            Acquire::ttl(Duration::from_millis(500)).holder("frozen"),
+            AcquireOptions::ttl(Duration::from_millis(500)).holder("frozen"),
         )
         .await
         .expect("acquire");
@@ -115,7 +122,10 @@ async fn a_takeover_that_ends_a_frozen_holders_transaction_records_the_eviction(
     let started = std::time::Instant::now();
     let next = db
         .manager()
-        .acquire("job", Acquire::ttl(Duration::from_secs(30)).holder("next"))
+        .acquire(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(30)).holder("next"),
+        )
         .await
         .expect("the takeover");
     // Liveness: the frozen transaction did not keep the lease.
@@ -144,12 +154,12 @@ async fn a_takeover_that_ends_a_frozen_holders_transaction_records_the_eviction(
         .manager()
         .acquire(
             "quiet",
-            Acquire::ttl(Duration::from_millis(200)).holder("q"),
+            AcquireOptions::ttl(Duration::from_millis(200)).holder("q"),
         )
         .await
         .expect("acquire quiet");
     db.wait_until(short.expires_at()).await;
-    m.acquire("quiet", Acquire::ttl(Duration::from_secs(30)))
+    m.acquire("quiet", AcquireOptions::ttl(Duration::from_secs(30)))
         .await
         .expect("take quiet over");
     assert!(
@@ -177,7 +187,7 @@ async fn old_rows_are_pruned_by_the_transitions_themselves() {
     // multiple of 128 in the history's ids.
     for _ in 0..64 {
         let lease = m
-            .acquire("cycle", Acquire::ttl(Duration::from_secs(30)))
+            .acquire("cycle", AcquireOptions::ttl(Duration::from_secs(30)))
             .await
             .expect("acquire");
         m.release(&lease).await.expect("release");
@@ -208,7 +218,10 @@ async fn force_release_fences_a_running_holder_at_once() {
         .manager_with("holder", pglease::ManagerOptions::default())
         .await;
     let held = holder
-        .hold("job", Acquire::ttl(Duration::from_secs(3)).holder("worker"))
+        .hold(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(3)).holder("worker"),
+        )
         .await
         .expect("hold");
     let old = held.token();
@@ -230,7 +243,7 @@ async fn force_release_fences_a_running_holder_at_once() {
             waiter
                 .acquire(
                     "job",
-                    Acquire::ttl(Duration::from_secs(30))
+                    AcquireOptions::ttl(Duration::from_secs(30))
                         .holder("next")
                         .wait(BOUND),
                 )
@@ -314,7 +327,7 @@ async fn force_release_is_for_administrators_and_checks_its_reason() {
     ])
     .await;
     let m = db.manager();
-    m.acquire("job", Acquire::ttl(Duration::from_secs(30)))
+    m.acquire("job", AcquireOptions::ttl(Duration::from_secs(30)))
         .await
         .expect("acquire");
     let as_role = async |sql: &str| {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use crate::common::{TestDb, create_data_table, data_value, poll_until};
-use pglease::{Acquire, Error, LeaseManager, LossReason, ManagerOptions};
+use pglease::{AcquireOptions, Error, LeaseManager, LossReason, ManagerOptions};
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -44,7 +44,10 @@ async fn renewal_recovers_from_a_terminated_connection() {
         .manager_with("renewer-kill", ManagerOptions::default())
         .await;
     let held = m
-        .hold("job", Acquire::ttl(Duration::from_secs(3)).holder("A"))
+        .hold(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(3)).holder("A"),
+        )
         .await
         .expect("hold");
     let renewed_before = m.stats().leases_renewed;
@@ -91,7 +94,10 @@ async fn unanswered_renewals_signal_loss_by_the_local_deadline() {
     let options = ManagerOptions::default().safety_margin(Duration::from_millis(300));
     let m = db.manager_with("renewer-block", options).await;
     let held = m
-        .hold("job", Acquire::ttl(Duration::from_millis(1500)).holder("A"))
+        .hold(
+            "job",
+            AcquireOptions::ttl(Duration::from_millis(1500)).holder("A"),
+        )
         .await
         .expect("hold");
     let mut blocker = lock_lease_row(&db, "job").await;
@@ -145,7 +151,10 @@ async fn paused_holder_finds_its_lease_lost_and_its_write_rejected() {
             rt.block_on(async move {
                 let m = db.manager_with("paused", ManagerOptions::default()).await;
                 let held = m
-                    .hold("data", Acquire::ttl(Duration::from_secs(1)).holder("A"))
+                    .hold(
+                        "data",
+                        AcquireOptions::ttl(Duration::from_secs(1)).holder("A"),
+                    )
                     .await
                     .expect("A holds");
                 let _ = acquired_tx.send((held.token(), held.expires_at()));
@@ -171,7 +180,10 @@ async fn paused_holder_finds_its_lease_lost_and_its_write_rejected() {
     db.wait_until(a_expires).await;
     let b = db
         .manager()
-        .acquire("data", Acquire::ttl(Duration::from_secs(60)).holder("B"))
+        .acquire(
+            "data",
+            AcquireOptions::ttl(Duration::from_secs(60)).holder("B"),
+        )
         .await
         .expect("B takes over after A's expiry");
     assert!(b.token() > a_token);
@@ -212,9 +224,12 @@ async fn a_thousand_leases_are_renewed_by_one_statement_per_tick() {
     let mut held = Vec::with_capacity(LEASES);
     for i in 0..LEASES {
         held.push(
-            m.hold(&format!("lease-{i:04}"), Acquire::ttl(ttl).holder("H"))
-                .await
-                .expect("hold"),
+            m.hold(
+                &format!("lease-{i:04}"),
+                AcquireOptions::ttl(ttl).holder("H"),
+            )
+            .await
+            .expect("hold"),
         );
     }
     let stats_before_lo = m.stats();
@@ -277,7 +292,7 @@ async fn scoped_work_is_stopped_when_the_lease_is_lost() {
     let intruder = db.manager();
     let work = m.with_lease(
         "job",
-        Acquire::ttl(Duration::from_secs(1)).holder("A"),
+        AcquireOptions::ttl(Duration::from_secs(1)).holder("A"),
         async |held| {
             started.notify_one();
             // Work that would never finish on its own.
@@ -313,7 +328,7 @@ async fn scoped_work_releases_the_lease_when_it_finishes() {
     let token = m
         .with_lease(
             "data",
-            Acquire::ttl(Duration::from_secs(10)).holder("A"),
+            AcquireOptions::ttl(Duration::from_secs(10)).holder("A"),
             async |held| {
                 let mut tx = held.begin_fenced().await.expect("fenced");
                 sqlx::query("UPDATE data SET value = 'done' WHERE id = 1")
@@ -341,7 +356,7 @@ async fn scoped_work_whose_transaction_a_takeover_ended_reports_the_loss() {
     let taken = tokio::sync::Notify::new();
     let work = m.with_lease(
         "data",
-        Acquire::ttl(Duration::from_secs(60)).holder("A"),
+        AcquireOptions::ttl(Duration::from_secs(60)).holder("A"),
         async |held| {
             let mut tx = held.begin_fenced().await?;
             inside.notify_one();
@@ -362,7 +377,7 @@ async fn scoped_work_whose_transaction_a_takeover_ended_reports_the_loss() {
         pglease::testing::take_over(
             &other,
             "data",
-            Acquire::ttl(Duration::from_secs(30)).holder("B"),
+            AcquireOptions::ttl(Duration::from_secs(30)).holder("B"),
         )
         .await
         .expect("take over");
@@ -385,12 +400,16 @@ async fn scoped_work_whose_transaction_a_takeover_ended_reports_the_loss() {
     // Work that fails while its lease is held returns its own error, and
     // the lease is released.
     let own = m
-        .with_lease("mine", Acquire::ttl(Duration::from_secs(60)), async |_| {
-            Err::<(), _>(Error::Timeout {
-                operation: "the work's own step",
-                after: None,
-            })
-        })
+        .with_lease(
+            "mine",
+            AcquireOptions::ttl(Duration::from_secs(60)),
+            async |_| {
+                Err::<(), _>(Error::Timeout {
+                    operation: "the work's own step",
+                    after: None,
+                })
+            },
+        )
         .await;
     assert!(matches!(own, Err(Error::Timeout { .. })), "{own:?}");
     assert!(!m.inspect("mine").await.expect("inspect").held);
@@ -400,7 +419,10 @@ async fn dropping_a_held_lease_releases_it() {
     let db = TestDb::new().await;
     let m = db.manager();
     let held = m
-        .hold("job", Acquire::ttl(Duration::from_secs(60)).holder("A"))
+        .hold(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(60)).holder("A"),
+        )
         .await
         .expect("hold");
     drop(held);
@@ -414,11 +436,17 @@ async fn shutdown_releases_everything_and_refuses_more() {
     let db = TestDb::new().await;
     let m = db.manager();
     let a = m
-        .hold("a", Acquire::ttl(Duration::from_secs(60)).holder("H"))
+        .hold(
+            "a",
+            AcquireOptions::ttl(Duration::from_secs(60)).holder("H"),
+        )
         .await
         .expect("hold a");
     let b = m
-        .hold("b", Acquire::ttl(Duration::from_secs(60)).holder("H"))
+        .hold(
+            "b",
+            AcquireOptions::ttl(Duration::from_secs(60)).holder("H"),
+        )
         .await
         .expect("hold b");
     m.shutdown().await.expect("shutdown");
@@ -428,8 +456,11 @@ async fn shutdown_releases_everything_and_refuses_more() {
         assert!(!m.inspect(name).await.expect("inspect").held);
     }
     assert!(matches!(
-        m.hold("c", Acquire::ttl(Duration::from_secs(60)).holder("H"))
-            .await,
+        m.hold(
+            "c",
+            AcquireOptions::ttl(Duration::from_secs(60)).holder("H")
+        )
+        .await,
         Err(Error::ShutDown)
     ));
 }
@@ -453,8 +484,11 @@ async fn bad_timing_is_rejected_before_anything_is_acquired() {
     .expect("options alone are fine");
     let before = db.state().await;
     assert!(matches!(
-        m.hold("job", Acquire::ttl(Duration::from_secs(6)).holder("A"))
-            .await,
+        m.hold(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(6)).holder("A")
+        )
+        .await,
         Err(Error::InvalidInput {
             argument: "safety_margin",
             ..
@@ -470,11 +504,11 @@ async fn renew_many_reports_each_lease_it_did_not_renew() {
     let m = db.manager();
     let long = Duration::from_secs(600);
     let valid = m
-        .acquire("valid", Acquire::ttl(long).holder("A"))
+        .acquire("valid", AcquireOptions::ttl(long).holder("A"))
         .await
         .expect("valid");
     let old = m
-        .acquire("taken", Acquire::ttl(long).holder("A"))
+        .acquire("taken", AcquireOptions::ttl(long).holder("A"))
         .await
         .expect("taken");
     assert!(
@@ -483,11 +517,11 @@ async fn renew_many_reports_each_lease_it_did_not_renew() {
             .expect("release")
     );
     let new = m
-        .acquire("taken", Acquire::ttl(long).holder("B"))
+        .acquire("taken", AcquireOptions::ttl(long).holder("B"))
         .await
         .expect("retaken");
     let released = m
-        .acquire("released", Acquire::ttl(long).holder("A"))
+        .acquire("released", AcquireOptions::ttl(long).holder("A"))
         .await
         .expect("rel");
     assert!(
@@ -553,7 +587,7 @@ async fn a_held_lease_moved_into_a_spawned_task_sees_its_loss() {
     crate::common::create_data_table(&db).await;
     let m = db.manager();
     let held = m
-        .hold("spawned", Acquire::ttl(Duration::from_secs(10)))
+        .hold("spawned", AcquireOptions::ttl(Duration::from_secs(10)))
         .await
         .expect("hold");
     let (wrote, write) = tokio::sync::oneshot::channel();

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::common::{TestDb, poll_until};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use pglease::{Acquire, ManagerOptions};
+use pglease::{AcquireOptions, ManagerOptions};
 
 const BOUND: Duration = Duration::from_secs(10);
 
@@ -56,18 +56,21 @@ async fn operations_are_counted_through_the_metrics_facade() {
     let snapshotter = recorder.snapshotter();
     let _recording = metrics::set_default_local_recorder(&recorder);
     // Every name recorded is documented.
-    let documented: Vec<&str> = pglease::METRICS.iter().map(|m| m.0).collect();
+    let documented: Vec<&str> = pglease::telemetry::METRICS.iter().map(|m| m.0).collect();
 
     let db = TestDb::new().await;
     let holder = db.manager_with("holder", ManagerOptions::default()).await;
     let held = holder
-        .hold("job", Acquire::ttl(Duration::from_millis(600)).holder("a"))
+        .hold(
+            "job",
+            AcquireOptions::ttl(Duration::from_millis(600)).holder("a"),
+        )
         .await
         .expect("hold");
     let waiter = db.manager_with("waiter", ManagerOptions::default()).await;
     assert!(
         waiter
-            .acquire("job", Acquire::ttl(Duration::from_secs(5)))
+            .acquire("job", AcquireOptions::ttl(Duration::from_secs(5)))
             .await
             .is_err()
     );
@@ -88,7 +91,10 @@ async fn operations_are_counted_through_the_metrics_facade() {
         let waiter = waiter.clone();
         tokio::spawn(async move {
             waiter
-                .acquire("job", Acquire::ttl(Duration::from_secs(5)).wait(BOUND))
+                .acquire(
+                    "job",
+                    AcquireOptions::ttl(Duration::from_secs(5)).wait(BOUND),
+                )
                 .await
         })
     };
@@ -137,13 +143,16 @@ async fn operations_are_counted_through_the_metrics_facade() {
     let short = holder
         .acquire(
             "short",
-            Acquire::ttl(Duration::from_millis(300)).holder("a"),
+            AcquireOptions::ttl(Duration::from_millis(300)).holder("a"),
         )
         .await
         .expect("acquire short");
     drop(short); // a plain lease, never renewed nor released: it expires
     waiter
-        .acquire("short", Acquire::ttl(Duration::from_secs(5)).wait(BOUND))
+        .acquire(
+            "short",
+            AcquireOptions::ttl(Duration::from_secs(5)).wait(BOUND),
+        )
         .await
         .expect("taken over");
     take(&snapshotter, &mut seen);
@@ -152,7 +161,7 @@ async fn operations_are_counted_through_the_metrics_facade() {
         let bare = name.split('{').next().unwrap_or(name);
         assert!(
             documented.contains(&bare),
-            "{bare} is not in pglease::METRICS"
+            "{bare} is not in pglease::telemetry::METRICS"
         );
     }
     waiter.release(&got).await.expect("release");

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use crate::common::TestDb;
-use pglease::{Acquire, Error, LeaseManager, MIGRATIONS_TABLE};
+use pglease::schema::MIGRATIONS_TABLE;
+use pglease::{AcquireOptions, Error, LeaseManager};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, Row};
 
@@ -46,7 +47,10 @@ async fn concurrent_migrations_from_many_processes_all_succeed() {
     }
     let lease = db
         .manager()
-        .acquire("after", Acquire::ttl(Duration::from_secs(5)).holder("A"))
+        .acquire(
+            "after",
+            AcquireOptions::ttl(Duration::from_secs(5)).holder("A"),
+        )
         .await
         .expect("schema usable");
     assert!(lease.token() > 0);
@@ -187,7 +191,7 @@ async fn a_schema_from_another_history_or_a_newer_version_is_refused_with_what_t
     let migrated = db.manager().migrate().await.expect("migrate after the fix");
     assert_eq!(migrated.applied, vec![1]);
     db.manager()
-        .acquire("job", pglease::Acquire::ttl(Duration::from_secs(5)))
+        .acquire("job", pglease::AcquireOptions::ttl(Duration::from_secs(5)))
         .await
         .expect("acquire on the new schema");
 }

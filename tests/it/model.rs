@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::common::TestDb;
-use pglease::{Acquire, Error, LeaseManager};
+use pglease::{AcquireOptions, Error, LeaseManager};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -154,7 +154,10 @@ async fn run_case(
             Op::Acquire(h) => {
                 let holder = HOLDERS[*h];
                 let expected = model.acquire(holder, MODEL_TTL, now);
-                match m.acquire(&name, Acquire::ttl(DB_TTL).holder(holder)).await {
+                match m
+                    .acquire(&name, AcquireOptions::ttl(DB_TTL).holder(holder))
+                    .await
+                {
                     Ok(lease) => {
                         prop_assert!(
                             expected.is_some(),

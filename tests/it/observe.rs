@@ -8,7 +8,8 @@
 use std::time::Duration;
 
 use crate::common::{TestDb, poll_until};
-use pglease::{Acquire, Change, LeaseManager, ManagerOptions, Observer, Token};
+use pglease::observe::{Change, Observer};
+use pglease::{AcquireOptions, LeaseManager, ManagerOptions, Token};
 
 const BOUND: Duration = Duration::from_secs(10);
 
@@ -28,7 +29,7 @@ async fn expect(observer: &mut Observer, what: &str, matches: impl Fn(&Change) -
 
 async fn acquire(manager: &LeaseManager, holder: &str, ttl: Duration) -> Token {
     manager
-        .acquire("obs", Acquire::ttl(ttl).holder(holder))
+        .acquire("obs", AcquireOptions::ttl(ttl).holder(holder))
         .await
         .expect("acquire")
         .token()
@@ -49,14 +50,14 @@ async fn observers_see_every_change_in_order() {
     let a = manager
         .acquire(
             "obs",
-            Acquire::ttl(Duration::from_secs(30))
+            AcquireOptions::ttl(Duration::from_secs(30))
                 .holder("a")
                 .value("10.0.0.1:80"),
         )
         .await
         .expect("acquire a");
     manager
-        .proclaim(&a, Some("10.0.0.1:81"))
+        .set_value(&a, Some("10.0.0.1:81"))
         .await
         .expect("proclaim");
     let asked = manager
@@ -162,7 +163,7 @@ async fn observers_see_every_change_in_order() {
         let lease = manager
             .acquire(
                 "obs",
-                Acquire::ttl(Duration::from_secs(30)).holder(format!("burst-{i}")),
+                AcquireOptions::ttl(Duration::from_secs(30)).holder(format!("burst-{i}")),
             )
             .await
             .expect("acquire in the burst");
@@ -320,7 +321,10 @@ async fn nothing_is_notified_while_nobody_observes() {
         .expect("listen");
     listener.listen("pglease_change").await.expect("listen");
     let lease = manager
-        .acquire("quiet", Acquire::ttl(Duration::from_secs(30)).value("v"))
+        .acquire(
+            "quiet",
+            AcquireOptions::ttl(Duration::from_secs(30)).value("v"),
+        )
         .await
         .expect("acquire");
     manager.release(&lease).await.expect("release");

@@ -9,8 +9,10 @@
 use std::time::{Duration, Instant};
 
 use crate::common::{TestDb, create_data_table, data_value, fenced_write, poll_until};
+use pglease::observe::Change;
+use pglease::schema::MIGRATIONS_TABLE;
 use pglease::testing::{PgBouncer, SetupError};
-use pglease::{Acquire, Change, Error, LeaseManager, MIGRATIONS_TABLE, ManagerOptions};
+use pglease::{AcquireOptions, Error, LeaseManager, ManagerOptions};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 /// A pool of `size` client connections through the pooler.
@@ -36,7 +38,10 @@ async fn lease_operations_from_many_tasks_share_a_few_server_sessions() -> Resul
             let name = format!("it's task {task} \\ \"quoted\"");
             for round in 0..20 {
                 let lease = m
-                    .acquire(&name, Acquire::ttl(ttl).holder(format!("holder'{task}")))
+                    .acquire(
+                        &name,
+                        AcquireOptions::ttl(ttl).holder(format!("holder'{task}")),
+                    )
                     .await?;
                 m.renew(&lease, ttl).await?;
                 let status = m.inspect(&name).await?;
@@ -70,12 +75,12 @@ async fn lease_operations_from_many_tasks_share_a_few_server_sessions() -> Resul
     assert_eq!(m.list().await.expect("list").len(), 8);
     assert!(data_value(&db).await.ends_with("/19"));
     assert!(
-        m.advance("resource", crate::common::token(5))
+        m.admit("resource", crate::common::token(5))
             .await
             .expect("advance")
     );
     assert!(
-        !m.advance("resource", crate::common::token(4))
+        !m.admit("resource", crate::common::token(4))
             .await
             .expect("advance")
     );
@@ -95,7 +100,7 @@ async fn a_held_lease_is_renewed_released_and_taken_over_through_the_pooler()
 
     // Renewal: held across several renewal periods, never lost.
     let held = holder
-        .hold("job", Acquire::ttl(ttl).holder("A"))
+        .hold("job", AcquireOptions::ttl(ttl).holder("A"))
         .await
         .expect("hold through pgbouncer");
     poll_until("three renewals", Duration::from_secs(10), || async {
@@ -112,7 +117,7 @@ async fn a_held_lease_is_renewed_released_and_taken_over_through_the_pooler()
             waiter
                 .acquire(
                     "job",
-                    Acquire::ttl(ttl * 2)
+                    AcquireOptions::ttl(ttl * 2)
                         .holder("B")
                         .wait(Duration::from_secs(20)),
                 )
@@ -153,7 +158,9 @@ async fn a_held_lease_is_renewed_released_and_taken_over_through_the_pooler()
     let a = holder
         .acquire(
             "job",
-            Acquire::ttl(ttl).holder("A").wait(Duration::from_secs(30)),
+            AcquireOptions::ttl(ttl)
+                .holder("A")
+                .wait(Duration::from_secs(30)),
         )
         .await
         .expect("A takes over after B's lease expires");
@@ -214,7 +221,11 @@ async fn the_doctor_reports_the_pooler() -> Result<(), SetupError> {
         pooler.detail.contains("share server sessions"),
         "{pooler:?}"
     );
-    assert_eq!(diagnosis.verdict(), pglease::Verdict::Ok, "{diagnosis:#?}");
+    assert_eq!(
+        diagnosis.verdict(),
+        pglease::doctor::Verdict::Ok,
+        "{diagnosis:#?}"
+    );
     Ok(())
 }
 
@@ -244,7 +255,10 @@ async fn an_observer_behind_the_pooler_polls_and_sees_the_changes() -> Result<()
     .expect("read pg_locks");
     assert_eq!(observing, 0);
     let lease = m
-        .acquire("obs", Acquire::ttl(Duration::from_secs(30)).holder("a"))
+        .acquire(
+            "obs",
+            AcquireOptions::ttl(Duration::from_secs(30)).holder("a"),
+        )
         .await
         .expect("acquire");
     let token = lease.token();

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use crate::common::{TestDb, create_data_table, data_value};
-use pglease::{Acquire, Error, SQLSTATE_NOT_DECLARED, SQLSTATE_NOT_HELD};
+use pglease::sqlstate::{NOT_DECLARED, NOT_HELD};
+use pglease::{AcquireOptions, Error};
 use sqlx::Connection;
 
 const LONG: Duration = Duration::from_secs(600);
@@ -55,25 +56,25 @@ async fn writers_that_ignore_the_lease_are_rejected() {
     let m = db.manager();
     m.protect("data", "data-lease").await.expect("protect");
     let lease = m
-        .acquire("data-lease", Acquire::ttl(LONG).holder("A"))
+        .acquire("data-lease", AcquireOptions::ttl(LONG).holder("A"))
         .await
         .expect("acquire");
     let other = m
-        .acquire("other", Acquire::ttl(LONG).holder("A"))
+        .acquire("other", AcquireOptions::ttl(LONG).holder("A"))
         .await
         .expect("other");
 
     for sql in WRITES {
         assert_eq!(
             rejection(&db, "", sql).await.as_deref(),
-            Some(SQLSTATE_NOT_DECLARED),
+            Some(NOT_DECLARED),
             "{sql} without a declaration"
         );
         // A declaration for another lease does not count.
         let declare = format!("SELECT pglease.assert_held('other', {})", other.token());
         assert_eq!(
             rejection(&db, &declare, sql).await.as_deref(),
-            Some(SQLSTATE_NOT_DECLARED),
+            Some(NOT_DECLARED),
             "{sql} under another lease"
         );
     }
@@ -100,7 +101,7 @@ async fn each_write_rechecks_the_declared_token() {
     let lease = m
         .acquire(
             "data-lease",
-            Acquire::ttl(Duration::from_millis(300)).holder("A"),
+            AcquireOptions::ttl(Duration::from_millis(300)).holder("A"),
         )
         .await
         .expect("acquire");
@@ -126,7 +127,7 @@ async fn each_write_rechecks_the_declared_token() {
 
     // A forged declaration of a stale token is checked like a real one ...
     let newer = m
-        .acquire("data-lease", Acquire::ttl(LONG).holder("B"))
+        .acquire("data-lease", AcquireOptions::ttl(LONG).holder("B"))
         .await
         .expect("B acquires");
     let forged_stale = format!(
@@ -136,7 +137,7 @@ async fn each_write_rechecks_the_declared_token() {
     for sql in WRITES {
         assert_eq!(
             rejection(&db, &forged_stale, sql).await.as_deref(),
-            Some(SQLSTATE_NOT_HELD),
+            Some(NOT_HELD),
             "{sql} with a forged stale token"
         );
     }
@@ -220,7 +221,7 @@ async fn unprotect_lifts_the_protection_and_bad_input_is_rejected() {
     assert_eq!(listed, vec![("data".to_owned(), "data-lease".to_owned())]);
     assert_eq!(
         rejection(&db, "", WRITES[1]).await.as_deref(),
-        Some(SQLSTATE_NOT_DECLARED)
+        Some(NOT_DECLARED)
     );
     assert!(m.unprotect("data").await.expect("unprotect"));
     assert!(!m.unprotect("data").await.expect("unprotect twice"));

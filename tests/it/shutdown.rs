@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::common::TestDb;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use pglease::Acquire;
+use pglease::AcquireOptions;
 use pglease::LeaseManager;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -44,7 +44,7 @@ async fn a_lease_dropped_before_shutdown_is_released_before_it_returns() {
             .await
             .expect("connect");
         let held = m
-            .hold("job", Acquire::ttl(TTL).holder("svc"))
+            .hold("job", AcquireOptions::ttl(TTL).holder("svc"))
             .await
             .expect("hold");
         // As when the work future that held it is dropped.
@@ -66,11 +66,15 @@ async fn service_process() {
     };
     let stop = pglease::shutdown_signal().expect("install the signal handlers");
     let leases = LeaseManager::connect(&url).await.expect("connect");
-    let work = leases.with_lease("job", Acquire::ttl(TTL).holder("svc"), async |held| {
-        println!("ready {}", held.token());
-        std::future::pending::<()>().await;
-        Ok::<(), pglease::Error>(())
-    });
+    let work = leases.with_lease(
+        "job",
+        AcquireOptions::ttl(TTL).holder("svc"),
+        async |held| {
+            println!("ready {}", held.token());
+            std::future::pending::<()>().await;
+            Ok::<(), pglease::Error>(())
+        },
+    );
     tokio::select! {
         outcome = work => panic!("the work ended: {outcome:?}"),
         () = stop => {}
@@ -121,7 +125,7 @@ async fn a_service_stopped_by_sigterm_hands_its_lease_over_at_once() {
     let waiter = {
         let m = m.clone();
         tokio::spawn(async move {
-            m.acquire("job", Acquire::ttl(TTL).holder("B").wait(BOUND))
+            m.acquire("job", AcquireOptions::ttl(TTL).holder("B").wait(BOUND))
                 .await
         })
     };
@@ -171,7 +175,7 @@ async fn shutdown_waits_for_an_acquisition_still_in_the_database() {
             .await
             .expect("connect");
         tokio::select! {
-            held = m.hold("job", Acquire::ttl(TTL).holder("svc").wait(BOUND)) => panic!("acquired too early: {held:?}"),
+            held = m.hold("job", AcquireOptions::ttl(TTL).holder("svc").wait(BOUND)) => panic!("acquired too early: {held:?}"),
             _ = stopped => {}
         }
         let _ = shutting_down.send(());

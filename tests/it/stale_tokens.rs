@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::common::TestDb;
-use pglease::{Acquire, Error, Lease, LeaseManager, LossReason};
+use pglease::{AcquireOptions, Error, Lease, LeaseManager, LossReason};
 
 const LONG: Duration = Duration::from_secs(600);
 
@@ -13,12 +13,12 @@ const LONG: Duration = Duration::from_secs(600);
 /// acquisition and the second.
 async fn reacquired(m: &LeaseManager, holder: &str) -> (Lease, Lease) {
     let first = m
-        .acquire("job", Acquire::ttl(LONG).holder(holder))
+        .acquire("job", AcquireOptions::ttl(LONG).holder(holder))
         .await
         .expect("first acquisition");
     assert!(m.release(&first).await.expect("release"));
     let second = m
-        .acquire("job", Acquire::ttl(LONG).holder(holder))
+        .acquire("job", AcquireOptions::ttl(LONG).holder(holder))
         .await
         .expect("second acquisition");
     assert!(second.token() > first.token());
@@ -89,7 +89,7 @@ async fn duplicate_release_is_harmless() {
     let db = TestDb::new().await;
     let m = db.manager();
     let lease = m
-        .acquire("job", Acquire::ttl(LONG).holder("A"))
+        .acquire("job", AcquireOptions::ttl(LONG).holder("A"))
         .await
         .expect("acquire");
     assert!(
@@ -115,12 +115,15 @@ async fn unexpired_lease_is_not_reentrant() {
     let db = TestDb::new().await;
     let m = db.manager();
     let lease = m
-        .acquire("job", Acquire::ttl(LONG).holder("A"))
+        .acquire("job", AcquireOptions::ttl(LONG).holder("A"))
         .await
         .expect("acquire");
     let before = db.state().await;
     for who in ["A", "B"] {
-        match m.acquire("job", Acquire::ttl(LONG).holder(who)).await {
+        match m
+            .acquire("job", AcquireOptions::ttl(LONG).holder(who))
+            .await
+        {
             Err(Error::Held {
                 holder, expires_at, ..
             }) => {
@@ -138,7 +141,10 @@ async fn release_and_renew_after_expiry_change_nothing() {
     let db = TestDb::new().await;
     let m = db.manager();
     let lease = m
-        .acquire("job", Acquire::ttl(Duration::from_millis(200)).holder("A"))
+        .acquire(
+            "job",
+            AcquireOptions::ttl(Duration::from_millis(200)).holder("A"),
+        )
         .await
         .expect("acquire");
     db.wait_until(lease.expires_at()).await;
@@ -164,12 +170,15 @@ async fn takeover_after_expiry_issues_larger_token_and_fences_old_holder() {
     let db = TestDb::new().await;
     let m = db.manager();
     let old = m
-        .acquire("job", Acquire::ttl(Duration::from_millis(200)).holder("A"))
+        .acquire(
+            "job",
+            AcquireOptions::ttl(Duration::from_millis(200)).holder("A"),
+        )
         .await
         .expect("A acquires");
     db.wait_until(old.expires_at()).await;
     let new = m
-        .acquire("job", Acquire::ttl(LONG).holder("B"))
+        .acquire("job", AcquireOptions::ttl(LONG).holder("B"))
         .await
         .expect("B takes over");
     assert!(new.token() > old.token());
@@ -190,7 +199,10 @@ async fn renew_moves_expiry_on_database_clock() {
     let db = TestDb::new().await;
     let m = db.manager();
     let lease = m
-        .acquire("job", Acquire::ttl(Duration::from_secs(5)).holder("A"))
+        .acquire(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(5)).holder("A"),
+        )
         .await
         .expect("acquire");
     let before = db.now().await;

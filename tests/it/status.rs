@@ -4,19 +4,19 @@
 use std::time::Duration;
 
 use crate::common::TestDb;
-use pglease::{Acquire, Error, ListFilter};
+use pglease::{AcquireOptions, Error, ListFilter};
 
 async fn filters_run_in_the_database_and_take_prefixes_literally() {
     let db = TestDb::new().await;
     let m = db.manager();
-    let long = Acquire::ttl(Duration::from_secs(60));
+    let long = AcquireOptions::ttl(Duration::from_secs(60));
     for name in ["a%1", "a_2", "ab", "b'3", "b\\4"] {
         m.acquire(name, long.clone()).await.expect("acquire");
     }
     let released = m.acquire("c", long.clone()).await.expect("acquire c");
     m.release(&released).await.expect("release c");
     let short = m
-        .acquire("d", Acquire::ttl(Duration::from_millis(200)))
+        .acquire("d", AcquireOptions::ttl(Duration::from_millis(200)))
         .await
         .expect("acquire d");
     db.wait_until(short.expires_at()).await;

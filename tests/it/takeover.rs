@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::common::{TestDb, poll_until};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use pglease::{Acquire, Error, LeaseManager};
+use pglease::{AcquireOptions, Error, LeaseManager};
 use sqlx::{AssertSqlSafe, Connection};
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -39,7 +39,7 @@ async fn holder_process() {
     let name = std::env::var("PGLEASE_CHILD_NAME").expect("PGLEASE_CHILD_NAME");
     let m = LeaseManager::connect(&url).await.expect("connect");
     let held = m
-        .hold(&name, Acquire::ttl(TTL).holder("A"))
+        .hold(&name, AcquireOptions::ttl(TTL).holder("A"))
         .await
         .expect("hold");
     let mut tx = held.begin_fenced().await.expect("fenced");
@@ -216,7 +216,7 @@ async fn frozen_holder_is_taken_over(mode: &str) {
     // Unrelated work that must survive the takeover: a fenced transaction
     // on another, valid lease, and a plain open transaction.
     let other = m
-        .acquire("other", Acquire::ttl(LONG).holder("C"))
+        .acquire("other", AcquireOptions::ttl(LONG).holder("C"))
         .await
         .expect("other");
     let mut other_tx = m
@@ -252,10 +252,13 @@ async fn frozen_holder_is_taken_over(mode: &str) {
     let expired = final_expiry(&db, &m, "job").await;
 
     // Liveness: one attempt, while the holder is still stopped.
-    let b = tokio::time::timeout(BOUND, m.acquire("job", Acquire::ttl(LONG).holder("B")))
-        .await
-        .expect("B's acquisition must not wait for the frozen holder")
-        .expect("B acquires while A is frozen");
+    let b = tokio::time::timeout(
+        BOUND,
+        m.acquire("job", AcquireOptions::ttl(LONG).holder("B")),
+    )
+    .await
+    .expect("B's acquisition must not wait for the frozen holder")
+    .expect("B acquires while A is frozen");
     assert!(holder.stopped(), "the holder was resumed too early");
     assert!(b.token() > token);
     let after = (b.acquired_at() - expired).num_milliseconds();
@@ -342,7 +345,10 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
         .await
         .expect("connect as the application");
     let old = as_app
-        .acquire("job", Acquire::ttl(Duration::from_secs(1)).holder("A"))
+        .acquire(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(1)).holder("A"),
+        )
         .await
         .expect("A acquires");
     let mut tx = as_app
@@ -357,7 +363,12 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
     db.wait_until(old.expires_at()).await;
 
     let b = LeaseManager::new(as_app.pool().clone());
-    match tokio::time::timeout(BOUND, b.acquire("job", Acquire::ttl(LONG).holder("B"))).await {
+    match tokio::time::timeout(
+        BOUND,
+        b.acquire("job", AcquireOptions::ttl(LONG).holder("B")),
+    )
+    .await
+    {
         Ok(Err(Error::Pinned {
             name,
             holder,
@@ -379,7 +390,7 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
     assert!(matches!(
         b.acquire(
             "job",
-            Acquire::ttl(LONG)
+            AcquireOptions::ttl(LONG)
                 .holder("B")
                 .wait(Duration::from_millis(300))
         )
@@ -390,10 +401,13 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
     db.execute(&[format!("GRANT pg_signal_backend TO {owner}")])
         .await;
     assert!(as_owner.can_end_stale_transactions().await.expect("check"));
-    let taken = tokio::time::timeout(BOUND, b.acquire("job", Acquire::ttl(LONG).holder("B")))
-        .await
-        .expect("bounded")
-        .expect("B acquires once the owner may end the stale session");
+    let taken = tokio::time::timeout(
+        BOUND,
+        b.acquire("job", AcquireOptions::ttl(LONG).holder("B")),
+    )
+    .await
+    .expect("bounded")
+    .expect("B acquires once the owner may end the stale session");
     assert!(taken.token() > old.token());
     assert!(
         tx.commit().await.is_err(),

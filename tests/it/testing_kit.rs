@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use pglease::provision::{Source, TempCluster};
 use pglease::testing::{SetupError, TestDatabase, expire_now, take_over};
-use pglease::{Acquire, Error, HeldLease, LeaseManager, LossReason};
+use pglease::{AcquireOptions, Error, HeldLease, LeaseManager, LossReason};
 use sqlx::Connection;
 
 const BOUND: Duration = Duration::from_secs(10);
@@ -53,7 +53,7 @@ async fn value(db: &TestDatabase) -> String {
 
 async fn hold(manager: &LeaseManager, ttl: Duration, holder: &str) -> HeldLease {
     manager
-        .hold("job", Acquire::ttl(ttl).holder(holder))
+        .hold("job", AcquireOptions::ttl(ttl).holder(holder))
         .await
         .expect("hold")
 }
@@ -64,7 +64,10 @@ async fn next_holder_gets_it(db: &TestDatabase) -> pglease::Lease {
     let started = Instant::now();
     loop {
         match other
-            .acquire("job", Acquire::ttl(Duration::from_secs(30)).holder("next"))
+            .acquire(
+                "job",
+                AcquireOptions::ttl(Duration::from_secs(30)).holder("next"),
+            )
             .await
         {
             Ok(next) => return next,
@@ -127,7 +130,7 @@ async fn take_over_ends_the_old_holders_open_fenced_transaction() {
     let next = take_over(
         &other,
         "job",
-        Acquire::ttl(Duration::from_secs(30)).holder("next"),
+        AcquireOptions::ttl(Duration::from_secs(30)).holder("next"),
     )
     .await
     .expect("take over");
@@ -210,7 +213,7 @@ async fn a_paused_renewal_task_loses_the_lease_as_expired_and_resumes() {
     // Faults are per manager: another one renews as usual meanwhile.
     let other = db.manager();
     let kept = other
-        .hold("other", Acquire::ttl(Duration::from_millis(600)))
+        .hold("other", AcquireOptions::ttl(Duration::from_millis(600)))
         .await
         .expect("hold other");
     other.faults().renew_now();
@@ -233,7 +236,7 @@ async fn a_paused_renewal_task_loses_the_lease_as_expired_and_resumes() {
 
 async fn hold_other(manager: &LeaseManager) -> HeldLease {
     manager
-        .hold("third", Acquire::ttl(Duration::from_millis(600)))
+        .hold("third", AcquireOptions::ttl(Duration::from_millis(600)))
         .await
         .expect("hold third")
 }
@@ -284,7 +287,7 @@ async fn a_throwaway_cluster_runs_and_is_removed_on_drop() -> Result<(), SetupEr
         .expect("connect");
     manager.migrate().await.expect("migrate");
     manager
-        .acquire("job", Acquire::ttl(Duration::from_secs(5)))
+        .acquire("job", AcquireOptions::ttl(Duration::from_secs(5)))
         .await
         .expect("acquire");
     manager.pool().close().await;
@@ -303,7 +306,7 @@ async fn a_throwaway_cluster_runs_and_is_removed_on_drop() -> Result<(), SetupEr
 async fn a_test_database_on_the_server_found() {
     let db = TestDatabase::new().await.expect("a test database");
     db.manager()
-        .acquire("job", Acquire::ttl(Duration::from_secs(5)))
+        .acquire("job", AcquireOptions::ttl(Duration::from_secs(5)))
         .await
         .expect("acquire");
     if std::env::var_os("PGLEASE_EXPECT_CLUSTER").is_some() {

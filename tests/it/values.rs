@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use crate::common::TestDb;
-use pglease::{Acquire, Error, LossReason, MAX_VALUE_BYTES};
+use pglease::limits::MAX_VALUE_BYTES;
+use pglease::{AcquireOptions, Error, LossReason};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -15,7 +16,7 @@ async fn a_value_is_published_changed_and_cleared_by_its_holder() {
     let m = db.manager();
     let odd = "10.0.0.7:8080 it's \\ $$ \"quoted\" ünïcode\nline";
     let lease = m
-        .acquire("leader", Acquire::ttl(TTL).holder("A").value(odd))
+        .acquire("leader", AcquireOptions::ttl(TTL).holder("A").value(odd))
         .await
         .expect("acquire with a value");
     assert_eq!(
@@ -23,24 +24,24 @@ async fn a_value_is_published_changed_and_cleared_by_its_holder() {
         Some(odd)
     );
 
-    m.proclaim(&lease, Some("10.0.0.7:9090"))
+    m.set_value(&lease, Some("10.0.0.7:9090"))
         .await
         .expect("proclaim");
     assert_eq!(
         m.inspect("leader").await.expect("inspect").value.as_deref(),
         Some("10.0.0.7:9090")
     );
-    m.proclaim(&lease, None).await.expect("clear");
+    m.set_value(&lease, None).await.expect("clear");
     assert_eq!(m.inspect("leader").await.expect("inspect").value, None);
 
     // Empty and exactly the limit are values too.
-    m.proclaim(&lease, Some("")).await.expect("empty");
+    m.set_value(&lease, Some("")).await.expect("empty");
     assert_eq!(
         m.inspect("leader").await.expect("inspect").value.as_deref(),
         Some("")
     );
     let largest = "x".repeat(MAX_VALUE_BYTES);
-    m.proclaim(&lease, Some(&largest))
+    m.set_value(&lease, Some(&largest))
         .await
         .expect("the largest value");
     assert_eq!(
@@ -53,13 +54,19 @@ async fn a_value_belongs_to_its_acquisition_and_a_stale_holder_cannot_change_it(
     let db = TestDb::new().await;
     let m = db.manager();
     let a = m
-        .acquire("leader", Acquire::ttl(TTL).holder("A").value("a-address"))
+        .acquire(
+            "leader",
+            AcquireOptions::ttl(TTL).holder("A").value("a-address"),
+        )
         .await
         .expect("A acquires");
     // A failed acquisition with a value changes nothing.
     assert!(matches!(
-        m.acquire("leader", Acquire::ttl(TTL).holder("B").value("b-address"))
-            .await,
+        m.acquire(
+            "leader",
+            AcquireOptions::ttl(TTL).holder("B").value("b-address")
+        )
+        .await,
         Err(Error::Held { .. })
     ));
     assert_eq!(
@@ -69,7 +76,7 @@ async fn a_value_belongs_to_its_acquisition_and_a_stale_holder_cannot_change_it(
     // It stays readable after the release, until the next acquisition.
     m.release(&a).await.expect("release");
     assert!(matches!(
-        m.proclaim(&a, Some("late")).await,
+        m.set_value(&a, Some("late")).await,
         Err(Error::Lost {
             reason: LossReason::Released,
             ..
@@ -83,11 +90,11 @@ async fn a_value_belongs_to_its_acquisition_and_a_stale_holder_cannot_change_it(
 
     // The next acquisition starts without one, and A cannot publish over it.
     let b = m
-        .acquire("leader", Acquire::ttl(TTL).holder("B"))
+        .acquire("leader", AcquireOptions::ttl(TTL).holder("B"))
         .await
         .expect("B acquires");
     assert_eq!(m.inspect("leader").await.expect("inspect").value, None);
-    match m.proclaim(&a, Some("stale")).await {
+    match m.set_value(&a, Some("stale")).await {
         Err(Error::Lost {
             reason: LossReason::Stale { current_token, .. },
             ..
@@ -95,7 +102,7 @@ async fn a_value_belongs_to_its_acquisition_and_a_stale_holder_cannot_change_it(
         other => panic!("expected a stale token, got {other:?}"),
     }
     assert_eq!(m.inspect("leader").await.expect("inspect").value, None);
-    m.proclaim(&b, Some("b-address"))
+    m.set_value(&b, Some("b-address"))
         .await
         .expect("B publishes");
     assert_eq!(
@@ -108,21 +115,22 @@ async fn bad_values_are_refused_before_anything_is_sent() {
     let db = TestDb::new().await;
     let m = db.manager();
     let lease = m
-        .acquire("leader", Acquire::ttl(TTL).holder("A"))
+        .acquire("leader", AcquireOptions::ttl(TTL).holder("A"))
         .await
         .expect("acquire");
     let before = db.state().await;
     let too_long = "x".repeat(MAX_VALUE_BYTES + 1);
     for bad in [too_long.as_str(), "nul\0byte"] {
         assert!(matches!(
-            m.proclaim(&lease, Some(bad)).await,
+            m.set_value(&lease, Some(bad)).await,
             Err(Error::InvalidInput {
                 argument: "value",
                 ..
             })
         ));
         assert!(matches!(
-            m.acquire("other", Acquire::ttl(TTL).value(bad)).await,
+            m.acquire("other", AcquireOptions::ttl(TTL).value(bad))
+                .await,
             Err(Error::InvalidInput {
                 argument: "value",
                 ..

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::common::{TestDb, poll_until};
-use pglease::{Acquire, Error, Lease, LeaseManager, ManagerOptions};
+use pglease::{AcquireOptions, Error, Lease, LeaseManager, ManagerOptions};
 
 const BOUND: Duration = Duration::from_secs(30);
 /// Longer than any of these tests may take: a waiter that only polled or
@@ -25,7 +25,7 @@ fn spawn_acquire(waiter: &LeaseManager) -> tokio::task::JoinHandle<pglease::Resu
     let waiter = waiter.clone();
     tokio::spawn(async move {
         waiter
-            .acquire("job", Acquire::ttl(SLOW).holder("B").wait(SLOW))
+            .acquire("job", AcquireOptions::ttl(SLOW).holder("B").wait(SLOW))
             .await
     })
 }
@@ -41,13 +41,13 @@ async fn listening_waiter(db: &TestDb, app: &str) -> (LeaseManager, u64) {
     // The listener starts only when an acquisition has to wait: make one.
     let holder = db.manager();
     let warm_up = holder
-        .acquire("warm-up", Acquire::ttl(SLOW).holder("A"))
+        .acquire("warm-up", AcquireOptions::ttl(SLOW).holder("A"))
         .await
         .expect("warm-up lease");
     let waited = waiter
         .acquire(
             "warm-up",
-            Acquire::ttl(SLOW)
+            AcquireOptions::ttl(SLOW)
                 .holder("B")
                 .wait(Duration::from_millis(50)),
         )
@@ -69,7 +69,7 @@ async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
     let db = TestDb::new().await;
     let holder = db.manager();
     let first = holder
-        .acquire("job", Acquire::ttl(SLOW).holder("A"))
+        .acquire("job", AcquireOptions::ttl(SLOW).holder("A"))
         .await
         .expect("A acquires");
     // Once it listens, the waiter below makes exactly two attempts before
@@ -114,12 +114,15 @@ async fn a_waiter_takes_over_at_expiry_when_the_holder_vanished() {
     // The holder acquires and disappears without releasing.
     let gone = db
         .manager()
-        .acquire("job", Acquire::ttl(Duration::from_secs(1)).holder("A"))
+        .acquire(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(1)).holder("A"),
+        )
         .await
         .expect("A acquires");
     let lease = tokio::time::timeout(
         BOUND,
-        waiter.acquire("job", Acquire::ttl(SLOW).holder("B").wait(SLOW)),
+        waiter.acquire("job", AcquireOptions::ttl(SLOW).holder("B").wait(SLOW)),
     )
     .await
     .expect("the waiter woke at the expiry")
@@ -137,7 +140,7 @@ async fn a_polling_waiter_gets_the_lease_after_a_release() {
     let db = TestDb::new().await;
     let holder = db.manager();
     let first = holder
-        .acquire("job", Acquire::ttl(SLOW).holder("A"))
+        .acquire("job", AcquireOptions::ttl(SLOW).holder("A"))
         .await
         .expect("A acquires");
     let waiter = db
@@ -162,14 +165,14 @@ async fn a_polling_waiter_gets_the_lease_after_a_release() {
 async fn waiting_is_bounded_by_max_wait() {
     let db = TestDb::new().await;
     db.manager()
-        .acquire("job", Acquire::ttl(SLOW).holder("A"))
+        .acquire("job", AcquireOptions::ttl(SLOW).holder("A"))
         .await
         .expect("A acquires");
     let waiter = db.manager();
     match waiter
         .acquire(
             "job",
-            Acquire::ttl(SLOW)
+            AcquireOptions::ttl(SLOW)
                 .holder("B")
                 .wait(Duration::from_millis(300)),
         )
@@ -180,7 +183,8 @@ async fn waiting_is_bounded_by_max_wait() {
     }
     let once = db.manager();
     assert!(matches!(
-        once.acquire("job", Acquire::ttl(SLOW).holder("B")).await,
+        once.acquire("job", AcquireOptions::ttl(SLOW).holder("B"))
+            .await,
         Err(Error::Held { .. })
     ));
     assert_eq!(
@@ -225,7 +229,7 @@ async fn an_acquisition_held_up_in_the_database_past_its_ttl_is_kept() {
     let waiting = {
         let b = b.clone();
         tokio::spawn(async move {
-            b.hold("job", Acquire::ttl(ttl).holder("B").wait(BOUND))
+            b.hold("job", AcquireOptions::ttl(ttl).holder("B").wait(BOUND))
                 .await
         })
     };

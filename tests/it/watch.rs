@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use crate::common::{TestDb, poll_until};
-use pglease::{Acquire, Lease, LeaseManager, ManagerOptions, RELEASE_CHANNEL};
+use pglease::schema::RELEASE_CHANNEL;
+use pglease::{AcquireOptions, Lease, LeaseManager, ManagerOptions};
 use sqlx::postgres::PgListener;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -50,7 +51,7 @@ async fn unwatch(listener: &mut PgListener, name: &str) -> bool {
 }
 
 async fn acquire(m: &LeaseManager, name: &str) -> Lease {
-    m.acquire(name, Acquire::ttl(SLOW).holder("A"))
+    m.acquire(name, AcquireOptions::ttl(SLOW).holder("A"))
         .await
         .expect("A acquires")
 }
@@ -66,7 +67,7 @@ async fn watching_waiter(
         .await;
     let waiting = tokio::spawn(async move {
         waiter
-            .acquire("job", Acquire::ttl(SLOW).holder("B").wait(SLOW))
+            .acquire("job", AcquireOptions::ttl(SLOW).holder("B").wait(SLOW))
             .await
     });
     poll_until("the waiter to watch", BOUND, || async {

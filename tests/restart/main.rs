@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use pglease::testing::harness::{Test, run};
 use pglease::testing::{SetupError, TestDatabase, poll_until};
-use pglease::{Acquire, LeaseManager};
+use pglease::{AcquireOptions, LeaseManager};
 
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -33,7 +33,10 @@ async fn a_held_lease_survives_a_server_restart() -> Result<(), SetupError> {
     .await;
     let m = LeaseManager::new(db.pool().clone());
     let held = m
-        .hold("data", Acquire::ttl(Duration::from_secs(20)).holder("A"))
+        .hold(
+            "data",
+            AcquireOptions::ttl(Duration::from_secs(20)).holder("A"),
+        )
         .await
         .expect("hold");
 
@@ -76,7 +79,10 @@ async fn a_held_lease_survives_a_server_restart() -> Result<(), SetupError> {
         .expect("read the data");
     assert_eq!(value, "after restart");
     let other = m
-        .acquire("other", Acquire::ttl(Duration::from_secs(10)).holder("B"))
+        .acquire(
+            "other",
+            AcquireOptions::ttl(Duration::from_secs(10)).holder("B"),
+        )
         .await
         .expect("acquire after restart");
     assert!(other.token() > held.token());

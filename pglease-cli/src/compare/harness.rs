@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, PgConnection};
 
-use pglease::{Error, Fence, LeaseManager, Result, SessionLock, XactLock};
+use pglease::advisory::{SessionLock, XactLock};
+use pglease::{Error, Fence, LeaseManager, Result};
 
 use super::{Outcome, Scenario, Variant};
 

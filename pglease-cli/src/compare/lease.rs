@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{Connection, PgConnection};
 
-use pglease::{Acquire, Error, Fence, Result, Token};
+use pglease::{AcquireOptions, Error, Fence, Result, Token};
 
 use super::harness::Harness;
 
@@ -16,12 +16,12 @@ impl Harness {
         let start = Instant::now();
         let a = self
             .m
-            .acquire(name, Acquire::ttl(self.ttl()).holder("A"))
+            .acquire(name, AcquireOptions::ttl(self.ttl()).holder("A"))
             .await?;
         self.pause_until(a.expires_at()).await?;
         let b = self
             .m
-            .acquire(name, Acquire::ttl(self.ttl()).holder("B"))
+            .acquire(name, AcquireOptions::ttl(self.ttl()).holder("B"))
             .await?;
         let took_over = start.elapsed();
         let b_wrote = self.fenced_write(b.fence(), "B").await?;
@@ -65,7 +65,9 @@ impl Harness {
             .m
             .acquire(
                 name,
-                Acquire::ttl(self.ttl()).holder("B").wait(self.unit * 10),
+                AcquireOptions::ttl(self.ttl())
+                    .holder("B")
+                    .wait(self.unit * 10),
             )
             .await?;
         let took_over = start.elapsed();
@@ -94,14 +96,16 @@ impl Harness {
     pub(super) async fn dead_lease(&self, name: &str) -> Result<(bool, Option<Duration>, String)> {
         let start = Instant::now();
         self.m
-            .acquire(name, Acquire::ttl(self.ttl()).holder("A"))
+            .acquire(name, AcquireOptions::ttl(self.ttl()).holder("A"))
             .await?;
         // A dies here. B waits for the lease.
         let b = self
             .m
             .acquire(
                 name,
-                Acquire::ttl(self.ttl()).holder("B").wait(self.unit * 10),
+                AcquireOptions::ttl(self.ttl())
+                    .holder("B")
+                    .wait(self.unit * 10),
             )
             .await?;
         let took_over = start.elapsed();
@@ -124,17 +128,17 @@ impl Harness {
     ) -> Result<(bool, Option<Duration>, String)> {
         let first = self
             .m
-            .acquire(name, Acquire::ttl(self.ttl() * 10).holder("A"))
+            .acquire(name, AcquireOptions::ttl(self.ttl() * 10).holder("A"))
             .await?;
         self.m.release(&first).await?;
         let second = self
             .m
-            .acquire(name, Acquire::ttl(self.ttl() * 10).holder("A"))
+            .acquire(name, AcquireOptions::ttl(self.ttl() * 10).holder("A"))
             .await?;
         let duplicate = self.m.release(&first).await?;
         let b_got_it = match self
             .m
-            .acquire(name, Acquire::ttl(self.ttl()).holder("B"))
+            .acquire(name, AcquireOptions::ttl(self.ttl()).holder("B"))
             .await
         {
             Ok(b) => {
@@ -166,7 +170,10 @@ impl Harness {
         name: &str,
     ) -> Result<(bool, Option<Duration>, String)> {
         let ttl = self.unit * 3;
-        let held = self.m.hold(name, Acquire::ttl(ttl).holder("A")).await?;
+        let held = self
+            .m
+            .hold(name, AcquireOptions::ttl(ttl).holder("A"))
+            .await?;
         // Every renewal from now on blocks behind this row lock.
         let mut blocker = PgConnection::connect_with(&self.m.pool().connect_options()).await?;
         let mut tx = blocker.begin().await?;

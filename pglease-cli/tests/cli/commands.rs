@@ -10,7 +10,7 @@ use crate::common::poll_until;
 use crate::common::{BIN, BOUND, code, command, json, pglease, stderr, stdout, wait_bounded};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use pglease::Acquire;
+use pglease::AcquireOptions;
 
 async fn acquire_renew_release_status_and_their_exit_codes() {
     let db = crate::common::new_db().await;
@@ -18,7 +18,10 @@ async fn acquire_renew_release_status_and_their_exit_codes() {
     // is an issued (stale) token, not an impossible one.
     let m = db.manager();
     let warm_up = m
-        .acquire("job", Acquire::ttl(Duration::from_secs(60)).holder("A"))
+        .acquire(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(60)).holder("A"),
+        )
         .await
         .expect("warm-up");
     m.release(&crate::common::fence("job", warm_up.token()))
@@ -153,7 +156,7 @@ async fn bad_input_exits_2_and_an_unreachable_database_exits_5() {
         assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
         assert!(!stderr(&out).contains("connect"), "{}", stderr(&out));
     }
-    let long = "n".repeat(pglease::MAX_NAME_BYTES + 1);
+    let long = "n".repeat(pglease::limits::MAX_NAME_BYTES + 1);
     let out = Command::new(BIN)
         .args(["--database-url", "postgres://nobody@127.0.0.1:1/none"])
         .args(["leader", &long])
@@ -208,7 +211,7 @@ async fn acquire_publishes_a_value_that_status_shows() {
     assert_eq!(status[0]["value"], "10.0.0.7:8080");
     let never = json(&pglease(&db, &["status", "other", "--json"]));
     assert!(never["value"].is_null(), "{never}");
-    let too_long = "x".repeat(pglease::MAX_VALUE_BYTES + 1);
+    let too_long = "x".repeat(pglease::limits::MAX_VALUE_BYTES + 1);
     let out = pglease(&db, &["acquire", "x", "--ttl", "30s", "--value", &too_long]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
 }
@@ -282,7 +285,7 @@ async fn run_passes_the_status_through_and_releases_at_once() {
         .manager()
         .acquire(
             "job",
-            Acquire::ttl(Duration::from_secs(600)).holder("other"),
+            AcquireOptions::ttl(Duration::from_secs(600)).holder("other"),
         )
         .await
         .expect("acquire");
@@ -515,7 +518,10 @@ async fn a_stopped_run_loses_its_lease_and_its_command_is_fenced_off() {
     // Past the expiry on the database clock, another worker takes over.
     let taken = loop {
         match m
-            .acquire("job", Acquire::ttl(Duration::from_secs(600)).holder("B"))
+            .acquire(
+                "job",
+                AcquireOptions::ttl(Duration::from_secs(600)).holder("B"),
+            )
             .await
         {
             Ok(lease) => break lease,
@@ -732,7 +738,7 @@ async fn output_an_operator_can_script_against() {
     let out = pglease(&db, &["migrate"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("created the pglease schema (migrations 1 to"),
+        stderr(&out).contains("created the pglease schema (migration 1)"),
         "{}",
         stderr(&out)
     );
@@ -741,10 +747,7 @@ async fn output_an_operator_can_script_against() {
     assert!(!stderr(&out).contains("created"), "{}", stderr(&out));
     let migrated = json(&pglease(&db, &["migrate", "--json"]));
     assert_eq!(migrated["applied"], serde_json::json!([]));
-    assert!(
-        migrated["latest"].as_i64().is_some_and(|v| v >= 7),
-        "{migrated}"
-    );
+    assert!(migrated["latest"].as_i64() == Some(1), "{migrated}");
     // Nobody to force or ask: 3, and the object says so.
     for args in [
         &["force-release", "job", "--reason", "test", "--json"][..],

@@ -19,7 +19,7 @@ use crate::common::{
 use crate::common::{TestDb, poll_until};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use pglease::Acquire;
+use pglease::AcquireOptions;
 
 const TTL: &str = "1s";
 
@@ -366,7 +366,7 @@ async fn a_failing_command_is_restarted_a_bounded_number_of_times() {
     // It resigned: the lease is free at once.
     let lease = db
         .manager()
-        .acquire("svc", Acquire::ttl(Duration::from_secs(5)))
+        .acquire("svc", AcquireOptions::ttl(Duration::from_secs(5)))
         .await;
     assert!(lease.is_ok(), "{lease:?}");
     // A command that succeeds ends the election with status 0.

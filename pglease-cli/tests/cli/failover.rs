@@ -93,7 +93,7 @@ async fn run_stops_the_command_before_the_expiry_and_exits_4_soon_after() -> Res
     let taken = LeaseManager::new(promoted)
         .acquire(
             "job",
-            pglease::Acquire::ttl(Duration::from_secs(60))
+            pglease::AcquireOptions::ttl(Duration::from_secs(60))
                 .holder("B")
                 .wait(Duration::from_secs(5)),
         )

@@ -1,18 +1,32 @@
-//! Input validation, done in Rust before any SQL is sent (the SQL functions
-//! check the same rules again for callers in other languages).
+//! The limits on what pglease accepts, and their checks, made in Rust
+//! before anything is sent (the SQL functions check their own limits
+//! again for callers in other languages: see `migrations/0001_schema.sql`).
 
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::token::Token;
 
-/// Longest lease name, holder or resource, in bytes of UTF-8.
+/// Longest lease name, holder or resource, in bytes of UTF-8 (the SQL
+/// functions' limit too).
 pub const MAX_NAME_BYTES: usize = 255;
 
-/// Longest TTL a lease can be acquired or renewed for.
+/// Longest TTL a lease can be acquired or renewed for (the SQL functions'
+/// limit too).
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
+/// Shortest TTL the library and the command line acquire or renew a lease
+/// for. A shorter lease expires in about the time its acquisition takes to
+/// reach the holder: the holder would confirm it with a renewal that finds
+/// it expired, having drawn a token and left a row and history for
+/// nothing. (The SQL functions accept any TTL above zero.)
+pub const MIN_TTL: Duration = Duration::from_millis(100);
 
 /// The longest value a lease may carry, in bytes of UTF-8 (8 KiB).
 pub const MAX_VALUE_BYTES: usize = 8192;
+
+/// The longest reason a force release may give, in bytes of UTF-8.
+pub const MAX_REASON_BYTES: usize = 1000;
 
 /// Checks a lease's value: at most [`MAX_VALUE_BYTES`] bytes, no NUL (it
 /// may be empty).
@@ -63,7 +77,8 @@ fn check_text_within(argument: &'static str, value: &str, limit: usize) -> Resul
     Ok(())
 }
 
-/// The most slots a counted lease may have ([`crate::Acquire::limit`]).
+/// The most slots a counted lease may have
+/// ([`AcquireOptions::limit`](crate::AcquireOptions::limit)).
 pub const MAX_SLOTS: u32 = 1000;
 
 /// Checks a counted lease's limit, and that its name leaves room for the
@@ -90,16 +105,25 @@ pub(crate) fn check_limit(name: &str, limit: u32) -> Result<()> {
     Ok(())
 }
 
-/// Checks a force release's reason: 1 to
-/// [`MAX_REASON_BYTES`](crate::MAX_REASON_BYTES) bytes, no NUL.
+/// Checks a force release's reason: 1 to [`MAX_REASON_BYTES`] bytes, no
+/// NUL.
 pub(crate) fn check_reason(reason: &str) -> Result<()> {
-    check_text_within("reason", reason, crate::history::MAX_REASON_BYTES)
+    check_text_within("reason", reason, MAX_REASON_BYTES)
 }
 
-/// Checks a TTL and converts it to whole microseconds, the resolution of a
-/// PostgreSQL interval. A TTL under one microsecond would be zero there, so
-/// it is refused; a sub-microsecond part of a longer one is rounded up.
+/// Checks a TTL ([`MIN_TTL`] to [`MAX_TTL`]) and converts it to whole
+/// microseconds, the resolution of a PostgreSQL interval (a
+/// sub-microsecond part is rounded up).
 pub(crate) fn check_ttl(ttl: Duration) -> Result<i64> {
+    if ttl < MIN_TTL {
+        return Err(Error::invalid(
+            "ttl",
+            format!(
+                "must be at least {MIN_TTL:?}, got {ttl:?}: a shorter lease expires in about \
+                 the time its acquisition takes to reach the holder"
+            ),
+        ));
+    }
     check_duration("ttl", ttl)
 }
 
@@ -130,16 +154,37 @@ pub(crate) fn check_duration(argument: &'static str, duration: Duration) -> Resu
         .map_err(|_| Error::invalid(argument, format!("{duration:?} is too large")))
 }
 
-/// Checks a token: tokens are issued from 1 upwards, so zero or less was
-/// never issued and can only be a mistake.
-pub(crate) fn check_positive_token(token: i64) -> Result<()> {
-    if token <= 0 {
-        return Err(Error::invalid(
-            "token",
-            format!("must be positive, got {token}"),
-        ));
+// Tokens are issued from 1 upwards, so zero or less was never issued and
+// can only be a mistake: the checked ways to make one from outside.
+impl Token {
+    /// A token read from elsewhere (a database row, `PGLEASE_TOKEN`, a
+    /// message). Tokens start at 1.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] (argument `token`) for zero or less, which
+    /// was never issued and can only be a mistake.
+    pub fn new(token: i64) -> Result<Token> {
+        if token <= 0 {
+            return Err(Error::invalid(
+                "token",
+                format!("must be positive, got {token}"),
+            ));
+        }
+        Ok(Token::issued(token))
     }
-    Ok(())
+}
+
+impl std::str::FromStr for Token {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Token> {
+        let token: i64 = s
+            .trim()
+            .parse()
+            .map_err(|e| Error::invalid("token", format!("{s:?} is not a whole number ({e})")))?;
+        Token::new(token)
+    }
 }
 
 #[cfg(test)]
@@ -147,16 +192,45 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tokens_start_at_one_and_parse_from_text() {
+        assert!(Token::new(0).is_err());
+        assert_eq!(" 7 ".parse::<Token>().expect("token").get(), 7);
+        assert!(matches!(
+            "x".parse::<Token>(),
+            Err(Error::InvalidInput {
+                argument: "token",
+                ..
+            })
+        ));
+    }
+
+    #[test]
     fn ttl_bounds() {
         assert!(check_ttl(Duration::ZERO).is_err());
-        assert!(check_ttl(Duration::from_nanos(1)).is_err());
-        assert!(check_ttl(Duration::from_nanos(999)).is_err());
-        assert_eq!(check_ttl(Duration::from_micros(1)).ok(), Some(1));
-        assert_eq!(check_ttl(Duration::from_nanos(1_001)).ok(), Some(2));
+        assert!(check_ttl(Duration::from_micros(1)).is_err());
+        assert!(check_ttl(MIN_TTL - Duration::from_nanos(1)).is_err());
+        assert_eq!(check_ttl(MIN_TTL).ok(), Some(100_000));
+        assert_eq!(
+            check_ttl(MIN_TTL + Duration::from_nanos(1_001)).ok(),
+            Some(100_002)
+        );
         assert_eq!(check_ttl(Duration::from_millis(1500)).ok(), Some(1_500_000));
         assert!(check_ttl(MAX_TTL).is_ok());
         assert!(check_ttl(MAX_TTL + Duration::from_nanos(1)).is_err());
         assert!(check_ttl(Duration::MAX).is_err());
+    }
+
+    #[test]
+    fn other_durations_need_only_a_microsecond() {
+        assert!(check_duration("after", Duration::from_nanos(999)).is_err());
+        assert_eq!(
+            check_duration("after", Duration::from_micros(1)).ok(),
+            Some(1)
+        );
+        assert_eq!(
+            check_duration("after", Duration::from_nanos(1_001)).ok(),
+            Some(2)
+        );
     }
 
     #[test]

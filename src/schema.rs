@@ -1,0 +1,31 @@
+//! What clients see of the `pglease` schema besides its functions and
+//! views: where [`LeaseManager::migrate`](crate::LeaseManager::migrate)
+//! records its migrations and what it did, and the channels the functions
+//! notify. A notification on either channel is a wake-up hint, not a fact:
+//! anyone who can connect can send one, so pglease reads the lease before
+//! it believes anything.
+
+/// Where `pglease` records which of its migrations are applied: its own
+/// table in its own schema, so it never clashes with the host
+/// application's `_sqlx_migrations`.
+pub const MIGRATIONS_TABLE: &str = "pglease._pglease_migrations";
+
+/// The channel `pglease.release` notifies, with the lease name as payload,
+/// when a session watches the name (`pglease.watch`).
+pub const RELEASE_CHANNEL: &str = "pglease_release";
+
+/// The channel the trigger `pglease_changed` notifies of every change of a
+/// lease that a session observes (`pglease.observe`); see the payload
+/// format in `migrations/0001_schema.sql`.
+pub const CHANGE_CHANNEL: &str = "pglease_change";
+
+/// What [`LeaseManager::migrate`](crate::LeaseManager::migrate) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Migrated {
+    /// The migrations applied by this call, in order (empty: the schema
+    /// was up to date; starting with 1: it was created).
+    pub applied: Vec<i64>,
+    /// The latest migration the schema has now.
+    pub latest: i64,
+}
