@@ -63,6 +63,17 @@ pub(crate) async fn connect_pool(options: PgConnectOptions, timeout: Duration) -
         Ok(Ok(connection)) => {
             let _ = connection.close().await;
         }
+        // Something answered, but not in PostgreSQL's protocol (another
+        // kind of server on that port): said as such, not as sqlx's
+        // "expected to read 1414811696 bytes".
+        Ok(Err(sqlx::Error::Protocol(what))) => {
+            return Err(Error::Database(sqlx::Error::Protocol(format!(
+                "the server at {}:{} does not answer in PostgreSQL's protocol (is it another \
+                 kind of server? check the host and port): {what}",
+                options.get_host(),
+                options.get_port()
+            ))));
+        }
         Ok(Err(error)) => return Err(Error::from(error)),
         Err(_) => {
             return Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
@@ -85,8 +96,10 @@ const ONE_HOST: &str = "pglease connects to one host: put the primary behind a s
      endpoint (a virtual address, a proxy or PgBouncer) that follows failovers; see \
      docs/design.md, \"Failover and high availability\"";
 
-/// Parses a PostgreSQL URL into connect options, refusing with a clear
-/// message what sqlx would misread or silently ignore: several hosts
+/// Parses a PostgreSQL URL (`postgres://` or `postgresql://`, as libpq
+/// takes them) into connect options, refusing with a clear message what
+/// sqlx would misread or silently ignore: another scheme (`mysql://`,
+/// which sqlx would read as PostgreSQL's), several hosts
 /// (`postgres://a:5432,b:5432/db`, `?host=a,b`), which libpq tries in turn
 /// and sqlx does not, and a `target_session_attrs` other than `any`, which
 /// sqlx ignores.
@@ -96,6 +109,25 @@ const ONE_HOST: &str = "pglease connects to one host: put the primary behind a s
 /// [`Error::InvalidInput`] for those; [`Error::Database`] for a URL sqlx
 /// cannot parse.
 pub fn parse_url(url: &str) -> Result<PgConnectOptions> {
+    match url.split_once("://").map(|(scheme, _)| scheme) {
+        Some("postgres" | "postgresql") => {}
+        Some(scheme) => {
+            return Err(Error::invalid(
+                "url",
+                format!(
+                    "is a {scheme}:// URL; pglease connects to PostgreSQL: \
+                     postgres://USER@HOST:PORT/DATABASE (or postgresql://)"
+                ),
+            ));
+        }
+        None => {
+            return Err(Error::invalid(
+                "url",
+                "is not a URL; pglease takes postgres://USER@HOST:PORT/DATABASE \
+                 (or postgresql://)",
+            ));
+        }
+    }
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let authority = base
         .split_once("://")

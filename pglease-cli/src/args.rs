@@ -39,7 +39,7 @@ pub(crate) struct Cli {
     pub(crate) database_url: Option<String>,
 
     /// Give up connecting after this long (exit status 5).
-    #[arg(long, global = true, default_value = "10s", value_parser = parse_connect_timeout)]
+    #[arg(long, global = true, default_value = "10s", value_parser = Checked(connect_timeout), allow_hyphen_values = true)]
     pub(crate) connect_timeout: Duration,
 
     /// Print nothing but errors and the requested output (no progress
@@ -75,21 +75,21 @@ pub(crate) enum Command {
     /// Acquire a lease (exit 3 if it is held).
     Acquire {
         /// The lease name.
-        #[arg(value_parser = parse_text)]
+        #[arg(value_parser = Checked(text))]
         name: String,
         /// How long the lease lasts unless renewed (e.g. 30s, 5m).
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
         ttl: Duration,
         /// Who holds it (default: "HOST (pglease acquire)": this process
         /// exits at once, so its id would name nobody).
-        #[arg(long, value_parser = parse_text)]
+        #[arg(long, value_parser = Checked(text))]
         holder: Option<String>,
         /// Wait this long for the current holder to release it.
-        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "0s", value_parser = Checked(wait), allow_hyphen_values = true)]
         wait: Duration,
         /// Publish this value with the lease (at most 8 KiB), for anyone to
         /// read in `status`.
-        #[arg(long, value_parser = parse_value)]
+        #[arg(long, value_parser = Checked(value))]
         value: Option<String>,
         /// A counted lease: one of N slots NAME#k (the output names it).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -101,13 +101,13 @@ pub(crate) enum Command {
     /// Extend a lease held under TOKEN (exit 4 if it is lost).
     Renew {
         /// The lease name.
-        #[arg(value_parser = parse_text)]
+        #[arg(value_parser = Checked(text))]
         name: String,
         /// The token from `acquire`.
         #[arg(long, allow_negative_numbers = true)]
         token: Token,
         /// The new time to live from now.
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
         ttl: Duration,
         /// Print one JSON object.
         #[arg(long)]
@@ -116,7 +116,7 @@ pub(crate) enum Command {
     /// End a lease held under TOKEN (exit 4 if it was not held).
     Release {
         /// The lease name.
-        #[arg(value_parser = parse_text)]
+        #[arg(value_parser = Checked(text))]
         name: String,
         /// The token from `acquire`.
         #[arg(long, allow_negative_numbers = true)]
@@ -128,7 +128,7 @@ pub(crate) enum Command {
     /// Show one lease (exit 3 if it is not held), or all of them.
     Status {
         /// The lease name (all leases without it).
-        #[arg(value_parser = parse_text)]
+        #[arg(value_parser = Checked(text))]
         name: Option<String>,
         /// Print JSON (an object for one name, an array for all).
         #[arg(long)]
@@ -149,19 +149,19 @@ pub(crate) enum Command {
     /// Hold a lease while CMD runs: renew it, stop CMD if it is lost.
     Run {
         /// The lease name.
-        #[arg(value_parser = parse_text)]
+        #[arg(value_parser = Checked(text))]
         name: String,
         /// Time to live; renewed every third of it while CMD runs.
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
         ttl: Duration,
         /// Wait this long for the current holder (default: do not wait).
-        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "0s", value_parser = Checked(wait), allow_hyphen_values = true)]
         wait: Duration,
         /// Who holds it (default: host name and process id).
-        #[arg(long, value_parser = parse_text)]
+        #[arg(long, value_parser = Checked(text))]
         holder: Option<String>,
         /// Time between SIGTERM and SIGKILL when CMD must stop.
-        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "10s", value_parser = Checked(grace), allow_hyphen_values = true)]
         grace: Duration,
         /// A counted lease: up to N runs of NAME at once, each holding a
         /// slot NAME#k of its own (PGLEASE_NAME is the slot).
@@ -169,13 +169,13 @@ pub(crate) enum Command {
         limit: Option<u32>,
         /// Stop CMD after this long (SIGTERM, SIGKILL after --grace) and
         /// exit 124, like timeout(1).
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = Checked(run_timeout), allow_hyphen_values = true)]
         timeout: Option<Duration>,
         /// Keep the lease at least this long after acquiring it: if CMD
         /// finishes sooner, the lease expires then instead of being
         /// released, so that the same job started elsewhere meanwhile
         /// exits 3 (at most 7 days).
-        #[arg(long, value_parser = parse_min_hold)]
+        #[arg(long, value_parser = Checked(min_hold), allow_hyphen_values = true)]
         min_hold: Option<Duration>,
         /// The command and its arguments.
         #[arg(required = true, last = true)]
@@ -185,10 +185,10 @@ pub(crate) enum Command {
     /// expired, evicted, force_released, value, step_down_requested.
     History {
         /// The lease name.
-        #[arg(value_parser = parse_text)]
+        #[arg(value_parser = Checked(text))]
         name: String,
         /// Only those of the last D (e.g. 1h, 7days).
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = Checked(since), allow_hyphen_values = true)]
         since: Option<Duration>,
         /// Print one JSON array.
         #[arg(long)]
@@ -198,10 +198,10 @@ pub(crate) enum Command {
     /// token is stale (exit 3 if nobody holds it). Administrators only.
     ForceRelease {
         /// The lease name.
-        #[arg(value_parser = parse_text)]
+        #[arg(value_parser = Checked(text))]
         name: String,
         /// Why (recorded in the history; 1 to 1000 bytes).
-        #[arg(long, value_parser = parse_reason)]
+        #[arg(long, value_parser = Checked(reason))]
         reason: String,
         /// Print one JSON object: `name` and `token` (the token ended, or
         /// null if nobody held the lease).
@@ -211,7 +211,7 @@ pub(crate) enum Command {
     /// Who leads NAME: holder, token and value (exit 3 if nobody).
     Leader {
         /// The lease name.
-        #[arg(value_parser = parse_text)]
+        #[arg(value_parser = Checked(text))]
         name: String,
         /// Print one JSON object (as `status --json`).
         #[arg(long)]
@@ -222,16 +222,16 @@ pub(crate) enum Command {
     /// interrupted.
     Observe {
         /// The lease name.
-        #[arg(value_parser = parse_text)]
+        #[arg(value_parser = Checked(text))]
         name: String,
     },
     /// Ask the holder of NAME to step down (exit 3 if nobody holds it).
     StepDown {
         /// The lease name.
-        #[arg(value_parser = parse_text)]
+        #[arg(value_parser = Checked(text))]
         name: String,
         /// Who asks (default: host name and process id).
-        #[arg(long, value_parser = parse_text)]
+        #[arg(long, value_parser = Checked(text))]
         by: Option<String>,
         /// Print one JSON object: `name` and `token` (the term asked, or
         /// null if nobody holds the lease).
@@ -243,27 +243,27 @@ pub(crate) enum Command {
     /// campaign again.
     Elect {
         /// The lease name.
-        #[arg(value_parser = parse_text)]
+        #[arg(value_parser = Checked(text))]
         name: String,
         /// Time to live of each term; renewed every third of it.
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
         ttl: Duration,
         /// Publish this value with each term (an address, say); CMD gets
         /// it as PGLEASE_VALUE.
-        #[arg(long, value_parser = parse_value)]
+        #[arg(long, value_parser = Checked(value))]
         value: Option<String>,
         /// Who campaigns (default: host name and process id).
-        #[arg(long, value_parser = parse_text)]
+        #[arg(long, value_parser = Checked(text))]
         holder: Option<String>,
         /// Time between SIGTERM and SIGKILL when CMD must stop.
-        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "10s", value_parser = Checked(grace), allow_hyphen_values = true)]
         grace: Duration,
         /// How many times a failed CMD is started again (over all terms)
         /// before elect resigns and exits with its status.
         #[arg(long, default_value_t = 3)]
         max_restarts: u32,
         /// The pause before a failed CMD is started again.
-        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "1s", value_parser = Checked(pause), allow_hyphen_values = true)]
         restart_delay: Duration,
         /// The command and its arguments.
         #[arg(required = true, last = true)]
@@ -287,19 +287,74 @@ pub(crate) enum Command {
     Demo,
 }
 
-/// A lease name, holder or requester, checked before anything connects:
-/// 1 to 255 bytes (NUL cannot be passed in an argument).
-fn parse_text(text: &str) -> Result<String, String> {
-    parse_within(text, pglease::limits::MAX_NAME_BYTES)
+impl Command {
+    /// Whether the command was asked for JSON output.
+    pub(crate) fn wants_json(&self) -> bool {
+        match self {
+            Command::Doctor { json }
+            | Command::Migrate { json }
+            | Command::ForceRelease { json, .. }
+            | Command::StepDown { json, .. }
+            | Command::Acquire { json, .. }
+            | Command::Renew { json, .. }
+            | Command::Release { json, .. }
+            | Command::Status { json, .. }
+            | Command::History { json, .. }
+            | Command::Leader { json, .. } => *json,
+            _ => false,
+        }
+    }
+}
+
+/// A value parser that checks an argument before anything connects and,
+/// when it is bad, says why without echoing it (a value may be kilobytes
+/// long): `invalid --value: is 8193 bytes long; the limit is 8192 bytes`.
+#[derive(Clone)]
+struct Checked<T: Clone + Send + Sync + 'static>(fn(&str) -> Result<T, String>);
+
+impl<T: Clone + Send + Sync + 'static> clap::builder::TypedValueParser for Checked<T> {
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        command: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<T, clap::Error> {
+        let what = arg.map_or_else(
+            || "argument".to_owned(),
+            |arg| match arg.get_long() {
+                Some(long) => format!("--{long}"),
+                None => arg.get_id().as_str().to_uppercase(),
+            },
+        );
+        let checked = match value.to_str() {
+            Some(text) => (self.0)(text),
+            None => Err("is not valid UTF-8".to_owned()),
+        };
+        checked.map_err(|why| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid {what}: {why}\n"),
+            )
+            .with_cmd(command)
+        })
+    }
+}
+
+/// A lease name, holder or requester: 1 to 255 bytes (NUL cannot be
+/// passed in an argument).
+fn text(text: &str) -> Result<String, String> {
+    within(text, pglease::limits::MAX_NAME_BYTES)
 }
 
 /// A force release's reason: 1 to 1000 bytes.
-fn parse_reason(text: &str) -> Result<String, String> {
-    parse_within(text, pglease::limits::MAX_REASON_BYTES)
+fn reason(text: &str) -> Result<String, String> {
+    within(text, pglease::limits::MAX_REASON_BYTES)
 }
 
 /// A published value: at most 8 KiB (it may be empty).
-fn parse_value(text: &str) -> Result<String, String> {
+fn value(text: &str) -> Result<String, String> {
     if text.len() > pglease::limits::MAX_VALUE_BYTES {
         return Err(format!(
             "is {} bytes long; the limit is {} bytes",
@@ -310,7 +365,7 @@ fn parse_value(text: &str) -> Result<String, String> {
     Ok(text.to_owned())
 }
 
-fn parse_within(text: &str, limit: usize) -> Result<String, String> {
+fn within(text: &str, limit: usize) -> Result<String, String> {
     if text.is_empty() {
         return Err("must not be empty".to_owned());
     }
@@ -323,20 +378,77 @@ fn parse_within(text: &str, limit: usize) -> Result<String, String> {
     Ok(text.to_owned())
 }
 
-/// A connection timeout: a `humantime` duration of at most a day.
-fn parse_connect_timeout(text: &str) -> Result<Duration, String> {
-    let timeout = humantime::parse_duration(text).map_err(|e| e.to_string())?;
-    if timeout.is_zero() || timeout > Duration::from_secs(86400) {
-        return Err("must be greater than zero and at most 1 day".to_owned());
+/// A `humantime` duration from `min` to `max`.
+fn duration(text: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    if text.trim_start().starts_with('-') {
+        return Err("must not be negative".to_owned());
     }
-    Ok(timeout)
+    let quoted = if text.len() <= 40 {
+        format!("{text:?}")
+    } else {
+        format!("a {}-byte argument", text.len())
+    };
+    let d = humantime::parse_duration(text)
+        .map_err(|e| format!("{quoted} is not a duration ({e}); say 500ms, 30s, 5m or 2h"))?;
+    if d < min {
+        return Err(if min <= Duration::from_nanos(1) {
+            "must be greater than zero".to_owned()
+        } else {
+            format!("must be at least {}, got {}", human(min), human(d))
+        });
+    }
+    if d > max {
+        return Err(format!("must be at most {}, got {}", human(max), human(d)));
+    }
+    Ok(d)
 }
 
-/// A minimum hold: a `humantime` duration from 1 µs to 7 days, like a TTL.
-fn parse_min_hold(text: &str) -> Result<Duration, String> {
-    let hold = humantime::parse_duration(text).map_err(|e| e.to_string())?;
-    if hold < Duration::from_micros(1) || hold > pglease::limits::MAX_TTL {
-        return Err("must be at least 1 microsecond and at most 7 days".to_owned());
-    }
-    Ok(hold)
+/// A TTL ([`pglease::limits::MIN_TTL`] to `MAX_TTL`, the library's limits:
+/// a shorter lease would expire about when its acquisition comes back).
+fn ttl(text: &str) -> Result<Duration, String> {
+    duration(text, pglease::limits::MIN_TTL, pglease::limits::MAX_TTL)
+}
+
+/// How long to wait for a lease: zero (one attempt) to 7 days.
+fn wait(text: &str) -> Result<Duration, String> {
+    duration(text, Duration::ZERO, WEEK)
+}
+
+/// Time between SIGTERM and SIGKILL: zero to a day.
+fn grace(text: &str) -> Result<Duration, String> {
+    duration(text, Duration::ZERO, DAY)
+}
+
+/// A pause before CMD starts again: zero to a day.
+fn pause(text: &str) -> Result<Duration, String> {
+    duration(text, Duration::ZERO, DAY)
+}
+
+/// `run --timeout`: above zero, at most a year.
+fn run_timeout(text: &str) -> Result<Duration, String> {
+    duration(text, Duration::from_nanos(1), YEAR)
+}
+
+/// A connection timeout: above zero, at most a day.
+fn connect_timeout(text: &str) -> Result<Duration, String> {
+    duration(text, Duration::from_nanos(1), DAY)
+}
+
+/// A minimum hold: 1 µs to 7 days (it shortens or lengthens the last
+/// expiry, so any length a TTL may have, and shorter).
+fn min_hold(text: &str) -> Result<Duration, String> {
+    duration(text, Duration::from_micros(1), pglease::limits::MAX_TTL)
+}
+
+/// `history --since`: above zero, at most ten years.
+fn since(text: &str) -> Result<Duration, String> {
+    duration(text, Duration::from_nanos(1), 10 * YEAR)
+}
+
+const DAY: Duration = Duration::from_secs(86_400);
+const WEEK: Duration = Duration::from_secs(7 * 86_400);
+const YEAR: Duration = Duration::from_secs(365 * 86_400);
+
+fn human(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
 }

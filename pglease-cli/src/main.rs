@@ -1,162 +1,86 @@
-//! The `pglease` command-line tool: argument parsing and process handling
-//! only; every lease operation lives in the library.
+//! The `pglease` command-line tool: argument parsing, output and process
+//! handling only; every lease operation lives in the library. One file per
+//! command in `cmd/`; CMD's supervision for `run` and `elect` in
+//! `child.rs`.
 
 mod args;
-mod commands;
-mod elect;
-mod history;
-mod run;
+mod child;
+mod cmd;
+mod connect;
+mod exit;
+mod output;
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::time::Duration;
 
-use clap::Parser;
-use pglease::{AcquireOptions, Error, Fence, LeaseManager};
-use sqlx::postgres::PgConnectOptions;
+use clap::{CommandFactory, Parser};
+use pglease::{AcquireOptions, Fence, LeaseManager, ListFilter};
 
 use args::{Cli, Command};
-use commands::{acquire, demo, doctor, migrate, release, renew, status};
-use run::{RunTiming, run};
-
-/// Prints an informational line on stderr unless `--quiet` was given.
-macro_rules! note {
-    ($($arg:tt)*) => {
-        if !$crate::quiet() {
-            eprintln!($($arg)*);
-        }
-    };
-}
-pub(crate) use note;
-
-/// Prints a line of the requested output on stdout. A reader that went
-/// away (`| head`, a closed pipe) is not the command's failure: the line
-/// is dropped and the command's own exit status stands.
-macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
-    }};
-}
-pub(crate) use out;
-
-static QUIET: AtomicBool = AtomicBool::new(false);
-static CONFLICT_EXIT: AtomicU8 = AtomicU8::new(EXIT_NOT_ACQUIRED);
-
-/// Whether `--quiet` was given.
-pub(crate) fn quiet() -> bool {
-    QUIET.load(Ordering::Relaxed)
-}
-
-/// The exit status for "held by another" (`--conflict-exit-code`).
-pub(crate) fn conflict_exit() -> ExitCode {
-    ExitCode::from(CONFLICT_EXIT.load(Ordering::Relaxed))
-}
-
-/// Exit status of `doctor` when a check is not ok.
-const EXIT_PROBLEMS: u8 = 1;
-/// Exit status for bad usage or bad input (clap uses it too).
-const EXIT_USAGE: u8 = 2;
-/// Exit status for "not acquired".
-const EXIT_NOT_ACQUIRED: u8 = 3;
-/// Exit status for "lease lost" (renew, release, run).
-const EXIT_LOST: u8 = 4;
-/// Exit status for "database unreachable or failed".
-const EXIT_DATABASE: u8 = 5;
-/// Exit status when CMD cannot be started.
-const EXIT_CANNOT_START: u8 = 127;
+use output::{json_failure, note, out};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    QUIET.store(cli.quiet, Ordering::Relaxed);
-    CONFLICT_EXIT.store(cli.conflict_exit_code, Ordering::Relaxed);
+    output::set_quiet(cli.quiet);
+    exit::set_conflict(cli.conflict_exit_code);
+    // Commands that need no database.
     match &cli.command {
-        // Rendered in memory, then written like every output (`out!`): a
-        // reader that stops early is not a failure.
-        Command::Completions { shell } => {
-            let mut command = <Cli as clap::CommandFactory>::command();
-            let mut script = Vec::new();
-            clap_complete::generate(*shell, &mut command, "pglease", &mut script);
-            out!("{}", String::from_utf8_lossy(&script).trim_end());
-            return ExitCode::SUCCESS;
-        }
-        Command::Man { dir: Some(dir) } => {
-            let command = <Cli as clap::CommandFactory>::command();
-            if let Err(e) = clap_mangen::generate_to(command, dir) {
-                eprintln!(
-                    "pglease: cannot write the manual pages to {}: {e}",
-                    dir.display()
-                );
-                return ExitCode::from(1);
-            }
-            note!(
-                "pglease: wrote pglease.1 and a page per command to {}",
-                dir.display()
-            );
-            return ExitCode::SUCCESS;
-        }
-        Command::Man { dir: None } => {
-            let command = <Cli as clap::CommandFactory>::command();
-            let mut page = Vec::new();
-            if let Err(e) = clap_mangen::Man::new(command).render(&mut page) {
-                eprintln!("pglease: cannot render the manual page: {e}");
-                return ExitCode::from(1);
-            }
-            out!("{}", String::from_utf8_lossy(&page).trim_end());
-            return ExitCode::SUCCESS;
-        }
+        Command::Completions { shell } => return completions(*shell),
+        Command::Man { dir } => return man(dir.as_deref()),
         _ => {}
     }
     // --database-url, else DATABASE_URL; empty means "not set".
-    let cli = Cli {
-        database_url: cli
-            .database_url
-            .or_else(|| std::env::var("DATABASE_URL").ok())
-            .filter(|url| !url.is_empty()),
-        ..cli
-    };
-    let options = match &cli.database_url {
-        Some(url) => match pglease::connect::parse_url(url) {
-            Ok(options) => options,
-            Err(e) => {
-                let why = match e {
-                    pglease::Error::InvalidInput { reason, .. } => reason,
-                    e => e.to_string(),
-                };
-                eprintln!("pglease: invalid database URL (--database-url or DATABASE_URL): {why}");
-                return ExitCode::from(EXIT_USAGE);
-            }
-        },
-        None if std::env::var("PGHOST").is_ok_and(|hosts| hosts.contains(',')) => {
-            eprintln!(
-                "pglease: PGHOST names several hosts; pglease connects to one: put the primary \
-                 behind a stable endpoint that follows failovers (see docs/design.md)"
-            );
-            return ExitCode::from(EXIT_USAGE);
+    let database_url = cli
+        .database_url
+        .clone()
+        .or_else(|| std::env::var("DATABASE_URL").ok())
+        .filter(|url| !url.is_empty());
+    let options = match connect::options(database_url.as_deref()) {
+        Ok(options) => options,
+        Err(why) => {
+            eprintln!("pglease: {why}");
+            return ExitCode::from(exit::USAGE);
         }
-        None => pglease::connect::libpq_defaults(),
     };
     if let Command::Demo = cli.command {
         // Without a URL, the demo finds a server as the tests do, down to
         // a throwaway cluster.
-        let explicit = cli.database_url.is_some();
-        return demo(&options, explicit, cli.connect_timeout).await;
+        let explicit = database_url.is_some();
+        return cmd::demo::demo(&options, explicit, cli.connect_timeout).await;
     }
     // With --json, failures are answered in JSON on stdout too.
-    let json = wants_json(&cli.command);
-    let manager = match connect(&options, cli.connect_timeout).await {
+    let json = cli.command.wants_json();
+    let manager = match connect::connect(&options, cli.connect_timeout).await {
         Ok(manager) => manager,
         Err(why) => {
             if json {
-                json_failure(&why, EXIT_DATABASE);
+                json_failure(&why, exit::DATABASE);
             }
-            return ExitCode::from(EXIT_DATABASE);
+            return ExitCode::from(exit::DATABASE);
         }
     };
-    let code = match cli.command {
-        Command::Migrate { json } => migrate(&manager, json).await,
-        Command::Doctor { json } => doctor(&manager, json).await,
+    match dispatch(cli.command, &manager, database_url.as_deref()).await {
+        Ok(code) => code,
+        Err((e, what)) => {
+            let status = exit::fail(&e, what);
+            if json {
+                json_failure(&format!("{what} failed: {e}"), status);
+            }
+            ExitCode::from(status)
+        }
+    }
+}
+
+/// Runs a command that talks to the database.
+async fn dispatch(
+    command: Command,
+    manager: &LeaseManager,
+    database_url: Option<&str>,
+) -> exit::Outcome {
+    let or_default = |holder: Option<String>| holder.unwrap_or_else(AcquireOptions::default_holder);
+    match command {
+        Command::Migrate { json } => cmd::migrate::migrate(manager, json).await,
+        Command::Doctor { json } => cmd::doctor::doctor(manager, json).await,
         Command::Acquire {
             name,
             ttl,
@@ -166,23 +90,24 @@ async fn main() -> ExitCode {
             limit,
             json,
         } => {
-            let options = commands::AcquireArgs {
+            let args = cmd::acquire::AcquireArgs {
+                name,
                 ttl,
                 holder,
                 wait,
                 value,
                 limit,
             };
-            acquire(&manager, &name, options, json).await
+            cmd::acquire::acquire(manager, args, json).await
         }
         Command::Renew {
             name,
             token,
             ttl,
             json,
-        } => renew(&manager, &name, token, ttl, json).await,
+        } => cmd::renew::renew(manager, &name, token, ttl, json).await,
         Command::Release { name, token, json } => match Fence::new(name, token) {
-            Ok(fence) => release(&manager, &fence, json).await,
+            Ok(fence) => cmd::release::release(manager, &fence, json).await,
             Err(e) => Err((e, "release")),
         },
         Command::Status {
@@ -193,7 +118,7 @@ async fn main() -> ExitCode {
             prefix,
             limit,
         } => {
-            let mut filter = pglease::ListFilter::default();
+            let mut filter = ListFilter::default();
             if held {
                 filter = filter.held();
             }
@@ -206,7 +131,7 @@ async fn main() -> ExitCode {
             if let Some(limit) = limit {
                 filter = filter.limit(limit);
             }
-            status(&manager, name.as_deref(), json, &filter).await
+            cmd::status::status(manager, name.as_deref(), json, &filter).await
         }
         Command::Run {
             name,
@@ -219,28 +144,29 @@ async fn main() -> ExitCode {
             min_hold,
             cmd,
         } => {
-            let holder = holder.unwrap_or_else(AcquireOptions::default_holder);
-            let timing = RunTiming {
+            let args = cmd::run::RunArgs {
+                name,
+                holder: or_default(holder),
                 ttl,
                 wait,
                 grace,
                 timeout,
                 min_hold,
                 limit,
+                cmd,
             };
-            run(&manager, &cli.database_url, &name, &holder, timing, &cmd).await
+            cmd::run::run(manager, database_url, args).await
         }
         Command::History { name, since, json } => {
-            history::history(&manager, &name, since, json).await
+            cmd::history::history(manager, &name, since, json).await
         }
         Command::ForceRelease { name, reason, json } => {
-            history::force_release(&manager, &name, &reason, json).await
+            cmd::force_release::force_release(manager, &name, &reason, json).await
         }
-        Command::Leader { name, json } => elect::leader(&manager, &name, json).await,
-        Command::Observe { name } => elect::observe(&manager, &name).await,
+        Command::Leader { name, json } => cmd::leader::leader(manager, &name, json).await,
+        Command::Observe { name } => cmd::observe::observe(manager, &name).await,
         Command::StepDown { name, by, json } => {
-            let by = by.unwrap_or_else(AcquireOptions::default_holder);
-            elect::step_down(&manager, &name, &by, json).await
+            cmd::step_down::step_down(manager, &name, &or_default(by), json).await
         }
         Command::Elect {
             name,
@@ -252,109 +178,57 @@ async fn main() -> ExitCode {
             restart_delay,
             cmd,
         } => {
-            let options = elect::ElectOptions {
+            let args = cmd::elect::ElectArgs {
+                name,
                 ttl,
-                holder: holder.unwrap_or_else(AcquireOptions::default_holder),
+                holder: or_default(holder),
                 value,
                 grace,
                 max_restarts,
                 restart_delay,
+                cmd,
             };
-            elect::elect(&manager, &cli.database_url, &name, options, &cmd).await
+            cmd::elect::elect(manager, database_url, args).await
         }
         Command::Demo | Command::Completions { .. } | Command::Man { .. } => {
-            unreachable!("handled above")
-        }
-    };
-    match code {
-        Ok(code) => code,
-        Err((e, what)) => {
-            let status = fail(&e, what);
-            if json {
-                json_failure(&format!("{what} failed: {e}"), status);
-            }
-            ExitCode::from(status)
+            unreachable!("answered before connecting")
         }
     }
 }
 
-/// Whether the command was asked for JSON output.
-fn wants_json(command: &Command) -> bool {
-    match command {
-        Command::Doctor { json }
-        | Command::Migrate { json }
-        | Command::ForceRelease { json, .. }
-        | Command::StepDown { json, .. }
-        | Command::Acquire { json, .. }
-        | Command::Renew { json, .. }
-        | Command::Release { json, .. }
-        | Command::Status { json, .. }
-        | Command::History { json, .. }
-        | Command::Leader { json, .. } => *json,
-        _ => false,
-    }
+/// `pglease completions SHELL`: rendered in memory, then written like every
+/// output (`out!`): a reader that stops early is not a failure.
+fn completions(shell: clap_complete::Shell) -> ExitCode {
+    let mut command = Cli::command();
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut command, "pglease", &mut script);
+    out!("{}", String::from_utf8_lossy(&script).trim_end());
+    ExitCode::SUCCESS
 }
 
-/// A failure as one JSON object on stdout: `{"error": ..., "status": N}`.
-pub(crate) fn json_failure(error: &str, status: u8) {
-    out!("{}", serde_json::json!({"error": error, "status": status}));
-}
-
-type Outcome = Result<ExitCode, (Error, &'static str)>;
-
-/// Maps a library error to a message and an exit status.
-fn fail(e: &Error, what: &str) -> u8 {
-    match e {
-        Error::InvalidInput { .. } => {
-            eprintln!("pglease: {e}");
-            EXIT_USAGE
-        }
-        Error::Database(db)
-            if matches!(
-                db.as_database_error().and_then(|d| d.code()).as_deref(),
-                // undefined function, undefined table, invalid schema name
-                Some("42883" | "42P01" | "3F000")
-            ) =>
-        {
+/// `pglease man [--dir DIR]`: the top page on stdout, or every page into
+/// DIR.
+fn man(dir: Option<&std::path::Path>) -> ExitCode {
+    let command = Cli::command();
+    if let Some(dir) = dir {
+        if let Err(e) = clap_mangen::generate_to(command, dir) {
             eprintln!(
-                "pglease: {what} failed: the pglease schema is missing or out of date in this \
-                 database ({e}); run `pglease migrate` first"
+                "pglease: cannot write the manual pages to {}: {e}",
+                dir.display()
             );
-            EXIT_DATABASE
+            return ExitCode::from(1);
         }
-        _ => {
-            eprintln!("pglease: {what} failed: {e}");
-            EXIT_DATABASE
-        }
+        note!(
+            "pglease: wrote pglease.1 and a page per command to {}",
+            dir.display()
+        );
+        return ExitCode::SUCCESS;
     }
-}
-
-/// Connects through the library: a refused connection or a failed login is
-/// reported at once with its cause; `timeout` applies only to a server
-/// that does not answer. The pool's connections abandon a statement still
-/// waiting in the server once this process is gone (see
-/// `pglease::connect::pool_options`), so an interrupted acquisition acquires nothing.
-/// Fails with the message's first line (server and cause), also for JSON.
-async fn connect(options: &PgConnectOptions, timeout: Duration) -> Result<LeaseManager, String> {
-    LeaseManager::connect_with(options.clone(), timeout)
-        .await
-        .map_err(|e| {
-            // The server answered and refused (a role, a password or a
-            // database that does not exist), or it could not be reached.
-            let answered = matches!(&e, Error::Database(db) if db.as_database_error().is_some());
-            let next = if answered {
-                "Check the user, password and database name in --database-url or DATABASE_URL \
-                 (or PGUSER, PGPASSWORD, PGDATABASE)."
-            } else {
-                "Set --database-url or DATABASE_URL (or PGHOST, PGPORT, PGUSER, PGDATABASE) \
-                 to a reachable server."
-            };
-            let why = format!(
-                "cannot connect to PostgreSQL at {}:{}: {e}",
-                options.get_host(),
-                options.get_port()
-            );
-            eprintln!("pglease: {why}\n{next}");
-            why
-        })
+    let mut page = Vec::new();
+    if let Err(e) = clap_mangen::Man::new(command).render(&mut page) {
+        eprintln!("pglease: cannot render the manual page: {e}");
+        return ExitCode::from(1);
+    }
+    out!("{}", String::from_utf8_lossy(&page).trim_end());
+    ExitCode::SUCCESS
 }

@@ -1,0 +1,195 @@
+//! CMD under a lease, as `run` and `elect` start and stop it: in a process
+//! group of its own with the lease in its environment, signals forwarded
+//! to the group, and a stop that escalates SIGTERM, then SIGKILL after a
+//! grace period, to every process of the group.
+
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use pglease::Token;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::output::{human, note};
+
+/// What CMD learns of its lease, as environment variables: the lease it
+/// runs under (`PGLEASE_NAME`: NAME, or a counted lease's slot NAME#k),
+/// the token that fences its writes (`PGLEASE_TOKEN`), the holder
+/// (`PGLEASE_HOLDER`), the value published with it (`PGLEASE_VALUE`) and
+/// the database URL pglease was given (`PGLEASE_DATABASE_URL`).
+pub(crate) struct LeaseEnv<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) token: Token,
+    pub(crate) holder: &'a str,
+    pub(crate) value: Option<&'a str>,
+    pub(crate) database_url: Option<&'a str>,
+}
+
+/// A running CMD and its process group.
+pub(crate) struct Child {
+    child: tokio::process::Child,
+    group: Pid,
+}
+
+impl Child {
+    /// Starts `cmd` (program and arguments) in a process group of its own
+    /// with `lease` in its environment; its standard input is this one's
+    /// when `stdin` is set, else closed.
+    pub(crate) fn spawn(
+        cmd: &[String],
+        lease: &LeaseEnv<'_>,
+        stdin: bool,
+    ) -> std::io::Result<Child> {
+        let (program, args) = cmd
+            .split_first()
+            .ok_or_else(|| std::io::Error::other("no command given"))?;
+        let mut command = tokio::process::Command::new(program);
+        command
+            .args(args)
+            .process_group(0)
+            .stdin(if stdin {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .env("PGLEASE_NAME", lease.name)
+            .env("PGLEASE_TOKEN", lease.token.to_string())
+            .env("PGLEASE_HOLDER", lease.holder);
+        if let Some(value) = lease.value {
+            command.env("PGLEASE_VALUE", value);
+        }
+        if let Some(url) = lease.database_url {
+            command.env("PGLEASE_DATABASE_URL", url);
+        }
+        let child = command.spawn()?;
+        let group = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw)
+            .ok_or_else(|| std::io::Error::other("the command exited at once"))?;
+        Ok(Child { child, group })
+    }
+
+    /// Sends `signal` to CMD's whole group (a group already gone is
+    /// nothing to report).
+    pub(crate) fn signal(&self, signal: Signal) {
+        self.group().signal(signal);
+    }
+
+    /// A handle that signals CMD's group without borrowing CMD (while a
+    /// [`Child::stop`] is under way, say).
+    pub(crate) fn group(&self) -> Group {
+        Group(self.group)
+    }
+
+    /// Waits for CMD to exit.
+    ///
+    /// Cancel-safe: CMD keeps running.
+    pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        self.child.wait().await
+    }
+
+    /// Stops CMD: `signal` to its group, SIGKILL to the group if it has
+    /// not exited after `grace`, and SIGKILL to what is left of the group
+    /// once it has; its status.
+    pub(crate) async fn stop(
+        &mut self,
+        signal: Signal,
+        grace: Duration,
+    ) -> std::io::Result<ExitStatus> {
+        self.signal(signal);
+        if let Ok(status) = tokio::time::timeout(grace, self.child.wait()).await {
+            self.signal(Signal::SIGKILL);
+            return status;
+        }
+        note!(
+            "pglease: the command did not stop within {}; killing it",
+            human(grace)
+        );
+        self.signal(Signal::SIGKILL);
+        self.child.wait().await
+    }
+}
+
+/// CMD's process group, to signal.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Group(Pid);
+
+impl Group {
+    /// Sends `signal` to every process of the group.
+    pub(crate) fn signal(self, signal: Signal) {
+        let _ = killpg(self.0, signal);
+    }
+}
+
+/// The exit status that reports CMD's `status`: its code, or 128+N for
+/// signal N.
+pub(crate) fn status_number(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code).unwrap_or(1),
+        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(255),
+        (None, None) => 1,
+    }
+}
+
+/// SIGTERM, SIGINT and SIGHUP to pglease, watched from when this is made,
+/// so that none is lost while a lease is awaited.
+pub(crate) struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Starts watching; `None` (said on stderr) if the signals cannot be
+    /// watched.
+    pub(crate) fn watch() -> Option<StopSignals> {
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::hangup()),
+        ) {
+            (Ok(term), Ok(int), Ok(hup)) => Some(StopSignals { term, int, hup }),
+            _ => {
+                eprintln!("pglease: cannot watch for signals");
+                None
+            }
+        }
+    }
+
+    /// The next of them to arrive.
+    ///
+    /// Cancel-safe: a signal is taken only when it is returned.
+    pub(crate) async fn next(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.term.recv() => Signal::SIGTERM,
+            _ = self.int.recv() => Signal::SIGINT,
+            _ = self.hup.recv() => Signal::SIGHUP,
+        }
+    }
+}
+
+/// The exit status of pglease stopped by `signal` (128 + its number).
+pub(crate) fn signalled(signal: Signal) -> u8 {
+    u8::try_from(128 + signal as i32).unwrap_or(255)
+}
+
+/// Forwards the signals pglease gets to CMD's group: the first as it is,
+/// a second one as SIGKILL.
+#[derive(Default)]
+pub(crate) struct Forwarding {
+    forwarded: bool,
+}
+
+impl Forwarding {
+    pub(crate) fn forward(&mut self, group: Group, signal: Signal) {
+        if self.forwarded {
+            group.signal(Signal::SIGKILL);
+        } else {
+            group.signal(signal);
+            self.forwarded = true;
+        }
+    }
+}

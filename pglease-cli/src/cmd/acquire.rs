@@ -1,0 +1,106 @@
+//! `pglease acquire NAME --ttl D`: acquire a lease and print its token.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use pglease::{AcquireOptions, Error, Lease, LeaseManager};
+
+use super::{announced, not_acquired};
+use crate::exit::Outcome;
+use crate::output::{lease_json, out};
+
+/// What `acquire` is told on the command line.
+pub(crate) struct AcquireArgs {
+    pub(crate) name: String,
+    pub(crate) ttl: Duration,
+    pub(crate) holder: Option<String>,
+    pub(crate) wait: Duration,
+    pub(crate) value: Option<String>,
+    pub(crate) limit: Option<u32>,
+}
+
+pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs, json: bool) -> Outcome {
+    let AcquireArgs {
+        name,
+        ttl,
+        holder,
+        wait,
+        value,
+        limit,
+    } = args;
+    let name = name.as_str();
+    let holder = holder.unwrap_or_else(acquire_holder);
+    // Without --wait one attempt; the library starts its release listener
+    // only once an attempt with time to wait has failed.
+    let attempt = |wait: Duration| {
+        let mut how = AcquireOptions::ttl(ttl).holder(holder.as_str()).wait(wait);
+        if let Some(value) = &value {
+            how = how.value(value.as_str());
+        }
+        if let Some(limit) = limit {
+            how = how.limit(limit);
+        }
+        manager.acquire(name, how)
+    };
+    match announced(name, wait, attempt).await {
+        Ok(lease) => {
+            print_lease(&lease, json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            // The lease as found, in JSON, when it was held or pinned.
+            // The error names the lease it describes: NAME, or the slot
+            // of a counted lease that expires first.
+            let found = match &e {
+                Error::Held {
+                    name,
+                    holder,
+                    expires_at,
+                } => Some(lease_json(name, Some(holder), None, Some(*expires_at))),
+                Error::Pinned {
+                    name,
+                    holder,
+                    ended_at,
+                    ..
+                } => Some(lease_json(name, holder.as_deref(), None, Some(*ended_at))),
+                _ => None,
+            };
+            if let (true, Some(found)) = (json, found) {
+                out!("{found}");
+            }
+            not_acquired(e, "acquire")
+        }
+    }
+}
+
+fn print_lease(lease: &Lease, json: bool) {
+    if json {
+        out!(
+            "{}",
+            lease_json(
+                lease.name(),
+                Some(lease.holder()),
+                Some(lease.token()),
+                Some(lease.expires_at())
+            )
+        );
+    } else {
+        out!(
+            "acquired {:?} for {:?}: token {} until {}",
+            lease.name(),
+            lease.holder(),
+            lease.token(),
+            lease.expires_at().to_rfc3339()
+        );
+    }
+}
+
+/// The default holder of `acquire`: this host, and what took the lease
+/// (the process exits at once, so its id would name nobody).
+fn acquire_holder() -> String {
+    let holder = AcquireOptions::default_holder();
+    let host = holder
+        .rsplit_once(':')
+        .map_or(holder.as_str(), |(host, _)| host);
+    format!("{host} (pglease acquire)")
+}

@@ -1,0 +1,134 @@
+//! `pglease demo`: the failures a lease must survive, played live against
+//! a lease and the advisory-lock variants, in a scratch database created
+//! for it and dropped after.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use pglease::Error;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
+
+use crate::connect::connect;
+use crate::exit;
+use crate::output::{human, note, out};
+
+/// Runs the demo in a scratch database created for it and dropped after.
+pub(crate) async fn demo(
+    options: &PgConnectOptions,
+    explicit: bool,
+    timeout: Duration,
+) -> ExitCode {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let scratch = format!("pglease_demo_{}_{nanos}", std::process::id());
+    // The URL given, else the first of: the libpq defaults if a server
+    // answers, a throwaway cluster, a container if built with the feature
+    // `containers` (pglease::provision).
+    let found;
+    let options = if explicit {
+        options
+    } else {
+        let container = if cfg!(feature = "containers") {
+            ", else a container"
+        } else {
+            ""
+        };
+        note!(
+            "pglease: looking for PostgreSQL (libpq defaults, else a throwaway cluster{container})"
+        );
+        match pglease::provision::find(None).await {
+            Ok(server) => {
+                found = server;
+                out!("pglease demo on {found}");
+                &found.options
+            }
+            Err(e) => {
+                eprintln!("pglease: {e}");
+                return ExitCode::from(exit::DATABASE);
+            }
+        }
+    };
+    let admin = tokio::time::timeout(timeout, options.connect()).await;
+    let mut admin = match admin {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
+            eprintln!(
+                "pglease: cannot connect to PostgreSQL: {e}\n\
+                 Set --database-url or DATABASE_URL (or PGHOST, PGPORT, PGUSER, PGDATABASE) \
+                 to a reachable server."
+            );
+            return ExitCode::from(exit::DATABASE);
+        }
+        Err(_) => {
+            eprintln!(
+                "pglease: connecting to PostgreSQL timed out after {}",
+                human(timeout)
+            );
+            return ExitCode::from(exit::DATABASE);
+        }
+    };
+    if let Err(e) = sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {scratch}")))
+        .execute(&mut admin)
+        .await
+    {
+        eprintln!(
+            "pglease: the demo needs a scratch database and could not create one: {e}\n\
+             Connect as a role with CREATEDB."
+        );
+        return ExitCode::from(exit::DATABASE);
+    }
+    out!("pglease demo in scratch database {scratch} (dropped at the end)\n");
+    let code = demo_in(&options.clone().database(&scratch), timeout).await;
+    let dropped = sqlx::query(AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {scratch} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await;
+    let _ = admin.close().await;
+    if let Err(e) = dropped {
+        eprintln!("pglease: could not drop the scratch database {scratch}: {e}");
+    }
+    code
+}
+
+async fn demo_in(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
+    let manager = match connect(options, timeout).await {
+        Ok(manager) => manager,
+        Err(_) => return ExitCode::from(exit::DATABASE),
+    };
+    let outcome = async {
+        manager.migrate().await?;
+        out!("1. The article's failure: a paused holder's late write\n");
+        pglease_cli::demo::paused_holder(&manager, "report", Duration::from_millis(300), |line| {
+            out!("  {line}")
+        })
+        .await?;
+        out!(
+            "\n2. The same failures against a lease, a session advisory lock and a transaction \
+             advisory lock, measured now:\n"
+        );
+        let outcomes = pglease_cli::compare::run(&manager, Duration::from_millis(200), |o| {
+            out!(
+                "  {} / {}: {} - {}",
+                o.scenario.label(),
+                o.variant.label(),
+                if o.safe { "safe" } else { "UNSAFE" },
+                o.detail
+            );
+        })
+        .await?;
+        out!("\n{}", pglease_cli::compare::table(&outcomes));
+        Ok::<_, Error>(())
+    }
+    .await;
+    manager.pool().close().await;
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pglease: demo failed: {e}");
+            ExitCode::from(exit::DATABASE)
+        }
+    }
+}

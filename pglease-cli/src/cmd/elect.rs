@@ -1,0 +1,275 @@
+//! `pglease elect NAME --ttl D -- CMD`: campaign for NAME; while leading,
+//! run CMD with the term's token in its environment, restarting it after
+//! a failure (up to `--max-restarts`); stop it when the term is lost or
+//! the leader is asked to step down, and campaign again. A signal stops
+//! CMD, resigns and exits 128 + the signal's number.
+
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use pglease::elect::Elector;
+use pglease::{AcquireOptions, HeldLease, LeaseManager, Token};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::child::{Child, Group, LeaseEnv, StopSignals, signalled, status_number};
+use crate::exit::{self, Outcome};
+use crate::output::{human, note};
+
+/// What `elect` is told on the command line.
+pub(crate) struct ElectArgs {
+    pub(crate) name: String,
+    pub(crate) ttl: Duration,
+    pub(crate) holder: String,
+    pub(crate) value: Option<String>,
+    pub(crate) grace: Duration,
+    pub(crate) max_restarts: u32,
+    pub(crate) restart_delay: Duration,
+    pub(crate) cmd: Vec<String>,
+}
+
+/// What the terms of one `elect` share.
+struct Shared {
+    elector: Elector,
+    args: ElectArgs,
+    database_url: Option<String>,
+    /// Cancelled on a signal: the leader stops CMD and `elect` resigns.
+    stopping: CancellationToken,
+    /// The exit status once CMD is done for good (finished, or failed more
+    /// often than allowed).
+    finished: watch::Sender<Option<u8>>,
+    /// Whether a CMD is running or being stopped (no new one starts
+    /// before it is gone).
+    busy: watch::Sender<bool>,
+    /// CMD's failures so far, over all terms.
+    failures: Mutex<u32>,
+    /// The process group of the CMD that runs, if one does.
+    running: Mutex<Option<Group>>,
+}
+
+pub(crate) async fn elect(
+    manager: &LeaseManager,
+    database_url: Option<&str>,
+    args: ElectArgs,
+) -> Outcome {
+    let Some(mut signals) = StopSignals::watch() else {
+        return Ok(ExitCode::from(exit::DATABASE));
+    };
+    let mut how = AcquireOptions::ttl(args.ttl).holder(&args.holder);
+    if let Some(value) = &args.value {
+        how = how.value(value);
+    }
+    let elector = manager.elector(&args.name, how).map_err(|e| (e, "elect"))?;
+    note!("pglease: campaigning for {:?}", args.name);
+    let shared = Arc::new(Shared {
+        elector,
+        args,
+        database_url: database_url.map(str::to_owned),
+        stopping: CancellationToken::new(),
+        finished: watch::Sender::new(None),
+        busy: watch::Sender::new(false),
+        failures: Mutex::new(0),
+        running: Mutex::new(None),
+    });
+    let campaign = {
+        let shared = Arc::clone(&shared);
+        async move {
+            let work = Arc::clone(&shared);
+            shared
+                .elector
+                .run(async move |held| term(&work, held).await)
+                .await
+        }
+    };
+    let mut campaign = std::pin::pin!(campaign);
+    let mut finished = shared.finished.subscribe();
+    let mut busy = shared.busy.subscribe();
+    let mut code: Option<u8> = None;
+    let mut resigned = false;
+    loop {
+        tokio::select! {
+            ran = &mut campaign => {
+                ran.map_err(|e| (e, "elect"))?;
+                return Ok(ExitCode::from(code.unwrap_or(0)));
+            }
+            done = finished.wait_for(Option::is_some), if !resigned => {
+                code = code.or(done.ok().and_then(|done| *done));
+                shared.elector.resign();
+                resigned = true;
+            }
+            signal = signals.next() => stop(&shared, &mut code, signal),
+            // After a signal: resign once CMD is gone.
+            _ = busy.wait_for(|b| !b), if shared.stopping.is_cancelled() && !resigned => {
+                shared.elector.resign();
+                resigned = true;
+            }
+        }
+    }
+}
+
+/// A signal: stop CMD (the leader's term then resigns), or, if it was
+/// stopping already, kill it.
+fn stop(shared: &Shared, code: &mut Option<u8>, signal: Signal) {
+    if shared.stopping.is_cancelled() {
+        let running = *lock(&shared.running);
+        if let Some(group) = running {
+            eprintln!("pglease: second signal; killing the command");
+            group.signal(Signal::SIGKILL);
+        }
+    }
+    code.get_or_insert(signalled(signal));
+    shared.stopping.cancel();
+}
+
+/// One term: run CMD until it is done, the leader is asked to step down,
+/// or a signal comes. Dropped (the term was lost), it stops CMD in the
+/// background.
+async fn term(shared: &Shared, held: HeldLease) {
+    let token = held.token();
+    note!(
+        "pglease: leading {:?} (token {token}); starting the command",
+        shared.args.name
+    );
+    // The previous term's CMD may still be stopping.
+    let mut busy = shared.busy.subscribe();
+    let _ = busy.wait_for(|b| !b).await;
+    loop {
+        if shared.stopping.is_cancelled() {
+            return;
+        }
+        let mut running = match Running::start(shared, token) {
+            Ok(running) => running,
+            Err(e) => {
+                eprintln!("pglease: cannot start {:?}: {e}", shared.args.cmd[0]);
+                shared.finished.send_replace(Some(exit::CANNOT_START));
+                return;
+            }
+        };
+        tokio::select! {
+            status = running.wait() => {
+                let Some(status) = status else {
+                    // Lost track of it (its group was killed): give up
+                    // leading rather than lead with nothing running.
+                    shared.finished.send_replace(Some(1));
+                    return;
+                };
+                if status.success() {
+                    note!("pglease: the command finished; resigning");
+                    shared.finished.send_replace(Some(0));
+                    return;
+                }
+                let code = status_number(status);
+                let failures = {
+                    let mut failures = lock(&shared.failures);
+                    *failures += 1;
+                    *failures
+                };
+                let args = &shared.args;
+                if failures > args.max_restarts {
+                    eprintln!(
+                        "pglease: the command failed (exit status {code}) {failures} times; resigning"
+                    );
+                    shared.finished.send_replace(Some(code));
+                    return;
+                }
+                eprintln!(
+                    "pglease: the command failed (exit status {code}); restarting it in {} \
+                     ({failures} of {} restarts)",
+                    human(args.restart_delay),
+                    args.max_restarts
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(args.restart_delay) => {}
+                    () = shared.stopping.cancelled() => return,
+                }
+            }
+            by = shared.elector.until_step_down_requested() => {
+                note!("pglease: {by:?} asked this leader to step down; stopping the command");
+                running.stop().await;
+                shared.elector.step_down();
+                return;
+            }
+            () = shared.stopping.cancelled() => {
+                running.stop().await;
+                return;
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The CMD of a term. Dropped while it runs (the term was lost), it is
+/// stopped in the background: SIGTERM, SIGKILL after the grace period.
+struct Running {
+    child: Option<Child>,
+    grace: Duration,
+    busy: watch::Sender<bool>,
+}
+
+impl Running {
+    /// CMD, in a process group of its own, with the term in its
+    /// environment.
+    fn start(shared: &Shared, token: Token) -> std::io::Result<Running> {
+        let args = &shared.args;
+        let lease = LeaseEnv {
+            name: &args.name,
+            token,
+            holder: &args.holder,
+            value: args.value.as_deref(),
+            database_url: shared.database_url.as_deref(),
+        };
+        let child = Child::spawn(&args.cmd, &lease, false)?;
+        shared.busy.send_replace(true);
+        *lock(&shared.running) = Some(child.group());
+        Ok(Running {
+            child: Some(child),
+            grace: args.grace,
+            busy: shared.busy.clone(),
+        })
+    }
+
+    /// Waits for CMD to exit (and kills what it left in its group);
+    /// `None` if it cannot be waited for.
+    async fn wait(&mut self) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        let status = child.wait().await;
+        child.signal(Signal::SIGKILL);
+        self.child = None;
+        self.busy.send_replace(false);
+        match status {
+            Ok(status) => Some(status),
+            Err(e) => {
+                eprintln!("pglease: lost track of the command: {e}; killed its process group");
+                None
+            }
+        }
+    }
+
+    /// Stops CMD: SIGTERM to its group, SIGKILL after the grace period.
+    async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.stop(Signal::SIGTERM, self.grace).await;
+            self.busy.send_replace(false);
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            eprintln!("pglease: leadership lost; stopping the command");
+            let (grace, busy) = (self.grace, self.busy.clone());
+            tokio::spawn(async move {
+                let _ = child.stop(Signal::SIGTERM, grace).await;
+                busy.send_replace(false);
+            });
+        }
+    }
+}

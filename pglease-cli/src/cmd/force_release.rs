@@ -1,0 +1,49 @@
+//! `pglease force-release NAME --reason TEXT`: the break-glass release
+//! that moves a lease's fence.
+
+use std::process::ExitCode;
+
+use pglease::LeaseManager;
+use serde_json::json;
+
+use crate::exit::{self, Outcome};
+use crate::output::{json_failure, note, out};
+
+/// `pglease force-release NAME --reason TEXT`: 0 forced, 3 nobody held it.
+pub(crate) async fn force_release(
+    manager: &LeaseManager,
+    name: &str,
+    reason: &str,
+    json: bool,
+) -> Outcome {
+    let forced = manager.force_release(name, reason).await;
+    if let (true, Ok(token)) = (json, &forced) {
+        out!("{}", json!({"name": name, "token": token.map(|t| t.get())}));
+    }
+    match forced {
+        Ok(Some(token)) => {
+            note!(
+                "pglease: forced {name:?}: token {token} is stale from now on (its holder's \
+                 renewal fails and its fenced writes are rejected); recorded in the history"
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(None) => {
+            eprintln!("pglease: nobody holds {name:?}: nothing to force");
+            Ok(ExitCode::from(exit::NOT_ACQUIRED))
+        }
+        Err(e) if e.sqlstate() == Some("42501") => {
+            let role = manager.pool().connect_options().get_username().to_owned();
+            let message = format!(
+                "role {role:?} may not force leases ({e}); an administrator allows it: \
+                 GRANT EXECUTE ON FUNCTION pglease.force_release(text, text) TO \"{role}\""
+            );
+            eprintln!("pglease: {message}");
+            if json {
+                json_failure(&message, exit::DATABASE);
+            }
+            Ok(ExitCode::from(exit::DATABASE))
+        }
+        Err(e) => Err((e, "force-release")),
+    }
+}

@@ -1,0 +1,96 @@
+//! The commands that talk to the database, one file each, and what they
+//! share: an acquisition that announces its wait, the report of one
+//! refused, a scalar read that works through a transaction pooler.
+
+pub(crate) mod acquire;
+pub(crate) mod demo;
+pub(crate) mod doctor;
+pub(crate) mod elect;
+pub(crate) mod force_release;
+pub(crate) mod history;
+pub(crate) mod leader;
+pub(crate) mod migrate;
+pub(crate) mod observe;
+pub(crate) mod release;
+pub(crate) mod renew;
+pub(crate) mod run;
+pub(crate) mod status;
+pub(crate) mod step_down;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use pglease::{Error, LeaseManager};
+
+use crate::exit::{self, Outcome};
+use crate::output::{human, note};
+
+/// Tells the user, on stderr, who holds the lease and how long pglease waits.
+fn announce_wait(name: &str, current: &str, expires_at: DateTime<Utc>, wait: Duration) {
+    note!(
+        "pglease: {name:?} is held by {current:?} until {}; waiting up to {}",
+        expires_at.to_rfc3339(),
+        human(wait)
+    );
+}
+
+/// `attempt(Duration::ZERO)` first, so that a wait can be announced; then,
+/// if the lease is held and `wait` allows it, `attempt(wait)`.
+pub(crate) async fn announced<T, F, Fut>(name: &str, wait: Duration, attempt: F) -> Result<T, Error>
+where
+    F: Fn(Duration) -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    match attempt(Duration::ZERO).await {
+        Err(Error::Held {
+            holder: current,
+            expires_at,
+            ..
+        }) if !wait.is_zero() => {
+            announce_wait(name, &current, expires_at, wait);
+            attempt(wait).await
+        }
+        Err(e @ Error::Pinned { .. }) if !wait.is_zero() => {
+            note!("pglease: {e}; waiting up to {}", human(wait));
+            attempt(wait).await
+        }
+        other => other,
+    }
+}
+
+/// Exit 3 with the reason for an acquisition refused (held, pinned, or
+/// lost before it could be confirmed); any other error is `what` failing.
+pub(crate) fn not_acquired(e: Error, what: &'static str) -> Outcome {
+    match e {
+        Error::Held {
+            name,
+            holder,
+            expires_at,
+        } => note!(
+            "pglease: not acquired: {name:?} is held by {holder:?} until {}",
+            expires_at.to_rfc3339()
+        ),
+        Error::Pinned { .. } => eprintln!("pglease: not acquired: {e}"),
+        Error::Lost { .. } => eprintln!(
+            "pglease: not acquired: the answer came later than a third of the TTL, and the \
+             lease had expired before a renewal could confirm it ({e}); use a --ttl well above \
+             the time a round trip to the database takes"
+        ),
+        e => return Err((e, what)),
+    }
+    Ok(exit::conflict())
+}
+
+/// The one value `statement` answers, sent as a simple query like the
+/// library's own statements, so that it also works through a transaction
+/// pooler without prepared-statement support.
+pub(crate) async fn simple_scalar<T>(
+    manager: &LeaseManager,
+    statement: &'static str,
+) -> Result<T, Error>
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    let row = sqlx::raw_sql(statement).fetch_one(manager.pool()).await?;
+    Ok(sqlx::Row::try_get(&row, 0)?)
+}

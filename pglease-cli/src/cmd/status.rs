@@ -1,0 +1,92 @@
+//! `pglease status [NAME]`: one lease, or the leases the filters keep.
+
+use std::process::ExitCode;
+
+use chrono::{DateTime, Utc};
+use pglease::{LeaseManager, ListFilter};
+
+use super::simple_scalar;
+use crate::exit::{self, Outcome};
+use crate::output::{note, out, printable, short, status_json};
+
+/// `pglease status [NAME]`: one lease (exit 3 if it is not held), or the
+/// leases the filters keep, with a summary line on stderr.
+pub(crate) async fn status(
+    manager: &LeaseManager,
+    name: Option<&str>,
+    json: bool,
+    filter: &ListFilter,
+) -> Outcome {
+    let leases = match name {
+        Some(name) => vec![manager.inspect(name).await.map_err(|e| (e, "status"))?],
+        // Filtered and limited in the database.
+        None => manager
+            .list_matching(filter)
+            .await
+            .map_err(|e| (e, "status"))?,
+    };
+    let code = match name {
+        Some(_) if !leases[0].held => ExitCode::from(exit::NOT_ACQUIRED),
+        _ => ExitCode::SUCCESS,
+    };
+    if json {
+        let value = match name {
+            Some(_) => status_json(&leases[0]),
+            None => serde_json::Value::Array(leases.iter().map(status_json).collect()),
+        };
+        out!("{value}");
+        return Ok(code);
+    }
+    let now: DateTime<Utc> = simple_scalar(manager, "SELECT clock_timestamp()")
+        .await
+        .map_err(|e| (e, "status"))?;
+    let names: Vec<String> = leases.iter().map(|s| printable(&s.name)).collect();
+    let width = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(4, 48);
+    out!(
+        "{:<width$} {:<28} {:>10}  EXPIRES",
+        "NAME",
+        "HOLDER",
+        "TOKEN"
+    );
+    for (s, shown) in leases.iter().zip(&names) {
+        let expires = match (s.expires_at, s.held) {
+            (None, _) => "never acquired".to_owned(),
+            (Some(at), true) => format!("in {}", short((at - now).to_std().unwrap_or_default())),
+            (Some(at), false) if s.holder.is_none() => {
+                format!(
+                    "released {} ago",
+                    short((now - at).to_std().unwrap_or_default())
+                )
+            }
+            (Some(at), false) => format!(
+                "expired {} ago",
+                short((now - at).to_std().unwrap_or_default())
+            ),
+        };
+        out!(
+            "{shown:<width$} {:<28} {:>10}  {expires}",
+            s.holder
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), printable),
+            s.token.map_or("-".to_owned(), |t| t.to_string()),
+        );
+    }
+    if name.is_none() && !crate::output::quiet() {
+        let total: i64 = simple_scalar(manager, "SELECT count(*) FROM pglease.status")
+            .await
+            .map_err(|e| (e, "status"))?;
+        let held = leases.iter().filter(|s| s.held).count();
+        let released = leases.iter().filter(|s| s.holder.is_none()).count();
+        let expired = leases.len() - held - released;
+        note!(
+            "pglease: {} of {total} leases shown: {held} held, {expired} expired, {released} released",
+            leases.len()
+        );
+    }
+    Ok(code)
+}
