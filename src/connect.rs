@@ -8,6 +8,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection};
 
 use crate::error::{Error, Result};
+use crate::limits::Human;
 
 /// Run on every new connection of [`pool_options`]: if the client goes
 /// away while a statement of its own still runs or waits in the server (an
@@ -64,12 +65,13 @@ pub(crate) async fn connect_pool(options: PgConnectOptions, timeout: Duration) -
             let _ = connection.close().await;
         }
         // Something answered, but not in PostgreSQL's protocol (another
-        // kind of server on that port): said as such, not as sqlx's
+        // kind of server on that port: its answer reads as a length that
+        // never arrives, or as nonsense): said as such, not as sqlx's
         // "expected to read 1414811696 bytes".
-        Ok(Err(sqlx::Error::Protocol(what))) => {
+        Ok(Err(error)) if not_postgres(&error) => {
             return Err(Error::Database(sqlx::Error::Protocol(format!(
-                "the server at {}:{} does not answer in PostgreSQL's protocol (is it another \
-                 kind of server? check the host and port): {what}",
+                "the server at {}:{} does not answer in PostgreSQL's protocol: is it another \
+                 kind of server? Check the host and port",
                 options.get_host(),
                 options.get_port()
             ))));
@@ -79,9 +81,10 @@ pub(crate) async fn connect_pool(options: PgConnectOptions, timeout: Duration) -
             return Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!(
-                    "no answer from {}:{} within {timeout:?}",
+                    "no answer from {}:{} within {}",
                     options.get_host(),
-                    options.get_port()
+                    options.get_port(),
+                    Human(timeout)
                 ),
             ))));
         }
@@ -89,6 +92,16 @@ pub(crate) async fn connect_pool(options: PgConnectOptions, timeout: Duration) -
     Ok(pool_options()
         .acquire_timeout(timeout)
         .connect_lazy_with(options))
+}
+
+/// Whether a first connection's `error` says that the server answered,
+/// but not as PostgreSQL does.
+fn not_postgres(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Io(io) => io.kind() == std::io::ErrorKind::UnexpectedEof,
+        _ => false,
+    }
 }
 
 /// Where a failover is explained, for the errors below.

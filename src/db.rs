@@ -7,7 +7,7 @@ use sqlx::Row;
 use sqlx::postgres::PgPool;
 use sqlx::postgres::types::PgInterval;
 
-use crate::error::{Error, LossReason, Result};
+use crate::error::{Error, LossReason, NotHeldReason, Result};
 use crate::lease::{Fence, LeaseStatus};
 use crate::sql;
 
@@ -51,6 +51,20 @@ pub(crate) async fn release(pool: &PgPool, fence: &Fence) -> Result<bool> {
     Ok(row.try_get(0)?)
 }
 
+/// [`release`] for a fence from outside (not a lease this process
+/// holds): [`Error::NotHeld`] for a token the lease never had, rather than
+/// `false`, which says it had ended (one extra read, when it was not
+/// released).
+pub(crate) async fn release_checked(pool: &PgPool, fence: &Fence) -> Result<bool> {
+    if release(pool, fence).await? {
+        return Ok(true);
+    }
+    match check(pool, fence).await? {
+        Some(found @ Found::NeverHeld(_)) => Err(found.into_error(fence)),
+        _ => Ok(false),
+    }
+}
+
 /// The status view's row for `name` (checked by the caller).
 #[tracing::instrument(name = "pglease.inspect", level = "debug", skip_all, fields(name))]
 pub(crate) async fn inspect(pool: &PgPool, name: &str) -> Result<LeaseStatus> {
@@ -61,22 +75,77 @@ pub(crate) async fn inspect(pool: &PgPool, name: &str) -> Result<LeaseStatus> {
     }
 }
 
-/// The error for a lease that a renewal found lost, with the reason read
-/// from the status view (one extra read, on the failure path only).
-async fn lost(pool: &PgPool, fence: &Fence) -> Error {
-    let reason = match inspect(pool, fence.name()).await {
-        Ok(status) if status.token == Some(fence.token()) && status.holder.is_none() => {
-            LossReason::Released
+/// What the database says of `fence` now (one read of the status view):
+/// `Ok(None)` while it is held under that token; else why not, as a loss
+/// ([`Found::Lost`]) or, for a token this lease has never had, as a
+/// refusal ([`Found::NeverHeld`]: the caller's mistake, not a loss).
+pub(crate) async fn check(pool: &PgPool, fence: &Fence) -> Result<Option<Found>> {
+    let status = inspect(pool, fence.name()).await?;
+    Ok(classify(&status, fence))
+}
+
+/// A fence that the database does not accept, and why.
+pub(crate) enum Found {
+    /// The lease was held under the token, and is no longer.
+    Lost(LossReason),
+    /// The token was never issued for this lease.
+    NeverHeld(NotHeldReason),
+}
+
+/// [`check`]'s decision, from a status row read for `fence`.
+fn classify(status: &LeaseStatus, fence: &Fence) -> Option<Found> {
+    match status.token {
+        None => Some(Found::NeverHeld(NotHeldReason::NeverAcquired)),
+        Some(current) if current < fence.token() => {
+            Some(Found::NeverHeld(NotHeldReason::NotIssued {
+                current_token: current,
+            }))
         }
-        Ok(status) => LossReason::Stale {
+        Some(current) if current == fence.token() && status.held => None,
+        Some(current) if current == fence.token() && status.holder.is_none() => {
+            Some(Found::Lost(LossReason::Released))
+        }
+        Some(_) => Some(Found::Lost(LossReason::Stale {
             current_token: status.token,
-            current_holder: status.holder,
+            current_holder: status.holder.clone(),
+        })),
+    }
+}
+
+impl Found {
+    /// The error for an operation under `fence` that the database refused.
+    pub(crate) fn into_error(self, fence: &Fence) -> Error {
+        match self {
+            Found::Lost(reason) => Error::Lost {
+                name: fence.name().to_owned(),
+                token: fence.token(),
+                reason,
+            },
+            Found::NeverHeld(reason) => Error::NotHeld {
+                name: fence.name().to_owned(),
+                token: Some(fence.token()),
+                reason,
+            },
+        }
+    }
+}
+
+/// The error for an operation under `fence` that the database refused,
+/// with the reason read from the status view (one extra read, on the
+/// failure path only).
+async fn lost(pool: &PgPool, fence: &Fence) -> Error {
+    match check(pool, fence).await {
+        Ok(Some(found)) => found.into_error(fence),
+        // Valid again by now (a retry of a renewal whose first answer was
+        // lost): still, this statement changed nothing.
+        Ok(None) => Error::Lost {
+            name: fence.name().to_owned(),
+            token: fence.token(),
+            reason: LossReason::Stale {
+                current_token: Some(fence.token()),
+                current_holder: None,
+            },
         },
-        Err(error) => return error,
-    };
-    Error::Lost {
-        name: fence.name().to_owned(),
-        token: fence.token(),
-        reason,
+        Err(error) => error,
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgDatabaseError;
 
+use crate::limits::Human;
 use crate::sqlstate::{INVALID_INPUT, NOT_DECLARED, NOT_HELD};
 use crate::token::Token;
 
@@ -204,7 +205,7 @@ pub enum Error {
     },
 
     /// A statement got no answer in time (a renewal or a release).
-    #[error("no answer to the {operation}{}", after.map(|a| format!(" within {a:?}")).unwrap_or_default())]
+    #[error("no answer to the {operation}{}", after.map(|a| format!(" within {}", Human(a))).unwrap_or_default())]
     Timeout {
         /// What was sent.
         operation: &'static str,
@@ -318,6 +319,7 @@ impl std::fmt::Display for DatabaseText<'_> {
                 f.write_str("cannot reach the database: no connection within the pool's timeout")
             }
             sqlx::Error::PoolClosed => f.write_str("the connection pool is closed"),
+            sqlx::Error::Protocol(what) => write!(f, "protocol error: {what}"),
             other => write!(f, "database error: {other}"),
         }
     }

@@ -10,7 +10,7 @@ use sqlx::postgres::types::PgInterval;
 
 use crate::error::{Error, Result};
 use crate::lease::interval;
-use crate::limits::{MAX_NAME_BYTES, check_limit, check_text, check_value};
+use crate::limits::{Human, MAX_NAME_BYTES, check_limit, check_text, check_value};
 
 /// How to acquire a lease: for how long (the TTL, required), for whom
 /// (default: this host and process), and how long to wait for the current
@@ -275,9 +275,12 @@ impl ManagerOptions {
             return Err(Error::invalid(
                 "safety_margin",
                 format!(
-                    "{margin:?} leaves no time to renew a lease of {ttl:?} every {period:?}: \
-                     the margin plus half the margin (at most 250 ms) must be less than \
-                     the TTL minus the renewal period"
+                    "{} leaves no time to renew a lease of {} every {}: the margin plus half \
+                     the margin (at most 250 ms) must be less than the TTL minus the renewal \
+                     period",
+                    Human(margin),
+                    Human(ttl),
+                    Human(period)
                 ),
             ));
         }

@@ -14,6 +14,7 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres, SqlSafeStr};
 // it keeps sqlx's count of open transactions on a connection we own.
 use sqlx_core::transaction::TransactionManager;
 
+use crate::db;
 use crate::error::{Error, NotHeldReason, Result};
 use crate::lease::Fence;
 use crate::sql;
@@ -59,6 +60,8 @@ pub async fn assert_held(conn: &mut PgConnection, lease: impl AsRef<Fence>) -> R
 #[derive(Debug)]
 pub struct FencedTransaction {
     conn: PoolConnection<Postgres>,
+    /// The pool it came from, to read the lease when the connection fails.
+    pool: PgPool,
     fence: Fence,
     /// Why a re-check failed: the transaction is aborted, and PostgreSQL
     /// would silently turn a COMMIT into a ROLLBACK.
@@ -99,13 +102,23 @@ impl FencedTransaction {
     ///
     /// After a failed [`recheck`](FencedTransaction::recheck) this rolls
     /// back and returns [`Error::NotHeld`] again. (After any other failed
-    /// statement PostgreSQL itself answers COMMIT with a rollback.) An
-    /// error from the commit itself, such as a dropped connection, leaves
-    /// the outcome unknown, as for any commit.
+    /// statement PostgreSQL itself answers COMMIT with a rollback.)
+    ///
+    /// When the connection fails (its session was ended, or the network
+    /// dropped it), the lease is read on another connection: if it is no
+    /// longer held under this token, this returns [`Error::Lost`] with the
+    /// reason. That is what a takeover does to a transaction still fenced
+    /// under the old token: it ends the transaction's session, which rolls
+    /// it back. Otherwise the connection's error is returned. Either way
+    /// the outcome of a commit whose answer was lost is unknown, as for any
+    /// commit: it may have landed just before the session ended (a write
+    /// checked before the expiry may commit after it).
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] after a failed re-check; [`Error::Database`].
+    /// [`Error::NotHeld`] after a failed re-check; [`Error::Lost`] when the
+    /// connection failed and the lease is no longer held under this token;
+    /// [`Error::Database`].
     ///
     /// # Cancel safety
     ///
@@ -120,8 +133,30 @@ impl FencedTransaction {
                 reason,
             });
         }
-        PgTransactionManager::commit(&mut self.conn).await?;
-        Ok(())
+        match PgTransactionManager::commit(&mut self.conn).await {
+            Ok(()) => Ok(()),
+            Err(error) if session_gone(&error) => Err(self.after_session_gone(error).await),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// The error for a commit whose connection failed: [`Error::Lost`] if
+    /// the lease is no longer held under this token (read within 5 s on
+    /// another connection), else `error`.
+    async fn after_session_gone(&self, error: sqlx::Error) -> Error {
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            db::check(&self.pool, &self.fence),
+        )
+        .await;
+        match read {
+            Ok(Ok(Some(db::Found::Lost(reason)))) => Error::Lost {
+                name: self.fence.name().to_owned(),
+                token: self.fence.token(),
+                reason,
+            },
+            _ => error.into(),
+        }
     }
 
     /// Rolls back the caller's writes.
@@ -174,6 +209,7 @@ pub(crate) async fn begin(pool: &PgPool, fence: &Fence) -> Result<FencedTransact
     match PgTransactionManager::begin(conn, Some(AssertSqlSafe(statement).into_sql_str())).await {
         Ok(()) => Ok(FencedTransaction {
             conn: opening.finish(),
+            pool: pool.clone(),
             fence: fence.clone(),
             failed: None,
         }),
@@ -183,6 +219,20 @@ pub(crate) async fn begin(pool: &PgPool, fence: &Fence) -> Result<FencedTransact
             }
             Err(error.into())
         }
+    }
+}
+
+/// Whether `error` says the connection or its session is gone: an I/O
+/// error, or the server ending the session (`57P01` admin shutdown, which
+/// `pg_terminate_backend` gives; `57P02`, `57P03`; class `08`, connection
+/// exceptions).
+fn session_gone(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("57P") || code.starts_with("08")),
+        _ => false,
     }
 }
 

@@ -237,20 +237,17 @@ impl HeldLease {
         }
         let context = &self.inner.context;
         let limit = context.options.get_renew_timeout();
-        let status = tokio::time::timeout(limit, db::inspect(&context.pool, self.name()))
+        let found = tokio::time::timeout(limit, db::check(&context.pool, self.as_ref()))
             .await
             .ok()?
-            .ok()?;
-        if status.held && status.token == Some(self.token()) {
-            return None;
-        }
-        let reason = if status.token == Some(self.token()) && status.holder.is_none() {
-            LossReason::Released
-        } else {
-            LossReason::Stale {
-                current_token: status.token,
-                current_holder: status.holder,
-            }
+            .ok()??;
+        let reason = match found {
+            db::Found::Lost(reason) => reason,
+            // Not for a held lease's own token; said as what it means.
+            db::Found::NeverHeld(_) => LossReason::Stale {
+                current_token: None,
+                current_holder: None,
+            },
         };
         self.inner.state.fire(reason, Instant::now());
         self.inner.state.loss()

@@ -46,8 +46,10 @@ impl LeaseManager {
     /// # Errors
     ///
     /// [`Error::Lost`] if the token is no longer valid (expired, released,
-    /// or taken over; the reason says which); [`Error::InvalidInput`]
-    /// for a bad `ttl` (nothing sent); [`Error::Database`].
+    /// or taken over; the reason says which); [`Error::NotHeld`] for a
+    /// token the lease never had (`NotIssued`, `NeverAcquired`);
+    /// [`Error::InvalidInput`] for a bad `ttl` (nothing sent);
+    /// [`Error::Database`].
     ///
     /// # Cancel safety
     ///
@@ -70,6 +72,7 @@ impl LeaseManager {
     /// # Errors
     ///
     /// [`Error::Lost`] if the token is no longer valid (nothing changed);
+    /// [`Error::NotHeld`] for a token the lease never had;
     /// [`Error::InvalidInput`] for a value that is too long or holds a NUL
     /// byte (nothing sent); [`Error::Database`].
     ///
@@ -115,13 +118,18 @@ impl LeaseManager {
 
     /// Ends the lease at once, and wakes acquirers waiting for it.
     ///
-    /// Returns `true` if this call ended it, `false` if the token was not
-    /// valid (already released, expired, or stale). A delayed duplicate
-    /// release carrying an older token never ends a newer acquisition, also
-    /// when the holder name is the same.
+    /// Returns `true` if this call ended it, `false` if the lease had
+    /// already ended under that token (released, expired, or taken over:
+    /// the token is stale). A delayed duplicate release carrying an older
+    /// token never ends a newer acquisition, also when the holder name is
+    /// the same.
     ///
     /// # Errors
     ///
+    /// [`Error::NotHeld`] for a token the lease never had
+    /// ([`NotHeldReason::NotIssued`](crate::NotHeldReason::NotIssued), or
+    /// [`NotHeldReason::NeverAcquired`](crate::NotHeldReason::NeverAcquired)):
+    /// a mistake, not an ended lease (nothing changed);
     /// [`Error::Database`] if the database cannot be reached.
     ///
     /// # Cancel safety
@@ -129,7 +137,7 @@ impl LeaseManager {
     /// Dropped in flight, the release may or may not commit; call it again
     /// (it is idempotent) or let the lease expire.
     pub async fn release(&self, lease: impl AsRef<Fence>) -> Result<bool> {
-        db::release(self.pool(), lease.as_ref()).await
+        db::release_checked(self.pool(), lease.as_ref()).await
     }
 
     /// The status of lease `name`; a name never acquired is reported with

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::common::TestDb;
-use pglease::limits::{MAX_NAME_BYTES, MAX_TTL};
-use pglease::{AcquireOptions, Error, Fence, Token};
+use pglease::limits::{MAX_NAME_BYTES, MAX_TTL, MIN_TTL};
+use pglease::{AcquireOptions, Error, Fence, LossReason, NotHeldReason, Token};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -69,6 +69,9 @@ async fn library_rejects_bad_input_before_touching_the_database() {
     }
     let bad_ttls = [
         ("zero", Duration::ZERO),
+        ("a microsecond", Duration::from_micros(1)),
+        ("5 ms", Duration::from_millis(5)),
+        ("just under the minimum", MIN_TTL - Duration::from_nanos(1)),
         ("over the maximum", MAX_TTL + Duration::from_nanos(1)),
         ("overflowing", Duration::MAX),
     ];
@@ -76,6 +79,11 @@ async fn library_rejects_bad_input_before_touching_the_database() {
         assert_invalid(
             what,
             m.acquire("ok2", AcquireOptions::ttl(ttl).holder("A")).await,
+            "ttl",
+        );
+        assert_invalid(
+            what,
+            m.hold("ok2", AcquireOptions::ttl(ttl).holder("A")).await,
             "ttl",
         );
         assert_invalid(
@@ -99,6 +107,77 @@ async fn library_rejects_bad_input_before_touching_the_database() {
     m.acquire(&longest, AcquireOptions::ttl(MAX_TTL).holder(&longest))
         .await
         .expect("limits are valid");
+    m.acquire("shortest", AcquireOptions::ttl(MIN_TTL).holder("A"))
+        .await
+        .expect("the minimum TTL is valid");
+}
+
+/// A token this lease never had (larger than its latest, or any token of a
+/// name never acquired) is the caller's mistake: renew, release and
+/// set_value refuse it as not held (`NotIssued`, `NeverAcquired`), as
+/// `begin_fenced` does, instead of calling it lost or released; nothing
+/// changes. A stale token is still lost (renew) and not released (false).
+async fn a_token_never_issued_is_refused_as_not_issued_not_lost() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let lease = m
+        .acquire("job", AcquireOptions::ttl(TTL).holder("A"))
+        .await
+        .expect("acquire");
+    let current = lease.token();
+    let unissued = crate::common::fence("job", current.get() + 100);
+    let before = db.state().await;
+    let not_issued = |outcome: &str, error: Error| match error {
+        Error::NotHeld {
+            reason: NotHeldReason::NotIssued { current_token },
+            ..
+        } => assert_eq!(current_token, current, "{outcome}"),
+        other => panic!("{outcome}: expected NotIssued, got {other:?}"),
+    };
+    not_issued("renew", m.renew(&unissued, TTL).await.expect_err("renew"));
+    not_issued("release", m.release(&unissued).await.expect_err("release"));
+    not_issued(
+        "set_value",
+        m.set_value(&unissued, Some("x"))
+            .await
+            .expect_err("set_value"),
+    );
+    match m.begin_fenced(&unissued).await {
+        Err(error) => not_issued("begin_fenced", error),
+        Ok(_) => panic!("begin_fenced accepted a token never issued"),
+    }
+    let never = crate::common::fence("never-acquired", 1);
+    for outcome in [
+        m.renew(&never, TTL).await.map(drop),
+        m.release(&never).await.map(drop),
+    ] {
+        assert!(
+            matches!(
+                outcome,
+                Err(Error::NotHeld {
+                    reason: NotHeldReason::NeverAcquired,
+                    ..
+                })
+            ),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(
+        db.state().await,
+        before,
+        "a refused call changed the database"
+    );
+    // The lease is still held under its token; a stale token after a
+    // release is lost for renew and not released (false).
+    assert!(m.release(&lease).await.expect("release"));
+    assert!(!m.release(&lease).await.expect("a second release"));
+    assert!(matches!(
+        m.renew(&lease, TTL).await,
+        Err(Error::Lost {
+            reason: LossReason::Released,
+            ..
+        })
+    ));
 }
 
 /// Runs `sql` and returns its SQLSTATE.
@@ -224,6 +303,7 @@ async fn database_errors_for_bad_input_map_to_invalid_input() {
 
 tests![
     library_rejects_bad_input_before_touching_the_database,
+    a_token_never_issued_is_refused_as_not_issued_not_lost,
     sql_functions_reject_bad_input_with_22023,
     database_errors_name_their_argument,
     database_errors_for_bad_input_map_to_invalid_input,

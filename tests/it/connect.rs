@@ -77,7 +77,68 @@ async fn several_hosts_or_a_target_session_attribute_are_refused_with_what_to_do
     assert_eq!(one.get_port(), 5432);
 }
 
+/// A URL of another database (`mysql://`, which sqlx would read as
+/// PostgreSQL's) or no URL at all is refused before anything connects;
+/// both spellings of PostgreSQL's scheme are taken.
+async fn a_url_that_is_not_postgresqls_is_refused_before_connecting() {
+    for url in [
+        "mysql://root@127.0.0.1/x",
+        "redis://127.0.0.1:6379",
+        "127.0.0.1:5432",
+    ] {
+        let started = Instant::now();
+        match LeaseManager::connect(url).await {
+            Err(
+                e @ Error::InvalidInput {
+                    argument: "url", ..
+                },
+            ) => assert!(e.to_string().contains("postgres://"), "{url}: {e}"),
+            other => panic!("{url}: expected InvalidInput, got {other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(100),
+            "{url}: refused at once"
+        );
+    }
+    for url in ["postgres://u@h/db", "postgresql://u@h/db"] {
+        pglease::connect::parse_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+    }
+}
+
+/// Something that answers, but not as PostgreSQL does (an HTTP server on
+/// the port): said as such, not as the protocol decoder's arithmetic.
+async fn a_server_that_is_not_postgresql_is_named_as_such() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listen");
+    let port = listener.local_addr().expect("address").port();
+    let http = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut client, _)) = listener.accept().await {
+            let mut request = [0_u8; 1024];
+            let _ = client.read(&mut request).await;
+            let _ = client
+                .write_all(b"HTTP/1.0 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    let options = PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(port)
+        .username("nobody");
+    let error = LeaseManager::connect_with(options, Duration::from_secs(5))
+        .await
+        .expect_err("an HTTP server is not PostgreSQL");
+    let said = error.to_string();
+    assert!(said.contains("PostgreSQL's protocol"), "{said}");
+    assert!(said.contains(&format!("127.0.0.1:{port}")), "{said}");
+    assert!(!said.contains("1414811696"), "{said}");
+    http.abort();
+}
+
 tests![
+    a_url_that_is_not_postgresqls_is_refused_before_connecting,
+    a_server_that_is_not_postgresql_is_named_as_such,
     a_refused_connection_fails_at_once_with_its_cause,
     a_server_that_never_answers_fails_after_the_timeout,
     the_managers_connections_abandon_statements_of_a_client_that_is_gone,

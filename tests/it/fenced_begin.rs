@@ -212,7 +212,60 @@ async fn giving_up_while_the_check_waits_closes_the_connection() {
     tx.commit().await.expect("commit");
 }
 
+/// A takeover in the middle of a fenced transaction ends the old holder's
+/// session; its commit then reports the lease lost, with the new token
+/// (not the broken connection it sees): its write never lands (safety),
+/// and the new holder has the lease (liveness).
+async fn a_commit_after_a_takeover_reports_the_lease_lost() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let ttl = Duration::from_secs(30);
+    let a = db
+        .manager_with("a", pglease::ManagerOptions::default())
+        .await;
+    let lease = a
+        .acquire("data", AcquireOptions::ttl(ttl).holder("A"))
+        .await
+        .expect("A acquires");
+    let mut tx = a
+        .begin_fenced(&lease)
+        .await
+        .expect("A's fenced transaction");
+    sqlx::query("UPDATE data SET value = 'A', token = $1 WHERE id = 1")
+        .bind(lease.token())
+        .execute(&mut *tx)
+        .await
+        .expect("A writes");
+    let b = db.manager();
+    let taken = tokio::time::timeout(
+        Duration::from_secs(10),
+        pglease::testing::take_over(&b, "data", AcquireOptions::ttl(ttl).holder("B")),
+    )
+    .await
+    .expect("B takes over within 10 s")
+    .expect("B takes over");
+    match tx.commit().await {
+        Err(Error::Lost {
+            token,
+            reason:
+                pglease::LossReason::Stale {
+                    current_token: Some(current),
+                    ..
+                },
+            ..
+        }) => {
+            assert_eq!(token, lease.token());
+            assert_eq!(current, taken.token());
+        }
+        other => panic!("expected the lease lost to B's token, got {other:?}"),
+    }
+    assert_eq!(data_value(&db).await, "initial", "A's write must not land");
+    let status = b.inspect("data").await.expect("inspect");
+    assert!(status.held && status.holder.as_deref() == Some("B"));
+}
+
 tests![
+    a_commit_after_a_takeover_reports_the_lease_lost,
     awkward_names_are_checked_as_themselves,
     a_failed_check_leaves_the_connection_usable,
     a_savepoint_inside_is_a_savepoint_and_a_drop_rolls_back,

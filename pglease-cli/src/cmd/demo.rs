@@ -41,7 +41,7 @@ pub(crate) async fn demo(
         match pglease::provision::find(None).await {
             Ok(server) => {
                 found = server;
-                out!("pglease demo on {found}");
+                say(&format!("pglease demo on {found}"));
                 &found.options
             }
             Err(e) => {
@@ -100,23 +100,23 @@ async fn demo_in(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
     };
     let outcome = async {
         manager.migrate().await?;
-        out!("1. The article's failure: a paused holder's late write\n");
+        out!("1. A holder pauses past its TTL, another takes over, the first one's late write:\n");
         pglease_cli::demo::paused_holder(&manager, "report", Duration::from_millis(300), |line| {
-            out!("  {line}")
+            say(&format!("  {line}"))
         })
         .await?;
         out!(
-            "\n2. The same failures against a lease, a session advisory lock and a transaction \
-             advisory lock, measured now:\n"
+            "\n2. Five failures against a lease, a session advisory lock and a transaction \
+             advisory lock:\n"
         );
         let outcomes = pglease_cli::compare::run(&manager, Duration::from_millis(200), |o| {
-            out!(
+            say(&format!(
                 "  {} / {}: {} - {}",
                 o.scenario.label(),
                 o.variant.label(),
                 if o.safe { "safe" } else { "UNSAFE" },
                 o.detail
-            );
+            ));
         })
         .await?;
         out!("\n{}", pglease_cli::compare::table(&outcomes));
@@ -131,4 +131,35 @@ async fn demo_in(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
             ExitCode::from(exit::DATABASE)
         }
     }
+}
+
+/// The demo's lines are at most this wide.
+const WIDTH: usize = 100;
+
+/// Prints `text` wrapped at [`WIDTH`] columns, continuation lines indented
+/// four spaces past the first line's indentation.
+fn say(text: &str) {
+    for line in wrap(text, WIDTH) {
+        out!("{line}");
+    }
+}
+
+/// `text` broken at spaces into lines of at most `width` characters (a
+/// word longer than that stays whole on a line of its own).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let indent = text.chars().take_while(|c| *c == ' ').count();
+    let follow = " ".repeat(indent + 4);
+    let mut lines = Vec::new();
+    let mut line = " ".repeat(indent);
+    for word in text.split_whitespace() {
+        let blank = line.trim().is_empty();
+        if !blank && line.chars().count() + 1 + word.chars().count() > width {
+            lines.push(std::mem::replace(&mut line, follow.clone()));
+        } else if !blank {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    lines.push(line);
+    lines
 }

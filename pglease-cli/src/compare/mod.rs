@@ -41,6 +41,15 @@ impl Variant {
             Variant::XactLock => "transaction advisory lock",
         }
     }
+
+    /// A shorter label, for the table's header.
+    pub fn short_label(self) -> &'static str {
+        match self {
+            Variant::Lease => "lease + fencing",
+            Variant::SessionLock => "session lock",
+            Variant::XactLock => "xact lock",
+        }
+    }
 }
 
 /// A failure scenario from the article.
@@ -150,30 +159,62 @@ pub async fn run(
     Ok(outcomes)
 }
 
-/// The outcomes as a Markdown table: one row per scenario, one column per
-/// variant; each cell says "safe" or "UNSAFE" and the time to takeover.
+/// The outcomes as a Markdown table, aligned and at most 100 columns wide:
+/// one row per scenario, one column per variant; each cell says "safe" or
+/// "UNSAFE" and how long until another worker took over ("none": nobody
+/// did).
 pub fn table(outcomes: &[Outcome]) -> String {
-    let mut out = String::from("| scenario |");
-    for v in Variant::ALL {
-        out.push_str(&format!(" {} |", v.label()));
-    }
-    out.push_str("\n|---|");
-    out.push_str(&"---|".repeat(Variant::ALL.len()));
+    let header: Vec<&str> = std::iter::once("scenario")
+        .chain(Variant::ALL.iter().map(|v| v.short_label()))
+        .collect();
+    let mut rows: Vec<Vec<String>> = Vec::new();
     for s in Scenario::ALL {
-        out.push_str(&format!("\n| {} |", s.label()));
+        let mut row = vec![s.label().to_owned()];
         for v in Variant::ALL {
-            let cell = match outcomes.iter().find(|o| o.scenario == s && o.variant == v) {
-                Some(o) => {
-                    let verdict = if o.safe { "safe" } else { "UNSAFE" };
-                    match o.took_over {
-                        Some(t) => format!("{verdict}; taken over after {} ms", t.as_millis()),
-                        None => format!("{verdict}; no takeover"),
+            row.push(
+                match outcomes.iter().find(|o| o.scenario == s && o.variant == v) {
+                    Some(o) => {
+                        let verdict = if o.safe { "safe" } else { "UNSAFE" };
+                        match o.took_over {
+                            Some(t) => format!("{verdict}, {} ms", t.as_millis()),
+                            None => format!("{verdict}, none"),
+                        }
                     }
-                }
-                None => "not run".to_owned(),
-            };
-            out.push_str(&format!(" {cell} |"));
+                    None => "not run".to_owned(),
+                },
+            );
         }
+        rows.push(row);
     }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .chain(std::iter::once(header[i].chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: &[&str]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        format!("| {} |", padded.join(" | "))
+    };
+    let mut out = line(&header);
+    let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+    let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
+    out.push('\n');
+    out.push_str(&line(&rule).replace(' ', "-"));
+    for row in &rows {
+        let cells: Vec<&str> = row.iter().map(String::as_str).collect();
+        out.push('\n');
+        out.push_str(&line(&cells));
+    }
+    out.push_str(
+        "\n(safe or UNSAFE, then the time until another worker took over; none: nobody did)",
+    );
     out
 }

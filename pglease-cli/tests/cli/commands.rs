@@ -238,6 +238,166 @@ async fn several_hosts_exit_2_saying_to_use_a_stable_endpoint() {
     assert!(stderr(&out).contains("stable endpoint"), "{}", stderr(&out));
 }
 
+/// Every argument is checked before anything connects (nothing listens on
+/// port 1): every duration with its range in words, a negative one
+/// included (not clap's hint to write it after `--`, which would make it
+/// part of CMD); a TTL under the minimum, which would draw a token for a
+/// lease that expires before it is confirmed; and a long value, said by
+/// its length and not echoed.
+async fn every_argument_is_checked_before_connecting_and_said_without_echo() {
+    let unreachable = ["--database-url", "postgres://nobody@127.0.0.1:1/none"];
+    let long_value = "v".repeat(pglease::limits::MAX_VALUE_BYTES + 1);
+    let long_name = "n".repeat(300);
+    for (args, says) in [
+        (
+            &["acquire", "x", "--ttl", "8d"][..],
+            "invalid --ttl: must be at most 7days, got 8days",
+        ),
+        (&["acquire", "x", "--ttl", "10d"], "got 10days"),
+        (
+            &["acquire", "x", "--ttl", "0s"],
+            "invalid --ttl: must be at least 100ms, got 0s",
+        ),
+        (
+            &["acquire", "x", "--ttl", "1ns"],
+            "must be at least 100ms, got 1ns",
+        ),
+        (
+            &["acquire", "x", "--ttl", "5ms"],
+            "must be at least 100ms, got 5ms",
+        ),
+        (
+            &["acquire", "x", "--ttl", "-5s"],
+            "invalid --ttl: must not be negative",
+        ),
+        (
+            &["acquire", "x", "--ttl", "soon"],
+            "\"soon\" is not a duration",
+        ),
+        (
+            &["acquire", "x", "--ttl", "1s", "--wait", "8d"],
+            "invalid --wait: must be at most 7days",
+        ),
+        (
+            &["renew", "x", "--token", "1", "--ttl", "8d"],
+            "invalid --ttl",
+        ),
+        (&["run", "x", "--ttl", "0s", "--", "true"], "invalid --ttl"),
+        (
+            &["elect", "x", "--ttl", "1ns", "--", "true"],
+            "invalid --ttl",
+        ),
+        (
+            &["run", "x", "--ttl", "1s", "--grace", "2d", "--", "true"],
+            "invalid --grace: must be at most 1day",
+        ),
+        (
+            &["run", "x", "--ttl", "1s", "--min-hold", "0s", "--", "true"],
+            "invalid --min-hold: must be at least 1us",
+        ),
+        (
+            &["run", "x", "--ttl", "1s", "--timeout", "-1s", "--", "true"],
+            "invalid --timeout: must not be negative",
+        ),
+        (
+            &["history", "x", "--since", "-1h"],
+            "invalid --since: must not be negative",
+        ),
+        (
+            &["--connect-timeout", "0s", "status"],
+            "invalid --connect-timeout: must be greater than zero",
+        ),
+        (
+            &["acquire", "x", "--ttl", "1s", "--value", &long_value],
+            "is 8193 bytes long; the limit is 8192 bytes",
+        ),
+        (
+            &["status", &long_name],
+            "invalid NAME: is 300 bytes long; the limit is 255 bytes",
+        ),
+    ] {
+        let out = Command::new(BIN)
+            .args(unreachable)
+            .args(args)
+            .output()
+            .expect("run");
+        let said = stderr(&out);
+        let shown = &args[..args.len().min(4)];
+        assert_eq!(code(&out), 2, "{shown:?}: {said}");
+        assert!(said.contains(says), "{shown:?}: {said}");
+        assert!(!said.contains("connect to"), "{shown:?}: {said}");
+        assert!(
+            said.len() < 400,
+            "{shown:?}: the value echoed ({} bytes)",
+            said.len()
+        );
+    }
+}
+
+/// A token the lease never had is a mistake, said as such (exit 2), not
+/// "lost" or "already released"; nothing changes.
+async fn a_token_never_issued_exits_2_saying_so() {
+    let db = crate::common::new_db().await;
+    let out = pglease(&db, &["acquire", "job", "--ttl", "1m", "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let token = json(&out)["token"].as_i64().expect("a token");
+    let unissued = (token + 50).to_string();
+    let before = db.state().await;
+    for args in [
+        &["renew", "job", "--token", &unissued, "--ttl", "1m"][..],
+        &["release", "job", "--token", &unissued],
+        &["renew", "never-acquired", "--token", "1", "--ttl", "1m"],
+    ] {
+        let out = pglease(&db, args);
+        let said = stderr(&out);
+        assert_eq!(code(&out), 2, "{args:?}: {said}");
+        assert!(
+            said.contains("no such token has been issued") || said.contains("never been acquired"),
+            "{args:?}: {said}"
+        );
+        assert!(
+            !said.contains("lost") && !said.contains("already released"),
+            "{said}"
+        );
+    }
+    assert_eq!(db.state().await, before);
+}
+
+/// A URL of another database is refused before connecting (exit 2); a
+/// server that answers, but not as PostgreSQL (here an HTTP server), is
+/// named as such (exit 5).
+async fn another_kind_of_server_is_named_as_such() {
+    let out = Command::new(BIN)
+        .args(["--database-url", "mysql://root@127.0.0.1/x", "status"])
+        .output()
+        .expect("run");
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("mysql://"), "{}", stderr(&out));
+    let http = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = http.local_addr().expect("address").port();
+    let answering = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        if let Ok((mut client, _)) = http.accept() {
+            let mut request = [0_u8; 1024];
+            let _ = client.read(&mut request);
+            let _ = client.write_all(b"HTTP/1.0 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    let out = Command::new(BIN)
+        .args([
+            "--database-url",
+            &format!("postgres://nobody@127.0.0.1:{port}/x"),
+            "status",
+        ])
+        .output()
+        .expect("run");
+    let said = stderr(&out);
+    assert_eq!(code(&out), 5, "{said}");
+    assert!(said.contains("PostgreSQL's protocol"), "{said}");
+    assert!(!said.contains("1414811696"), "{said}");
+    let _ = answering.join();
+}
+
 async fn run_passes_the_status_through_and_releases_at_once() {
     let db = crate::common::new_db().await;
     let out = pglease(
@@ -575,7 +735,24 @@ async fn demo_runs_in_a_scratch_database_and_exits_0() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.contains("REJECTED by PostgreSQL (LE001)"), "{text}");
-    assert!(text.contains("| scenario | lease + fencing |"), "{text}");
+    assert!(text.contains("| lease + fencing |"), "{text}");
+    // Lines fit a terminal of 100 columns, and durations read as a person
+    // says them (not `382.175464ms`).
+    for line in text.lines() {
+        assert!(
+            line.chars().count() <= 100,
+            "{} columns: {line}",
+            line.chars().count()
+        );
+        assert!(
+            !line
+                .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .any(|number| number
+                    .split_once('.')
+                    .is_some_and(|(_, decimals)| decimals.len() > 2)),
+            "a raw float: {line}"
+        );
+    }
     // Its scratch database is gone.
     let scratch = text
         .lines()
@@ -821,18 +998,33 @@ async fn output_an_operator_can_script_against() {
     assert_eq!(none.as_array().map(Vec::len), Some(0), "{none}");
     assert_eq!(code(&pglease(&db, &["status", "job", "--held"])), 2);
 
-    // release and renew answer in JSON, also when the token is not held.
-    let out = pglease(&db, &["release", "job", "--token", "999", "--json"]);
+    // release and renew answer in JSON, also when the token is not held
+    // (stale: an earlier term's).
+    let earlier =
+        json(&pglease(&db, &["acquire", "gone", "--ttl", "5s", "--json"]))["token"].to_string();
+    assert_eq!(
+        code(&pglease(&db, &["release", "gone", "--token", &earlier])),
+        0
+    );
+    let again =
+        json(&pglease(&db, &["acquire", "gone", "--ttl", "5s", "--json"]))["token"].to_string();
+    let out = pglease(&db, &["release", "gone", "--token", &earlier, "--json"]);
     assert_eq!(code(&out), 4);
     assert_eq!(json(&out)["released"], false);
     let out = pglease(
         &db,
-        &["renew", "job", "--token", "999", "--ttl", "5s", "--json"],
+        &[
+            "renew", "gone", "--token", &earlier, "--ttl", "5s", "--json",
+        ],
     );
     assert_eq!(code(&out), 4);
     let lost = json(&out);
     assert!(lost["token"].is_null() && lost["lost"] == true, "{lost}");
-    assert_eq!(lost["current_token"].to_string(), token);
+    assert_eq!(lost["current_token"].to_string(), again);
+    // A token never issued: a failure, in JSON too.
+    let out = pglease(&db, &["release", "gone", "--token", "999999", "--json"]);
+    assert_eq!(code(&out), 2);
+    assert_eq!(json(&out)["status"], 2);
     let out = pglease(&db, &["release", "job", "--token", &token, "--json"]);
     assert_eq!(code(&out), 0);
     assert_eq!(json(&out)["released"], true);
@@ -972,6 +1164,9 @@ async fn run_with_a_limit_runs_at_most_that_many_at_once() {
 }
 
 tests![
+    every_argument_is_checked_before_connecting_and_said_without_echo,
+    a_token_never_issued_exits_2_saying_so,
+    another_kind_of_server_is_named_as_such,
     acquire_renew_release_status_and_their_exit_codes,
     bad_input_exits_2_and_an_unreachable_database_exits_5,
     acquire_publishes_a_value_that_status_shows,
