@@ -158,11 +158,7 @@ impl TempCluster {
 
     /// Connect options for its `postgres` database as user `postgres`.
     pub fn options(&self) -> PgConnectOptions {
-        PgConnectOptions::new()
-            .host("127.0.0.1")
-            .port(self.port)
-            .username("postgres")
-            .database("postgres")
+        host::local_options(self.port)
     }
 
     /// Its port on 127.0.0.1.

@@ -165,6 +165,16 @@ pub(crate) fn find_bindir(programs: &[&str]) -> Result<PathBuf, ClusterError> {
         })
 }
 
+/// Connect options for the `postgres` database as user `postgres` of a
+/// throwaway server on `port` of 127.0.0.1 (trust authentication).
+pub(crate) fn local_options(port: u16) -> sqlx::postgres::PgConnectOptions {
+    sqlx::postgres::PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(port)
+        .username("postgres")
+        .database("postgres")
+}
+
 /// A port of 127.0.0.1 that nothing listens on right now.
 pub(crate) fn free_port() -> Result<u16, ClusterError> {
     TcpListener::bind("127.0.0.1:0")

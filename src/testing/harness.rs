@@ -108,6 +108,24 @@ impl Test {
         }
     }
 
+    /// [`Test::new`] for test function `function` of the module at
+    /// `module_path` (`module_path!()`): named `module::function`, the
+    /// crate's own name left out, as the standard harness names tests.
+    pub fn in_module<F, Fut>(module_path: &str, function: &str, test: F) -> Test
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future,
+        Fut::Output: Outcome,
+    {
+        let module = module_path.split_once("::").map_or("", |(_, m)| m);
+        let name = if module.is_empty() {
+            function.to_owned()
+        } else {
+            format!("{module}::{function}")
+        };
+        Test::new(name, test)
+    }
+
     /// Runs it on a multi-threaded runtime with `workers` worker threads
     /// instead.
     pub fn threads(mut self, workers: usize) -> Test {

@@ -46,11 +46,7 @@ impl Node {
 
     /// Connect options for its `postgres` database as user `postgres`.
     pub fn options(&self) -> PgConnectOptions {
-        PgConnectOptions::new()
-            .host("127.0.0.1")
-            .port(self.port)
-            .username("postgres")
-            .database("postgres")
+        host::local_options(self.port)
     }
 
     /// A small pool (4 connections) on it.
@@ -485,11 +481,7 @@ impl Endpoint {
     /// Connect options through the endpoint (user and database
     /// `postgres`).
     pub fn options(&self) -> PgConnectOptions {
-        PgConnectOptions::new()
-            .host("127.0.0.1")
-            .port(self.port)
-            .username("postgres")
-            .database("postgres")
+        host::local_options(self.port)
     }
 }
 

@@ -10,14 +10,11 @@
 macro_rules! tests {
     ($($name:ident $(($workers:expr))? $($ignored:ident)?),* $(,)?) => {
         pub(crate) fn tests() -> Vec<pglease::testing::harness::Test> {
-            let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+            use pglease::testing::harness::Test;
             vec![$(
-                pglease::testing::harness::Test::new(
-                    format!("{module}::{}", stringify!($name)),
-                    $name,
-                )
-                $(.threads($workers))?
-                $(.$ignored())?
+                Test::in_module(module_path!(), stringify!($name), $name)
+                    $(.threads($workers))?
+                    $(.$ignored())?
             ),*]
         }
     };
