@@ -7,6 +7,7 @@ use pglease::LeaseManager;
 use pglease::history::Transition;
 use serde_json::json;
 
+use super::simple_scalar;
 use crate::exit::Outcome;
 use crate::output::{note, out, printable};
 
@@ -17,14 +18,16 @@ pub(crate) async fn history(
     since: Option<Duration>,
     json: bool,
 ) -> Outcome {
+    // "The last D" on the database clock, which recorded the times: never
+    // this machine's clock against a database timestamp.
     let since = match since {
         Some(ago) => {
+            let now: chrono::DateTime<chrono::Utc> =
+                simple_scalar(manager, "SELECT clock_timestamp()")
+                    .await
+                    .map_err(|e| (e, "history"))?;
             let ago = chrono::Duration::from_std(ago).unwrap_or(chrono::Duration::MAX);
-            Some(
-                chrono::Utc::now()
-                    .checked_sub_signed(ago)
-                    .unwrap_or_default(),
-            )
+            Some(now.checked_sub_signed(ago).unwrap_or_default())
         }
         None => None,
     };
