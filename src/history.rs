@@ -99,7 +99,10 @@ pub struct Transition {
 impl LeaseManager {
     /// The recorded transitions of lease `name`, oldest first, from
     /// `since` on (all that are kept without it: 30 days by default, see
-    /// docs/design.md, "History"). One statement.
+    /// docs/design.md, "History"). One statement. `since` is compared with
+    /// the times the database recorded: take it from the database clock
+    /// (a transition's `at`, a lease's `expires_at`, `SELECT
+    /// clock_timestamp()`), not from this machine's.
     ///
     /// # Errors
     ///
