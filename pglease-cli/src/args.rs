@@ -5,6 +5,8 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use pglease::Token;
 
+use crate::output::human;
+
 /// The exit statuses, for `--help`.
 const EXIT_STATUSES: &str = "\
 Exit status:
@@ -448,7 +450,3 @@ fn since(text: &str) -> Result<Duration, String> {
 const DAY: Duration = Duration::from_secs(86_400);
 const WEEK: Duration = Duration::from_secs(7 * 86_400);
 const YEAR: Duration = Duration::from_secs(365 * 86_400);
-
-fn human(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
-}

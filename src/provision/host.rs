@@ -98,20 +98,13 @@ pub(crate) fn output(command: &mut Command) -> Result<String, ClusterError> {
 /// The directory holding `initdb`, `postgres`, `pg_ctl` and the other
 /// `programs`.
 pub(crate) fn find_bindir(programs: &[&str]) -> Result<PathBuf, ClusterError> {
-    let complete = |dir: &Path| {
-        ["initdb", "postgres", "pg_ctl"]
-            .iter()
-            .chain(programs)
-            .all(|p| dir.join(p).is_file())
-    };
-    let wanted = || {
-        ["initdb", "postgres", "pg_ctl"]
-            .iter()
-            .chain(programs)
-            .copied()
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let needed: Vec<&str> = ["initdb", "postgres", "pg_ctl"]
+        .iter()
+        .chain(programs)
+        .copied()
+        .collect();
+    let complete = |dir: &Path| needed.iter().all(|p| dir.join(p).is_file());
+    let wanted = || needed.join(", ");
     // When set, it is the only place looked at.
     if let Some(dir) = std::env::var_os(BINDIR_VARIABLE) {
         let dir = PathBuf::from(dir);
