@@ -29,12 +29,14 @@
 -- assert_held takes FOR KEY SHARE, which conflicts only with FOR UPDATE:
 -- while a fenced transaction is open no acquisition of its lease can
 -- commit, but renew and release (which change no key column) proceed.
--- Advisory-lock key spaces (first key): 0x706c6561 "plea" (creators of a
--- new name take turns), 0x706c7761 "plwa" (watchers of a name, see
--- release), 0x706c6665 "plfe" (transactions fenced on a lease, see
--- assert_held and acquire's takeover), 0x706c6f62 "plob" (observers of a
--- name, see observe); the migrator's own lock is the 64-bit key of the
--- bytes "pglease".
+-- Advisory locks are a hint between sessions, never a fact: any role can
+-- take any key, so no decision rests on who holds one and no wait on one
+-- is unbounded (see AUTHORITY). Key spaces (first key): 0x706c7761 "plwa"
+-- (watchers of a name, see release), 0x706c6f62 "plob" (observers of a
+-- name, see observe); fenced transactions carry a 64-bit key derived from
+-- a secret of their lease and their transaction id (see assert_held), which
+-- nobody without the secret can take first; the migrator's own lock is the
+-- 64-bit key of the bytes "pglease".
 --
 -- DURABILITY. A token once handed out is never handed out again, whatever
 -- synchronous_commit is: acquire, advance and force_release raise
@@ -50,6 +52,29 @@
 -- fixed search_path: an application role may call them (GRANT EXECUTE)
 -- without being able to update the tables, and a caller's search_path
 -- cannot reach inside them. Nothing is granted to PUBLIC on the tables.
+--
+-- AUTHORITY. The principal is the session's login role, session_user:
+-- SET ROLE does not change it (a session can always RESET ROLE, so SET
+-- ROLE is no boundary), and a pooler that logs in as each client's own
+-- role (PgBouncer's default) keeps it. An acquisition records it
+-- (leases.role); renew, renew_many, release, proclaim and assert_held
+-- (and so protected writes) under the lease's token succeed only when
+-- session_user is that role or a member of it (pg_has_role ... MEMBER),
+-- or an administrator; anyone else gets SQLSTATE 42501 and nothing
+-- changes. Administrators (pglease.is_admin()): superusers, members of
+-- the role that owns the pglease functions, and members of the role
+-- pglease_admin (created by the migration when the migrator may create
+-- roles; roles belong to the server, so it is administrator of pglease in
+-- every database of that server). force_release and the history's
+-- settings are theirs alone. Names may be granted to roles by prefix
+-- (pglease.grant_names): a name under a granted prefix can be acquired,
+-- and its holder asked to step down, only by a member of a role granted a
+-- prefix of it, or an administrator; names under no granted prefix are
+-- open to every role that may call the functions. Tokens are not secrets
+-- (they travel to the resources they fence): authority comes from the
+-- role, never from knowing a token. Settings any session can SET
+-- (pglease.declared, the lock counters) only ever say what to check, or
+-- cost their own session; nothing else is taken from them.
 --
 -- TRIGGERS. Two on pglease.leases, so that every function that changes a
 -- lease is covered and keeps its single definition: pglease_count_renewal
@@ -101,11 +126,9 @@ AS $$ SELECT 1000 $$;
 -- private block of values; NO CYCLE so that it can never wrap around.
 CREATE SEQUENCE pglease.fence_seq AS bigint START WITH 1 INCREMENT BY 1 CACHE 1 NO CYCLE;
 
--- Each lease's own number, for the marker of fenced transactions (see
--- assert_held): integer, because an advisory lock key has 32 bits; NO
--- CYCLE, so that a number is never given to two names (creating a name
--- fails after 2,147,483,647 names instead).
-CREATE SEQUENCE pglease.lease_id_seq AS integer START WITH 1 NO CYCLE;
+-- Each lease's own number (bigint: a rolled-back first acquisition uses
+-- one up, and nobody can exhaust 2^63 of them).
+CREATE SEQUENCE pglease.lease_id_seq AS bigint START WITH 1 NO CYCLE;
 
 -- One row per lease name, created on the first acquisition and never
 -- deleted: deleting and recreating a row could let a racing acquirer lock a
@@ -128,13 +151,22 @@ CREATE TABLE pglease.leases (
     -- inserts into every index of the table (it changes the token, so it
     -- is never a HOT update), and one more unique index made the
     -- acquire + release cycle measurably slower on a hot name. Nothing
-    -- looks a lease up by its number but the view pglease.fenced.
-    id          integer     NOT NULL DEFAULT nextval('pglease.lease_id_seq'),
+    -- looks a lease up by its number.
+    id          bigint      NOT NULL DEFAULT nextval('pglease.lease_id_seq'),
+    -- The login role (session_user) of the latest acquisition: the role
+    -- that may act under its token (see AUTHORITY at the top).
+    role        name,
+    -- The secret from which fenced transactions derive their marker (see
+    -- assert_held); never shown outside pglease.
+    secret      bytea       NOT NULL DEFAULT uuid_send(gen_random_uuid()),
     -- The value the holder of token value_token published (proclaim). It
     -- belongs to that acquisition: the next one starts without it, at no
     -- cost to an acquisition that sets none.
     value       text        CHECK (octet_length(value) <= pglease._max_value_bytes()),
     value_token bigint,
+    -- How many times the holder of value_token has published a value (the
+    -- history records the first 16 of a term, see HISTORY).
+    value_changes integer   NOT NULL DEFAULT 0,
     -- Who asked the holder of token step_down_token to step down
     -- (request_step_down), and when; like a value, it belongs to that
     -- acquisition.
@@ -153,9 +185,9 @@ ALTER SEQUENCE pglease.lease_id_seq OWNED BY pglease.leases.id;
 COMMENT ON TABLE pglease.leases IS
     'One row per lease name; change it only through the pglease functions.';
 
-COMMENT ON COLUMN pglease.leases.id IS
-    'The lease''s own number: fenced transactions hold the shared advisory lock '
-    '(1886152293, id) until they end (view pglease.fenced).';
+COMMENT ON COLUMN pglease.leases.role IS
+    'The login role (session_user) of the latest acquisition: only it, its members and '
+    'administrators may act under the lease''s token.';
 
 -- Separate-resource fencing: the highest token each resource has accepted.
 CREATE TABLE pglease.fences (
@@ -180,13 +212,55 @@ CREATE TABLE pglease._history (
     holder text,
     at     timestamptz NOT NULL,
     renewals integer,
-    detail text
+    detail text,
+    -- The login role (session_user) whose call recorded the transition.
+    role   name
 );
 
 CREATE INDEX _history_name ON pglease._history (name, id);
 
+-- The history's bounds, set by an administrator (pglease.set_history):
+-- one row. Not a setting: a session could SET one.
+CREATE TABLE pglease._history_config (
+    one        boolean  NOT NULL PRIMARY KEY DEFAULT true CHECK (one),
+    -- Rows older than this are deleted; '0' records nothing.
+    retention  interval NOT NULL DEFAULT interval '30 days',
+    -- And the oldest rows beyond this many.
+    max_rows   bigint   NOT NULL DEFAULT 1000000 CHECK (max_rows >= 1000)
+);
+INSERT INTO pglease._history_config DEFAULT VALUES;
+
+-- Names granted to roles by prefix (pglease.grant_names); see AUTHORITY.
+CREATE TABLE pglease.name_grants (
+    prefix     text NOT NULL CHECK (octet_length(prefix) BETWEEN 1 AND pglease._max_text_bytes()),
+    role       name NOT NULL,
+    granted_by name NOT NULL,
+    granted_at timestamptz NOT NULL,
+    PRIMARY KEY (prefix, role)
+);
+
+COMMENT ON TABLE pglease.name_grants IS
+    'Lease names granted to roles by prefix (pglease.grant_names): a name under a '
+    'granted prefix may be acquired only by members of a role granted a prefix of it, '
+    'or administrators.';
+
+-- Which lease protects which table (pglease.protect): the guard reads its
+-- lease here, never from its trigger's arguments.
+CREATE TABLE pglease._protected (
+    tbl          oid         NOT NULL PRIMARY KEY,
+    name         text        NOT NULL,
+    protected_by name        NOT NULL,
+    protected_at timestamptz NOT NULL
+);
+
+-- Creators of a new name take turns on one of these rows (see acquire):
+-- unlike an advisory key, only pglease can lock them.
+CREATE TABLE pglease._creators (slot integer NOT NULL PRIMARY KEY);
+INSERT INTO pglease._creators SELECT g FROM generate_series(0, 255) AS g;
+
 REVOKE ALL ON pglease.leases, pglease.fences, pglease._history, pglease.fence_seq,
-              pglease.lease_id_seq
+              pglease.lease_id_seq, pglease._history_config, pglease.name_grants,
+              pglease._protected, pglease._creators
     FROM PUBLIC;
 
 
@@ -284,6 +358,168 @@ END
 $$;
 
 ------------------------------------------------------------------------
+-- Authority (see AUTHORITY at the top).
+------------------------------------------------------------------------
+
+-- The migration creates the administrator role when it may create roles;
+-- otherwise only superusers and members of the owner are administrators.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pglease_admin') THEN
+        IF (SELECT r.rolsuper OR r.rolcreaterole FROM pg_roles AS r WHERE r.rolname = current_user) THEN
+            CREATE ROLE pglease_admin NOLOGIN;
+            COMMENT ON ROLE pglease_admin IS
+                'pglease administrators: force_release, the history''s settings, name grants, '
+                'and acting under any lease''s token (in every database of this server).';
+        ELSE
+            RAISE NOTICE 'pglease: role pglease_admin does not exist and % may not create it: '
+                         'only superusers and members of % are pglease administrators',
+                         current_user, current_user;
+        END IF;
+    END IF;
+END
+$$;
+
+-- SECURITY DEFINER, so current_user is the role that owns the functions.
+CREATE FUNCTION pglease.is_admin()
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_has_role(session_user, current_user, 'MEMBER')
+        OR coalesce((SELECT pg_has_role(session_user, r.oid, 'MEMBER')
+                       FROM pg_roles AS r WHERE r.rolname = 'pglease_admin'), false)
+$$;
+
+COMMENT ON FUNCTION pglease.is_admin() IS
+    'Whether this session''s login role (session_user) is a pglease administrator: a '
+    'superuser, a member of the role that owns the pglease functions, or a member of '
+    'pglease_admin.';
+
+-- May this session act under a token acquired by login role OWNER? The
+-- hot functions test owner = session_user inline first. Internal: called
+-- inside the SECURITY DEFINER functions only.
+CREATE FUNCTION pglease._may_act(owner name)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT owner = session_user
+        OR coalesce((SELECT pg_has_role(session_user, r.oid, 'MEMBER')
+                       FROM pg_catalog.pg_roles AS r WHERE r.rolname = owner), false)
+        OR pglease.is_admin()
+$$;
+
+REVOKE ALL ON FUNCTION pglease._may_act(name) FROM PUBLIC;
+
+-- May this session acquire NAME, or ask its holder to step down? Yes if no
+-- granted prefix covers it, if session_user is a member of a role granted
+-- one that does, or if it is an administrator. Internal, as _may_act.
+CREATE FUNCTION pglease._may_use_name(name text)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM pglease.name_grants AS g
+                        WHERE pg_catalog.starts_with($1, g.prefix))
+        OR EXISTS (SELECT 1 FROM pglease.name_grants AS g
+                     JOIN pg_catalog.pg_roles AS r ON r.rolname = g.role
+                    WHERE pg_catalog.starts_with($1, g.prefix)
+                      AND pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER'))
+        OR pglease.is_admin()
+$$;
+
+REVOKE ALL ON FUNCTION pglease._may_use_name(text) FROM PUBLIC;
+
+CREATE FUNCTION pglease._refuse_name(name text, action text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = '42501',
+        MESSAGE = format('pglease: role %I may not %s lease %L: its name is under a prefix '
+                         'granted to other roles (pglease.name_grants)', session_user, action, name);
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._refuse_name(text, text) FROM PUBLIC;
+
+-- Called when an operation under (NAME, TOKEN) changed nothing: raises
+-- 42501 if the lease is valid under that token but this session may not
+-- act under it, so that a refusal is never mistaken for a lost lease.
+CREATE FUNCTION pglease._refuse_foreign(name text, token bigint, action text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner name;
+BEGIN
+    SELECT l.role INTO owner FROM pglease.leases AS l
+     WHERE l.name = _refuse_foreign.name AND l.token = _refuse_foreign.token
+       AND l.holder IS NOT NULL AND clock_timestamp() < l.expires_at;
+    IF FOUND AND NOT (owner IS NOT DISTINCT FROM session_user OR pglease._may_act(owner)) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('pglease: role %I may not %s lease %L: it was acquired by role %I, '
+                             'and only that role, its members and pglease administrators may '
+                             'act under its token', session_user, action, _refuse_foreign.name,
+                             owner);
+    END IF;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._refuse_foreign(text, bigint, text) FROM PUBLIC;
+
+-- Name grants: administrators only.
+CREATE FUNCTION pglease.grant_names(prefix text, role name)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    checked text;
+BEGIN
+    checked := pglease._check_text('prefix', grant_names.prefix);
+    IF NOT pglease.is_admin() THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('pglease: role %I may not grant names: pglease administrators only',
+                             session_user);
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles AS r WHERE r.rolname = grant_names.role) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'role',
+            MESSAGE = format('pglease: role %I does not exist', grant_names.role);
+    END IF;
+    INSERT INTO pglease.name_grants AS g (prefix, role, granted_by, granted_at)
+    VALUES (grant_names.prefix, grant_names.role, session_user, clock_timestamp())
+    ON CONFLICT ON CONSTRAINT name_grants_pkey DO NOTHING;
+END
+$$;
+
+COMMENT ON FUNCTION pglease.grant_names(text, name) IS
+    'Administrators only: grant the lease names that start with PREFIX to ROLE. A name '
+    'under any granted prefix may then be acquired (and its holder asked to step down) '
+    'only by members of a role granted a prefix of it, or administrators.';
+
+CREATE FUNCTION pglease.revoke_names(prefix text, role name)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT pglease.is_admin() THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('pglease: role %I may not revoke names: pglease administrators only',
+                             session_user);
+    END IF;
+    DELETE FROM pglease.name_grants AS g
+     WHERE g.prefix = revoke_names.prefix AND g.role = revoke_names.role;
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION pglease.revoke_names(text, name) IS
+    'Administrators only: undo grant_names(PREFIX, ROLE). Returns whether it was granted.';
+
+------------------------------------------------------------------------
 -- The status view: one row per name ever acquired.
 ------------------------------------------------------------------------
 
@@ -340,8 +576,14 @@ COMMENT ON COLUMN pglease.leases.step_down_by IS
 -- holder frozen inside it (a stopped process, a paused VM, a silent
 -- network) keep an expired lease from everyone. So a fenced transaction
 -- also marks itself, visibly: assert_held takes a shared transaction-level
--- advisory lock on (1886152293, id), id being the lease's own number,
--- held until the transaction ends (view pglease.fenced).
+-- advisory lock on a 64-bit key, its MARKER, derived from the lease's
+-- secret (leases.secret, readable by pglease only) and the transaction's
+-- id (pglease._marker), held until the transaction ends (view
+-- pglease.fenced). An acquirer recognises a fenced session by a marker
+-- that matches one of that session's transaction ids. Nobody without the
+-- secret can compute a marker, so no other role can take one first (to
+-- keep a fenced transaction unmarked) or fake one (which would only get
+-- its own session ended).
 --
 -- acquire, when it finds the row locked, takes FOR NO KEY UPDATE, which
 -- conflicts with another acquirer, a renewal or a release (short) and never
@@ -386,42 +628,96 @@ COMMENT ON COLUMN pglease.leases.step_down_by IS
 -- transaction ends (bound it with idle_in_transaction_session_timeout /
 -- statement_timeout), and each acquire says so instead of waiting.
 
--- Ends every session (but this one) that holds the marker of lease_id.
--- Returns NULL, or, when the role that owns the functions may not end one
--- of them, why. The process ids it ended are kept in the transaction's
--- setting pglease.evicted ("<lease id>:<pids>"), which the history reads
--- (the trigger pglease_changed, below). Internal: it does not check that the lease has
--- ended, so nobody but the owner may call it.
-CREATE FUNCTION pglease._end_fenced(name text, lease_id integer)
+-- The marker of a transaction with id X fenced on a lease with SECRET:
+-- the first 64 bits of sha256(secret || X).
+CREATE FUNCTION pglease._marker(secret bytea, x xid)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT ('x' || pg_catalog.encode(pg_catalog.substr(
+               pg_catalog.sha256($1 || pg_catalog.convert_to($2::text, 'UTF8')), 1, 8),
+               'hex'))::bit(64)::bigint
+$$;
+
+-- The sessions (but this one) in this database fenced on the lease with
+-- SECRET: holding, as an advisory lock, the marker of one of their
+-- transaction ids.
+CREATE FUNCTION pglease._fenced_pids(secret bytea)
+RETURNS SETOF integer
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT DISTINCT a.pid
+      FROM pg_locks AS a
+      JOIN pg_locks AS x ON x.pid = a.pid AND x.locktype = 'transactionid'
+                        AND x.mode = 'ExclusiveLock' AND x.granted
+     WHERE a.locktype = 'advisory' AND a.objsubid = 1 AND a.granted
+       AND a.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+       AND a.pid <> pg_backend_pid()
+       AND ((a.classid::bigint << 32) | a.objid::bigint) = pglease._marker($1, x.transactionid)
+$$;
+
+-- Who holds advisory lock KEY (64-bit form) in this database, for
+-- messages: "session <pid> (role <name>)", or "nobody".
+CREATE FUNCTION pglease._key_holders(key bigint)
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(string_agg(format('session %s (role %I, %s)', k.pid, a.usename,
+                                      CASE WHEN k.granted THEN k.mode ELSE 'waiting' END),
+                               ', ' ORDER BY k.pid), 'nobody')
+      FROM pg_locks AS k
+      LEFT JOIN pg_stat_activity AS a ON a.pid = k.pid
+     WHERE k.locktype = 'advisory' AND k.objsubid = 1
+       AND ((k.classid::bigint << 32) | k.objid::bigint) = $1
+       AND k.pid <> pg_backend_pid()
+$$;
+
+-- The same for a two-part key.
+CREATE FUNCTION pglease._key_holders(key1 integer, key2 integer)
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(string_agg(format('session %s (role %I, %s)', k.pid, a.usename,
+                                      CASE WHEN k.granted THEN k.mode ELSE 'waiting' END),
+                               ', ' ORDER BY k.pid), 'nobody')
+      FROM pg_locks AS k
+      LEFT JOIN pg_stat_activity AS a ON a.pid = k.pid
+     WHERE k.locktype = 'advisory' AND k.objsubid = 2
+       AND k.classid = $1::oid AND k.objid = ($2::bigint & 4294967295)::oid
+       AND k.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+       AND k.pid <> pg_backend_pid()
+$$;
+
+-- Ends every session (but this one) fenced on lease NAME, and records
+-- the eviction in the history (with the term the sessions were fenced
+-- under: the row's, since this runs before the fence moves). Returns
+-- NULL, or, when the role that owns the functions may not end one of
+-- them, why. Internal: it does not check that the lease has ended, so
+-- nobody but the owner may call it.
+CREATE FUNCTION pglease._end_fenced(name text)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    db    oid := (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+    lease pglease.leases;
     ended text;
     note  text;
 BEGIN
+    SELECT * INTO lease FROM pglease.leases AS l WHERE l.name = _end_fenced.name;
     -- One statement, so that the look-up and the signals are as close
     -- together as they can be. The sessions roll back and exit; their
     -- locks go with them.
-    -- (The signal is in the aggregate's FILTER, evaluated only for the
-    -- rows that pass WHERE, whatever order the planner tests WHERE in.)
-    SELECT string_agg(k.pid::text, ', ' ORDER BY k.pid)
-               FILTER (WHERE pg_terminate_backend(k.pid)) INTO ended
-      FROM pg_locks AS k
-     WHERE k.locktype = 'advisory' AND k.database = db
-       AND k.classid = 1886152293 AND k.objid = lease_id::oid AND k.objsubid = 2
-       AND k.granted AND k.pid <> pg_backend_pid();
-    IF ended IS NOT NULL THEN
-        -- "<lease id>:<pids>", added to what an earlier call ended for the
-        -- same lease in this transaction.
-        PERFORM set_config('pglease.evicted',
-                           CASE WHEN split_part(current_setting('pglease.evicted', true), ':', 1)
-                                     = lease_id::text
-                                THEN current_setting('pglease.evicted', true) || ', ' || ended
-                                ELSE lease_id::text || ':' || ended END,
-                           true);
+    SELECT string_agg(f.pid::text, ', ' ORDER BY f.pid)
+               FILTER (WHERE pg_terminate_backend(f.pid)) INTO ended
+      FROM pglease._fenced_pids(lease.secret) AS f(pid);
+    IF ended IS NOT NULL AND pglease._history_retention() > interval '0' THEN
+        INSERT INTO pglease._history (name, token, event, holder, at, detail, role)
+        VALUES (lease.name, lease.token, 'evicted', lease.holder, clock_timestamp(),
+                'ended sessions ' || ended, session_user);
     END IF;
     RETURN NULL;
 EXCEPTION WHEN insufficient_privilege THEN
@@ -429,16 +725,14 @@ EXCEPTION WHEN insufficient_privilege THEN
                    'owns the pglease functions, may not end them (%s); a superuser can allow '
                    'it: GRANT pg_signal_backend TO %I (sessions of superusers only a superuser '
                    'can end)',
-                   (SELECT string_agg(k.pid::text, ', ' ORDER BY k.pid) FROM pg_locks AS k
-                     WHERE k.locktype = 'advisory' AND k.database = db
-                       AND k.classid = 1886152293 AND k.objid = lease_id::oid
-                       AND k.objsubid = 2 AND k.granted AND k.pid <> pg_backend_pid()),
+                   (SELECT string_agg(f.pid::text, ', ' ORDER BY f.pid)
+                      FROM pglease._fenced_pids(lease.secret) AS f(pid)),
                    current_user, SQLERRM, current_user);
     RETURN note;
 END
 $$;
 
-REVOKE ALL ON FUNCTION pglease._end_fenced(text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglease._end_fenced(text) FROM PUBLIC;
 
 -- Called by acquire only, once FOR UPDATE SKIP LOCKED has found the row
 -- locked by someone else. Returns NULL when this transaction holds FOR
@@ -456,11 +750,10 @@ DECLARE
     ended_them boolean := false;
     cur_holder text;
     cur_expiry timestamptz;
-    cur_id     integer;
     note       text;
 BEGIN
     LOOP
-        SELECT l.holder, l.expires_at, l.id INTO cur_holder, cur_expiry, cur_id
+        SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
           FROM pglease.leases AS l WHERE l.name = _take_over.name FOR NO KEY UPDATE SKIP LOCKED;
         IF FOUND THEN
             -- Nobody can renew, release or acquire the lease now: decide.
@@ -474,7 +767,7 @@ BEGIN
                 IF FOUND THEN
                     RETURN NULL;
                 END IF;
-                note := pglease._end_fenced(_take_over.name, cur_id);
+                note := pglease._end_fenced(_take_over.name);
                 IF note IS NOT NULL THEN
                     RETURN note;
                 END IF;
@@ -489,7 +782,7 @@ BEGIN
         -- An acquisition, renewal or release of the lease has not committed
         -- yet (usually a matter of milliseconds). Meanwhile, a lease that
         -- is valid on its committed row is simply held.
-        SELECT l.holder, l.expires_at, l.id INTO cur_holder, cur_expiry, cur_id
+        SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
           FROM pglease.leases AS l WHERE l.name = _take_over.name;
         IF cur_holder IS NOT NULL AND clock_timestamp() < cur_expiry THEN
             RETURN '';
@@ -503,7 +796,7 @@ BEGIN
             -- Ended on its committed row for the whole grace: a fenced
             -- transaction that renewed or released the lease itself and
             -- froze holds the row so. End the fenced ones; wait once more.
-            note := pglease._end_fenced(_take_over.name, cur_id);
+            note := pglease._end_fenced(_take_over.name);
             IF note IS NOT NULL THEN
                 RETURN note;
             END IF;
@@ -534,6 +827,7 @@ DECLARE
     found_row  boolean;
     note       text;
     t          timestamptz;
+    give_up    timestamptz;
     result     pglease.acquisition;
 BEGIN
     IF NOT coalesce(octet_length(acquire.name) BETWEEN 1 AND pglease._max_text_bytes()
@@ -555,15 +849,35 @@ BEGIN
         RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL)::pglease.acquisition;
     END IF;
 
+    -- Names granted by prefix (see AUTHORITY), checked before anything
+    -- is written.
+    IF NOT pglease._may_use_name(acquire.name) THEN
+        PERFORM pglease._refuse_name(acquire.name, 'acquire');
+    END IF;
+
     IF NOT found_row THEN
         -- First acquisition of this name: create the row with token 0.
-        -- Creators of one name take turns (a transaction-level advisory
-        -- lock on the name's hash, key space 0x706c6561): two speculative
-        -- inserts racing on the primary key, followed by the winner's key
-        -- update (which inserts a new primary-key entry), can otherwise
-        -- deadlock. The second creator then finds the committed row,
-        -- inserts nothing, and locks that row below.
-        PERFORM pg_advisory_xact_lock(1886152033, hashtext(acquire.name));
+        -- Creators of one name take turns, on the row of pglease._creators
+        -- for the name's hash (a row lock only pglease can take, held to
+        -- commit): two speculative inserts racing on the primary key,
+        -- followed by the winner's key update (which inserts a new
+        -- primary-key entry), can otherwise deadlock. The second creator
+        -- then finds the committed row, inserts nothing, and locks that
+        -- row below. Bounded like every wait here: after 1 s of another
+        -- creation that has not committed, not acquired, with a note.
+        give_up := clock_timestamp() + interval '1 second';
+        LOOP
+            PERFORM 1 FROM pglease._creators AS c
+             WHERE c.slot = hashtext(acquire.name) & 255 FOR UPDATE SKIP LOCKED;
+            EXIT WHEN FOUND;
+            IF clock_timestamp() >= give_up THEN
+                t := clock_timestamp();
+                RETURN ROW(NULL, t, NULL, t,
+                           'another transaction creating a lease name has not committed for '
+                           '1 s (call acquire in a transaction of its own)')::pglease.acquisition;
+            END IF;
+            PERFORM pg_sleep(0.002);
+        END LOOP;
         INSERT INTO pglease.leases AS l (name, holder, token, expires_at, acquired_at)
         VALUES (acquire.name, NULL, 0, '-infinity', clock_timestamp())
         ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
@@ -605,6 +919,7 @@ BEGIN
     -- lock: for each name, tokens strictly increase in commit order.
     UPDATE pglease.leases AS l
        SET holder = acquire.holder,
+           role = session_user,
            token = nextval('pglease.fence_seq'),
            expires_at = t + make_interval(secs => seconds::double precision),
            acquired_at = t,
@@ -657,7 +972,11 @@ BEGIN
        AND l.token = renew.token
        AND l.holder IS NOT NULL
        AND clock_timestamp() < l.expires_at
+       AND (l.role = session_user OR pglease._may_act(l.role))
     RETURNING l.expires_at INTO new_expiry;
+    IF new_expiry IS NULL THEN
+        PERFORM pglease._refuse_foreign(renew.name, renew.token, 'renew');
+    END IF;
     RETURN new_expiry; -- NULL: stale token, released, expired or unknown
 END
 $$;
@@ -740,6 +1059,7 @@ BEGIN
            AND l.token = u.t
            AND l.holder IS NOT NULL
            AND clock_timestamp() < l.expires_at
+           AND (l.role = session_user OR pglease._may_act(l.role))
         RETURNING l.name, l.token, l.expires_at
     )
     SELECT coalesce(array_agg(upd.name), '{}'), coalesce(array_agg(upd.token), '{}'),
@@ -753,6 +1073,21 @@ BEGIN
     -- Usually every lease was renewed and this is skipped. Otherwise: every
     -- element not among those renewed, with its lease's current row.
     IF cardinality(r_names) < cardinality(names) THEN
+        -- A valid lease this session may not act under is refused as a
+        -- whole statement (nothing renewed), never reported as lost.
+        SELECT u.n, c.role INTO bad
+          FROM unnest(names, tokens) AS u(n, t)
+          JOIN pglease.leases AS c ON c.name = u.n AND c.token = u.t
+         WHERE c.holder IS NOT NULL AND clock_timestamp() < c.expires_at
+           AND NOT (c.role IS NOT DISTINCT FROM session_user OR pglease._may_act(c.role))
+         LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = '42501',
+                MESSAGE = format('pglease: role %I may not renew lease %L: it was acquired by '
+                                 'role %I, and only that role, its members and pglease '
+                                 'administrators may act under its token', session_user, bad.n,
+                                 bad.role);
+        END IF;
         RETURN QUERY
         SELECT u.n, u.t, NULL::timestamptz, false, nullif(c.token, 0), c.holder
           FROM unnest(names, tokens) AS u(n, t)
@@ -866,20 +1201,24 @@ BEGIN
      WHERE l.name = release.name
        AND l.token = release.token
        AND l.holder IS NOT NULL
-       AND clock_timestamp() < l.expires_at;
+       AND clock_timestamp() < l.expires_at
+       AND (l.role = session_user OR pglease._may_act(l.role));
     IF NOT FOUND THEN
+        PERFORM pglease._refuse_foreign(release.name, release.token, 'release');
         RETURN false;
     END IF;
     -- Wakes watching waiters at commit (see the top of this file). Without
     -- watchers the exclusive lock is kept until commit, so that no watch
     -- can start in between; past 32 such locks, notify regardless.
+    -- The payload is the watch key (hashtext of the name): a hint that
+    -- names no lease and is believed by nobody (see NOTIFICATIONS).
     locks := coalesce(nullif(current_setting('pglease.release_locks', true), ''), '0')::integer;
-    IF locks >= 32 THEN
-        PERFORM pg_notify('pglease_release', release.name);
+    IF locks >= 32 OR locks < 0 THEN
+        PERFORM pg_notify('pglease_release', hashtext(release.name)::text);
     ELSIF pg_try_advisory_xact_lock(1886156641, hashtext(release.name)) THEN
         checked := set_config('pglease.release_locks', (locks + 1)::text, true);
     ELSE
-        PERFORM pg_notify('pglease_release', release.name);
+        PERFORM pg_notify('pglease_release', hashtext(release.name)::text);
     END IF;
     RETURN true;
 END
@@ -887,7 +1226,7 @@ $$;
 
 COMMENT ON FUNCTION pglease.release(text, bigint) IS
     'End lease NAME held under TOKEN at once; if a session watches NAME '
-    '(pglease.watch), notify channel pglease_release with the name. Returns true '
+    '(pglease.watch), notify channel pglease_release with hashtext(NAME). Returns true '
     'if this call ended it, false if it was not valid (stale token, already '
     'released, expired).';
 
@@ -929,8 +1268,8 @@ COMMENT ON FUNCTION pglease.can_end_stale_transactions() IS
 
 -- Besides the row lock, a transaction that passes the check takes the
 -- marker by which an acquisition after the lease has ended finds it (and
--- ends it, see acquire): the shared advisory lock (1886152293, id) until
--- the transaction ends. The guard trigger of protected tables calls this
+-- ends it, see acquire): a shared advisory lock on a key derived from the
+-- lease's secret and the transaction's id, until the transaction ends. The guard trigger of protected tables calls this
 -- again at each write; taking a lock this transaction already holds costs
 -- a look-up in the session's own lock table.
 CREATE FUNCTION pglease.assert_held(name text, token bigint)
@@ -944,7 +1283,8 @@ DECLARE
     cur_holder   text;
     cur_expiry   timestamptz;
     cur_released timestamptz;
-    cur_id       integer;
+    cur_role     name;
+    cur_secret   bytea;
     t            timestamptz;
     declared     text;
 BEGIN
@@ -956,8 +1296,8 @@ BEGIN
 
     -- FOR KEY SHARE lasts until the caller's transaction ends and blocks
     -- the key update every acquisition makes (see LOCKS at the top).
-    SELECT l.token, l.holder, l.expires_at, l.released_at, l.id
-      INTO cur_token, cur_holder, cur_expiry, cur_released, cur_id
+    SELECT l.token, l.holder, l.expires_at, l.released_at, l.role, l.secret
+      INTO cur_token, cur_holder, cur_expiry, cur_released, cur_role, cur_secret
       FROM pglease.leases AS l WHERE l.name = assert_held.name FOR KEY SHARE;
     -- The clock is read after the lock is held.
     t := clock_timestamp();
@@ -1000,17 +1340,28 @@ BEGIN
                             assert_held.name);
     END IF;
 
-    -- The marker, taken only once the token is found valid (a session is
-    -- never ended for a check that fails). A try, so that nobody can make
-    -- checks wait by holding the key exclusively: then this transaction
-    -- is not marked, and an acquisition after the lease has ended cannot
-    -- end it (it reports the lease pinned instead).
-    IF NOT pg_try_advisory_xact_lock_shared(1886152293, cur_id) THEN
-        RAISE WARNING USING MESSAGE = format(
-            'pglease: lease %L: advisory lock (1886152293, %s) is held exclusively by another '
-            'session, so this transaction is not marked as fenced, and an acquisition after '
-            'the lease ends cannot end it; that key space (0x706c6665) is pglease''s',
-            assert_held.name, cur_id);
+    -- Only the role that acquired the lease, its members and
+    -- administrators act under its token (see AUTHORITY at the top).
+    IF NOT (cur_role = session_user OR pglease._may_act(cur_role)) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('pglease: role %I may not write under lease %L: it was acquired '
+                             'by role %I, and only that role, its members and pglease '
+                             'administrators may act under its token', session_user,
+                             assert_held.name, cur_role);
+    END IF;
+
+    -- The marker (see TAKEOVER at acquire), taken only once the token is
+    -- found valid (a session is never ended for a check that fails).
+    -- Nobody without the lease's secret can hold it first; should the try
+    -- fail all the same, the check fails rather than leave this
+    -- transaction unmarked (a frozen unmarked holder would pin the lease).
+    IF NOT pg_try_advisory_xact_lock_shared(
+               pglease._marker(cur_secret, pg_current_xact_id()::xid)) THEN
+        RAISE EXCEPTION USING ERRCODE = '55P03',
+            MESSAGE = format('pglease: lease %L: this transaction''s fenced marker is held '
+                             'exclusively by another session (%s)', assert_held.name,
+                             pglease._key_holders(pglease._marker(cur_secret,
+                                                                  pg_current_xact_id()::xid)));
     END IF;
 
     -- Record the declaration for the rest of the transaction (protected
@@ -1032,16 +1383,16 @@ COMMENT ON FUNCTION pglease.assert_held(text, bigint) IS
 
 
 -- Which sessions are fenced on which lease right now (the marker taken by
--- assert_held). Without an index on id the join reads the whole leases
--- table: a tenth of a second or so for a million leases, acceptable for a
--- view that people, not the functions, query.
+-- assert_held). It computes a marker per lease and transaction holding a
+-- 64-bit advisory lock: about a microsecond each, so a second or so for
+-- a million leases and one such transaction. A view for people; the
+-- functions look a lease's sessions up by its secret.
 CREATE VIEW pglease.fenced AS
-SELECT l.name, k.pid
-  FROM pg_locks AS k
-  JOIN pglease.leases AS l ON k.objid = l.id::oid
- WHERE k.locktype = 'advisory'
-   AND k.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
-   AND k.classid = 1886152293 AND k.objsubid = 2 AND k.granted;
+SELECT l.name, f.pid
+  FROM pglease.leases AS l
+ CROSS JOIN LATERAL pglease._fenced_pids(l.secret) AS f(pid)
+ WHERE l.token > 0
+   AND EXISTS (SELECT 1 FROM pg_locks AS a WHERE a.locktype = 'advisory' AND a.objsubid = 1);
 
 COMMENT ON VIEW pglease.fenced IS
     'Sessions (pid) with an open transaction fenced on each lease (pglease.assert_held). '
@@ -1077,19 +1428,32 @@ COMMENT ON VIEW pglease.fenced IS
 -- partitions and inheritance children are refused.
 --
 -- protect and unprotect require ownership of the table (or the privileges
--- of its owning role), not only the TRIGGER privilege: a role granted
--- TRIGGER (GRANT ALL includes it) could otherwise point a table's fence at
--- a lease it controls.
+-- of its owning role), not only the TRIGGER privilege. The lease a table
+-- is protected by is bound in pglease._protected, which only protect and
+-- unprotect write; the guard reads it there and ignores its trigger's
+-- arguments, so a role granted TRIGGER (GRANT ALL includes it) cannot
+-- point a table's fence at a lease it controls by replacing the trigger.
+-- It can still replace or add triggers that PostgreSQL lets it: the view
+-- pglease.protected says whether both guard triggers are intact, and
+-- `pglease doctor` names the roles that hold TRIGGER on protected tables
+-- (grant them SELECT, INSERT, UPDATE, DELETE only).
 
 CREATE FUNCTION pglease._guard()
 RETURNS trigger
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    lease    text := TG_ARGV[0];
+    lease    text;
     declared text;
 BEGIN
+    SELECT p.name INTO lease FROM pglease._protected AS p WHERE p.tbl = TG_RELID;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('pglease: %s on %s rejected: the table has pglease''s guard '
+                             'trigger but was not protected with pglease.protect',
+                             TG_OP, TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME);
+    END IF;
     declared := nullif(current_setting('pglease.declared', true), '')::jsonb ->> lease;
     IF declared IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'LE002',
@@ -1136,6 +1500,36 @@ BEGIN
 END
 $$;
 
+-- Binds table TBL to lease NAME (NULL: unbinds it; returns whether it
+-- was bound). SECURITY DEFINER to write the binding, so it checks again,
+-- by the session's login role, that the caller may alter the table.
+CREATE FUNCTION pglease._bind(tbl regclass, name text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner oid;
+BEGIN
+    SELECT c.relowner INTO owner FROM pg_class AS c WHERE c.oid = _bind.tbl;
+    IF owner IS NULL OR NOT pg_has_role(session_user, owner, 'MEMBER') THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('pglease: must be the owner of table %s to protect or unprotect it',
+                             _bind.tbl);
+    END IF;
+    IF _bind.name IS NULL THEN
+        DELETE FROM pglease._protected AS p WHERE p.tbl = _bind.tbl;
+        RETURN FOUND;
+    END IF;
+    INSERT INTO pglease._protected AS p (tbl, name, protected_by, protected_at)
+    VALUES (_bind.tbl, _bind.name, session_user, clock_timestamp())
+    ON CONFLICT ON CONSTRAINT _protected_pkey DO UPDATE
+        SET name = excluded.name, protected_by = excluded.protected_by,
+            protected_at = excluded.protected_at;
+    RETURN true;
+END
+$$;
+
 CREATE FUNCTION pglease.protect(tbl regclass, name text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -1156,9 +1550,10 @@ BEGIN
                              'which protect does not cover', tbl);
     END IF;
     EXECUTE format('CREATE OR REPLACE TRIGGER pglease_protect BEFORE INSERT OR UPDATE OR DELETE ON %s '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION pglease._guard(%L)', tbl, protect.name);
+                   'FOR EACH STATEMENT EXECUTE FUNCTION pglease._guard()', tbl);
     EXECUTE format('CREATE OR REPLACE TRIGGER pglease_protect_truncate BEFORE TRUNCATE ON %s '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION pglease._guard(%L)', tbl, protect.name);
+                   'FOR EACH STATEMENT EXECUTE FUNCTION pglease._guard()', tbl);
+    PERFORM pglease._bind(tbl, protect.name);
 END
 $$;
 
@@ -1179,7 +1574,7 @@ BEGIN
                     WHERE t.tgrelid = tbl AND t.tgname = 'pglease_protect');
     EXECUTE format('DROP TRIGGER IF EXISTS pglease_protect ON %s', tbl);
     EXECUTE format('DROP TRIGGER IF EXISTS pglease_protect_truncate ON %s', tbl);
-    RETURN was;
+    RETURN pglease._bind(tbl, NULL) OR was;
 END
 $$;
 
@@ -1187,15 +1582,26 @@ COMMENT ON FUNCTION pglease.unprotect(regclass) IS
     'Remove the protection pglease.protect put on table TBL. Returns whether '
     'it was protected.';
 
--- Which tables are protected, by which lease (see pglease.protect).
+-- Which tables are protected, by which lease (see pglease.protect), and
+-- whether both guard triggers are as protect made them: BEFORE, for each
+-- statement, pglease._guard, enabled, no WHEN clause, no column list
+-- (tgtype 30: INSERT, DELETE, UPDATE; 34: TRUNCATE).
 CREATE VIEW pglease.protected AS
-SELECT t.tgrelid::regclass AS tbl,
-       -- tgargs holds the one trigger argument followed by a NUL byte.
-       convert_from(substring(t.tgargs FROM 1 FOR octet_length(t.tgargs) - 1), 'UTF8') AS name
-  FROM pg_trigger AS t
- WHERE t.tgname = 'pglease_protect';
+SELECT p.tbl::regclass AS tbl, p.name,
+       (SELECT count(*) FROM pg_trigger AS t
+         WHERE t.tgrelid = p.tbl
+           AND ((t.tgname = 'pglease_protect' AND t.tgtype = 30)
+                OR (t.tgname = 'pglease_protect_truncate' AND t.tgtype = 34))
+           AND t.tgfoid = 'pglease._guard()'::regprocedure
+           AND t.tgenabled IN ('O', 'A') AND t.tgqual IS NULL AND t.tgattr = ''::int2vector)
+           = 2 AS intact,
+       p.protected_by, p.protected_at
+  FROM pglease._protected AS p
+  JOIN pg_class AS c ON c.oid = p.tbl;
 
-COMMENT ON VIEW pglease.protected IS 'Tables protected by pglease.protect, with their lease.';
+COMMENT ON VIEW pglease.protected IS
+    'Tables protected by pglease.protect, with their lease; intact is false when a guard '
+    'trigger was dropped, disabled or replaced (then the table is not protected).';
 
 ------------------------------------------------------------------------
 -- advance(resource, token): separate-resource fencing.
@@ -1217,6 +1623,16 @@ BEGIN
     IF advance.token <= 0 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'token',
             MESSAGE = format('pglease: token must be positive, got %s', advance.token);
+    END IF;
+
+    -- A token never issued would raise the mark above every real one.
+    IF advance.token > (SELECT CASE WHEN q.is_called THEN q.last_value ELSE 0 END
+                          FROM pglease.fence_seq AS q) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'token',
+            MESSAGE = format('pglease: token %s has never been issued (the latest token issued '
+                             'is %s)', advance.token,
+                             (SELECT CASE WHEN q.is_called THEN q.last_value ELSE 0 END
+                                FROM pglease.fence_seq AS q));
     END IF;
 
     -- Read-only answers when nothing would change.
@@ -1245,7 +1661,8 @@ $$;
 
 COMMENT ON FUNCTION pglease.advance(text, bigint) IS
     'Separate-resource fencing: accept TOKEN for RESOURCE iff it is >= the highest '
-    'token accepted so far, and record it. Returns true if accepted.';
+    'token accepted so far, and record it. Returns true if accepted; a token never '
+    'issued is an error (22023).';
 
 -- =====================================================================
 -- A VALUE PER LEASE
@@ -1287,12 +1704,19 @@ BEGIN
 
     UPDATE pglease.leases AS l
        SET value = proclaim.value,
-           value_token = proclaim.token
+           value_token = proclaim.token,
+           value_changes = CASE WHEN l.value_token = proclaim.token
+                                THEN l.value_changes + 1 ELSE 1 END
      WHERE l.name = proclaim.name
        AND l.token = proclaim.token
        AND l.holder IS NOT NULL
-       AND clock_timestamp() < l.expires_at;
-    RETURN FOUND; -- false: stale token, released, expired or unknown
+       AND clock_timestamp() < l.expires_at
+       AND (l.role = session_user OR pglease._may_act(l.role));
+    IF NOT FOUND THEN
+        PERFORM pglease._refuse_foreign(proclaim.name, proclaim.token, 'publish a value under');
+        RETURN false; -- stale token, released, expired or unknown
+    END IF;
+    RETURN true;
 END
 $$;
 
@@ -1329,20 +1753,19 @@ COMMENT ON FUNCTION pglease.proclaim(text, bigint, text) IS
 -- table (with the history, below). It tries the lock first and builds a
 -- payload only for an observed name.
 --
--- PAYLOAD. Text, fields separated by one space, the name's length counted
--- in characters so that any name can follow:
---   a <token> <name chars> <name><expires_at, epoch microseconds> <holder>
---   r <token> <name chars> <name>      (also when force_release moved the
---                                        fence: the old token)
---   v <token> <name chars> <name><flag> <value>
---       flag '=': the value follows; '-': cleared (NULL); '*': too long
---       for a notification (over 7,000 bytes): read it from pglease.status
---   s <token> <name chars> <name><requested by>
+-- NOTIFICATIONS ARE HINTS. Anyone who can connect may LISTEN on
+-- pglease_change and pglease_release, and NOTIFY on them. So the payload
+-- of both is only the name's watch key, hashtext(name), in decimal: no
+-- token, holder or value, and not the name. A listener that observes or
+-- waits for NAME reads the lease through pglease when it hears its key,
+-- and believes only what it reads; a forged notification costs it one
+-- read. An eavesdropper learns when some lease whose key it hears
+-- changed, and can confirm a guessed name against a key.
 --
--- STEP-DOWN. Anyone may ask the holder of a lease to step down
--- (pglease.request_step_down); the request belongs to the acquisition it
--- was made in (step_down_token), like a value, so the next acquisition
--- starts without one. It changes nothing else: a holder that ignores it
+-- STEP-DOWN. Anyone who may acquire a name may ask its holder to step
+-- down (pglease.request_step_down); the request belongs to the
+-- acquisition it was made in (step_down_token), like a value, so the next
+-- acquisition starts without one, and only its first request counts. It changes nothing else: a holder that ignores it
 -- keeps its lease. The status view shows it while that acquisition holds.
 -- =====================================================================
 
@@ -1350,14 +1773,33 @@ COMMENT ON FUNCTION pglease.proclaim(text, bigint, text) IS
 -- observe(name) / unobserve(name): be notified of a lease's changes.
 ------------------------------------------------------------------------
 
+-- The shared lock waits for a change that is committing (milliseconds),
+-- polling, for at most 2 s: anyone can hold the key exclusively, and then
+-- observe answers false with a WARNING naming who holds it (the changes
+-- of NAME are notified while they do, but not after, so the caller reads
+-- the lease instead).
 CREATE FUNCTION pglease.observe(name text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    key     integer := pglease._watch_key(observe.name);
+    give_up timestamptz := clock_timestamp() + interval '2 seconds';
 BEGIN
-    PERFORM pg_advisory_lock_shared(1886154594, pglease._watch_key(observe.name));
-    RETURN true;
+    LOOP
+        IF pg_try_advisory_lock_shared(1886154594, key) THEN
+            RETURN true;
+        END IF;
+        IF clock_timestamp() >= give_up THEN
+            RAISE WARNING USING MESSAGE = format(
+                'pglease: cannot observe lease %L: its observer key (1886154594, %s) has been '
+                'held exclusively for 2 s by %s, not by pglease; read the lease instead',
+                observe.name, key, pglease._key_holders(1886154594, key));
+            RETURN false;
+        END IF;
+        PERFORM pg_sleep(0.002);
+    END LOOP;
 END
 $$;
 
@@ -1366,7 +1808,8 @@ COMMENT ON FUNCTION pglease.observe(text) IS
     'change of lease NAME committed by anyone is notified there (see the payload '
     'format in the pglease documentation). Waits for a change of NAME that is '
     'committing, so a read made after it returns sees every change not notified. '
-    'Lasts until unobserve(NAME) or the end of the session; calls nest.';
+    'Lasts until unobserve(NAME) or the end of the session; calls nest. Returns false '
+    'after 2 s if another session holds its key exclusively (a WARNING says who).';
 
 CREATE FUNCTION pglease.unobserve(name text)
 RETURNS boolean
@@ -1397,6 +1840,11 @@ BEGIN
         checked := pglease._check_text('name', request_step_down.name);
         checked := pglease._check_text('requested_by', request_step_down.requested_by);
     END IF;
+    IF NOT pglease._may_use_name(request_step_down.name) THEN
+        PERFORM pglease._refuse_name(request_step_down.name, 'ask the holder of');
+    END IF;
+    -- The first request of a term is recorded; later ones change nothing
+    -- (one history row per term, whoever asks how often).
     UPDATE pglease.leases AS l
        SET step_down_token = l.token,
            step_down_by = request_step_down.requested_by,
@@ -1404,7 +1852,13 @@ BEGIN
      WHERE l.name = request_step_down.name
        AND l.holder IS NOT NULL
        AND clock_timestamp() < l.expires_at
+       AND l.step_down_token IS DISTINCT FROM l.token
     RETURNING l.token INTO asked;
+    IF asked IS NULL THEN
+        SELECT l.token INTO asked FROM pglease.leases AS l
+         WHERE l.name = request_step_down.name
+           AND l.holder IS NOT NULL AND clock_timestamp() < l.expires_at;
+    END IF;
     RETURN asked; -- NULL: nobody holds the lease
 END
 $$;
@@ -1412,8 +1866,9 @@ $$;
 COMMENT ON FUNCTION pglease.request_step_down(text, text) IS
     'Ask the current holder of lease NAME to step down (release it), on behalf of '
     'REQUESTED_BY; shown in pglease.status and notified to observers. Changes nothing '
-    'else: a holder that ignores it keeps the lease. Returns the token of the '
-    'acquisition asked, or NULL if nobody holds the lease.';
+    'else: a holder that ignores it keeps the lease. Only the first request of a term '
+    'is recorded. Returns the token of the acquisition asked, or NULL if nobody holds '
+    'the lease.';
 
 -- =====================================================================
 -- THE HISTORY, AND A BREAK-GLASS RELEASE THAT FENCES
@@ -1433,11 +1888,18 @@ COMMENT ON FUNCTION pglease.request_step_down(text, text) IS
 -- notifies observers. Renewals fire only the counting trigger
 -- (pglease_count_renewal, BEFORE UPDATE OF renewed_at).
 --
--- RETENTION. Rows older than pglease.history_retention (a setting:
--- ALTER DATABASE ... SET pglease.history_retention = '7 days'; default 30
--- days; '0' records nothing) are deleted by the transitions themselves, no
--- daemon: one in 128 looks at the 1,000 oldest rows and deletes those
--- past the retention.
+-- ROLES. Each row names the login role whose call recorded it (role).
+--
+-- RETENTION AND BOUNDS. Rows older than the retention (default 30 days;
+-- '0' records nothing), and the oldest beyond max_rows (default
+-- 1,000,000), are deleted by the transitions themselves, no daemon: one
+-- in 128 looks at the 1,000 oldest rows and deletes those. Both are set
+-- by an administrator (pglease.set_history), in a table: no session can
+-- turn the history off or purge it by a setting of its own. What one
+-- term can add is bounded: acquired, released or expired, evicted or
+-- force_released, one step-down request, and the first 16 values (each
+-- its first 1,000 characters); so the history holds at most about
+-- max_rows rows of at most about 1 KB of detail each.
 --
 -- COST. Recording is two inserts per acquire+release cycle (docs/
 -- benchmark.md has the figures). A lease that changes hands thousands of
@@ -1455,7 +1917,7 @@ COMMENT ON FUNCTION pglease.request_step_down(text, text) IS
 -- =====================================================================
 
 CREATE VIEW pglease.history AS
-SELECT h.id, h.name, h.token, h.event, h.holder, h.at, h.renewals, h.detail
+SELECT h.id, h.name, h.token, h.event, h.holder, h.at, h.renewals, h.detail, h.role
   FROM pglease._history AS h;
 
 COMMENT ON VIEW pglease.history IS
@@ -1463,8 +1925,9 @@ COMMENT ON VIEW pglease.history IS
     '(recorded at the next acquisition, at the time it expired), evicted (sessions still '
     'fenced under the old token were ended; detail: their process ids), force_released '
     '(detail: the reason), value (detail: the value), step_down_requested (detail: by whom); '
-    'renewals is the term''s renewal count on the row that ends it. Kept for '
-    'pglease.history_retention (default 30 days).';
+    'renewals is the term''s renewal count on the row that ends it; role is the login '
+    'role whose call recorded it. Kept as pglease.history_settings says (default 30 '
+    'days, 1000000 rows).';
 
 -- Counts a term's renewals; a new acquisition starts from zero. Like the
 -- trigger pglease_changed, no SET clause (only built-ins, pg_catalog
@@ -1491,35 +1954,60 @@ FOR EACH ROW
 WHEN (OLD.renewed_at IS DISTINCT FROM NEW.renewed_at OR OLD.token IS DISTINCT FROM NEW.token)
 EXECUTE FUNCTION pglease._count_renewal();
 
--- pglease.history_retention as an interval: 30 days when unset, and when
--- it is not an interval (a typo must not stop leases from changing hands:
--- it is reported as a WARNING instead).
+-- The history's retention and its row bound, as an administrator set
+-- them (pglease.set_history).
 CREATE FUNCTION pglease._history_retention()
 RETURNS interval
-LANGUAGE plpgsql STABLE
+LANGUAGE sql STABLE
+AS $$ SELECT c.retention FROM pglease._history_config AS c $$;
+
+REVOKE ALL ON FUNCTION pglease._history_retention() FROM PUBLIC;
+
+CREATE FUNCTION pglease.set_history(retention interval, max_rows bigint DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    setting text := nullif(current_setting('pglease.history_retention', true), '');
 BEGIN
-    IF setting IS NULL THEN
-        RETURN interval '30 days';
+    IF NOT pglease.is_admin() THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('pglease: role %I may not change the history''s settings: '
+                             'pglease administrators only', session_user);
     END IF;
-    BEGIN
-        RETURN setting::interval;
-    EXCEPTION WHEN OTHERS THEN
-        RAISE WARNING USING MESSAGE = format(
-            'pglease: pglease.history_retention = %L is not an interval; keeping 30 days', setting);
-        RETURN interval '30 days';
-    END;
+    IF set_history.retention IS NULL OR set_history.retention < interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'retention',
+            MESSAGE = format('pglease: retention must be an interval of zero or more, got %s',
+                             coalesce(set_history.retention::text, 'NULL'));
+    END IF;
+    IF set_history.max_rows IS NOT NULL AND set_history.max_rows < 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'max_rows',
+            MESSAGE = format('pglease: max_rows must be at least 1000, got %s',
+                             set_history.max_rows);
+    END IF;
+    UPDATE pglease._history_config AS c
+       SET retention = set_history.retention,
+           max_rows = coalesce(set_history.max_rows, c.max_rows);
 END
 $$;
+
+COMMENT ON FUNCTION pglease.set_history(interval, bigint) IS
+    'Administrators only: keep history rows for RETENTION (''0'' records nothing; default '
+    '30 days) and at most about MAX_ROWS of them (default 1000000; NULL keeps it).';
+
+CREATE VIEW pglease.history_settings AS
+SELECT c.retention, c.max_rows FROM pglease._history_config AS c;
+
+COMMENT ON VIEW pglease.history_settings IS
+    'The history''s retention and row bound (set by pglease.set_history).';
 
 -- The one trigger for a change of a lease (its WHEN clause lets renewals
 -- through without a call): it notifies observers, if any observe the
 -- name, and records the history, unless the retention is '0'. Like the
 -- input helpers it uses only built-in functions (pg_catalog is always
 -- searched first) and carries no SET clause, whose save and restore of
--- search_path on every call would be most of its cost.
+-- search_path on every call would be most of its cost. It takes nothing
+-- from settings a session can SET but the lock counter (which only
+-- makes that session notify more).
 CREATE FUNCTION pglease._changed()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE
@@ -1527,98 +2015,64 @@ AS $$
 DECLARE
     locks     integer;
     checked   text;
-    head      text;
     new_id    bigint;
-    evicted   text;
-    retention interval := pglease._history_retention();
+    config    record;
 BEGIN
     -- Observers. Nobody observes if the try succeeds: keep the lock until
     -- commit (so that a new observer waits for this change to commit) and
-    -- send nothing.
+    -- send nothing. The payload is a hint (see NOTIFICATIONS).
     locks := coalesce(nullif(current_setting('pglease.change_locks', true), ''), '0')::integer;
-    IF locks < 32 AND pg_try_advisory_xact_lock(1886154594, hashtext(NEW.name)) THEN
+    IF locks >= 0 AND locks < 32 AND pg_try_advisory_xact_lock(1886154594, hashtext(NEW.name)) THEN
         checked := set_config('pglease.change_locks', (locks + 1)::text, true);
     ELSE
-        head := format('%s %s %s', NEW.token, char_length(NEW.name), NEW.name);
-        IF NEW.token IS DISTINCT FROM OLD.token AND NEW.holder IS NULL THEN
-            -- The fence moved with nobody holding (force_release): the
-            -- old token's term is over, as if released.
-            PERFORM pg_notify('pglease_change',
-                              format('r %s %s %s', OLD.token, char_length(NEW.name), NEW.name));
-        ELSIF NEW.token IS DISTINCT FROM OLD.token THEN
-            PERFORM pg_notify('pglease_change',
-                              format('a %s%s %s', head,
-                                     (extract(epoch FROM NEW.expires_at) * 1000000)::bigint,
-                                     NEW.holder));
-        ELSIF NEW.holder IS NULL AND OLD.holder IS NOT NULL THEN
-            PERFORM pg_notify('pglease_change', format('r %s', head));
-        END IF;
-        IF (NEW.value_token IS DISTINCT FROM OLD.value_token
-            OR NEW.value IS DISTINCT FROM OLD.value) AND NEW.value_token = NEW.token THEN
-            PERFORM pg_notify('pglease_change', CASE
-                WHEN NEW.value IS NULL THEN format('v %s- ', head)
-                WHEN octet_length(NEW.value) > 7000 THEN format('v %s* ', head)
-                ELSE format('v %s= %s', head, NEW.value) END);
-        END IF;
-        IF NEW.step_down_at IS DISTINCT FROM OLD.step_down_at
-           AND NEW.step_down_token = NEW.token THEN
-            PERFORM pg_notify('pglease_change', format('s %s%s', head, NEW.step_down_by));
-        END IF;
+        PERFORM pg_notify('pglease_change', hashtext(NEW.name)::text);
     END IF;
 
     -- The history.
-    IF retention <= interval '0' THEN
+    SELECT c.retention, c.max_rows INTO config FROM pglease._history_config AS c;
+    IF config.retention <= interval '0' THEN
         RETURN NULL; -- history off
     END IF;
     IF NEW.token IS DISTINCT FROM OLD.token THEN
-        -- The term before ended without a release: it expired, or an
-        -- administrator moved the fence (force_release, which says why).
-        IF OLD.holder IS NOT NULL AND OLD.token > 0 THEN
-            IF NEW.holder IS NULL THEN
-                INSERT INTO pglease._history (name, token, event, holder, at, renewals, detail)
-                VALUES (NEW.name, OLD.token, 'force_released', OLD.holder, clock_timestamp(),
-                        OLD.renewals, nullif(current_setting('pglease.reason', true), ''));
-            ELSE
-                INSERT INTO pglease._history (name, token, event, holder, at, renewals)
-                VALUES (NEW.name, OLD.token, 'expired', OLD.holder, OLD.expires_at, OLD.renewals);
-            END IF;
-        END IF;
-        -- Sessions fenced under the old token that this transaction ended
-        -- (set by _end_fenced, see acquire), however the term ended.
-        evicted := current_setting('pglease.evicted', true);
-        IF split_part(evicted, ':', 1) = NEW.id::text THEN
-            INSERT INTO pglease._history (name, token, event, holder, at, detail)
-            VALUES (NEW.name, OLD.token, 'evicted', OLD.holder, clock_timestamp(),
-                    'ended sessions ' || split_part(evicted, ':', 2));
-            PERFORM set_config('pglease.evicted', '', true);
+        -- The term before ended without a release: it expired (a force
+        -- release records itself, with its reason).
+        IF OLD.holder IS NOT NULL AND OLD.token > 0 AND NEW.holder IS NOT NULL THEN
+            INSERT INTO pglease._history (name, token, event, holder, at, renewals, role)
+            VALUES (NEW.name, OLD.token, 'expired', OLD.holder, OLD.expires_at, OLD.renewals,
+                    session_user);
         END IF;
         IF NEW.holder IS NOT NULL THEN
-            INSERT INTO pglease._history (name, token, event, holder, at)
-            VALUES (NEW.name, NEW.token, 'acquired', NEW.holder, NEW.acquired_at)
+            INSERT INTO pglease._history (name, token, event, holder, at, role)
+            VALUES (NEW.name, NEW.token, 'acquired', NEW.holder, NEW.acquired_at, session_user)
             RETURNING _history.id INTO new_id;
         END IF;
     ELSIF NEW.holder IS NULL AND OLD.holder IS NOT NULL THEN
-        INSERT INTO pglease._history (name, token, event, holder, at, renewals)
-        VALUES (NEW.name, NEW.token, 'released', OLD.holder, NEW.released_at, NEW.renewals)
+        INSERT INTO pglease._history (name, token, event, holder, at, renewals, role)
+        VALUES (NEW.name, NEW.token, 'released', OLD.holder, NEW.released_at, NEW.renewals,
+                session_user)
         RETURNING _history.id INTO new_id;
     END IF;
+    -- Values: the first 16 changes of a term, the first 1,000 characters.
     IF (NEW.value_token IS DISTINCT FROM OLD.value_token
-        OR NEW.value IS DISTINCT FROM OLD.value) AND NEW.value_token = NEW.token THEN
-        INSERT INTO pglease._history (name, token, event, holder, at, detail)
-        VALUES (NEW.name, NEW.token, 'value', NEW.holder, clock_timestamp(), NEW.value);
+        OR NEW.value IS DISTINCT FROM OLD.value) AND NEW.value_token = NEW.token
+       AND NEW.value_changes <= 16 THEN
+        INSERT INTO pglease._history (name, token, event, holder, at, detail, role)
+        VALUES (NEW.name, NEW.token, 'value', NEW.holder, clock_timestamp(),
+                left(NEW.value, 1000), session_user);
     END IF;
     IF NEW.step_down_at IS DISTINCT FROM OLD.step_down_at AND NEW.step_down_token = NEW.token THEN
-        INSERT INTO pglease._history (name, token, event, holder, at, detail)
+        INSERT INTO pglease._history (name, token, event, holder, at, detail, role)
         VALUES (NEW.name, NEW.token, 'step_down_requested', NEW.holder, NEW.step_down_at,
-                NEW.step_down_by);
+                NEW.step_down_by, session_user);
     END IF;
     -- Retention, now and then.
     IF new_id % 128 = 0 THEN
-        -- The oldest rows by id (rows are recorded in about the order of
-        -- their times), through the primary key: no index on time to keep.
+        -- Among the 1,000 oldest rows (by id, through the primary key: no
+        -- index on time to keep), those past the retention or beyond the
+        -- row bound.
         DELETE FROM pglease._history AS h
          WHERE h.id IN (SELECT o.id FROM pglease._history AS o ORDER BY o.id LIMIT 1000)
-           AND h.at < clock_timestamp() - retention;
+           AND (h.at < clock_timestamp() - config.retention OR h.id <= new_id - config.max_rows);
     END IF;
     RETURN NULL;
 END
@@ -1651,7 +2105,6 @@ DECLARE
     cur_token  bigint;
     cur_holder text;
     cur_expiry timestamptz;
-    cur_id     integer;
     note       text;
 BEGIN
     IF NOT coalesce(octet_length(force_release.name) BETWEEN 1 AND pglease._max_text_bytes()
@@ -1667,12 +2120,18 @@ BEGIN
                                  octet_length(force_release.reason));
         END IF;
     END IF;
+    IF NOT pglease.is_admin() THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('pglease: role %I may not force the release of lease %L: pglease '
+                             'administrators only (GRANT pglease_admin TO %I)', session_user,
+                             force_release.name, session_user);
+    END IF;
     LOOP
         -- FOR UPDATE: the fence (a key) moves. The holder's fenced
         -- transactions hold FOR KEY SHARE, which this waits for: they are
         -- ended below, since the token they declared is the one to end.
-        SELECT l.token, l.holder, l.expires_at, l.id
-          INTO cur_token, cur_holder, cur_expiry, cur_id
+        SELECT l.token, l.holder, l.expires_at
+          INTO cur_token, cur_holder, cur_expiry
           FROM pglease.leases AS l WHERE l.name = force_release.name FOR UPDATE SKIP LOCKED;
         IF FOUND THEN
             IF cur_holder IS NULL OR clock_timestamp() >= cur_expiry THEN
@@ -1681,25 +2140,30 @@ BEGIN
             IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
                 PERFORM set_config('synchronous_commit', 'on', true);
             END IF;
-            PERFORM set_config('pglease.reason', force_release.reason, true);
+            IF pglease._history_retention() > interval '0' THEN
+                INSERT INTO pglease._history (name, token, event, holder, at, renewals, detail,
+                                              role)
+                SELECT l.name, l.token, 'force_released', l.holder, clock_timestamp(), l.renewals,
+                       force_release.reason, session_user
+                  FROM pglease.leases AS l WHERE l.name = force_release.name;
+            END IF;
             UPDATE pglease.leases AS l
                SET token = nextval('pglease.fence_seq'),
                    holder = NULL,
                    expires_at = clock_timestamp(),
                    released_at = clock_timestamp()
              WHERE l.name = force_release.name;
-            PERFORM set_config('pglease.reason', '', true);
             -- Wake waiting acquirers at commit, as a release does (rare
             -- enough to notify whether or not anyone watches).
-            PERFORM pg_notify('pglease_release', force_release.name);
+            PERFORM pg_notify('pglease_release', hashtext(force_release.name)::text);
             RETURN cur_token;
         END IF;
-        SELECT l.holder, l.expires_at, l.id INTO cur_holder, cur_expiry, cur_id
+        SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
           FROM pglease.leases AS l WHERE l.name = force_release.name;
         IF NOT FOUND OR cur_holder IS NULL OR clock_timestamp() >= cur_expiry THEN
             RETURN NULL;
         END IF;
-        note := pglease._end_fenced(force_release.name, cur_id);
+        note := pglease._end_fenced(force_release.name);
         IF note IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = '55P03',
                 MESSAGE = format('pglease: cannot force lease %L: %s', force_release.name, note);
@@ -1718,8 +2182,19 @@ $$;
 
 REVOKE ALL ON FUNCTION pglease.force_release(text, text) FROM PUBLIC;
 
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pglease_admin') THEN
+        GRANT USAGE ON SCHEMA pglease TO pglease_admin;
+        GRANT EXECUTE ON FUNCTION pglease.force_release(text, text) TO pglease_admin;
+        GRANT SELECT ON pglease.status, pglease.history, pglease.fenced, pglease.protected,
+                        pglease.history_settings, pglease.name_grants TO pglease_admin;
+    END IF;
+END
+$$;
+
 COMMENT ON FUNCTION pglease.force_release(text, text) IS
-    'Administrators only (not granted to PUBLIC): end lease NAME at once and move its '
+    'Administrators only (pglease.is_admin()): end lease NAME at once and move its '
     'fence, so that the holder''s token is stale from now on (its renewal fails, its '
     'fenced writes are rejected, its release is ignored), ending its open fenced '
     'transactions; recorded in pglease.history with REASON. Returns the token ended, or '
@@ -1794,3 +2269,107 @@ COMMENT ON FUNCTION pglease.acquire_counted(text, integer, text, interval) IS
     '(token, expires_at, holder, checked_at, note, slot_name); token is NULL when every '
     'slot is held, and then the row describes the slot that expires first. Use the slot''s '
     'name with the token for renew, release and assert_held.';
+
+-- =====================================================================
+-- THE SECURITY POSTURE, FOR `pglease doctor`
+-- =====================================================================
+
+-- One row per finding: level ('ok', 'warn' or 'info'), topic, and a
+-- sentence. SECURITY DEFINER, to read the bindings and grants; it shows
+-- nothing a role with USAGE on the schema could not learn from the
+-- catalogs, but the names of protected tables' leases and name grants.
+CREATE FUNCTION pglease.audit()
+RETURNS TABLE (level text, topic text, message text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r record;
+    n bigint;
+BEGIN
+    -- Who may call the functions at all: USAGE on the schema.
+    IF has_schema_privilege('public', 'pglease', 'USAGE') THEN
+        RETURN QUERY SELECT 'warn', 'schema',
+            'PUBLIC has USAGE on schema pglease: every role that can connect may take leases; '
+            'REVOKE USAGE ON SCHEMA pglease FROM PUBLIC and grant it to the application roles';
+    END IF;
+    SELECT string_agg(quote_ident(a.rolname), ', ' ORDER BY a.rolname), count(*) INTO r
+      FROM pg_roles AS a
+     WHERE NOT a.rolsuper AND a.rolname !~ '^pg_'
+       AND has_schema_privilege(a.oid, 'pglease', 'USAGE')
+       AND NOT pg_has_role(a.oid, current_user, 'MEMBER');
+    RETURN QUERY SELECT 'info', 'schema',
+        format('roles that may use pglease (USAGE on the schema): %s', coalesce(r.string_agg, 'none but its owner'));
+    -- Administrators.
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pglease_admin') THEN
+        SELECT string_agg(quote_ident(m.rolname), ', ' ORDER BY m.rolname) INTO r
+          FROM pg_auth_members AS am
+          JOIN pg_roles AS g ON g.oid = am.roleid AND g.rolname = 'pglease_admin'
+          JOIN pg_roles AS m ON m.oid = am.member;
+        RETURN QUERY SELECT 'info', 'administrators',
+            format('pglease administrators: superusers, members of %I (the owner), and members '
+                   'of pglease_admin: %s', current_user, coalesce(r.string_agg, 'none'));
+    ELSE
+        RETURN QUERY SELECT 'warn', 'administrators',
+            format('role pglease_admin does not exist: only superusers and members of %I are '
+                   'pglease administrators (CREATE ROLE pglease_admin NOLOGIN, then migrate again)',
+                   current_user);
+    END IF;
+    -- Ending stale fenced sessions.
+    IF pglease.can_end_stale_transactions() THEN
+        RETURN QUERY SELECT 'ok', 'takeover',
+            format('role %I, which owns the functions, may end stale fenced sessions', current_user);
+    ELSE
+        RETURN QUERY SELECT 'warn', 'takeover',
+            format('role %I, which owns the functions, may not end stale fenced sessions: '
+                   'GRANT pg_signal_backend TO %I', current_user, current_user);
+    END IF;
+    -- Name grants.
+    SELECT count(*) INTO n FROM pglease.name_grants;
+    IF n = 0 THEN
+        RETURN QUERY SELECT 'info', 'names',
+            'no names are granted by prefix: every role that may use pglease may acquire any name';
+    ELSE
+        FOR r IN SELECT g.prefix, string_agg(quote_ident(g.role), ', ' ORDER BY g.role) AS roles,
+                        bool_and(EXISTS (SELECT 1 FROM pg_roles AS x WHERE x.rolname = g.role)) AS exist
+                   FROM pglease.name_grants AS g GROUP BY g.prefix ORDER BY g.prefix LOOP
+            RETURN QUERY SELECT CASE WHEN r.exist THEN 'info' ELSE 'warn' END, 'names',
+                format('names under %L: %s%s', r.prefix, r.roles,
+                       CASE WHEN r.exist THEN '' ELSE ' (a granted role no longer exists)' END);
+        END LOOP;
+    END IF;
+    -- Protected tables.
+    FOR r IN SELECT p.tbl, p.name, p.intact FROM pglease.protected AS p ORDER BY p.tbl::text LOOP
+        IF NOT r.intact THEN
+            RETURN QUERY SELECT 'warn', 'protected',
+                format('table %s is NOT protected any more: a guard trigger was dropped, disabled '
+                       'or replaced; its owner should run pglease.protect(%L, %L) again',
+                       r.tbl, r.tbl::text, r.name);
+        END IF;
+        RETURN QUERY
+        SELECT 'warn', 'protected',
+               format('role %I holds TRIGGER on protected table %s and may replace its guard '
+                      'triggers: REVOKE TRIGGER ON %s FROM %I (grant SELECT, INSERT, UPDATE, '
+                      'DELETE only)', g.rolname, r.tbl, r.tbl, g.rolname)
+          FROM pg_class AS c
+         CROSS JOIN LATERAL aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) AS x
+          JOIN pg_roles AS g ON g.oid = x.grantee
+         WHERE c.oid = r.tbl AND x.privilege_type = 'TRIGGER' AND x.grantee <> c.relowner;
+        IF has_table_privilege('public', r.tbl, 'TRIGGER') THEN
+            RETURN QUERY SELECT 'warn', 'protected',
+                format('PUBLIC holds TRIGGER on protected table %s: REVOKE TRIGGER ON %s FROM PUBLIC',
+                       r.tbl, r.tbl);
+        END IF;
+    END LOOP;
+    -- The history.
+    RETURN QUERY SELECT 'info', 'history',
+        format('history kept for %s, at most about %s rows (pglease.set_history)',
+               c.retention, c.max_rows)
+      FROM pglease._history_config AS c;
+END
+$$;
+
+COMMENT ON FUNCTION pglease.audit() IS
+    'The security posture, one finding per row (level ok/warn/info, topic, message): who '
+    'may use the schema, who administers, whether stale fenced sessions can be ended, '
+    'name grants, protected tables (intact, roles holding TRIGGER), the history''s bounds.';

@@ -34,7 +34,7 @@ impl std::fmt::Display for Verdict {
 #[non_exhaustive]
 pub struct Check {
     /// What was checked: `schema`, `primary`, `pooler`, `durability`, `replication`,
-    /// `takeover`, `server_version`.
+    /// `takeover`, `security` (one per finding), `server_version`.
     pub name: &'static str,
     /// How it came out.
     pub verdict: Verdict,
@@ -98,6 +98,11 @@ impl LeaseManager {
     ///   acquisitions and issue their tokens again);
     /// - `takeover`: the functions' owner may end stale fenced sessions
     ///   (the bounded takeover needs it);
+    /// - `security`: the security posture, one check per finding of
+    ///   `pglease.audit()` (who may use the schema, who administers, name
+    ///   grants, protected tables whose guard was replaced or whose
+    ///   TRIGGER privilege is granted, the history's bounds); see
+    ///   docs/design.md, "Roles and grants";
     /// - `server_version`: PostgreSQL 14 or later, where a statement whose
     ///   client has gone is abandoned (`client_connection_check_interval`).
     ///
@@ -174,6 +179,9 @@ impl LeaseManager {
                  prints the GRANT that fixes it",
             )
         });
+        if migrated {
+            checks.extend(self.security_checks().await?);
+        }
         checks.push(if version >= 140_000 {
             Check::new(
                 "server_version",
@@ -194,6 +202,44 @@ impl LeaseManager {
             )
         });
         Ok(Diagnosis { checks })
+    }
+
+    async fn security_checks(&self) -> Result<Vec<Check>> {
+        let rows = match sql::query("SELECT level, topic, message FROM pglease.audit()")
+            .fetch_all(self.pool())
+            .await
+        {
+            Ok(rows) => rows,
+            Err(error) if error.as_database_error().and_then(|e| e.code()).is_some() => {
+                return Ok(vec![Check::new(
+                    "security",
+                    Verdict::Warning,
+                    format!(
+                        "this role may not run pglease.audit() ({}); run doctor as the \
+                         schema's owner or a pglease administrator to see the security posture",
+                        crate::Error::from(error)
+                    ),
+                )]);
+            }
+            Err(error) => return Err(error.into()),
+        };
+        rows.iter()
+            .map(|row| {
+                let level: String = row.try_get("level")?;
+                let topic: String = row.try_get("topic")?;
+                let message: String = row.try_get("message")?;
+                let verdict = if level == "warn" {
+                    Verdict::Warning
+                } else {
+                    Verdict::Ok
+                };
+                Ok(Check::new(
+                    "security",
+                    verdict,
+                    format!("{topic}: {message}"),
+                ))
+            })
+            .collect()
     }
 
     async fn pooler_check(&self) -> Result<Check> {

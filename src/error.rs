@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgDatabaseError;
 
 use crate::limits::Human;
-use crate::sqlstate::{INVALID_INPUT, NOT_DECLARED, NOT_HELD};
+use crate::sqlstate::{INVALID_INPUT, NOT_DECLARED, NOT_HELD, NOT_PERMITTED};
 use crate::token::Token;
 
 /// Why a held lease is no longer to be trusted.
@@ -191,6 +191,16 @@ pub enum Error {
         message: String,
     },
 
+    /// The database refused an operation this session's role may not make
+    /// (SQLSTATE `42501`): acting under a lease another role acquired,
+    /// acquiring a name granted to other roles, or an administrator's
+    /// operation. Nothing was changed.
+    #[error("{message}")]
+    NotPermitted {
+        /// The database's explanation, naming the role and the lease.
+        message: String,
+    },
+
     /// The lease is lost: a renewal found it no longer valid, or a held
     /// lease's local deadline passed without a confirmed renewal. Stop
     /// starting new work under this token; `reason` says what happened.
@@ -331,6 +341,7 @@ impl Error {
         match self {
             Error::NotHeld { .. } => Some(NOT_HELD),
             Error::NotDeclared { .. } => Some(NOT_DECLARED),
+            Error::NotPermitted { .. } => Some(NOT_PERMITTED),
             Error::Database(e) => e
                 .as_database_error()
                 .and_then(|d| d.try_downcast_ref::<PgDatabaseError>())
@@ -348,7 +359,7 @@ impl Error {
 }
 
 /// The arguments the SQL functions name (in the error's COLUMN field).
-const ARGUMENTS: [&str; 13] = [
+const ARGUMENTS: [&str; 17] = [
     "name",
     "holder",
     "ttl",
@@ -362,6 +373,10 @@ const ARGUMENTS: [&str; 13] = [
     "requested_by",
     "reason",
     "slots",
+    "prefix",
+    "role",
+    "retention",
+    "max_rows",
 ];
 
 impl From<sqlx::Error> for Error {
@@ -377,6 +392,9 @@ impl From<sqlx::Error> for Error {
         match db.code() {
             NOT_HELD => not_held(db.detail()),
             NOT_DECLARED => Error::NotDeclared {
+                message: db.message().trim_start_matches("pglease: ").to_owned(),
+            },
+            NOT_PERMITTED if db.message().starts_with("pglease: ") => Error::NotPermitted {
                 message: db.message().trim_start_matches("pglease: ").to_owned(),
             },
             INVALID_INPUT if db.message().starts_with("pglease: ") => {

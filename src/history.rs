@@ -30,9 +30,11 @@ pub enum Event {
     /// An administrator ended it and moved its fence
     /// ([`LeaseManager::force_release`]); the detail is the reason.
     ForceReleased,
-    /// The holder published a value; the detail is the value.
+    /// The holder published a value; the detail is the value (the first
+    /// 16 values of a term are recorded).
     ValueChanged,
-    /// Somebody asked the holder to step down; the detail is who.
+    /// Somebody asked the holder to step down; the detail is who (the
+    /// first request of a term is recorded).
     StepDownRequested,
     /// An event this version does not know (a newer schema).
     Other(String),
@@ -92,8 +94,13 @@ pub struct Transition {
     /// On the row that ends a term (released, expired, force released):
     /// how many times it was renewed.
     pub renewals: Option<u64>,
-    /// The reason, value or requester, by event.
+    /// The reason, value or requester, by event (a value: its first 1,000
+    /// characters).
     pub detail: Option<String>,
+    /// The login role (`session_user`) whose call recorded it: the
+    /// acquirer, the releaser, the administrator who forced it, the
+    /// requester of a step-down.
+    pub role: Option<String>,
 }
 
 impl LeaseManager {
@@ -136,6 +143,7 @@ impl LeaseManager {
                     at: row.try_get("at")?,
                     renewals: renewals.map(|r| r.max(0).unsigned_abs().into()),
                     detail: row.try_get("detail")?,
+                    role: row.try_get("role")?,
                 })
             })
             .collect()

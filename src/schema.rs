@@ -10,13 +10,16 @@
 /// application's `_sqlx_migrations`.
 pub const MIGRATIONS_TABLE: &str = "pglease._pglease_migrations";
 
-/// The channel `pglease.release` notifies, with the lease name as payload,
-/// when a session watches the name (`pglease.watch`).
+/// The channel `pglease.release` notifies when a session watches the name
+/// (`pglease.watch`). The payload is only the name's key,
+/// `hashtext(name)` in decimal: a hint, which anyone who can connect may
+/// also send, and which names no lease.
 pub const RELEASE_CHANNEL: &str = "pglease_release";
 
 /// The channel the trigger `pglease_changed` notifies of every change of a
-/// lease that a session observes (`pglease.observe`); see the payload
-/// format in `migrations/0001_schema.sql`.
+/// lease that a session observes (`pglease.observe`). The payload is only
+/// the name's key, `hashtext(name)` in decimal: a hint to read the lease,
+/// never believed (anyone who can connect may NOTIFY).
 pub const CHANGE_CHANNEL: &str = "pglease_change";
 
 /// What [`LeaseManager::migrate`](crate::LeaseManager::migrate) did.

@@ -168,7 +168,7 @@ pub(crate) fn release(name: &str, token: Token) -> String {
 /// On the listening connection: be notified when a lease is released
 /// (false while a release of it is committing: try again).
 pub(crate) fn watch(name: &str) -> String {
-    format!("SELECT pglease.watch({})", Text(name))
+    format!("SELECT pglease.watch({0}), hashtext({0})::text", Text(name))
 }
 
 /// On the listening connection: undo one `watch`.
@@ -245,7 +245,10 @@ pub(crate) fn list(filter: &crate::lease::ListFilter) -> String {
 /// Be notified on this session of every change of `name` (after LISTEN
 /// on [`crate::schema::CHANGE_CHANNEL`]).
 pub(crate) fn observe(name: &str) -> String {
-    format!("SELECT pglease.observe({})", Text(name))
+    format!(
+        "SELECT pglease.observe({0}), hashtext({0})::text",
+        Text(name)
+    )
 }
 
 /// Ask the holder of `name` to step down; the token asked, or NULL.
@@ -273,7 +276,8 @@ pub(crate) fn history(name: &str, since: Option<DateTime<Utc>>) -> String {
         None => String::new(),
     };
     format!(
-        "SELECT id, name, token, event, holder, at, renewals, detail FROM pglease.history \
+        "SELECT id, name, token, event, holder, at, renewals, detail, role::text AS role \
+         FROM pglease.history \
           WHERE name = {}{since} ORDER BY id",
         Text(name)
     )

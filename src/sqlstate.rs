@@ -13,3 +13,9 @@ pub const NOT_HELD: &str = "LE001";
 /// A write to a protected table from a transaction that declared no token
 /// for its lease.
 pub const NOT_DECLARED: &str = "LE002";
+
+/// An operation the session's login role may not make
+/// (`insufficient_privilege`): acting under a lease another role acquired,
+/// acquiring a name granted to other roles, or an administrator's
+/// operation (see docs/design.md, "Roles and grants").
+pub const NOT_PERMITTED: &str = "42501";

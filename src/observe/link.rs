@@ -11,7 +11,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Change;
-use super::payload::parse;
 use super::tracker::Tracker;
 use crate::backoff;
 use crate::context::Context;
@@ -20,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::notify;
 use crate::schema::CHANGE_CHANNEL;
 use crate::sql;
+use sqlx::Row;
 
 /// How long one statement on the observing connection may take before the
 /// connection is given up and opened again.
@@ -57,9 +57,9 @@ impl Link {
         }
     }
 
-    /// A connection that listens for the changes of `name`, or `None` if
-    /// the observer polls.
-    pub(super) async fn connect(&mut self, name: &str) -> Result<Option<PgListener>> {
+    /// A connection that listens for the changes of `name`, with the key
+    /// their notifications carry, or `None` if the observer polls.
+    pub(super) async fn connect(&mut self, name: &str) -> Result<Option<(PgListener, String)>> {
         if !self.listen {
             return Ok(None);
         }
@@ -77,17 +77,31 @@ impl Link {
         };
         let observed = tokio::time::timeout(
             STATEMENT_TIMEOUT,
-            sql::query(sql::observe(name)).execute(&mut listener),
+            sql::query(sql::observe(name)).fetch_one(&mut listener),
         )
         .await
         .map_err(|_| Error::Timeout {
             operation: "observe",
             after: Some(STATEMENT_TIMEOUT),
         })?;
-        match observed {
-            Ok(_) => {
+        match observed
+            .and_then(|row| Ok((row.try_get::<bool, _>(0)?, row.try_get::<String, _>(1)?)))
+        {
+            Ok((true, key)) => {
                 self.failures = 0;
-                Ok(Some(listener))
+                Ok(Some((listener, key)))
+            }
+            Ok((false, _)) => {
+                // Another session holds the observer key (the WARNING in
+                // the server's log names it): read instead, and try again
+                // at the next reconnection.
+                tracing::warn!(
+                    name,
+                    "pglease.observe could not take its key within 2 s (held by another session); \
+                     the observer reads the lease instead"
+                );
+                self.failures = self.failures.saturating_add(1);
+                Ok(None)
             }
             Err(sqlx::Error::Database(error)) => {
                 tracing::warn!(name, %error, "pglease.observe failed (is the schema migrated?); the observer polls");
@@ -107,13 +121,13 @@ pub(super) async fn observe(
     name: String,
     mut tracker: Tracker,
     mut link: Link,
-    mut listener: Option<PgListener>,
+    mut listener: Option<(PgListener, String)>,
     send: mpsc::Sender<Change>,
     stop: CancellationToken,
 ) {
     loop {
-        if let Some(listener) = listener.as_mut() {
-            if !follow(&context, &name, &mut tracker, listener, &send, &stop).await {
+        if let Some((listener, key)) = listener.as_mut() {
+            if !follow(&context, &name, key, &mut tracker, listener, &send, &stop).await {
                 return;
             }
             tracing::debug!(name, "observer lost its connection; reconnecting");
@@ -170,11 +184,13 @@ pub(super) async fn observe(
     }
 }
 
-/// Reports the changes heard on `listener` and the expiries read, until
-/// the connection fails (true) or the observer stops (false).
+/// Reads the lease at each notification of `key` heard on `listener`, and
+/// when its known expiry passes, and reports what changed, until the
+/// connection fails (true) or the observer stops (false).
 async fn follow(
     context: &Context,
     name: &str,
+    key: &str,
     tracker: &mut Tracker,
     listener: &mut PgListener,
     send: &mpsc::Sender<Change>,
@@ -205,25 +221,21 @@ async fn follow(
                     Ok(Some(notification)) => notification,
                     Ok(None) | Err(_) => return true,
                 };
-                let Some((heard_name, heard)) = parse(notification.payload()) else {
-                    tracing::debug!(payload = notification.payload(), "unknown change notification");
-                    continue;
-                };
-                if heard_name != name {
+                // A hint, from anyone who can NOTIFY: believe only what
+                // the read shows.
+                if notification.payload() != key {
                     continue;
                 }
-                let (mut changes, read) = tracker.hear(heard);
-                if read {
-                    // A value too long for a notification.
-                    let at = Instant::now();
-                    match db::inspect(&context.pool, name).await {
-                        Ok(status) => changes.extend(tracker.read(status, at)),
-                        Err(error) => {
-                            tracing::debug!(name, %error, "cannot read the observed lease");
-                            return true;
-                        }
+                // One read stands for every notification already here.
+                while listener.next_buffered().is_some() {}
+                let at = Instant::now();
+                let changes = match db::inspect(&context.pool, name).await {
+                    Ok(status) => tracker.read(status, at),
+                    Err(error) => {
+                        tracing::debug!(name, %error, "cannot read the observed lease");
+                        return true;
                     }
-                }
+                };
                 if !report(send, changes).await {
                     return false;
                 }

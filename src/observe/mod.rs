@@ -1,25 +1,27 @@
 //! Observation of one lease: its state now, then every change (acquired,
 //! value published, step-down requested, released, expired) in order.
 //!
-//! Changes are heard as notifications on a connection of the observer's
-//! own (`pglease.observe`, see migrations/0001_schema.sql), which carry
-//! the change itself, so that none is merged with the next. Expiry is not
-//! an event in the database: it is read when the known expiry passes.
+//! Changes are heard of as notifications on a connection of the observer's
+//! own (`pglease.observe`, see migrations/0001_schema.sql). A notification
+//! is only a hint, which anyone who can connect may send: it carries the
+//! name's key and nothing else, and the observer reads the lease through
+//! pglease and reports what the read shows. Changes that commit between
+//! two reads may be reported together as [`Change::Current`]. Expiry is
+//! not an event in the database: it is read when the known expiry passes.
 //! Without notifications (a transaction pooler, [`ManagerOptions::notify`]
 //! off, a schema that refuses `pglease.observe`) the lease is read every
 //! [`ManagerOptions::max_poll_interval`]. After a gap (the connection
 //! dropped, or a poll found a change it cannot tell apart) the observer
 //! reads the lease and reports [`Change::Current`].
 //!
-//! Here the public surface; `tracker.rs` turns what is heard or read into
-//! changes (no I/O, unit-tested), `payload.rs` parses the notifications,
-//! and `link.rs` is the observing task and its connection.
+//! Here the public surface; `tracker.rs` turns what is read into changes
+//! (no I/O, unit-tested), and `link.rs` is the observing task and its
+//! connection.
 //!
 //! [`ManagerOptions::notify`]: crate::ManagerOptions::notify
 //! [`ManagerOptions::max_poll_interval`]: crate::ManagerOptions::max_poll_interval
 
 mod link;
-mod payload;
 mod tracker;
 
 use std::sync::Arc;

@@ -258,10 +258,11 @@ impl TestDatabase {
     pub async fn state(&self) -> String {
         sqlx::query_scalar(
             "SELECT concat_ws(E'\\n', \
-               (SELECT string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s', name, holder, \
-                                         token, expires_at, acquired_at, renewed_at, released_at, \
-                                         value, value_token, step_down_token, step_down_by, \
-                                         step_down_at, renewals), E'\\n' ORDER BY name) \
+               (SELECT string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s', name, \
+                                         holder, token, expires_at, acquired_at, renewed_at, \
+                                         released_at, value, value_token, step_down_token, \
+                                         step_down_by, step_down_at, renewals, role, \
+                                         value_changes), E'\\n' ORDER BY name) \
                   FROM pglease.leases), \
                (SELECT format('history %s %s', count(*), max(id)) FROM pglease._history), \
                (SELECT string_agg(format('%s|%s|%s', resource, token, advanced_at), E'\\n' \

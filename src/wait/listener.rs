@@ -126,7 +126,9 @@ async fn listen(
                         }
                         received = listener.try_recv() => match received {
                             Ok(Some(notification)) => {
-                                let _ = releases.send(Some(notification.payload().to_owned()));
+                                for name in watches.names_for(notification.payload()) {
+                                    let _ = releases.send(Some(name));
+                                }
                             }
                             Ok(None) | Err(_) => healthy = false,
                         },

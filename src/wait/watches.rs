@@ -43,6 +43,9 @@ enum WatchState {
 struct WatchEntry {
     waiters: usize,
     state: WatchState,
+    /// The key its release notifications carry (`hashtext(name)`), once
+    /// watched.
+    key: Option<String>,
 }
 
 /// The names waiters wait for, shared by the waiters (who add and drop
@@ -75,6 +78,7 @@ impl Watches {
             .or_insert(WatchEntry {
                 waiters: 0,
                 state: WatchState::Pending,
+                key: None,
             })
             .waiters += 1;
         self.poke.notify_one();
@@ -88,6 +92,17 @@ impl Watches {
         self.entries
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The watched names whose releases notifications with `payload`
+    /// stand for: a hint (anyone may send one), which costs the waiters of
+    /// those names one attempt to acquire.
+    pub(crate) fn names_for(&self, payload: &str) -> Vec<String> {
+        self.entries()
+            .iter()
+            .filter(|(_, e)| e.key.as_deref() == Some(payload))
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
     /// A new or lost connection watches nothing: every name is pending.
@@ -144,10 +159,21 @@ impl Watches {
             )
             .await
             .map_err(|_| sqlx::Error::PoolTimedOut)?
-            .and_then(|row| row.try_get::<bool, _>(0));
+            .and_then(|row| {
+                let key = if watch {
+                    Some(row.try_get::<String, _>(1)?)
+                } else {
+                    None
+                };
+                Ok((row.try_get::<bool, _>(0)?, key))
+            });
+            let mut key = None;
             let state = match (watch, done) {
-                (true, Ok(true)) => WatchState::Watched,
-                (true, Ok(false)) => WatchState::Refused,
+                (true, Ok((true, watched_key))) => {
+                    key = watched_key;
+                    WatchState::Watched
+                }
+                (true, Ok((false, _))) => WatchState::Refused,
                 (true, Err(sqlx::Error::Database(error))) => {
                     if !self.warned.swap(true, Ordering::Relaxed) {
                         tracing::warn!(
@@ -164,6 +190,9 @@ impl Watches {
             };
             if let Some(entry) = self.entries().get_mut(&name) {
                 entry.state = state;
+                if key.is_some() {
+                    entry.key = key;
+                }
             }
             self.changes.send_modify(|n| *n = n.wrapping_add(1));
         }

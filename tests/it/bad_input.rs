@@ -37,9 +37,7 @@ async fn library_rejects_bad_input_before_touching_the_database() {
         .acquire("ok", AcquireOptions::ttl(TTL).holder("A"))
         .await
         .expect("acquire");
-    m.admit("res", crate::common::token(5))
-        .await
-        .expect("advance");
+    m.admit("res", lease.token()).await.expect("advance");
     let before = db.state().await;
 
     for (what, bad) in bad_names() {
@@ -195,12 +193,11 @@ async fn sqlstate(db: &TestDb, sql: &'static str) -> String {
 async fn sql_functions_reject_bad_input_with_22023() {
     let db = TestDb::new().await;
     let m = db.manager();
-    m.acquire("ok", AcquireOptions::ttl(TTL).holder("A"))
+    let lease = m
+        .acquire("ok", AcquireOptions::ttl(TTL).holder("A"))
         .await
         .expect("acquire");
-    m.admit("res", crate::common::token(5))
-        .await
-        .expect("advance");
+    m.admit("res", lease.token()).await.expect("advance");
     let before = db.state().await;
 
     let calls = [

@@ -47,6 +47,7 @@ mod observe;
 mod pooler;
 mod protect;
 mod roles;
+mod security;
 mod shutdown;
 mod stale_tokens;
 mod status;
@@ -80,6 +81,7 @@ fn main() -> std::process::ExitCode {
             pooler::tests(),
             protect::tests(),
             roles::tests(),
+            security::tests(),
             shutdown::tests(),
             stale_tokens::tests(),
             status::tests(),

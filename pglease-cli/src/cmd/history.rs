@@ -41,11 +41,12 @@ pub(crate) async fn history(
         return Ok(ExitCode::SUCCESS);
     }
     out!(
-        "{:<32} {:<20} {:>10}  {:<24} DETAIL",
+        "{:<32} {:<20} {:>10}  {:<24} {:<16} DETAIL",
         "AT",
         "EVENT",
         "TOKEN",
-        "HOLDER"
+        "HOLDER",
+        "ROLE"
     );
     for t in &rows {
         let mut detail = t.detail.as_deref().map(printable).unwrap_or_default();
@@ -55,11 +56,15 @@ pub(crate) async fn history(
             detail = format!("renewed {renewals} {times}{rest}{detail}");
         }
         out!(
-            "{:<32} {:<20} {:>10}  {:<24} {detail}",
+            "{:<32} {:<20} {:>10}  {:<24} {:<16} {detail}",
             t.at.to_rfc3339(),
             t.event.as_str(),
             t.token,
             t.holder
+                .as_deref()
+                .map(printable)
+                .unwrap_or_else(|| "-".to_owned()),
+            t.role
                 .as_deref()
                 .map(printable)
                 .unwrap_or_else(|| "-".to_owned()),
@@ -81,5 +86,6 @@ fn transition_json(t: &Transition) -> serde_json::Value {
         "at": t.at.to_rfc3339(),
         "renewals": t.renewals,
         "detail": t.detail,
+        "role": t.role,
     })
 }

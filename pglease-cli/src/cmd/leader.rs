@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use pglease::LeaseManager;
 
 use crate::exit::{self, Outcome};
-use crate::output::{out, status_json};
+use crate::output::{out, printable, status_json};
 
 /// `pglease leader NAME`: the holder, token and value of the current term;
 /// exit 3 if nobody leads.
@@ -21,9 +21,15 @@ pub(crate) async fn leader(manager: &LeaseManager, name: &str, json: bool) -> Ou
         return Ok(ExitCode::from(exit::NOT_ACQUIRED));
     };
     if !json {
+        // One line whatever the holder and value hold: control characters
+        // are escaped, as in `status`.
         out!(
-            "{holder}\ttoken {token}\t{}",
-            status.value.as_deref().unwrap_or("-")
+            "{}\ttoken {token}\t{}",
+            printable(holder),
+            status
+                .value
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), printable)
         );
         if let Some(by) = &status.step_down_requested_by {
             eprintln!("pglease: {by:?} asked this leader to step down");

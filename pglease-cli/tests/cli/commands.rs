@@ -863,12 +863,24 @@ async fn doctor_exits_0_when_all_is_well_and_1_otherwise() {
     let db = crate::common::new_db().await;
     let out = pglease(&db, &["doctor"]);
     assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
-    assert_eq!(stdout(&out).lines().count(), 7, "{}", stdout(&out));
+    // Seven checks, the security posture one line per finding (five on a
+    // fresh database: schema, administrators, takeover, names, history).
+    let said = stdout(&out);
+    assert_eq!(said.lines().count(), 12, "{said}");
+    assert_eq!(
+        said.lines().filter(|l| l.contains(" security ")).count(),
+        5,
+        "{said}"
+    );
+    assert!(
+        said.contains("administrators: pglease administrators"),
+        "{said}"
+    );
     let out = pglease(&db, &["doctor", "--json"]);
     assert_eq!(code(&out), 0);
     let report = json(&out);
     assert_eq!(report["verdict"], "ok");
-    assert_eq!(report["checks"].as_array().map(Vec::len), Some(7));
+    assert_eq!(report["checks"].as_array().map(Vec::len), Some(12));
 
     let empty = crate::common::empty_db().await;
     let out = pglease(&empty, &["doctor", "--json"]);
@@ -877,6 +889,27 @@ async fn doctor_exits_0_when_all_is_well_and_1_otherwise() {
     assert_eq!(report["verdict"], "problem");
     assert_eq!(report["checks"][0]["name"], "schema");
     assert_eq!(report["checks"][0]["verdict"], "problem");
+}
+
+/// A holder or value with control characters cannot forge a second line
+/// of `leader`'s output: they are escaped, as `status` escapes them.
+async fn leader_escapes_control_characters() {
+    let db = crate::common::new_db().await;
+    sqlx::query(
+        "SELECT pglease.proclaim('svc', a.token, E'10.0.0.1:80\\nevil\\ttoken 1\\t6.6.6.6:66') \
+           FROM pglease.acquire('svc', E'replica-A\\tfake', '1 min') AS a",
+    )
+    .execute(db.pool())
+    .await
+    .expect("acquire with control characters");
+    let out = pglease(&db, &["leader", "svc"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let said = stdout(&out);
+    assert_eq!(said.lines().count(), 1, "{said}");
+    let fields: Vec<&str> = said.trim_end().split('\t').collect();
+    assert_eq!(fields.len(), 3, "{said}");
+    assert_eq!(fields[0], "replica-A\\tfake");
+    assert_eq!(fields[2], "10.0.0.1:80\\nevil\\ttoken 1\\t6.6.6.6:66");
 }
 
 async fn output_an_operator_can_script_against() {
@@ -1182,6 +1215,7 @@ tests![
     migrate_creates_the_schema_and_the_url_may_follow_the_command,
     migrate_names_the_grant_an_owner_without_pg_signal_backend_lacks,
     doctor_exits_0_when_all_is_well_and_1_otherwise,
+    leader_escapes_control_characters,
     output_an_operator_can_script_against,
     run_with_a_limit_runs_at_most_that_many_at_once,
 ];

@@ -63,6 +63,52 @@ impl TestDb {
             .await
             .expect("connect to the test database")
     }
+
+    /// Login roles for a test of authority, one per name in `names`,
+    /// named `{name}_{database}` (unique to this test), each with the
+    /// application grants the documentation gives (USAGE on the schema,
+    /// SELECT on the status and history views) unless it is listed in
+    /// `bare` (CONNECT only); dropped after the database.
+    pub async fn login_roles(&self, names: &[&str], bare: &[&str]) -> Vec<String> {
+        let roles: Vec<String> = names
+            .iter()
+            .map(|name| format!("{name}_{}", self.name()))
+            .collect();
+        let refs: Vec<&str> = roles.iter().map(String::as_str).collect();
+        self.scratch_roles(&refs).await;
+        for (name, role) in names.iter().zip(&roles) {
+            let mut sql = vec![format!("CREATE ROLE {role} LOGIN")];
+            if !bare.contains(name) {
+                sql.push(format!("GRANT USAGE ON SCHEMA pglease TO {role}"));
+                sql.push(format!(
+                    "GRANT SELECT ON pglease.status, pglease.history TO {role}"
+                ));
+            }
+            self.execute(&sql).await;
+        }
+        roles
+    }
+
+    /// A connection that logs in as `role` (trust authentication).
+    pub async fn connect_as(&self, role: &str) -> PgConnection {
+        use sqlx::ConnectOptions;
+        self.options()
+            .username(role)
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("connect as {role}: {e}"))
+    }
+
+    /// A manager whose pool logs in as `role`.
+    pub async fn manager_as(&self, role: &str, options: ManagerOptions) -> LeaseManager {
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(self.options().username(role))
+            .await
+            .unwrap_or_else(|e| panic!("connect a pool as {role}: {e}"));
+        LeaseManager::with_options(pool, options).expect("valid manager options")
+    }
 }
 
 /// A data table that the tests write to under a lease.
