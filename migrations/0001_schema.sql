@@ -398,15 +398,20 @@ COMMENT ON FUNCTION pglease.is_admin() IS
 
 -- May this session act under a token acquired by login role OWNER? The
 -- hot functions test owner = session_user inline first. Internal: called
--- inside the SECURITY DEFINER functions only.
+-- inside the SECURITY DEFINER functions only. PL/pgSQL, like the next
+-- one, because a SQL function that cannot be inlined is planned again in
+-- every transaction that calls it, and a PL/pgSQL one keeps its plans for
+-- the session.
 CREATE FUNCTION pglease._may_act(owner name)
 RETURNS boolean
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT owner = session_user
-        OR coalesce((SELECT pg_has_role(session_user, r.oid, 'MEMBER')
+BEGIN
+    RETURN owner = session_user
+        OR coalesce((SELECT pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER')
                        FROM pg_catalog.pg_roles AS r WHERE r.rolname = owner), false)
-        OR pglease.is_admin()
+        OR pglease.is_admin();
+END
 $$;
 
 REVOKE ALL ON FUNCTION pglease._may_act(name) FROM PUBLIC;
@@ -416,15 +421,17 @@ REVOKE ALL ON FUNCTION pglease._may_act(name) FROM PUBLIC;
 -- one that does, or if it is an administrator. Internal, as _may_act.
 CREATE FUNCTION pglease._may_use_name(name text)
 RETURNS boolean
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT NOT EXISTS (SELECT 1 FROM pglease.name_grants AS g
-                        WHERE pg_catalog.starts_with($1, g.prefix))
+BEGIN
+    RETURN NOT EXISTS (SELECT 1 FROM pglease.name_grants AS g
+                        WHERE pg_catalog.starts_with(_may_use_name.name, g.prefix))
         OR EXISTS (SELECT 1 FROM pglease.name_grants AS g
                      JOIN pg_catalog.pg_roles AS r ON r.rolname = g.role
-                    WHERE pg_catalog.starts_with($1, g.prefix)
+                    WHERE pg_catalog.starts_with(_may_use_name.name, g.prefix)
                       AND pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER'))
-        OR pglease.is_admin()
+        OR pglease.is_admin();
+END
 $$;
 
 REVOKE ALL ON FUNCTION pglease._may_use_name(text) FROM PUBLIC;
@@ -629,13 +636,15 @@ COMMENT ON COLUMN pglease.leases.step_down_by IS
 -- statement_timeout), and each acquire says so instead of waiting.
 
 -- The marker of a transaction with id X fenced on a lease with SECRET:
--- the first 64 bits of sha256(secret || X).
+-- the first 64 bits of sha256(secret || X). Only immutable built-ins, so
+-- that it is inlined where it is called (a SQL function that is not would
+-- be planned again in every transaction).
 CREATE FUNCTION pglease._marker(secret bytea, x xid)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT ('x' || pg_catalog.encode(pg_catalog.substr(
-               pg_catalog.sha256($1 || pg_catalog.convert_to($2::text, 'UTF8')), 1, 8),
+               pg_catalog.sha256($1 || $2::text::bytea), 1, 8),
                'hex'))::bit(64)::bigint
 $$;
 
@@ -1342,12 +1351,15 @@ BEGIN
 
     -- Only the role that acquired the lease, its members and
     -- administrators act under its token (see AUTHORITY at the top).
-    IF NOT (cur_role = session_user OR pglease._may_act(cur_role)) THEN
-        RAISE EXCEPTION USING ERRCODE = '42501',
-            MESSAGE = format('pglease: role %I may not write under lease %L: it was acquired '
-                             'by role %I, and only that role, its members and pglease '
-                             'administrators may act under its token', session_user,
-                             assert_held.name, cur_role);
+    -- (Nested, so that the second test is prepared only when it is needed.)
+    IF cur_role IS DISTINCT FROM session_user THEN
+        IF NOT pglease._may_act(cur_role) THEN
+            RAISE EXCEPTION USING ERRCODE = '42501',
+                MESSAGE = format('pglease: role %I may not write under lease %L: it was '
+                                 'acquired by role %I, and only that role, its members and '
+                                 'pglease administrators may act under its token',
+                                 session_user, assert_held.name, cur_role);
+        END IF;
     END IF;
 
     -- The marker (see TAKEOVER at acquire), taken only once the token is
@@ -1750,8 +1762,8 @@ COMMENT ON FUNCTION pglease.proclaim(text, bigint, text) IS
 -- asking.
 --
 -- The change is detected by the trigger pglease_changed on the leases
--- table (with the history, below). It tries the lock first and builds a
--- payload only for an observed name.
+-- table (with the history, below). It tries the lock first and notifies
+-- only for an observed name.
 --
 -- NOTIFICATIONS ARE HINTS. Anyone who can connect may LISTEN on
 -- pglease_change and pglease_release, and NOTIFY on them. So the payload
@@ -1805,8 +1817,9 @@ $$;
 
 COMMENT ON FUNCTION pglease.observe(text) IS
     'Call on a connection that LISTENs on channel pglease_change: from now on, every '
-    'change of lease NAME committed by anyone is notified there (see the payload '
-    'format in the pglease documentation). Waits for a change of NAME that is '
+    'change of lease NAME committed by anyone is notified there, with payload '
+    'hashtext(NAME): a hint to read pglease.status, never a fact (anyone may NOTIFY). '
+    'Waits for a change of NAME that is '
     'committing, so a read made after it returns sees every change not notified. '
     'Lasts until unobserve(NAME) or the end of the session; calls nest. Returns false '
     'after 2 s if another session holds its key exclusively (a WARNING says who).';
@@ -2300,6 +2313,14 @@ BEGIN
        AND NOT pg_has_role(a.oid, current_user, 'MEMBER');
     RETURN QUERY SELECT 'info', 'schema',
         format('roles that may use pglease (USAGE on the schema): %s', coalesce(r.string_agg, 'none but its owner'));
+    -- The administrators' functions check is_admin() themselves; EXECUTE
+    -- on force_release is granted to pglease_admin only.
+    IF has_function_privilege('public', 'pglease.force_release(text, text)', 'EXECUTE') THEN
+        RETURN QUERY SELECT 'warn', 'functions',
+            'PUBLIC has EXECUTE on pglease.force_release (it still checks that the caller is '
+            'an administrator): REVOKE EXECUTE ON FUNCTION pglease.force_release(text, text) '
+            'FROM PUBLIC';
+    END IF;
     -- Administrators.
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pglease_admin') THEN
         SELECT string_agg(quote_ident(m.rolname), ', ' ORDER BY m.rolname) INTO r
