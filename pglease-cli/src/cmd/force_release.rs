@@ -35,8 +35,8 @@ pub(crate) async fn force_release(
         Err(e) if e.sqlstate() == Some("42501") => {
             let role = manager.pool().connect_options().get_username().to_owned();
             let message = format!(
-                "role {role:?} may not force leases ({e}); an administrator allows it: \
-                 GRANT EXECUTE ON FUNCTION pglease.force_release(text, text) TO \"{role}\""
+                "role {role:?} may not force leases ({e}); force-release is for pglease \
+                 administrators, which a superuser makes it: GRANT pglease_admin TO \"{role}\""
             );
             eprintln!("pglease: {message}");
             if json {
