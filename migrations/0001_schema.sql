@@ -666,9 +666,11 @@ AS $$
        AND ((a.classid::bigint << 32) | a.objid::bigint) = pglease._marker($1, x.transactionid)
 $$;
 
--- Who holds advisory lock KEY (64-bit form) in this database, for
--- messages: "session <pid> (role <name>)", or "nobody".
-CREATE FUNCTION pglease._key_holders(key bigint)
+-- Who holds the advisory lock (CLASSID, OBJID, OBJSUBID) in this
+-- database, as pg_locks shows it (the 64-bit form: its high and low 32
+-- bits, OBJSUBID 1; the two-part form: its two keys, OBJSUBID 2), for
+-- messages: "session <pid> (role <name>, <mode>)", or "nobody".
+CREATE FUNCTION pglease._key_holders(classid bigint, objid bigint, objsubid integer)
 RETURNS text
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -678,24 +680,8 @@ AS $$
                                ', ' ORDER BY k.pid), 'nobody')
       FROM pg_locks AS k
       LEFT JOIN pg_stat_activity AS a ON a.pid = k.pid
-     WHERE k.locktype = 'advisory' AND k.objsubid = 1
-       AND ((k.classid::bigint << 32) | k.objid::bigint) = $1
-       AND k.pid <> pg_backend_pid()
-$$;
-
--- The same for a two-part key.
-CREATE FUNCTION pglease._key_holders(key1 integer, key2 integer)
-RETURNS text
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT coalesce(string_agg(format('session %s (role %I, %s)', k.pid, a.usename,
-                                      CASE WHEN k.granted THEN k.mode ELSE 'waiting' END),
-                               ', ' ORDER BY k.pid), 'nobody')
-      FROM pg_locks AS k
-      LEFT JOIN pg_stat_activity AS a ON a.pid = k.pid
-     WHERE k.locktype = 'advisory' AND k.objsubid = 2
-       AND k.classid = $1::oid AND k.objid = ($2::bigint & 4294967295)::oid
+     WHERE k.locktype = 'advisory' AND k.objsubid = $3
+       AND k.classid = ($1 & 4294967295)::oid AND k.objid = ($2 & 4294967295)::oid
        AND k.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
        AND k.pid <> pg_backend_pid()
 $$;
@@ -1372,8 +1358,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '55P03',
             MESSAGE = format('pglease: lease %L: this transaction''s fenced marker is held '
                              'exclusively by another session (%s)', assert_held.name,
-                             pglease._key_holders(pglease._marker(cur_secret,
-                                                                  pg_current_xact_id()::xid)));
+                             pglease._key_holders(
+                                 pglease._marker(cur_secret, pg_current_xact_id()::xid) >> 32,
+                                 pglease._marker(cur_secret, pg_current_xact_id()::xid), 1));
     END IF;
 
     -- Record the declaration for the rest of the transaction (protected
@@ -1807,7 +1794,7 @@ BEGIN
             RAISE WARNING USING MESSAGE = format(
                 'pglease: cannot observe lease %L: its observer key (1886154594, %s) has been '
                 'held exclusively for 2 s by %s, not by pglease; read the lease instead',
-                observe.name, key, pglease._key_holders(1886154594, key));
+                observe.name, key, pglease._key_holders(1886154594, key, 2));
             RETURN false;
         END IF;
         PERFORM pg_sleep(0.002);

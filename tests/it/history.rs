@@ -329,16 +329,7 @@ async fn force_release_is_for_administrators_and_checks_its_reason() {
         .await
         .expect("acquire");
     let as_role = async |role: &str, sql: &str| {
-        let mut conn = db.connect_as(role).await;
-        sqlx::query(AssertSqlSafe(sql.to_owned()))
-            .execute(&mut conn)
-            .await
-            .err()
-            .and_then(|e| {
-                e.as_database_error()
-                    .and_then(|d| d.code())
-                    .map(|c| c.into_owned())
-            })
+        crate::common::sqlstate_of(&mut db.connect_as(role).await, sql).await
     };
     let call = "SELECT pglease.force_release('job', 'test')";
     // Not granted to PUBLIC; granted EXECUTE, still not an administrator.

@@ -10,27 +10,14 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{TestDb, poll_until};
+use crate::common::{TestDb, poll_until, sqlstate_of};
 use pglease::observe::Change;
 use pglease::testing::{PgBouncer, SetupError};
 use pglease::{AcquireOptions, Error, ManagerOptions};
-use sqlx::{AssertSqlSafe, Connection, PgConnection};
+use sqlx::{AssertSqlSafe, Connection};
 
 const TTL: Duration = Duration::from_secs(30);
 const BOUND: Duration = Duration::from_secs(10);
-
-/// The SQLSTATE a statement on `conn` fails with, or `None` if it succeeds.
-async fn fails_with(conn: &mut PgConnection, sql: &str) -> Option<String> {
-    sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-        .execute(conn)
-        .await
-        .err()
-        .and_then(|e| {
-            e.as_database_error()
-                .and_then(|d| d.code())
-                .map(|c| c.into_owned())
-        })
-}
 
 fn not_permitted<T: std::fmt::Debug>(what: &str, got: pglease::Result<T>) {
     match got {
@@ -217,7 +204,7 @@ async fn a_role_with_trigger_cannot_repoint_a_protected_table() {
         .expect("the owner protects");
     let mut attacker = db.connect_as(app2).await;
     assert_eq!(
-        fails_with(
+        sqlstate_of(
             &mut attacker,
             "CREATE OR REPLACE TRIGGER pglease_protect BEFORE INSERT OR UPDATE OR DELETE ON ledger \
              FOR EACH STATEMENT EXECUTE FUNCTION pglease._guard('app2-lease')"
@@ -259,7 +246,7 @@ async fn a_role_with_trigger_cannot_repoint_a_protected_table() {
     ])
     .await;
     assert_eq!(
-        fails_with(
+        sqlstate_of(
             &mut attacker,
             "CREATE OR REPLACE TRIGGER pglease_protect BEFORE INSERT OR UPDATE OR DELETE ON ledger \
              FOR EACH STATEMENT EXECUTE FUNCTION noop()"
@@ -353,11 +340,11 @@ async fn only_the_acquiring_role_acts_under_a_token() {
         "SELECT pglease.force_release('job', 'not mine')".to_owned(),
     ] {
         assert_eq!(
-            fails_with(&mut c2, &sql).await.as_deref(),
+            sqlstate_of(&mut c2, &sql).await.as_deref(),
             Some("42501"),
             "{sql}"
         );
-        let _ = fails_with(&mut c2, "ROLLBACK").await;
+        let _ = sqlstate_of(&mut c2, "ROLLBACK").await;
     }
     // Refused, nothing changed; the lease is still app1's.
     assert_eq!(db.state().await, before);
@@ -416,7 +403,7 @@ async fn the_login_role_counts_also_through_a_pooler() -> Result<(), SetupError>
     // app2 cannot become app1; a superuser that SETs ROLE is still one.
     let mut c2 = db.connect_as(app2).await;
     assert_eq!(
-        fails_with(&mut c2, &format!("SET ROLE {app1}"))
+        sqlstate_of(&mut c2, &format!("SET ROLE {app1}"))
             .await
             .as_deref(),
         Some("42501")
@@ -442,7 +429,7 @@ async fn the_login_role_counts_also_through_a_pooler() -> Result<(), SetupError>
         "the login role is recorded, not the SET one"
     );
     assert_eq!(
-        fails_with(
+        sqlstate_of(
             &mut c2,
             &format!("SELECT pglease.release('set-role', {token})")
         )
@@ -505,10 +492,10 @@ async fn no_session_setting_rewrites_the_history() {
         "SELECT pglease.release('off', (SELECT token FROM pglease.acquire('off', 'h', '1 min')))",
         "SET pglease.history_retention = '1 microsecond'",
     ] {
-        assert_eq!(fails_with(&mut c2, sql).await, None, "{sql}");
+        assert_eq!(sqlstate_of(&mut c2, sql).await, None, "{sql}");
     }
     for _ in 0..300 {
-        let _ = fails_with(
+        let _ = sqlstate_of(
             &mut c2,
             "SELECT pglease.release('burn', (SELECT token FROM pglease.acquire('burn', 'h', '1 min')))",
         )
@@ -525,7 +512,7 @@ async fn no_session_setting_rewrites_the_history() {
     // A forged eviction record before taking over an expired lease.
     db.wait_until(kept.expires_at()).await;
     assert_eq!(
-        fails_with(
+        sqlstate_of(
             &mut c2,
             "SELECT set_config('pglease.evicted', '1:4242', false), \
                     set_config('pglease.reason', 'forged', false), \
@@ -545,17 +532,17 @@ async fn no_session_setting_rewrites_the_history() {
     assert_eq!(events, ["acquired", "expired", "acquired"]);
     // Only an administrator sets the bounds.
     assert_eq!(
-        fails_with(&mut c2, "SELECT pglease.set_history('0')")
+        sqlstate_of(&mut c2, "SELECT pglease.set_history('0')")
             .await
             .as_deref(),
         Some("42501")
     );
     let mut co = db.connect_as(ops).await;
     assert_eq!(
-        fails_with(&mut co, "SELECT pglease.set_history('0')").await,
+        sqlstate_of(&mut co, "SELECT pglease.set_history('0')").await,
         None
     );
-    let _ = fails_with(
+    let _ = sqlstate_of(
         &mut c2,
         "SELECT pglease.release('quiet', (SELECT token FROM pglease.acquire('quiet', 'h', '1 min')))",
     )
@@ -568,7 +555,7 @@ async fn no_session_setting_rewrites_the_history() {
             .is_empty()
     );
     assert_eq!(
-        fails_with(&mut co, "SELECT pglease.set_history('30 days', 10)")
+        sqlstate_of(&mut co, "SELECT pglease.set_history('30 days', 10)")
             .await
             .as_deref(),
         Some("22023"),
@@ -715,7 +702,7 @@ async fn what_one_role_writes_is_bounded() {
     let mut c2 = db.connect_as(&roles[0]).await;
     for _ in 0..200 {
         assert_eq!(
-            fails_with(
+            sqlstate_of(
                 &mut c2,
                 "SELECT pglease.request_step_down('payments', 'nag')"
             )
@@ -797,7 +784,7 @@ async fn names_granted_by_prefix_are_the_grantees_alone() {
     let m2 = db.manager_as(app2, ManagerOptions::default()).await;
     let mut c2 = db.connect_as(app2).await;
     assert_eq!(
-        fails_with(
+        sqlstate_of(
             &mut c2,
             &format!("SELECT pglease.grant_names('billing/', '{app2}')")
         )

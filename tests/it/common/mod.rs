@@ -111,6 +111,20 @@ impl TestDb {
     }
 }
 
+/// The SQLSTATE `sql` (one or more statements, simple protocol) fails
+/// with on `conn`, or `None` if it succeeds.
+pub async fn sqlstate_of(conn: &mut PgConnection, sql: &str) -> Option<String> {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(conn)
+        .await
+        .err()
+        .and_then(|e| {
+            e.as_database_error()
+                .and_then(|d| d.code())
+                .map(|c| c.into_owned())
+        })
+}
+
 /// A data table that the tests write to under a lease.
 pub async fn create_data_table(db: &TestDb) {
     sqlx::query("CREATE TABLE data (id int PRIMARY KEY, value text NOT NULL, token bigint)")
