@@ -2315,8 +2315,8 @@ BEGIN
           JOIN pg_roles AS g ON g.oid = am.roleid AND g.rolname = 'pglease_admin'
           JOIN pg_roles AS m ON m.oid = am.member;
         RETURN QUERY SELECT 'info', 'administrators',
-            format('pglease administrators: superusers, members of %I (the owner), and members '
-                   'of pglease_admin: %s', current_user, coalesce(r.string_agg, 'none'));
+            format('superusers, members of %I (the owner), and members of pglease_admin: %s',
+                   current_user, coalesce(r.string_agg, 'none'));
     ELSE
         RETURN QUERY SELECT 'warn', 'administrators',
             format('role pglease_admin does not exist: only superusers and members of %I are '

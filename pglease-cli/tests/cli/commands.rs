@@ -873,7 +873,7 @@ async fn doctor_exits_0_when_all_is_well_and_1_otherwise() {
         "{said}"
     );
     assert!(
-        said.contains("administrators: pglease administrators"),
+        said.contains("administrators: superusers, members of"),
         "{said}"
     );
     let out = pglease(&db, &["doctor", "--json"]);
