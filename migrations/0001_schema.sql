@@ -367,10 +367,17 @@ DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pglease_admin') THEN
         IF (SELECT r.rolsuper OR r.rolcreaterole FROM pg_roles AS r WHERE r.rolname = current_user) THEN
-            CREATE ROLE pglease_admin NOLOGIN;
-            COMMENT ON ROLE pglease_admin IS
-                'pglease administrators: force_release, the history''s settings, name grants, '
-                'and acting under any lease''s token (in every database of this server).';
+            -- Roles belong to the server: migrations of two databases may
+            -- both find it missing, and the second one's CREATE fails.
+            BEGIN
+                CREATE ROLE pglease_admin NOLOGIN;
+                COMMENT ON ROLE pglease_admin IS
+                    'pglease administrators: force_release, the history''s settings, name '
+                    'grants, and acting under any lease''s token (in every database of this '
+                    'server).';
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;
+            END;
         ELSE
             RAISE NOTICE 'pglease: role pglease_admin does not exist and % may not create it: '
                          'only superusers and members of % are pglease administrators',
