@@ -457,6 +457,23 @@ $$;
 
 REVOKE ALL ON FUNCTION pglease._refuse_name(text, text) FROM PUBLIC;
 
+-- Raises 42501: this session may not ACTION lease NAME, which login role
+-- OWNER acquired. The one wording of that refusal.
+CREATE FUNCTION pglease._refuse_owner(name text, owner name, action text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = '42501',
+        MESSAGE = format('pglease: role %I may not %s lease %L: it was acquired by role %I, '
+                         'and only that role, its members and pglease administrators may '
+                         'act under its token', session_user, action, name, owner);
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._refuse_owner(text, name, text) FROM PUBLIC;
+
 -- Called when an operation under (NAME, TOKEN) changed nothing: raises
 -- 42501 if the lease is valid under that token but this session may not
 -- act under it, so that a refusal is never mistaken for a lost lease.
@@ -471,12 +488,8 @@ BEGIN
     SELECT l.role INTO owner FROM pglease.leases AS l
      WHERE l.name = _refuse_foreign.name AND l.token = _refuse_foreign.token
        AND l.holder IS NOT NULL AND clock_timestamp() < l.expires_at;
-    IF FOUND AND NOT (owner IS NOT DISTINCT FROM session_user OR pglease._may_act(owner)) THEN
-        RAISE EXCEPTION USING ERRCODE = '42501',
-            MESSAGE = format('pglease: role %I may not %s lease %L: it was acquired by role %I, '
-                             'and only that role, its members and pglease administrators may '
-                             'act under its token', session_user, action, _refuse_foreign.name,
-                             owner);
+    IF FOUND AND NOT pglease._may_act(owner) THEN
+        PERFORM pglease._refuse_owner(_refuse_foreign.name, owner, action);
     END IF;
 END
 $$;
@@ -1081,14 +1094,10 @@ BEGIN
           FROM unnest(names, tokens) AS u(n, t)
           JOIN pglease.leases AS c ON c.name = u.n AND c.token = u.t
          WHERE c.holder IS NOT NULL AND clock_timestamp() < c.expires_at
-           AND NOT (c.role IS NOT DISTINCT FROM session_user OR pglease._may_act(c.role))
+           AND NOT pglease._may_act(c.role)
          LIMIT 1;
         IF FOUND THEN
-            RAISE EXCEPTION USING ERRCODE = '42501',
-                MESSAGE = format('pglease: role %I may not renew lease %L: it was acquired by '
-                                 'role %I, and only that role, its members and pglease '
-                                 'administrators may act under its token', session_user, bad.n,
-                                 bad.role);
+            PERFORM pglease._refuse_owner(bad.n, bad.role, 'renew');
         END IF;
         RETURN QUERY
         SELECT u.n, u.t, NULL::timestamptz, false, nullif(c.token, 0), c.holder
@@ -1287,6 +1296,7 @@ DECLARE
     cur_released timestamptz;
     cur_role     name;
     cur_secret   bytea;
+    marker       bigint;
     t            timestamptz;
     declared     text;
 BEGIN
@@ -1347,11 +1357,7 @@ BEGIN
     -- (Nested, so that the second test is prepared only when it is needed.)
     IF cur_role IS DISTINCT FROM session_user THEN
         IF NOT pglease._may_act(cur_role) THEN
-            RAISE EXCEPTION USING ERRCODE = '42501',
-                MESSAGE = format('pglease: role %I may not write under lease %L: it was '
-                                 'acquired by role %I, and only that role, its members and '
-                                 'pglease administrators may act under its token',
-                                 session_user, assert_held.name, cur_role);
+            PERFORM pglease._refuse_owner(assert_held.name, cur_role, 'write under');
         END IF;
     END IF;
 
@@ -1360,14 +1366,12 @@ BEGIN
     -- Nobody without the lease's secret can hold it first; should the try
     -- fail all the same, the check fails rather than leave this
     -- transaction unmarked (a frozen unmarked holder would pin the lease).
-    IF NOT pg_try_advisory_xact_lock_shared(
-               pglease._marker(cur_secret, pg_current_xact_id()::xid)) THEN
+    marker := pglease._marker(cur_secret, pg_current_xact_id()::xid);
+    IF NOT pg_try_advisory_xact_lock_shared(marker) THEN
         RAISE EXCEPTION USING ERRCODE = '55P03',
             MESSAGE = format('pglease: lease %L: this transaction''s fenced marker is held '
                              'exclusively by another session (%s)', assert_held.name,
-                             pglease._key_holders(
-                                 pglease._marker(cur_secret, pg_current_xact_id()::xid) >> 32,
-                                 pglease._marker(cur_secret, pg_current_xact_id()::xid), 1));
+                             pglease._key_holders(marker >> 32, marker, 1));
     END IF;
 
     -- Record the declaration for the rest of the transaction (protected
