@@ -184,6 +184,25 @@ async fn a_listener_learns_no_token_holder_value_or_name() {
     }
 }
 
+/// Whether table `ledger`'s guard triggers are as `protect` made them.
+async fn ledger_intact(db: &TestDb) -> bool {
+    sqlx::query_scalar("SELECT intact FROM pglease.protected WHERE tbl = 'ledger'::regclass")
+        .fetch_one(db.pool())
+        .await
+        .expect("protected")
+}
+
+/// Reads `observer` until it reports the acquisition under `token`.
+async fn until_acquired(observer: &mut pglease::observe::Observer, token: pglease::Token) {
+    loop {
+        match tokio::time::timeout(BOUND, observer.next()).await {
+            Ok(Ok(Change::Acquired { token: t, .. })) if t == token => return,
+            Ok(Ok(_)) => {}
+            other => panic!("the acquisition under {token}: {other:?}"),
+        }
+    }
+}
+
 /// Finding 3: a role granted ALL (TRIGGER included) on a protected table
 /// cannot re-point it at a lease it controls; where PostgreSQL lets it
 /// remove the guard, the view and `doctor` say so.
@@ -254,11 +273,7 @@ async fn a_role_with_trigger_cannot_repoint_a_protected_table() {
         .await,
         None
     );
-    let intact: bool =
-        sqlx::query_scalar("SELECT intact FROM pglease.protected WHERE tbl = 'ledger'::regclass")
-            .fetch_one(db.pool())
-            .await
-            .expect("protected");
+    let intact = ledger_intact(&db).await;
     assert!(!intact);
     let diagnosis = db.manager().doctor().await.expect("doctor");
     let warnings: Vec<&str> = diagnosis
@@ -279,16 +294,12 @@ async fn a_role_with_trigger_cannot_repoint_a_protected_table() {
         ))),
         "{warnings:?}"
     );
-    // The owner protects it again; app2's TRIGGER is still reported.
+    // The owner protects it again.
     sqlx::query("SELECT pglease.protect('ledger', 'ledger-lease')")
         .execute(&mut owner)
         .await
         .expect("protect again");
-    let intact: bool =
-        sqlx::query_scalar("SELECT intact FROM pglease.protected WHERE tbl = 'ledger'::regclass")
-            .fetch_one(db.pool())
-            .await
-            .expect("protected");
+    let intact = ledger_intact(&db).await;
     assert!(intact);
 }
 
@@ -608,13 +619,7 @@ async fn no_key_any_role_can_take_blocks_a_lease() {
         .acquire("seen", AcquireOptions::ttl(TTL))
         .await
         .expect("acquire");
-    loop {
-        match tokio::time::timeout(BOUND, observer.next()).await {
-            Ok(Ok(Change::Acquired { token, .. })) if token == seen.token() => break,
-            Ok(Ok(_)) => {}
-            other => panic!("the acquisition, read: {other:?}"),
-        }
-    }
+    until_acquired(&mut observer, seen.token()).await;
     assert!(started.elapsed() < BOUND, "{:?}", started.elapsed());
 
     // The watch key: the waiter is not woken by a notification, but it
@@ -859,13 +864,7 @@ async fn one_application_role_needs_no_set_up() {
     m.renew(held.lease(), Duration::from_secs(5))
         .await
         .expect("renew");
-    loop {
-        match tokio::time::timeout(BOUND, observer.next()).await {
-            Ok(Ok(Change::Acquired { token, .. })) if token == held.token() => break,
-            Ok(Ok(_)) => {}
-            other => panic!("observed: {other:?}"),
-        }
-    }
+    until_acquired(&mut observer, held.token()).await;
     let waiter = tokio::spawn({
         let m = m.clone();
         async move { m.acquire("job", AcquireOptions::ttl(TTL).wait(BOUND)).await }

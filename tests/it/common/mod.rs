@@ -13,7 +13,7 @@ use pglease::testing::TestDatabase;
 pub use pglease::testing::poll_until;
 use pglease::{LeaseManager, ManagerOptions};
 use sqlx::PgConnection;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// A freshly created database (see [`TestDatabase`], whose helpers it
 /// dereferences to), dropped with its connections when this value is
@@ -47,13 +47,7 @@ impl TestDb {
     /// carry `application_name` = `app`, so that a test can find them in
     /// `pg_stat_activity`. Build it on the runtime that will use it.
     pub async fn manager_with(&self, app: &str, options: ManagerOptions) -> LeaseManager {
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_with(self.options().application_name(app))
-            .await
-            .expect("connect a manager's pool");
-        LeaseManager::with_options(pool, options).expect("valid manager options")
+        manager_on(self.options().application_name(app), options).await
     }
 
     /// A connection of its own, outside the pool.
@@ -101,14 +95,20 @@ impl TestDb {
 
     /// A manager whose pool logs in as `role`.
     pub async fn manager_as(&self, role: &str, options: ManagerOptions) -> LeaseManager {
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_with(self.options().username(role))
-            .await
-            .unwrap_or_else(|e| panic!("connect a pool as {role}: {e}"));
-        LeaseManager::with_options(pool, options).expect("valid manager options")
+        manager_on(self.options().username(role), options).await
     }
+}
+
+/// A manager with `options` on a pool of four connections made with
+/// `connect`.
+async fn manager_on(connect: PgConnectOptions, options: ManagerOptions) -> LeaseManager {
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(connect)
+        .await
+        .unwrap_or_else(|e| panic!("connect a manager's pool: {e}"));
+    LeaseManager::with_options(pool, options).expect("valid manager options")
 }
 
 /// The SQLSTATE `sql` (one or more statements, simple protocol) fails
