@@ -24,11 +24,13 @@
 -- so '1 day' is always 86400 s and never depends on the session's TimeZone
 -- (a calendar day across a DST change is 23 or 25 hours).
 --
--- LOCKS. acquire changes the token, and (name, token) is a unique key, so
--- the update is a *key* update and needs the FOR UPDATE row lock.
--- assert_held takes FOR KEY SHARE, which conflicts only with FOR UPDATE:
--- while a fenced transaction is open no acquisition of its lease can
--- commit, but renew and release (which change no key column) proceed.
+-- LOCKS. Every function that changes a token (acquire, force_release)
+-- first locks the row FOR UPDATE, explicitly: the token is not in any
+-- index, so the UPDATE alone would take only FOR NO KEY UPDATE, and the
+-- updates stay HOT (no index entry per acquisition). assert_held takes
+-- FOR KEY SHARE, which conflicts only with FOR UPDATE: while a fenced
+-- transaction is open no acquisition of its lease can commit, but renew
+-- and release (FOR NO KEY UPDATE) proceed.
 -- Advisory locks are a hint between sessions, never a fact: any role can
 -- take any key, so no decision rests on who holds one and no wait on one
 -- is unbounded (see AUTHORITY). Key spaces (first key): 0x706c7761 "plwa"
@@ -76,12 +78,13 @@
 -- (pglease.declared, the lock counters) only ever say what to check, or
 -- cost their own session; nothing else is taken from them.
 --
--- TRIGGERS. Two on pglease.leases, so that every function that changes a
--- lease is covered and keeps its single definition: pglease_count_renewal
--- (BEFORE: a term's renewal count) and pglease_changed (AFTER a change of
--- holder, token, value or step-down request: notify observers, record the
--- history); renewals fire only the first. Their WHEN clauses are
--- evaluated without calling the functions.
+-- NO TRIGGERS. Each function that changes a lease's holder, token, value
+-- or step-down request records the transition (pglease._record) and tells
+-- observers (pglease._changed) itself, in the transaction that makes it;
+-- renew counts the term's renewals in its own UPDATE. A row trigger on
+-- the leases table cost about a fifth of a renew or release (PostgreSQL
+-- prepares a table's triggers and CHECK constraints again for every
+-- statement that writes it), and only these functions write the table.
 
 CREATE SCHEMA IF NOT EXISTS pglease;
 
@@ -130,15 +133,28 @@ CREATE SEQUENCE pglease.fence_seq AS bigint START WITH 1 INCREMENT BY 1 CACHE 1 
 -- one up, and nobody can exhaust 2^63 of them).
 CREATE SEQUENCE pglease.lease_id_seq AS bigint START WITH 1 NO CYCLE;
 
+-- The bounds of a name or holder, and of a value, as domains rather than
+-- CHECK constraints on the table: PostgreSQL prepares a table's CHECK
+-- constraints again for every statement that writes the table (in
+-- pglease's functions: every call), which cost about a third of a renew;
+-- a domain's check is planned with the statement and runs only on the
+-- columns a statement assigns. The functions check their arguments
+-- first, for the exact message; these are what the table guarantees.
+CREATE DOMAIN pglease.bounded_text AS text
+    CHECK (octet_length(VALUE) BETWEEN 1 AND pglease._max_text_bytes());
+CREATE DOMAIN pglease.value_text AS text
+    CHECK (octet_length(VALUE) <= pglease._max_value_bytes());
+CREATE DOMAIN pglease.history_event AS text
+    CHECK (VALUE IN ('acquired', 'released', 'expired', 'evicted', 'force_released', 'value',
+                     'step_down_requested'));
+
 -- One row per lease name, created on the first acquisition and never
 -- deleted: deleting and recreating a row could let a racing acquirer lock a
 -- row that is no longer current.
 CREATE TABLE pglease.leases (
-    name        text        NOT NULL PRIMARY KEY
-                            CHECK (octet_length(name) BETWEEN 1 AND pglease._max_text_bytes()),
+    name        pglease.bounded_text NOT NULL PRIMARY KEY,
     -- NULL once released; after expiry it still names the last holder.
-    holder      text        CHECK (holder IS NULL
-                                   OR octet_length(holder) BETWEEN 1 AND pglease._max_text_bytes()),
+    holder      pglease.bounded_text,
     -- The latest token issued for this name (0 only inside the transaction
     -- that creates the row).
     token       bigint      NOT NULL,
@@ -147,11 +163,9 @@ CREATE TABLE pglease.leases (
     renewed_at  timestamptz,
     released_at timestamptz,
     -- Unique by construction (only the functions write the table, and rows
-    -- are never deleted), and deliberately not indexed: every acquisition
-    -- inserts into every index of the table (it changes the token, so it
-    -- is never a HOT update), and one more unique index made the
-    -- acquire + release cycle measurably slower on a hot name. Nothing
-    -- looks a lease up by its number.
+    -- are never deleted), and deliberately not indexed: an index on a
+    -- column no update changes would still be one more index to check,
+    -- and nothing looks a lease up by its number.
     id          bigint      NOT NULL DEFAULT nextval('pglease.lease_id_seq'),
     -- The login role (session_user) of the latest acquisition: the role
     -- that may act under its token (see AUTHORITY at the top).
@@ -162,7 +176,7 @@ CREATE TABLE pglease.leases (
     -- The value the holder of token value_token published (proclaim). It
     -- belongs to that acquisition: the next one starts without it, at no
     -- cost to an acquisition that sets none.
-    value       text        CHECK (octet_length(value) <= pglease._max_value_bytes()),
+    value       pglease.value_text,
     value_token bigint,
     -- How many times the holder of value_token has published a value (the
     -- history records the first 16 of a term, see HISTORY).
@@ -174,11 +188,12 @@ CREATE TABLE pglease.leases (
     step_down_by    text,
     step_down_at    timestamptz,
     -- How many times the current acquisition has been renewed (counted by
-    -- the trigger pglease_count_renewal; recorded with the term's end).
-    renewals    integer     NOT NULL DEFAULT 0,
-    -- Makes "token" a key column: see LOCKS above.
-    CONSTRAINT leases_name_token_key UNIQUE (name, token)
-) WITH (fillfactor = 80); -- room for HOT updates by renew and release
+    -- renew itself; recorded with the term's end).
+    renewals    integer     NOT NULL DEFAULT 0
+    -- The primary key is the table's only index, and no function changes
+    -- the name: every update is a HOT update (see LOCKS above for why the
+    -- token needs no index).
+) WITH (fillfactor = 80); -- room for the HOT updates
 
 ALTER SEQUENCE pglease.lease_id_seq OWNED BY pglease.leases.id;
 
@@ -191,8 +206,7 @@ COMMENT ON COLUMN pglease.leases.role IS
 
 -- Separate-resource fencing: the highest token each resource has accepted.
 CREATE TABLE pglease.fences (
-    resource    text        NOT NULL PRIMARY KEY
-                            CHECK (octet_length(resource) BETWEEN 1 AND pglease._max_text_bytes()),
+    resource    pglease.bounded_text NOT NULL PRIMARY KEY,
     token       bigint      NOT NULL,
     advanced_at timestamptz NOT NULL
 );
@@ -206,9 +220,7 @@ CREATE TABLE pglease._history (
     id     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name   text        NOT NULL,
     token  bigint      NOT NULL,
-    event  text        NOT NULL CHECK (event IN ('acquired', 'released', 'expired',
-                                                  'evicted', 'force_released', 'value',
-                                                  'step_down_requested')),
+    event  pglease.history_event NOT NULL,
     holder text,
     at     timestamptz NOT NULL,
     renewals integer,
@@ -729,10 +741,9 @@ BEGIN
     SELECT string_agg(f.pid::text, ', ' ORDER BY f.pid)
                FILTER (WHERE pg_terminate_backend(f.pid)) INTO ended
       FROM pglease._fenced_pids(lease.secret) AS f(pid);
-    IF ended IS NOT NULL AND pglease._history_retention() > interval '0' THEN
-        INSERT INTO pglease._history (name, token, event, holder, at, detail, role)
-        VALUES (lease.name, lease.token, 'evicted', lease.holder, clock_timestamp(),
-                'ended sessions ' || ended, session_user);
+    IF ended IS NOT NULL THEN
+        PERFORM pglease._record(lease.name, lease.token, 'evicted', lease.holder,
+                                clock_timestamp(), NULL, 'ended sessions ' || ended);
     END IF;
     RETURN NULL;
 EXCEPTION WHEN insufficient_privilege THEN
@@ -839,6 +850,9 @@ DECLARE
     checked    text;
     cur_holder text;
     cur_expiry timestamptz;
+    cur_token  bigint;
+    cur_renewals integer;
+    new_id     bigint;
     found_row  boolean;
     note       text;
     t          timestamptz;
@@ -864,6 +878,71 @@ BEGIN
         RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL)::pglease.acquisition;
     END IF;
 
+    -- The usual case, in one statement: the row exists, nobody locks it,
+    -- and no name grant covers the name. FOR UPDATE SKIP LOCKED in s,
+    -- which the update joins: a row that someone locks (a fenced
+    -- transaction, another acquirer) is not updated, and neither is one
+    -- that a name grant covers; both go the long way below. The lease
+    -- is decided on the latest row version with a clock read as the
+    -- update runs, after the lock (a version committed after this
+    -- statement began makes PostgreSQL evaluate the WHERE clause again
+    -- on it). The token is drawn only for the row updated, under the
+    -- lock. The history rows are inserted by the same statement.
+    IF found_row THEN
+        WITH s AS (
+            SELECT l.name, l.holder, l.token, l.expires_at, l.renewals
+              FROM pglease.leases AS l WHERE l.name = acquire.name FOR UPDATE SKIP LOCKED
+        ), u AS (
+            UPDATE pglease.leases AS l
+               SET holder = acquire.holder,
+                   role = session_user,
+                   token = nextval('pglease.fence_seq'),
+                   expires_at = clock_timestamp() + make_interval(secs => seconds::double precision),
+                   acquired_at = clock_timestamp(),
+                   renewed_at = NULL,
+                   released_at = NULL,
+                   renewals = 0
+              FROM s
+             WHERE l.name = s.name
+               AND (l.holder IS NULL OR clock_timestamp() >= l.expires_at)
+               AND NOT EXISTS (SELECT 1 FROM pglease.name_grants AS g
+                                WHERE starts_with(acquire.name, g.prefix))
+            RETURNING l.token, l.expires_at, l.acquired_at, s.holder AS old_holder,
+                      s.token AS old_token, s.expires_at AS old_expiry, s.renewals AS old_renewals
+        ), h AS (
+            -- The term before ended without a release: it expired
+            -- (recorded at the time it did). Then this term.
+            INSERT INTO pglease._history (name, token, event, holder, at, renewals, role)
+            SELECT acquire.name, e.token, e.event, e.holder, e.at, e.renewals, session_user
+              FROM u
+             CROSS JOIN pglease._history_config AS c
+             CROSS JOIN LATERAL (VALUES (u.old_token, 'expired', u.old_holder, u.old_expiry,
+                                         u.old_renewals, u.old_holder IS NOT NULL AND u.old_token > 0),
+                                        (u.token, 'acquired', acquire.holder, u.acquired_at,
+                                         NULL, true))
+                                AS e(token, event, holder, at, renewals, wanted)
+             WHERE c.retention > interval '0' AND e.wanted
+            RETURNING _history.id
+        )
+        SELECT u.token, u.expires_at, u.acquired_at, (SELECT max(h.id) FROM h)
+          INTO result.token, result.expires_at, t, new_id
+          FROM u;
+        IF FOUND THEN
+            -- Durable whatever the session's synchronous_commit (see
+            -- DURABILITY at the top).
+            IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
+                checked := set_config('synchronous_commit', 'on', true);
+            END IF;
+            IF new_id % 128 = 0 THEN
+                PERFORM pglease._purge_history(new_id);
+            END IF;
+            PERFORM pglease._changed(acquire.name);
+            result.holder := acquire.holder;
+            result.checked_at := t;
+            RETURN result;
+        END IF;
+    END IF;
+
     -- Names granted by prefix (see AUTHORITY), checked before anything
     -- is written.
     IF NOT pglease._may_use_name(acquire.name) THEN
@@ -875,8 +954,9 @@ BEGIN
         -- Creators of one name take turns, on the row of pglease._creators
         -- for the name's hash (a row lock only pglease can take, held to
         -- commit): two speculative inserts racing on the primary key,
-        -- followed by the winner's key update (which inserts a new
-        -- primary-key entry), can otherwise deadlock. The second creator
+        -- followed by the winner's update (which inserts a new
+        -- primary-key entry when the page has no room), can otherwise
+        -- deadlock. The second creator
         -- then finds the committed row, inserts nothing, and locks that
         -- row below. Bounded like every wait here: after 1 s of another
         -- creation that has not committed, not acquired, with a note.
@@ -899,7 +979,8 @@ BEGIN
     END IF;
 
     -- Usually nobody else locks the row: take FOR UPDATE at once.
-    SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
+    SELECT l.holder, l.expires_at, l.token, l.renewals
+      INTO cur_holder, cur_expiry, cur_token, cur_renewals
       FROM pglease.leases AS l WHERE l.name = acquire.name FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         note := pglease._take_over(acquire.name);
@@ -907,7 +988,8 @@ BEGIN
         -- taken; otherwise it says who holds the lease, or, if the lease
         -- has ended (expires_at <= checked_at, or holder NULL), that a
         -- transaction that could not be ended pins it, and note says why.
-        SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
+        SELECT l.holder, l.expires_at, l.token, l.renewals
+          INTO cur_holder, cur_expiry, cur_token, cur_renewals
           FROM pglease.leases AS l WHERE l.name = acquire.name;
         IF note IS NOT NULL THEN
             IF note <> '' THEN
@@ -939,9 +1021,19 @@ BEGIN
            expires_at = t + make_interval(secs => seconds::double precision),
            acquired_at = t,
            renewed_at = NULL,
-           released_at = NULL
+           released_at = NULL,
+           renewals = 0
      WHERE l.name = acquire.name
     RETURNING l.token, l.expires_at INTO result.token, result.expires_at;
+    -- The term before ended without a release: it expired (recorded at
+    -- the time it did). Then this term, and the observers.
+    IF cur_holder IS NOT NULL AND cur_token > 0 THEN
+        PERFORM pglease._record(acquire.name, cur_token, 'expired', cur_holder, cur_expiry,
+                                cur_renewals, NULL);
+    END IF;
+    PERFORM pglease._record(acquire.name, result.token, 'acquired', acquire.holder, t,
+                            NULL, NULL);
+    PERFORM pglease._changed(acquire.name);
     result.holder := acquire.holder;
     result.checked_at := t;
     RETURN result;
@@ -982,7 +1074,8 @@ BEGIN
     -- update has to wait for a concurrent acquirer.
     UPDATE pglease.leases AS l
        SET expires_at = clock_timestamp() + make_interval(secs => seconds::double precision),
-           renewed_at = clock_timestamp()
+           renewed_at = clock_timestamp(),
+           renewals = l.renewals + 1
      WHERE l.name = renew.name
        AND l.token = renew.token
        AND l.holder IS NOT NULL
@@ -1068,7 +1161,8 @@ BEGIN
     WITH upd AS (
         UPDATE pglease.leases AS l
            SET expires_at = clock_timestamp() + make_interval(secs => date_part('epoch', u.ttl)),
-               renewed_at = clock_timestamp()
+               renewed_at = clock_timestamp(),
+               renewals = l.renewals + 1
           FROM unnest(names, tokens, ttls) AS u(n, t, ttl)
          WHERE l.name = u.n
            AND l.token = u.t
@@ -1100,7 +1194,7 @@ BEGIN
             PERFORM pglease._refuse_owner(bad.n, bad.role, 'renew');
         END IF;
         RETURN QUERY
-        SELECT u.n, u.t, NULL::timestamptz, false, nullif(c.token, 0), c.holder
+        SELECT u.n, u.t, NULL::timestamptz, false, nullif(c.token, 0), c.holder::text
           FROM unnest(names, tokens) AS u(n, t)
           LEFT JOIN pglease.leases AS c ON c.name = u.n
          WHERE NOT EXISTS (SELECT 1 FROM unnest(r_names, r_tokens) AS r(n, t)
@@ -1194,8 +1288,9 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    checked text;
-    locks   integer;
+    checked  text;
+    locks    integer;
+    new_id   bigint;
 BEGIN
     IF NOT coalesce(octet_length(release.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND release.token IS NOT NULL, false) THEN
@@ -1204,16 +1299,32 @@ BEGIN
     END IF;
 
     -- Keyed on the token: a delayed release from an earlier acquisition
-    -- matches nothing; after expiry nothing changes.
-    UPDATE pglease.leases AS l
-       SET holder = NULL,
-           expires_at = clock_timestamp(),
-           released_at = clock_timestamp()
-     WHERE l.name = release.name
-       AND l.token = release.token
-       AND l.holder IS NOT NULL
-       AND clock_timestamp() < l.expires_at
-       AND (l.role = session_user OR pglease._may_act(l.role));
+    -- matches nothing; after expiry nothing changes. The holder, for the
+    -- history, from the row as this statement found it (a token's holder
+    -- never changes but to NULL, which this update then does not match);
+    -- the history row is inserted by the same statement.
+    WITH u AS (
+        UPDATE pglease.leases AS l
+           SET holder = NULL,
+               expires_at = clock_timestamp(),
+               released_at = clock_timestamp()
+          FROM pglease.leases AS o
+         WHERE l.name = release.name
+           AND o.name = release.name
+           AND l.token = release.token
+           AND l.holder IS NOT NULL
+           AND clock_timestamp() < l.expires_at
+           AND (l.role = session_user OR pglease._may_act(l.role))
+        RETURNING o.holder, l.released_at, l.renewals
+    ), h AS (
+        INSERT INTO pglease._history (name, token, event, holder, at, renewals, role)
+        SELECT release.name, release.token, 'released', u.holder, u.released_at, u.renewals,
+               session_user
+          FROM u CROSS JOIN pglease._history_config AS c
+         WHERE c.retention > interval '0'
+        RETURNING _history.id
+    )
+    SELECT (SELECT max(h.id) FROM h) INTO new_id FROM u;
     IF NOT FOUND THEN
         PERFORM pglease._refuse_foreign(release.name, release.token, 'release');
         RETURN false;
@@ -1231,6 +1342,10 @@ BEGIN
     ELSE
         PERFORM pg_notify('pglease_release', hashtext(release.name)::text);
     END IF;
+    IF new_id % 128 = 0 THEN
+        PERFORM pglease._purge_history(new_id);
+    END IF;
+    PERFORM pglease._changed(release.name);
     RETURN true;
 END
 $$;
@@ -1307,7 +1422,7 @@ BEGIN
     END IF;
 
     -- FOR KEY SHARE lasts until the caller's transaction ends and blocks
-    -- the key update every acquisition makes (see LOCKS at the top).
+    -- the FOR UPDATE lock every acquisition takes (see LOCKS at the top).
     SELECT l.token, l.holder, l.expires_at, l.released_at, l.role, l.secret
       INTO cur_token, cur_holder, cur_expiry, cur_released, cur_role, cur_secret
       FROM pglease.leases AS l WHERE l.name = assert_held.name FOR KEY SHARE;
@@ -1700,6 +1815,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     checked text;
+    done    record;
 BEGIN
     IF NOT coalesce(octet_length(proclaim.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND proclaim.token IS NOT NULL, false) THEN
@@ -1712,19 +1828,33 @@ BEGIN
                              octet_length(proclaim.value), pglease._max_value_bytes());
     END IF;
 
+    -- Whether it changes anything, from the row as this statement found it.
     UPDATE pglease.leases AS l
        SET value = proclaim.value,
            value_token = proclaim.token,
            value_changes = CASE WHEN l.value_token = proclaim.token
                                 THEN l.value_changes + 1 ELSE 1 END
+      FROM pglease.leases AS o
      WHERE l.name = proclaim.name
+       AND o.name = proclaim.name
        AND l.token = proclaim.token
        AND l.holder IS NOT NULL
        AND clock_timestamp() < l.expires_at
-       AND (l.role = session_user OR pglease._may_act(l.role));
+       AND (l.role = session_user OR pglease._may_act(l.role))
+    RETURNING o.value IS DISTINCT FROM l.value OR o.value_token IS DISTINCT FROM l.value_token
+              AS changed, l.holder, l.value_changes INTO done;
     IF NOT FOUND THEN
         PERFORM pglease._refuse_foreign(proclaim.name, proclaim.token, 'publish a value under');
         RETURN false; -- stale token, released, expired or unknown
+    END IF;
+    IF done.changed THEN
+        -- The history: the first 16 values of a term, their first 1,000
+        -- characters.
+        IF done.value_changes <= 16 THEN
+            PERFORM pglease._record(proclaim.name, proclaim.token, 'value', done.holder,
+                                    clock_timestamp(), NULL, left(proclaim.value, 1000));
+        END IF;
+        PERFORM pglease._changed(proclaim.name);
     END IF;
     RETURN true;
 END
@@ -1759,9 +1889,8 @@ COMMENT ON FUNCTION pglease.proclaim(text, bigint, text) IS
 -- one transaction (pglease.change_locks), the change notifies without
 -- asking.
 --
--- The change is detected by the trigger pglease_changed on the leases
--- table (with the history, below). It tries the lock first and notifies
--- only for an observed name.
+-- Every function that makes a change calls pglease._changed, which tries
+-- the lock first and notifies only for an observed name.
 --
 -- NOTIFICATIONS ARE HINTS. Anyone who can connect may LISTEN on
 -- pglease_change and pglease_release, and NOTIFY on them. So the payload
@@ -1843,7 +1972,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     checked text;
-    asked   bigint;
+    asked   record;
+    held_token bigint;
 BEGIN
     IF NOT coalesce(octet_length(request_step_down.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND octet_length(request_step_down.requested_by)
@@ -1864,13 +1994,18 @@ BEGIN
        AND l.holder IS NOT NULL
        AND clock_timestamp() < l.expires_at
        AND l.step_down_token IS DISTINCT FROM l.token
-    RETURNING l.token INTO asked;
-    IF asked IS NULL THEN
-        SELECT l.token INTO asked FROM pglease.leases AS l
-         WHERE l.name = request_step_down.name
-           AND l.holder IS NOT NULL AND clock_timestamp() < l.expires_at;
+    RETURNING l.token, l.holder, l.step_down_at INTO asked;
+    IF FOUND THEN
+        PERFORM pglease._record(request_step_down.name, asked.token, 'step_down_requested',
+                                asked.holder, asked.step_down_at, NULL,
+                                request_step_down.requested_by);
+        PERFORM pglease._changed(request_step_down.name);
+        RETURN asked.token;
     END IF;
-    RETURN asked; -- NULL: nobody holds the lease
+    SELECT l.token INTO held_token FROM pglease.leases AS l
+     WHERE l.name = request_step_down.name
+       AND l.holder IS NOT NULL AND clock_timestamp() < l.expires_at;
+    RETURN held_token; -- NULL: nobody holds the lease
 END
 $$;
 
@@ -1895,9 +2030,8 @@ COMMENT ON FUNCTION pglease.request_step_down(text, text) IS
 -- transitions: each term's count is kept on the lease (renewals, shown in
 -- the status view) and recorded with the term's end.
 --
--- The rows are written by the trigger pglease_changed, which also
--- notifies observers. Renewals fire only the counting trigger
--- (pglease_count_renewal, BEFORE UPDATE OF renewed_at).
+-- The rows are written by the functions that make the transitions,
+-- through pglease._record; renew only counts.
 --
 -- ROLES. Each row names the login role whose call recorded it (role).
 --
@@ -1940,40 +2074,6 @@ COMMENT ON VIEW pglease.history IS
     'role whose call recorded it. Kept as pglease.history_settings says (default 30 '
     'days, 1000000 rows).';
 
--- Counts a term's renewals; a new acquisition starts from zero. Like the
--- trigger pglease_changed, no SET clause (only built-ins, pg_catalog
--- first).
-CREATE FUNCTION pglease._count_renewal()
-RETURNS trigger
-LANGUAGE plpgsql VOLATILE
-AS $$
-BEGIN
-    IF NEW.token = OLD.token THEN
-        NEW.renewals := OLD.renewals + 1;
-    ELSE
-        NEW.renewals := 0;
-    END IF;
-    RETURN NEW;
-END
-$$;
-
-REVOKE ALL ON FUNCTION pglease._count_renewal() FROM PUBLIC;
-
-CREATE TRIGGER pglease_count_renewal
-BEFORE UPDATE OF renewed_at, token ON pglease.leases
-FOR EACH ROW
-WHEN (OLD.renewed_at IS DISTINCT FROM NEW.renewed_at OR OLD.token IS DISTINCT FROM NEW.token)
-EXECUTE FUNCTION pglease._count_renewal();
-
--- The history's retention and its row bound, as an administrator set
--- them (pglease.set_history).
-CREATE FUNCTION pglease._history_retention()
-RETURNS interval
-LANGUAGE sql STABLE
-AS $$ SELECT c.retention FROM pglease._history_config AS c $$;
-
-REVOKE ALL ON FUNCTION pglease._history_retention() FROM PUBLIC;
-
 CREATE FUNCTION pglease.set_history(retention interval, max_rows bigint DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -2011,95 +2111,80 @@ SELECT c.retention, c.max_rows FROM pglease._history_config AS c;
 COMMENT ON VIEW pglease.history_settings IS
     'The history''s retention and row bound (set by pglease.set_history).';
 
--- The one trigger for a change of a lease (its WHEN clause lets renewals
--- through without a call): it notifies observers, if any observe the
--- name, and records the history, unless the retention is '0'. Like the
--- input helpers it uses only built-in functions (pg_catalog is always
--- searched first) and carries no SET clause, whose save and restore of
--- search_path on every call would be most of its cost. It takes nothing
--- from settings a session can SET but the lock counter (which only
--- makes that session notify more).
-CREATE FUNCTION pglease._changed()
-RETURNS trigger
+-- Records one transition in the history, unless the retention is '0';
+-- now and then (one row id in 128) deletes rows past the retention or
+-- the row bound. Called by every function that makes a transition, in
+-- its own transaction. Like the input helpers it uses only built-in
+-- functions (pg_catalog is always searched first) and carries no SET
+-- clause (its callers' search_path is pglease's own), whose save and
+-- restore of search_path on every call would be most of its cost.
+CREATE FUNCTION pglease._record(name text, token bigint, event text, holder text,
+                                at timestamptz, renewals integer, detail text)
+RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    locks     integer;
-    checked   text;
-    new_id    bigint;
-    config    record;
+    new_id bigint;
 BEGIN
-    -- Observers. Nobody observes if the try succeeds: keep the lock until
-    -- commit (so that a new observer waits for this change to commit) and
-    -- send nothing. The payload is a hint (see NOTIFICATIONS).
-    locks := coalesce(nullif(current_setting('pglease.change_locks', true), ''), '0')::integer;
-    IF locks >= 0 AND locks < 32 AND pg_try_advisory_xact_lock(1886154594, hashtext(NEW.name)) THEN
-        checked := set_config('pglease.change_locks', (locks + 1)::text, true);
-    ELSE
-        PERFORM pg_notify('pglease_change', hashtext(NEW.name)::text);
-    END IF;
-
-    -- The history.
-    SELECT c.retention, c.max_rows INTO config FROM pglease._history_config AS c;
-    IF config.retention <= interval '0' THEN
-        RETURN NULL; -- history off
-    END IF;
-    IF NEW.token IS DISTINCT FROM OLD.token THEN
-        -- The term before ended without a release: it expired (a force
-        -- release records itself, with its reason).
-        IF OLD.holder IS NOT NULL AND OLD.token > 0 AND NEW.holder IS NOT NULL THEN
-            INSERT INTO pglease._history (name, token, event, holder, at, renewals, role)
-            VALUES (NEW.name, OLD.token, 'expired', OLD.holder, OLD.expires_at, OLD.renewals,
-                    session_user);
-        END IF;
-        IF NEW.holder IS NOT NULL THEN
-            INSERT INTO pglease._history (name, token, event, holder, at, role)
-            VALUES (NEW.name, NEW.token, 'acquired', NEW.holder, NEW.acquired_at, session_user)
-            RETURNING _history.id INTO new_id;
-        END IF;
-    ELSIF NEW.holder IS NULL AND OLD.holder IS NOT NULL THEN
-        INSERT INTO pglease._history (name, token, event, holder, at, renewals, role)
-        VALUES (NEW.name, NEW.token, 'released', OLD.holder, NEW.released_at, NEW.renewals,
-                session_user)
-        RETURNING _history.id INTO new_id;
-    END IF;
-    -- Values: the first 16 changes of a term, the first 1,000 characters.
-    IF (NEW.value_token IS DISTINCT FROM OLD.value_token
-        OR NEW.value IS DISTINCT FROM OLD.value) AND NEW.value_token = NEW.token
-       AND NEW.value_changes <= 16 THEN
-        INSERT INTO pglease._history (name, token, event, holder, at, detail, role)
-        VALUES (NEW.name, NEW.token, 'value', NEW.holder, clock_timestamp(),
-                left(NEW.value, 1000), session_user);
-    END IF;
-    IF NEW.step_down_at IS DISTINCT FROM OLD.step_down_at AND NEW.step_down_token = NEW.token THEN
-        INSERT INTO pglease._history (name, token, event, holder, at, detail, role)
-        VALUES (NEW.name, NEW.token, 'step_down_requested', NEW.holder, NEW.step_down_at,
-                NEW.step_down_by, session_user);
-    END IF;
-    -- Retention, now and then.
+    -- One statement: the settings' row decides whether anything is
+    -- inserted.
+    INSERT INTO pglease._history (name, token, event, holder, at, renewals, detail, role)
+    SELECT _record.name, _record.token, _record.event, _record.holder, _record.at,
+           _record.renewals, _record.detail, session_user
+      FROM pglease._history_config AS c
+     WHERE c.retention > interval '0'
+    RETURNING _history.id INTO new_id;
     IF new_id % 128 = 0 THEN
-        -- Among the 1,000 oldest rows (by id, through the primary key: no
-        -- index on time to keep), those past the retention or beyond the
-        -- row bound.
-        DELETE FROM pglease._history AS h
-         WHERE h.id IN (SELECT o.id FROM pglease._history AS o ORDER BY o.id LIMIT 1000)
-           AND (h.at < clock_timestamp() - config.retention OR h.id <= new_id - config.max_rows);
+        PERFORM pglease._purge_history(new_id);
     END IF;
-    RETURN NULL;
 END
 $$;
 
-REVOKE ALL ON FUNCTION pglease._changed() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglease._record(text, bigint, text, text, timestamptz, integer, text)
+    FROM PUBLIC;
 
-CREATE TRIGGER pglease_changed
-AFTER UPDATE OF token, holder, value, value_token, step_down_at ON pglease.leases
-FOR EACH ROW
-WHEN (OLD.token IS DISTINCT FROM NEW.token
-      OR OLD.holder IS DISTINCT FROM NEW.holder
-      OR OLD.value IS DISTINCT FROM NEW.value
-      OR OLD.value_token IS DISTINCT FROM NEW.value_token
-      OR OLD.step_down_at IS DISTINCT FROM NEW.step_down_at)
-EXECUTE FUNCTION pglease._changed();
+-- Deletes, among the 1,000 oldest history rows (by id, through the
+-- primary key: no index on time to keep), those past the retention or
+-- beyond the row bound, given the id of the row just inserted. Called
+-- for one row id in 128.
+CREATE FUNCTION pglease._purge_history(new_id bigint)
+RETURNS void
+LANGUAGE sql VOLATILE
+AS $$
+    DELETE FROM pglease._history AS h
+     USING pglease._history_config AS c
+     WHERE h.id IN (SELECT o.id FROM pglease._history AS o ORDER BY o.id LIMIT 1000)
+       AND (h.at < clock_timestamp() - c.retention OR h.id <= $1 - c.max_rows);
+$$;
+
+REVOKE ALL ON FUNCTION pglease._purge_history(bigint) FROM PUBLIC;
+
+-- Tells the observers of NAME that it changed (see OBSERVERS): called by
+-- every function that changes a lease's holder, token, value or
+-- step-down request, in the transaction that changes it. Nobody observes
+-- if the try succeeds: keep the lock until commit (so that a new observer
+-- waits for this change to commit) and send nothing. The payload is a
+-- hint (see NOTIFICATIONS). It takes nothing from settings a session can
+-- SET but the lock counter (which only makes that session notify more).
+-- No SET clause, as _record.
+CREATE FUNCTION pglease._changed(name text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    locks   integer;
+    checked text;
+BEGIN
+    locks := coalesce(nullif(current_setting('pglease.change_locks', true), ''), '0')::integer;
+    IF locks >= 0 AND locks < 32 AND pg_try_advisory_xact_lock(1886154594, hashtext(_changed.name)) THEN
+        checked := set_config('pglease.change_locks', (locks + 1)::text, true);
+    ELSE
+        PERFORM pg_notify('pglease_change', hashtext(_changed.name)::text);
+    END IF;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._changed(text) FROM PUBLIC;
 
 ------------------------------------------------------------------------
 -- force_release(name, reason): end a held lease at once, moving its fence.
@@ -2151,13 +2236,9 @@ BEGIN
             IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
                 PERFORM set_config('synchronous_commit', 'on', true);
             END IF;
-            IF pglease._history_retention() > interval '0' THEN
-                INSERT INTO pglease._history (name, token, event, holder, at, renewals, detail,
-                                              role)
-                SELECT l.name, l.token, 'force_released', l.holder, clock_timestamp(), l.renewals,
-                       force_release.reason, session_user
-                  FROM pglease.leases AS l WHERE l.name = force_release.name;
-            END IF;
+            PERFORM pglease._record(l.name, l.token, 'force_released', l.holder,
+                                    clock_timestamp(), l.renewals, force_release.reason)
+               FROM pglease.leases AS l WHERE l.name = force_release.name;
             UPDATE pglease.leases AS l
                SET token = nextval('pglease.fence_seq'),
                    holder = NULL,
@@ -2167,6 +2248,7 @@ BEGIN
             -- Wake waiting acquirers at commit, as a release does (rare
             -- enough to notify whether or not anyone watches).
             PERFORM pg_notify('pglease_release', hashtext(force_release.name)::text);
+            PERFORM pglease._changed(force_release.name);
             RETURN cur_token;
         END IF;
         SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry

@@ -16,7 +16,7 @@ pub const MIGRATIONS_TABLE: &str = "pglease._pglease_migrations";
 /// also send, and which names no lease.
 pub const RELEASE_CHANNEL: &str = "pglease_release";
 
-/// The channel the trigger `pglease_changed` notifies of every change of a
+/// The channel the functions notify (`pglease._changed`) of every change of a
 /// lease that a session observes (`pglease.observe`). The payload is only
 /// the name's key, `hashtext(name)` in decimal: a hint to read the lease,
 /// never believed (anyone who can connect may NOTIFY).
