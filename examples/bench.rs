@@ -18,7 +18,10 @@
 //! `BENCH_ONLY=elect` only leader election and the change trigger;
 //! `BENCH_ONLY=history` only the history's cost; `BENCH_ONLY=status` only
 //! the status of 100,000 leases with and without filters; `BENCH_ONLY=p1`
-//! only the main table (each operation beside raw SQL).
+//! only the main table (each operation beside raw SQL); `BENCH_ONLY=sql`
+//! only the SQL level: pgbench runs the scripts in `bench/pgbench/`
+//! (pglease's functions and the same work as raw statements, alternated,
+//! `BENCH_ROUNDS` pairs, default 3) and prints their ratios.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -274,6 +277,9 @@ async fn main() -> Result<(), Error> {
     }
     let tokens = Arc::new(tokens);
 
+    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "sql") {
+        return sql_level(secs).await;
+    }
     if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "failover") {
         return failover().await;
     }
@@ -1281,4 +1287,196 @@ async fn failover() -> Result<(), Error> {
         );
     }
     Ok(())
+}
+
+/// The SQL-level benchmark (P1 at the SQL level): each script pair of
+/// `bench/pgbench/` (`raw_*.sql`, `lease_*.sql`) run by pgbench, alternated,
+/// at 1 and 8 clients on 1 and 1,000 names, with prepared statements on
+/// both sides and the session's default durability. Prints each round's
+/// ratio (pglease tps / raw tps) and their median.
+async fn sql_level(secs: f64) -> Result<(), Error> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/pgbench");
+    let pgbench = pgbench_binary().ok_or_else(|| {
+        Error::Database(sqlx::Error::Configuration(
+            "pgbench not found on PATH or in /usr/lib/postgresql/*/bin (Debian: the \
+             postgresql-client package)"
+                .into(),
+        ))
+    })?;
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let server = found().await?;
+    let mut admin = server.options.connect().await?;
+    sqlx::query("DROP DATABASE IF EXISTS pglease_bench_sql WITH (FORCE)")
+        .execute(&mut admin)
+        .await?;
+    sqlx::query("CREATE DATABASE pglease_bench_sql")
+        .execute(&mut admin)
+        .await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(server.options.clone().database("pglease_bench_sql"))
+        .await?;
+    LeaseManager::new(pool.clone()).migrate().await?;
+    let setup = std::fs::read_to_string(dir.join("setup.sql"))
+        .map_err(|e| Error::Database(sqlx::Error::Io(e)))?;
+    sqlx::raw_sql(AssertSqlSafe(setup)).execute(&pool).await?;
+    // The held leases' tokens are consecutive in N (the set-up acquired them
+    // in order); the scripts compute each token from its N.
+    let offset = |table: &str| {
+        format!(
+            "SELECT min(token - substr(name, 6)::bigint), max(token - substr(name, 6)::bigint) \
+             FROM {table} WHERE name LIKE 'held-%'"
+        )
+    };
+    let mut offsets = Vec::new();
+    for table in ["pglease.leases", "raw_leases"] {
+        let (low, high): (i64, i64) = sqlx::query_as(AssertSqlSafe(offset(table)))
+            .fetch_one(&pool)
+            .await?;
+        assert_eq!(
+            low, high,
+            "tokens of {table}'s held leases are not consecutive"
+        );
+        offsets.push(low);
+    }
+    pool.close().await;
+    let url = server.url("pglease_bench_sql");
+    println!(
+        "SQL level (pgbench, prepared statements, {secs} s per run, {rounds} pairs alternated, \
+         raw first): pglease tps / raw tps\n"
+    );
+    println!(
+        "| operation | clients | names | raw tps (median) | pglease tps (median) | ratio per pair | median |\n\
+         |---|---:|---:|---:|---:|---|---:|"
+    );
+    let ops = [
+        ("acquire + release", "cycle"),
+        ("renew", "renew"),
+        ("failed acquire", "failed"),
+        (
+            "guarded write, one statement (vs unguarded UPDATE)",
+            "write",
+        ),
+        ("fenced transaction (vs BEGIN; UPDATE; COMMIT)", "fenced"),
+    ];
+    for (label, script) in ops {
+        for clients in [1usize, 8] {
+            for names in [1u32, 1000] {
+                let mut raw = Vec::new();
+                let mut lease = Vec::new();
+                let mut ratios = Vec::new();
+                for _ in 0..rounds {
+                    let run = |side: &str| {
+                        pgbench_tps(
+                            &pgbench,
+                            &url,
+                            &dir.join(format!("{side}_{script}.sql")),
+                            clients,
+                            names,
+                            secs,
+                            offsets[0],
+                            offsets[1],
+                        )
+                    };
+                    let r = run("raw")?;
+                    let l = run("lease")?;
+                    ratios.push(l / r);
+                    raw.push(r);
+                    lease.push(l);
+                }
+                let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+                println!(
+                    "| {label} | {clients} | {names} | {:.0} | {:.0} | {} | {:.2} |",
+                    median_f64(&mut raw),
+                    median_f64(&mut lease),
+                    each.join(", "),
+                    median_f64(&mut ratios)
+                );
+            }
+        }
+    }
+    let mut admin = server.options.connect().await?;
+    sqlx::query("DROP DATABASE IF EXISTS pglease_bench_sql WITH (FORCE)")
+        .execute(&mut admin)
+        .await?;
+    Ok(())
+}
+
+/// The middle value (the mean of the two middle ones for an even count).
+fn median_f64(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// pgbench on PATH, else the newest server package's.
+fn pgbench_binary() -> Option<std::path::PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("pgbench"))
+            .find(|candidate| candidate.is_file())
+    });
+    on_path.or_else(|| {
+        let mut found: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|entry| Some(entry.ok()?.path().join("bin/pgbench")))
+            .filter(|candidate| candidate.is_file())
+            .collect();
+        found.sort();
+        found.pop()
+    })
+}
+
+/// Transactions per second of one pgbench run of `script`.
+#[allow(clippy::too_many_arguments)]
+fn pgbench_tps(
+    pgbench: &std::path::Path,
+    url: &str,
+    script: &std::path::Path,
+    clients: usize,
+    names: u32,
+    secs: f64,
+    offset: i64,
+    raw_offset: i64,
+) -> Result<f64, Error> {
+    let output = std::process::Command::new(pgbench)
+        .args(["-n", "-M", "prepared"])
+        .args(["-c", &clients.to_string(), "-j", &clients.to_string()])
+        .args(["-T", &format!("{}", secs.ceil().max(1.0) as u64)])
+        .args(["-D", &format!("names={names}")])
+        .args(["-D", &format!("off={offset}")])
+        .args(["-D", &format!("roff={raw_offset}")])
+        .arg("-f")
+        .arg(script)
+        .arg(url)
+        .output()
+        .map_err(|e| Error::Database(sqlx::Error::Io(e)))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let tps = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse::<f64>().ok());
+    match tps {
+        Some(tps) if output.status.success() => Ok(tps),
+        _ => Err(Error::Database(sqlx::Error::Configuration(
+            format!(
+                "pgbench {} failed ({}): {}",
+                script.display(),
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )
+            .into(),
+        ))),
+    }
 }
