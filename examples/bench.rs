@@ -815,35 +815,23 @@ async fn takeover(pool: &PgPool) -> Result<(), Error> {
     Ok(())
 }
 
-/// Leader election: what the change trigger costs an acquire+release
-/// cycle (off, on with nobody observing, on with every cycled name
-/// observed), the handover on `resign()`, and the failover after the
+/// Leader election: what notifying observers costs an acquire+release
+/// cycle (nobody observing, every cycled name observed), the handover on `resign()`, and the failover after the
 /// leader dies, beside River's and client-go's defaults.
 async fn election(pool: &PgPool, secs: f64) -> Result<(), Error> {
     println!(
-        "\nThe change trigger (pglease_changed, with the history off: its notifying part) on \
-         library acquire+release cycles, alternated in one run:\n\n\
-         | clients | trigger disabled ops/s | nobody observes ops/s | ratio | every name observed ops/s | ratio |\n\
-         |---:|---:|---:|---:|---:|---:|"
+        "\nNotifying observers (with the history off) on library acquire+release cycles, \
+         alternated in one run:\n\n\
+         | clients | nobody observes ops/s | every name observed ops/s | ratio |\n\
+         |---:|---:|---:|---:|"
     );
-    // The trigger also records the history: off here (its cost is the
-    // history section's), so that this is what notifying costs.
+    // The history off (its cost is the history section's), so that this
+    // is what notifying costs.
     set_history(pool, false).await?;
     let m = &LeaseManager::new(pool.clone());
-    let trigger = |on: bool| {
-        let statement = if on {
-            "ALTER TABLE pglease.leases ENABLE TRIGGER pglease_changed"
-        } else {
-            "ALTER TABLE pglease.leases DISABLE TRIGGER pglease_changed"
-        };
-        sqlx::raw_sql(statement).execute(pool)
-    };
     for clients in [1usize, 8] {
-        let (mut off, mut quiet, mut observed) = (0.0, 0.0, 0.0);
+        let (mut quiet, mut observed) = (0.0, 0.0);
         for _ in 0..2 {
-            trigger(false).await?;
-            off += rate(clients, secs / 2.0, lib_cycle(m)).await;
-            trigger(true).await?;
             quiet += rate(clients, secs / 2.0, lib_cycle(m)).await;
             let mut readers = Vec::new();
             for c in 0..clients {
@@ -858,12 +846,10 @@ async fn election(pool: &PgPool, secs: f64) -> Result<(), Error> {
             }
         }
         println!(
-            "| {clients} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} |",
-            off / 2.0,
+            "| {clients} | {:.0} | {:.0} | {:.2} |",
             quiet / 2.0,
-            quiet / off,
             observed / 2.0,
-            observed / off
+            observed / quiet
         );
     }
     set_history(pool, true).await?;
@@ -978,17 +964,8 @@ async fn set_history(pool: &PgPool, on: bool) -> Result<(), Error> {
 }
 
 /// The history's cost: library acquire+release cycles with the history off
-/// (`pglease.set_history('0')`) and on, and one renew_many of 1,000
-/// leases with the renewal count's trigger disabled and enabled,
-/// alternated in one run.
+/// (`pglease.set_history('0')`) and on, alternated in one run.
 async fn history_cost(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<(), Error> {
-    let history = |on: bool| {
-        let verb = if on { "ENABLE" } else { "DISABLE" };
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "ALTER TABLE pglease.leases {verb} TRIGGER pglease_count_renewal"
-        )))
-        .execute(pool)
-    };
     println!(
         "\nThe history on library acquire+release cycles, off (pglease.set_history('0')) \
          and on, alternated in one run:\n\n\
@@ -1009,45 +986,6 @@ async fn history_cost(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<(), 
             on / off
         );
     }
-    // Renewals only count (a BEFORE trigger per row).
-    let mut held: Vec<Lease> = Vec::new();
-    for i in 0..1000 {
-        held.push(
-            m.acquire(
-                &format!("history-renew-{i:04}"),
-                AcquireOptions::ttl(LONG).holder("bench"),
-            )
-            .await?,
-        );
-    }
-    let names: Vec<&str> = held.iter().map(Lease::name).collect();
-    let tokens: Vec<i64> = held.iter().map(|h| h.token().get()).collect();
-    let ttls = vec![LONG; held.len()];
-    let (mut off, mut on) = (Vec::new(), Vec::new());
-    let until = Instant::now() + Duration::from_secs_f64(secs);
-    while Instant::now() < until || on.len() < 5 {
-        for (enabled, times) in [(false, &mut off), (true, &mut on)] {
-            history(enabled).await?;
-            let start = Instant::now();
-            sqlx::query(RENEW_MANY)
-                .bind(&names)
-                .bind(&tokens)
-                .bind(&ttls)
-                .fetch_all(m.pool())
-                .await?;
-            times.push(start.elapsed());
-        }
-    }
-    history(true).await?;
-    let ms = |v: &[Duration]| median(v).as_secs_f64() * 1e3;
-    println!(
-        "\nrenew_many of 1,000 leases (median of {} each): {:.2} ms without the renewal count, \
-         {:.2} ms with it ({:.2}x)",
-        on.len(),
-        ms(&off),
-        ms(&on),
-        ms(&on) / ms(&off)
-    );
     Ok(())
 }
 
