@@ -203,20 +203,39 @@ fn lib_renew(m: &LeaseManager, leases: &Arc<Vec<Lease>>) -> Op {
     })
 }
 
-async fn setup() -> Result<PgPool, Error> {
+/// A new, empty database `name` (dropped first if a run left it behind),
+/// and a pool of `connections` on it.
+async fn fresh_database(name: &str, connections: u32) -> Result<PgPool, Error> {
     let server = server().await?;
     let mut admin = server.connect().await?;
-    sqlx::query("DROP DATABASE IF EXISTS pglease_bench WITH (FORCE)")
-        .execute(&mut admin)
-        .await?;
-    sqlx::query("CREATE DATABASE pglease_bench")
-        .execute(&mut admin)
-        .await?;
+    for statement in [
+        format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        format!("CREATE DATABASE {name}"),
+    ] {
+        sqlx::query(AssertSqlSafe(statement))
+            .execute(&mut admin)
+            .await?;
+    }
     admin.close().await?;
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect_with(server.database("pglease_bench"))
-        .await?;
+    Ok(PgPoolOptions::new()
+        .max_connections(connections)
+        .connect_with(server.database(name))
+        .await?)
+}
+
+/// Drops database `name` (its pool's connections with it).
+async fn drop_database(name: &str) -> Result<(), Error> {
+    let mut admin = server().await?.connect().await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await?;
+    Ok(())
+}
+
+async fn setup() -> Result<PgPool, Error> {
+    let pool = fresh_database("pglease_bench", 8).await?;
     LeaseManager::new(pool.clone()).migrate().await?;
     sqlx::query("CREATE TABLE data (id int PRIMARY KEY, value bigint NOT NULL)")
         .execute(&pool)
@@ -481,11 +500,7 @@ async fn main() -> Result<(), Error> {
     failover().await?;
 
     pool.close().await;
-    let mut admin = server().await?.connect().await?;
-    sqlx::query("DROP DATABASE IF EXISTS pglease_bench WITH (FORCE)")
-        .execute(&mut admin)
-        .await?;
-    Ok(())
+    drop_database("pglease_bench").await
 }
 
 /// P1: a fenced transaction as `begin_fenced` opens it (`BEGIN` and the
@@ -683,20 +698,7 @@ async fn fill(pool: &PgPool, rows: i64) -> Result<(), Error> {
 /// and on one of 1,000,000 rows (a second database), alternated.
 async fn scale(small: &PgPool, secs: f64) -> Result<(), Error> {
     const BIG: &str = "pglease_bench_1m";
-    let server = server().await?;
-    let mut admin = server.connect().await?;
-    for statement in [
-        format!("DROP DATABASE IF EXISTS {BIG} WITH (FORCE)"),
-        format!("CREATE DATABASE {BIG}"),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(statement))
-            .execute(&mut admin)
-            .await?;
-    }
-    let big = PgPoolOptions::new()
-        .max_connections(8)
-        .connect_with(server.clone().database(BIG))
-        .await?;
+    let big = fresh_database(BIG, 8).await?;
     let (small_m, big_m) = (
         LeaseManager::new(small.clone()),
         LeaseManager::new(big.clone()),
@@ -746,12 +748,7 @@ async fn scale(small: &PgPool, secs: f64) -> Result<(), Error> {
         }
     }
     big.close().await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {BIG} WITH (FORCE)"
-    )))
-    .execute(&mut admin)
-    .await?;
-    Ok(())
+    drop_database(BIG).await
 }
 
 /// P4: a holder acquires with a 1 s TTL and then either dies without
@@ -1245,18 +1242,7 @@ async fn sql_level(secs: f64) -> Result<(), Error> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
-    let server = found().await?;
-    let mut admin = server.options.connect().await?;
-    sqlx::query("DROP DATABASE IF EXISTS pglease_bench_sql WITH (FORCE)")
-        .execute(&mut admin)
-        .await?;
-    sqlx::query("CREATE DATABASE pglease_bench_sql")
-        .execute(&mut admin)
-        .await?;
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(server.options.clone().database("pglease_bench_sql"))
-        .await?;
+    let pool = fresh_database("pglease_bench_sql", 2).await?;
     LeaseManager::new(pool.clone()).migrate().await?;
     let setup = std::fs::read_to_string(dir.join("setup.sql"))
         .map_err(|e| Error::Database(sqlx::Error::Io(e)))?;
@@ -1281,7 +1267,7 @@ async fn sql_level(secs: f64) -> Result<(), Error> {
         offsets.push(low);
     }
     pool.close().await;
-    let url = server.url("pglease_bench_sql");
+    let url = found().await?.url("pglease_bench_sql");
     println!(
         "SQL level (pgbench, prepared statements, {secs} s per run, {rounds} pairs alternated, \
          raw first): pglease tps / raw tps\n"
@@ -1336,11 +1322,7 @@ async fn sql_level(secs: f64) -> Result<(), Error> {
             }
         }
     }
-    let mut admin = server.options.connect().await?;
-    sqlx::query("DROP DATABASE IF EXISTS pglease_bench_sql WITH (FORCE)")
-        .execute(&mut admin)
-        .await?;
-    Ok(())
+    drop_database("pglease_bench_sql").await
 }
 
 /// The middle value (the mean of the two middle ones for an even count).
