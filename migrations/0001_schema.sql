@@ -850,10 +850,9 @@ DECLARE
     checked    text;
     cur_holder text;
     cur_expiry timestamptz;
-    cur_token  bigint;
-    cur_renewals integer;
     new_id     bigint;
     found_row  boolean;
+    name_ok    boolean := false;
     note       text;
     t          timestamptz;
     give_up    timestamptz;
@@ -878,165 +877,147 @@ BEGIN
         RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL)::pglease.acquisition;
     END IF;
 
-    -- The usual case, in one statement: the row exists, nobody locks it,
-    -- and no name grant covers the name. FOR UPDATE SKIP LOCKED in s,
-    -- which the update joins: a row that someone locks (a fenced
-    -- transaction, another acquirer) is not updated, and neither is one
-    -- that a name grant covers; both go the long way below. The lease
-    -- is decided on the latest row version with a clock read as the
-    -- update runs, after the lock (a version committed after this
-    -- statement began makes PostgreSQL evaluate the WHERE clause again
-    -- on it). The token is drawn only for the row updated, under the
-    -- lock. The history rows are inserted by the same statement.
-    IF found_row THEN
-        WITH s AS (
-            SELECT l.name, l.holder, l.token, l.expires_at, l.renewals
-              FROM pglease.leases AS l WHERE l.name = acquire.name FOR UPDATE SKIP LOCKED
-        ), u AS (
-            UPDATE pglease.leases AS l
-               SET holder = acquire.holder,
-                   role = session_user,
-                   token = nextval('pglease.fence_seq'),
-                   expires_at = clock_timestamp() + make_interval(secs => seconds::double precision),
-                   acquired_at = clock_timestamp(),
-                   renewed_at = NULL,
-                   released_at = NULL,
-                   renewals = 0
-              FROM s
-             WHERE l.name = s.name
-               AND (l.holder IS NULL OR clock_timestamp() >= l.expires_at)
-               AND NOT EXISTS (SELECT 1 FROM pglease.name_grants AS g
-                                WHERE starts_with(acquire.name, g.prefix))
-            RETURNING l.token, l.expires_at, l.acquired_at, s.holder AS old_holder,
-                      s.token AS old_token, s.expires_at AS old_expiry, s.renewals AS old_renewals
-        ), h AS (
-            -- The term before ended without a release: it expired
-            -- (recorded at the time it did). Then this term.
-            INSERT INTO pglease._history (name, token, event, holder, at, renewals, role)
-            SELECT acquire.name, e.token, e.event, e.holder, e.at, e.renewals, session_user
-              FROM u
-             CROSS JOIN pglease._history_config AS c
-             CROSS JOIN LATERAL (VALUES (u.old_token, 'expired', u.old_holder, u.old_expiry,
-                                         u.old_renewals, u.old_holder IS NOT NULL AND u.old_token > 0),
-                                        (u.token, 'acquired', acquire.holder, u.acquired_at,
-                                         NULL, true))
-                                AS e(token, event, holder, at, renewals, wanted)
-             WHERE c.retention > interval '0' AND e.wanted
-            RETURNING _history.id
-        )
-        SELECT u.token, u.expires_at, u.acquired_at, (SELECT max(h.id) FROM h)
-          INTO result.token, result.expires_at, t, new_id
-          FROM u;
-        IF FOUND THEN
-            -- Durable whatever the session's synchronous_commit (see
-            -- DURABILITY at the top).
-            IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
-                checked := set_config('synchronous_commit', 'on', true);
+    -- Taking the lease is one statement, tried at most twice: at once in
+    -- the usual case (the row exists, nobody locks it, no name grant
+    -- covers the name), else after the long way below has done what that
+    -- case needs (this transaction then holds FOR UPDATE on the row).
+    --
+    -- The statement: FOR UPDATE SKIP LOCKED in s, which the update joins:
+    -- a row that someone else locks (a fenced transaction, another
+    -- acquirer) is not updated, and on the first try neither is one that
+    -- a name grant covers. The lease is decided on the latest row version
+    -- with a clock read as the update runs, after the lock (a version
+    -- committed after this statement began makes PostgreSQL evaluate the
+    -- WHERE clause again on it). The token is drawn only for the row
+    -- updated, under the lock: for each name, tokens strictly increase in
+    -- commit order. The history rows are inserted by the same statement.
+    FOR pass IN 1 .. 2 LOOP
+        IF pass = 2 THEN
+            -- Names granted by prefix (see AUTHORITY), checked before anything
+            -- is written.
+            IF NOT pglease._may_use_name(acquire.name) THEN
+                PERFORM pglease._refuse_name(acquire.name, 'acquire');
             END IF;
-            IF new_id % 128 = 0 THEN
-                PERFORM pglease._purge_history(new_id);
+
+            IF NOT found_row THEN
+                -- First acquisition of this name: create the row with token
+                -- 0. Creators of one name take turns, on the row of
+                -- pglease._creators for the name's hash (a row lock only
+                -- pglease can take, held to commit): two speculative
+                -- inserts racing on the primary key, followed by the
+                -- winner's update (which inserts a new primary-key entry
+                -- when the page has no room), can otherwise deadlock. The
+                -- second creator then finds the committed row, inserts
+                -- nothing, and locks that row below. Bounded like every
+                -- wait here: after 1 s of another creation that has not
+                -- committed, not acquired, with a note.
+                give_up := clock_timestamp() + interval '1 second';
+                LOOP
+                    PERFORM 1 FROM pglease._creators AS c
+                     WHERE c.slot = hashtext(acquire.name) & 255 FOR UPDATE SKIP LOCKED;
+                    EXIT WHEN FOUND;
+                    IF clock_timestamp() >= give_up THEN
+                        t := clock_timestamp();
+                        RETURN ROW(NULL, t, NULL, t,
+                                   'another transaction creating a lease name has not committed for '
+                                   '1 s (call acquire in a transaction of its own)')::pglease.acquisition;
+                    END IF;
+                    PERFORM pg_sleep(0.002);
+                END LOOP;
+                INSERT INTO pglease.leases AS l (name, holder, token, expires_at, acquired_at)
+                VALUES (acquire.name, NULL, 0, '-infinity', clock_timestamp())
+                ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
             END IF;
-            PERFORM pglease._changed(acquire.name);
-            result.holder := acquire.holder;
-            result.checked_at := t;
-            RETURN result;
+
+            -- Usually nobody else locks the row: take FOR UPDATE at once.
+            SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
+              FROM pglease.leases AS l WHERE l.name = acquire.name FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                note := pglease._take_over(acquire.name);
+                -- Either way, the committed row: locked by this transaction if
+                -- taken; otherwise it says who holds the lease, or, if the lease
+                -- has ended (expires_at <= checked_at, or holder NULL), that a
+                -- transaction that could not be ended pins it, and note says why.
+                SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
+                  FROM pglease.leases AS l WHERE l.name = acquire.name;
+                IF note IS NOT NULL THEN
+                    IF note <> '' THEN
+                        -- For the server's log (the caller gets it in the answer).
+                        RAISE WARNING USING MESSAGE = format('pglease: lease %L has ended, but %s',
+                                                             acquire.name, note);
+                    END IF;
+                    RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(),
+                               nullif(note, ''))::pglease.acquisition;
+                END IF;
+            END IF;
+            -- Decide on the latest row version and a clock read after the lock.
+            t := clock_timestamp();
+            IF cur_holder IS NOT NULL AND t < cur_expiry THEN
+                RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL)::pglease.acquisition;
+            END IF;
+            name_ok := true;
+            found_row := true;
         END IF;
-    END IF;
-
-    -- Names granted by prefix (see AUTHORITY), checked before anything
-    -- is written.
-    IF NOT pglease._may_use_name(acquire.name) THEN
-        PERFORM pglease._refuse_name(acquire.name, 'acquire');
-    END IF;
-
-    IF NOT found_row THEN
-        -- First acquisition of this name: create the row with token 0.
-        -- Creators of one name take turns, on the row of pglease._creators
-        -- for the name's hash (a row lock only pglease can take, held to
-        -- commit): two speculative inserts racing on the primary key,
-        -- followed by the winner's update (which inserts a new
-        -- primary-key entry when the page has no room), can otherwise
-        -- deadlock. The second creator
-        -- then finds the committed row, inserts nothing, and locks that
-        -- row below. Bounded like every wait here: after 1 s of another
-        -- creation that has not committed, not acquired, with a note.
-        give_up := clock_timestamp() + interval '1 second';
-        LOOP
-            PERFORM 1 FROM pglease._creators AS c
-             WHERE c.slot = hashtext(acquire.name) & 255 FOR UPDATE SKIP LOCKED;
-            EXIT WHEN FOUND;
-            IF clock_timestamp() >= give_up THEN
-                t := clock_timestamp();
-                RETURN ROW(NULL, t, NULL, t,
-                           'another transaction creating a lease name has not committed for '
-                           '1 s (call acquire in a transaction of its own)')::pglease.acquisition;
+        IF found_row THEN
+            WITH s AS (
+                SELECT l.name, l.holder, l.token, l.expires_at, l.renewals
+                  FROM pglease.leases AS l WHERE l.name = acquire.name FOR UPDATE SKIP LOCKED
+            ), u AS (
+                UPDATE pglease.leases AS l
+                   SET holder = acquire.holder,
+                       role = session_user,
+                       token = nextval('pglease.fence_seq'),
+                       expires_at = clock_timestamp() + make_interval(secs => seconds::double precision),
+                       acquired_at = clock_timestamp(),
+                       renewed_at = NULL,
+                       released_at = NULL,
+                       renewals = 0
+                  FROM s
+                 WHERE l.name = s.name
+                   AND (l.holder IS NULL OR clock_timestamp() >= l.expires_at)
+                   AND (name_ok OR NOT EXISTS (SELECT 1 FROM pglease.name_grants AS g
+                                                WHERE starts_with(acquire.name, g.prefix)))
+                RETURNING l.token, l.expires_at, l.acquired_at, s.holder AS old_holder,
+                          s.token AS old_token, s.expires_at AS old_expiry, s.renewals AS old_renewals
+            ), h AS (
+                -- The term before ended without a release: it expired
+                -- (recorded at the time it did). Then this term.
+                INSERT INTO pglease._history (name, token, event, holder, at, renewals, role)
+                SELECT acquire.name, e.token, e.event, e.holder, e.at, e.renewals, session_user
+                  FROM u
+                 CROSS JOIN pglease._history_config AS c
+                 CROSS JOIN LATERAL (VALUES (u.old_token, 'expired', u.old_holder, u.old_expiry,
+                                             u.old_renewals, u.old_holder IS NOT NULL AND u.old_token > 0),
+                                            (u.token, 'acquired', acquire.holder, u.acquired_at,
+                                             NULL, true))
+                                    AS e(token, event, holder, at, renewals, wanted)
+                 WHERE c.retention > interval '0' AND e.wanted
+                RETURNING _history.id
+            )
+            SELECT u.token, u.expires_at, u.acquired_at, (SELECT max(h.id) FROM h)
+              INTO result.token, result.expires_at, t, new_id
+              FROM u;
+            IF FOUND THEN
+                -- Durable whatever the session's synchronous_commit (see
+                -- DURABILITY at the top).
+                IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
+                    checked := set_config('synchronous_commit', 'on', true);
+                END IF;
+                IF new_id % 128 = 0 THEN
+                    PERFORM pglease._purge_history(new_id);
+                END IF;
+                PERFORM pglease._changed(acquire.name);
+                result.holder := acquire.holder;
+                result.checked_at := t;
+                RETURN result;
             END IF;
-            PERFORM pg_sleep(0.002);
-        END LOOP;
-        INSERT INTO pglease.leases AS l (name, holder, token, expires_at, acquired_at)
-        VALUES (acquire.name, NULL, 0, '-infinity', clock_timestamp())
-        ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
-    END IF;
-
-    -- Usually nobody else locks the row: take FOR UPDATE at once.
-    SELECT l.holder, l.expires_at, l.token, l.renewals
-      INTO cur_holder, cur_expiry, cur_token, cur_renewals
-      FROM pglease.leases AS l WHERE l.name = acquire.name FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-        note := pglease._take_over(acquire.name);
-        -- Either way, the committed row: locked by this transaction if
-        -- taken; otherwise it says who holds the lease, or, if the lease
-        -- has ended (expires_at <= checked_at, or holder NULL), that a
-        -- transaction that could not be ended pins it, and note says why.
-        SELECT l.holder, l.expires_at, l.token, l.renewals
-          INTO cur_holder, cur_expiry, cur_token, cur_renewals
-          FROM pglease.leases AS l WHERE l.name = acquire.name;
-        IF note IS NOT NULL THEN
-            IF note <> '' THEN
-                -- For the server's log (the caller gets it in the answer).
-                RAISE WARNING USING MESSAGE = format('pglease: lease %L has ended, but %s',
-                                                     acquire.name, note);
-            END IF;
-            RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(),
-                       nullif(note, ''))::pglease.acquisition;
         END IF;
-    END IF;
-    -- Decide on the latest row version and a clock read after the lock.
-    t := clock_timestamp();
-    IF cur_holder IS NOT NULL AND t < cur_expiry THEN
-        RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL)::pglease.acquisition;
-    END IF;
-
-    -- Durable whatever the session's synchronous_commit (see DURABILITY
-    -- at the top).
-    IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
-        PERFORM set_config('synchronous_commit', 'on', true);
-    END IF;
-    -- The token is drawn only now, while this transaction holds the row
-    -- lock: for each name, tokens strictly increase in commit order.
-    UPDATE pglease.leases AS l
-       SET holder = acquire.holder,
-           role = session_user,
-           token = nextval('pglease.fence_seq'),
-           expires_at = t + make_interval(secs => seconds::double precision),
-           acquired_at = t,
-           renewed_at = NULL,
-           released_at = NULL,
-           renewals = 0
-     WHERE l.name = acquire.name
-    RETURNING l.token, l.expires_at INTO result.token, result.expires_at;
-    -- The term before ended without a release: it expired (recorded at
-    -- the time it did). Then this term, and the observers.
-    IF cur_holder IS NOT NULL AND cur_token > 0 THEN
-        PERFORM pglease._record(acquire.name, cur_token, 'expired', cur_holder, cur_expiry,
-                                cur_renewals, NULL);
-    END IF;
-    PERFORM pglease._record(acquire.name, result.token, 'acquired', acquire.holder, t,
-                            NULL, NULL);
-    PERFORM pglease._changed(acquire.name);
-    result.holder := acquire.holder;
-    result.checked_at := t;
-    RETURN result;
+    END LOOP;
+    -- Not reached: the long way holds the row lock and found the lease
+    -- ended, so the second try takes it. Report the row as it is.
+    SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
+      FROM pglease.leases AS l WHERE l.name = acquire.name;
+    RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(), NULL)::pglease.acquisition;
 END
 $$;
 
