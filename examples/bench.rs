@@ -21,7 +21,9 @@
 //! only the main table (each operation beside raw SQL); `BENCH_ONLY=sql`
 //! only the SQL level: pgbench runs the scripts in `bench/pgbench/`
 //! (pglease's functions and the same work as raw statements, alternated,
-//! `BENCH_ROUNDS` pairs, default 3) and prints their ratios.
+//! `BENCH_ROUNDS` pairs, default 3) and prints their ratios;
+//! `BENCH_ONLY=p4c` only the takeover of a session-bound lease whose
+//! holder's session ended, beside an advisory lock's.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -317,6 +319,9 @@ async fn main() -> Result<(), Error> {
     if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "fenced") {
         fenced_round_trips(&pool, &m, &tokens, secs).await?;
         return Ok(());
+    }
+    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "p4c") {
+        return session_bound_takeover(&pool).await;
     }
 
     println!("pglease benchmark: {secs} s per measurement, raw and library alternated");
@@ -809,6 +814,116 @@ async fn takeover(pool: &PgPool) -> Result<(), Error> {
             ms(acquisition.iter().max().copied().unwrap_or_default()),
         );
     }
+    Ok(())
+}
+
+/// P4c: a session-bound holder's server session is terminated while a
+/// waiter waits; from the `pg_terminate_backend` call to the waiter holding
+/// the lease, beside an advisory-lock waiter blocked on a session lock
+/// whose holder's session is terminated the same way (alternated, round by
+/// round). The lease's TTL is an hour: only the session's end can free it.
+async fn session_bound_takeover(pool: &PgPool) -> Result<(), Error> {
+    const ROUNDS: usize = 15;
+    let holder = LeaseManager::new(pool.clone());
+    let waiter = LeaseManager::new(pool.clone());
+    let (mut leases, mut advisory) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        // pglease: the holder's manager opens a new session for each round
+        // (the last one was terminated).
+        let name = format!("p4c-{round}");
+        let held = holder
+            .acquire(
+                &name,
+                AcquireOptions::ttl(LONG)
+                    .holder("holder")
+                    .session_bound(true),
+            )
+            .await?;
+        let pid = holder
+            .inspect(&name)
+            .await?
+            .holder_session
+            .expect("a session-bound lease");
+        let attempts = waiter.stats().acquire_attempts;
+        let task = {
+            let (waiter, name) = (waiter.clone(), name.clone());
+            tokio::spawn(async move {
+                let got = waiter
+                    .acquire(&name, AcquireOptions::ttl(LONG).holder("waiter").wait(LONG))
+                    .await;
+                (got, Instant::now())
+            })
+        };
+        while waiter.stats().acquire_attempts == attempts || waiter.stats().waiting == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Time for the waiter to block in the server.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let ended = Instant::now();
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(pool)
+            .await?;
+        let (got, at) = task.await.expect("waiter task");
+        let got = got?;
+        assert!(got.token() > held.token());
+        leases.push(at - ended);
+        waiter.release(&got).await?;
+
+        // The advisory lock: one session holds it, another blocks on it.
+        let key = 0x7034_6300_i64 + round as i64;
+        let mut holding = pool.acquire().await?.detach();
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid() FROM pg_advisory_lock($1)")
+            .bind(key)
+            .fetch_one(&mut holding)
+            .await?;
+        let mut blocked = pool.acquire().await?.detach();
+        let task = tokio::spawn(async move {
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(key)
+                .execute(&mut blocked)
+                .await
+                .map(|_| (Instant::now(), blocked))
+        });
+        // Until the waiter waits for the lock in the server.
+        loop {
+            let waiting: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'                    AND NOT granted AND objid = ($1::bigint & 4294967295)::oid)",
+            )
+            .bind(key)
+            .fetch_one(pool)
+            .await?;
+            if waiting {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let ended = Instant::now();
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(pool)
+            .await?;
+        let (at, blocked) = task.await.expect("advisory waiter")?;
+        advisory.push(at - ended);
+        drop(holding);
+        blocked.close().await?;
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let worst = |v: &[Duration]| v.iter().max().copied().unwrap_or_default();
+    println!(
+        "\nP4c: the holder's server session terminated while a waiter waits, until the \
+         waiter holds ({ROUNDS} rounds each, alternated; the lease's TTL is 1 h)\n\n\
+         | waiter | median | worst |\n|---|---:|---:|\n\
+         | pglease, session-bound lease | {:.1} ms | {:.1} ms |\n\
+         | advisory lock (pg_advisory_lock, no token) | {:.1} ms | {:.1} ms |\n\
+         ratio of medians (pglease / advisory): {:.2}",
+        ms(median(&leases)),
+        ms(worst(&leases)),
+        ms(median(&advisory)),
+        ms(worst(&advisory)),
+        median(&leases).as_secs_f64() / median(&advisory).as_secs_f64(),
+    );
     Ok(())
 }
 

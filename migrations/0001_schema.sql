@@ -35,10 +35,28 @@
 -- take any key, so no decision rests on who holds one and no wait on one
 -- is unbounded (see AUTHORITY). Key spaces (first key): 0x706c7761 "plwa"
 -- (watchers of a name, see release), 0x706c6f62 "plob" (observers of a
--- name, see observe); fenced transactions carry a 64-bit key derived from
+-- name, see observe), 0x706c7362 "plsb" (a session holding session-bound
+-- leases, keyed by its process id; see SESSION-BOUND LEASES); fenced
+-- transactions carry a 64-bit key derived from
 -- a secret of their lease and their transaction id (see assert_held), which
 -- nobody without the secret can take first; the migrator's own lock is the
 -- 64-bit key of the bytes "pglease".
+--
+-- SESSION-BOUND LEASES (opt-in: acquire's session_bound). The lease also
+-- ends when the server session that acquired it ends: the row records
+-- that session (leases.session_pid, and session_start where the role that
+-- owns the functions may read pg_stat_activity's backend_start), and an
+-- acquirer that finds the lease valid but no such session in
+-- pg_stat_get_activity takes it at once, fenced like any takeover (new
+-- token, stale fenced transactions ended); renew refuses to extend it.
+-- The session's existence is read from the server, never from an
+-- argument. A process id reused by a new session in between (when the
+-- start time cannot be read) only makes the lease wait for its expiry, as
+-- an unbound one does. The session also holds the advisory lock
+-- (0x706c7362, its pid) until it ends, so that a waiter can block on it
+-- and wake when the session is gone; that lock is only a wake-up, never
+-- what is decided on (anyone may take any key: the worst a role can do
+-- with it is delay a waiter until the lease's expiry).
 --
 -- DURABILITY. A token once handed out is never handed out again, whatever
 -- synchronous_commit is: acquire, advance and force_release raise
@@ -189,7 +207,12 @@ CREATE TABLE pglease.leases (
     step_down_at    timestamptz,
     -- How many times the current acquisition has been renewed (counted by
     -- renew itself; recorded with the term's end).
-    renewals    integer     NOT NULL DEFAULT 0
+    renewals    integer     NOT NULL DEFAULT 0,
+    -- A session-bound acquisition (see SESSION-BOUND LEASES): the server
+    -- session that made it, by process id and, where the role that owns
+    -- the functions may read it, start time. NULL: bound to no session.
+    session_pid   integer,
+    session_start timestamptz
     -- The primary key is the table's only index, and no function changes
     -- the name: every update is a HOT update (see LOCKS above for why the
     -- token needs no index).
@@ -284,7 +307,10 @@ CREATE TYPE pglease.acquisition AS (
     expires_at timestamptz,
     holder     text,
     checked_at timestamptz,  -- the database time the decision was made at
-    note       text
+    note       text,
+    -- The process id of the server session the lease is bound to (see
+    -- SESSION-BOUND LEASES), whether or not it was acquired; NULL if none.
+    holder_session integer
 );
 
 -- Result of acquire_counted: acquire's answer, and the slot it concerns.
@@ -294,7 +320,8 @@ CREATE TYPE pglease.counted_acquisition AS (
     holder     text,
     checked_at timestamptz,
     note       text,
-    slot_name  text
+    slot_name  text,
+    holder_session integer
 );
 
 ------------------------------------------------------------------------
@@ -562,22 +589,48 @@ COMMENT ON FUNCTION pglease.revoke_names(text, name) IS
 -- The status view: one row per name ever acquired.
 ------------------------------------------------------------------------
 
+-- Whether the server session PID (started at STARTED, if known) that a
+-- session-bound lease records has ended: no such session in
+-- pg_stat_get_activity. Never true for the calling session. Without a
+-- start time (or where it cannot be read), a live session with a reused
+-- process id counts as the holder's: the lease then waits for its expiry.
+-- pg_stat_get_activity reads every session's entry once per transaction.
+CREATE FUNCTION pglease._session_gone(pid integer, started timestamptz)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT $1 OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_get_activity($1) AS a
+                        WHERE a.pid OPERATOR(pg_catalog.=) $1
+                          AND (a.backend_start IS NULL OR $2 IS NULL
+                               OR a.backend_start OPERATOR(pg_catalog.=) $2))
+$$;
+
 CREATE VIEW pglease.status AS
 SELECT l.name,
        l.holder,
        l.token,
        l.expires_at,
-       CASE WHEN l.holder IS NOT NULL AND c.t < l.expires_at
-            THEN l.expires_at - c.t END AS remaining,
-       (l.holder IS NOT NULL AND c.t < l.expires_at) AS held,
+       CASE WHEN v.held THEN l.expires_at - c.t END AS remaining,
+       v.held,
        CASE WHEN l.value_token = l.token THEN l.value END AS value,
-       CASE WHEN l.step_down_token = l.token AND l.holder IS NOT NULL AND c.t < l.expires_at
+       CASE WHEN l.step_down_token = l.token AND v.held
             THEN l.step_down_by END AS step_down_requested_by,
-       CASE WHEN l.step_down_token = l.token AND l.holder IS NOT NULL AND c.t < l.expires_at
+       CASE WHEN l.step_down_token = l.token AND v.held
             THEN l.step_down_at END AS step_down_requested_at,
-       l.renewals
+       l.renewals,
+       -- A session-bound lease (see SESSION-BOUND LEASES): the process id
+       -- of its session, and whether that session has ended (the lease
+       -- then is not held, though its expiry has not come).
+       CASE WHEN l.holder IS NOT NULL THEN l.session_pid END AS holder_session,
+       coalesce(v.ended, false) AS session_ended
   FROM pglease.leases AS l
  CROSS JOIN LATERAL (SELECT clock_timestamp() AS t) AS c
+ CROSS JOIN LATERAL (SELECT l.holder IS NOT NULL AND c.t < l.expires_at AND l.session_pid IS NOT NULL
+                            AND pglease._session_gone(l.session_pid, l.session_start) AS ended) AS e
+ CROSS JOIN LATERAL (SELECT l.holder IS NOT NULL AND c.t < l.expires_at
+                            AND NOT coalesce(e.ended, false) AS held,
+                            e.ended) AS v
  WHERE l.token > 0;
 
 COMMENT ON VIEW pglease.status IS
@@ -761,11 +814,12 @@ $$;
 REVOKE ALL ON FUNCTION pglease._end_fenced(text) FROM PUBLIC;
 
 -- Called by acquire only, once FOR UPDATE SKIP LOCKED has found the row
--- locked by someone else. Returns NULL when this transaction holds FOR
+-- locked by someone else. GONE_TOKEN, if not NULL, is a token whose
+-- session-bound holder's session has ended: that term counts as ended. Returns NULL when this transaction holds FOR
 -- UPDATE on the row and the lease has ended; '' when the lease is held
 -- (valid); otherwise why it cannot be taken within the grace. See the top
 -- of this file.
-CREATE FUNCTION pglease._take_over(name text)
+CREATE FUNCTION pglease._take_over(name text, gone_token bigint)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -776,14 +830,16 @@ DECLARE
     ended_them boolean := false;
     cur_holder text;
     cur_expiry timestamptz;
+    cur_token  bigint;
     note       text;
 BEGIN
     LOOP
-        SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
+        SELECT l.holder, l.expires_at, l.token INTO cur_holder, cur_expiry, cur_token
           FROM pglease.leases AS l WHERE l.name = _take_over.name FOR NO KEY UPDATE SKIP LOCKED;
         IF FOUND THEN
             -- Nobody can renew, release or acquire the lease now: decide.
-            IF cur_holder IS NOT NULL AND clock_timestamp() < cur_expiry THEN
+            IF cur_holder IS NOT NULL AND clock_timestamp() < cur_expiry
+               AND cur_token IS DISTINCT FROM gone_token THEN
                 RETURN '';
             END IF;
             -- It has ended: the transactions still fenced on it are stale.
@@ -808,9 +864,10 @@ BEGIN
         -- An acquisition, renewal or release of the lease has not committed
         -- yet (usually a matter of milliseconds). Meanwhile, a lease that
         -- is valid on its committed row is simply held.
-        SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
+        SELECT l.holder, l.expires_at, l.token INTO cur_holder, cur_expiry, cur_token
           FROM pglease.leases AS l WHERE l.name = _take_over.name;
-        IF cur_holder IS NOT NULL AND clock_timestamp() < cur_expiry THEN
+        IF cur_holder IS NOT NULL AND clock_timestamp() < cur_expiry
+           AND cur_token IS DISTINCT FROM gone_token THEN
             RETURN '';
         END IF;
         IF clock_timestamp() >= give_up THEN
@@ -834,13 +891,14 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON FUNCTION pglease._take_over(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglease._take_over(text, bigint) FROM PUBLIC;
 
-COMMENT ON FUNCTION pglease._take_over(text) IS
+COMMENT ON FUNCTION pglease._take_over(text, bigint) IS
     'Internal to pglease.acquire: lock an ended lease FOR UPDATE, ending the sessions '
     'still fenced on it, within about 2 s; otherwise say why not.';
 
-CREATE FUNCTION pglease.acquire(name text, holder text, ttl interval)
+CREATE FUNCTION pglease.acquire(name text, holder text, ttl interval,
+                                session_bound boolean DEFAULT false)
 RETURNS pglease.acquisition
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -850,6 +908,14 @@ DECLARE
     checked    text;
     cur_holder text;
     cur_expiry timestamptz;
+    cur_token  bigint;
+    cur_pid    integer;
+    cur_start  timestamptz;
+    -- The token of a valid term whose holder's session has ended (see
+    -- SESSION-BOUND LEASES): that term counts as ended.
+    gone_token bigint;
+    my_pid     integer;
+    my_start   timestamptz;
     new_id     bigint;
     found_row  boolean;
     name_ok    boolean := false;
@@ -860,21 +926,33 @@ DECLARE
 BEGIN
     IF NOT coalesce(octet_length(acquire.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND octet_length(acquire.holder) BETWEEN 1 AND pglease._max_text_bytes()
-                    AND seconds > 0 AND seconds <= pglease._max_ttl_seconds(), false) THEN
+                    AND seconds > 0 AND seconds <= pglease._max_ttl_seconds()
+                    AND acquire.session_bound IS NOT NULL, false) THEN
         checked := pglease._check_text('name', acquire.name);
         checked := pglease._check_text('holder', acquire.holder);
         PERFORM pglease._check_ttl(acquire.ttl);
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'session_bound',
+            MESSAGE = 'pglease: session_bound must be true or false, got NULL';
     END IF;
 
     -- Fast path, read-only: a held, unexpired lease is reported without a
     -- row lock, a token, WAL or a commit flush, also while fenced
-    -- transactions hold it.
-    SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
+    -- transactions hold it. A session-bound one is held while its session
+    -- lives.
+    SELECT l.holder, l.expires_at, l.token, l.session_pid, l.session_start
+      INTO cur_holder, cur_expiry, cur_token, cur_pid, cur_start
       FROM pglease.leases AS l WHERE l.name = acquire.name;
     found_row := FOUND;
     t := clock_timestamp();
     IF cur_holder IS NOT NULL AND t < cur_expiry THEN
-        RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL)::pglease.acquisition;
+        IF cur_pid IS NULL OR NOT pglease._session_gone(cur_pid, cur_start) THEN
+            RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid)::pglease.acquisition;
+        END IF;
+        gone_token := cur_token;
+    END IF;
+    IF acquire.session_bound THEN
+        my_pid := pg_backend_pid();
+        SELECT a.backend_start INTO my_start FROM pg_stat_get_activity(my_pid) AS a;
     END IF;
 
     -- Taking the lease is one statement, tried at most twice: at once in
@@ -920,7 +998,8 @@ BEGIN
                         t := clock_timestamp();
                         RETURN ROW(NULL, t, NULL, t,
                                    'another transaction creating a lease name has not committed for '
-                                   '1 s (call acquire in a transaction of its own)')::pglease.acquisition;
+                                   '1 s (call acquire in a transaction of its own)',
+                                   NULL)::pglease.acquisition;
                     END IF;
                     PERFORM pg_sleep(0.002);
                 END LOOP;
@@ -930,15 +1009,17 @@ BEGIN
             END IF;
 
             -- Usually nobody else locks the row: take FOR UPDATE at once.
-            SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
+            SELECT l.holder, l.expires_at, l.token, l.session_pid
+              INTO cur_holder, cur_expiry, cur_token, cur_pid
               FROM pglease.leases AS l WHERE l.name = acquire.name FOR UPDATE SKIP LOCKED;
             IF NOT FOUND THEN
-                note := pglease._take_over(acquire.name);
+                note := pglease._take_over(acquire.name, gone_token);
                 -- Either way, the committed row: locked by this transaction if
                 -- taken; otherwise it says who holds the lease, or, if the lease
                 -- has ended (expires_at <= checked_at, or holder NULL), that a
                 -- transaction that could not be ended pins it, and note says why.
-                SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
+                SELECT l.holder, l.expires_at, l.token, l.session_pid
+                  INTO cur_holder, cur_expiry, cur_token, cur_pid
                   FROM pglease.leases AS l WHERE l.name = acquire.name;
                 IF note IS NOT NULL THEN
                     IF note <> '' THEN
@@ -947,13 +1028,13 @@ BEGIN
                                                              acquire.name, note);
                     END IF;
                     RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(),
-                               nullif(note, ''))::pglease.acquisition;
+                               nullif(note, ''), cur_pid)::pglease.acquisition;
                 END IF;
             END IF;
             -- Decide on the latest row version and a clock read after the lock.
             t := clock_timestamp();
-            IF cur_holder IS NOT NULL AND t < cur_expiry THEN
-                RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL)::pglease.acquisition;
+            IF cur_holder IS NOT NULL AND t < cur_expiry AND cur_token IS DISTINCT FROM gone_token THEN
+                RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid)::pglease.acquisition;
             END IF;
             name_ok := true;
             found_row := true;
@@ -971,26 +1052,33 @@ BEGIN
                        acquired_at = clock_timestamp(),
                        renewed_at = NULL,
                        released_at = NULL,
-                       renewals = 0
+                       renewals = 0,
+                       session_pid = my_pid,
+                       session_start = my_start
                   FROM s
                  WHERE l.name = s.name
-                   AND (l.holder IS NULL OR clock_timestamp() >= l.expires_at)
+                   AND (l.holder IS NULL OR clock_timestamp() >= l.expires_at
+                        OR l.token = gone_token)
                    AND (name_ok OR NOT EXISTS (SELECT 1 FROM pglease.name_grants AS g
                                                 WHERE starts_with(acquire.name, g.prefix)))
                 RETURNING l.token, l.expires_at, l.acquired_at, s.holder AS old_holder,
                           s.token AS old_token, s.expires_at AS old_expiry, s.renewals AS old_renewals
             ), h AS (
                 -- The term before ended without a release: it expired
-                -- (recorded at the time it did). Then this term.
-                INSERT INTO pglease._history (name, token, event, holder, at, renewals, role)
-                SELECT acquire.name, e.token, e.event, e.holder, e.at, e.renewals, session_user
+                -- (recorded at the time it did), or its holder's session
+                -- ended (recorded now). Then this term.
+                INSERT INTO pglease._history (name, token, event, holder, at, renewals, detail, role)
+                SELECT acquire.name, e.token, e.event, e.holder, e.at, e.renewals, e.detail, session_user
                   FROM u
                  CROSS JOIN pglease._history_config AS c
-                 CROSS JOIN LATERAL (VALUES (u.old_token, 'expired', u.old_holder, u.old_expiry,
-                                             u.old_renewals, u.old_holder IS NOT NULL AND u.old_token > 0),
+                 CROSS JOIN LATERAL (VALUES (u.old_token, 'expired', u.old_holder,
+                                             least(u.old_expiry, u.acquired_at), u.old_renewals,
+                                             CASE WHEN u.old_expiry > u.acquired_at
+                                                  THEN 'its holder''s session ended' END,
+                                             u.old_holder IS NOT NULL AND u.old_token > 0),
                                             (u.token, 'acquired', acquire.holder, u.acquired_at,
-                                             NULL, true))
-                                    AS e(token, event, holder, at, renewals, wanted)
+                                             NULL, NULL, true))
+                                    AS e(token, event, holder, at, renewals, detail, wanted)
                  WHERE c.retention > interval '0' AND e.wanted
                 RETURNING _history.id
             )
@@ -1006,28 +1094,37 @@ BEGIN
                 IF new_id % 128 = 0 THEN
                     PERFORM pglease._purge_history(new_id);
                 END IF;
+                IF acquire.session_bound THEN
+                    -- The wake-up for waiters (see SESSION-BOUND LEASES),
+                    -- held until the session ends; taken again by each
+                    -- session-bound acquisition (a counter, one lock).
+                    PERFORM pg_try_advisory_lock(1886155618, my_pid);
+                END IF;
                 PERFORM pglease._changed(acquire.name);
                 result.holder := acquire.holder;
                 result.checked_at := t;
+                result.holder_session := my_pid;
                 RETURN result;
             END IF;
         END IF;
     END LOOP;
     -- Not reached: the long way holds the row lock and found the lease
     -- ended, so the second try takes it. Report the row as it is.
-    SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
+    SELECT l.holder, l.expires_at, l.session_pid INTO cur_holder, cur_expiry, cur_pid
       FROM pglease.leases AS l WHERE l.name = acquire.name;
-    RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(), NULL)::pglease.acquisition;
+    RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(), NULL, cur_pid)::pglease.acquisition;
 END
 $$;
 
-COMMENT ON FUNCTION pglease.acquire(text, text, interval) IS
-    'Acquire lease NAME for HOLDER for TTL if it is free or expired, ending the '
-    'sessions of transactions still fenced on an ended lease. Answers within about 2 s. Returns '
-    '(token, expires_at, holder, checked_at, note); token is NULL when not acquired, and '
-    'then expires_at and holder describe the current holder (expires_at <= checked_at: '
-    'the lease has ended but a transaction that could not be ended still holds it, and '
-    'note says why).';
+COMMENT ON FUNCTION pglease.acquire(text, text, interval, boolean) IS
+    'Acquire lease NAME for HOLDER for TTL if it is free or ended, ending the '
+    'sessions of transactions still fenced on an ended lease. Answers within about 2 s. '
+    'SESSION_BOUND (default false): the lease also ends when this server session ends '
+    '(an acquirer takes it at once). Returns (token, expires_at, holder, checked_at, note, '
+    'holder_session); token is NULL when not acquired, and then expires_at and holder '
+    'describe the current holder (expires_at <= checked_at: the lease has ended but a '
+    'transaction that could not be ended still holds it, and note says why), and '
+    'holder_session is the process id of the session the lease is bound to, if any.';
 
 ------------------------------------------------------------------------
 -- renew(name, token, ttl): extend a valid lease to database-now + ttl.
@@ -1062,6 +1159,7 @@ BEGIN
        AND l.holder IS NOT NULL
        AND clock_timestamp() < l.expires_at
        AND (l.role = session_user OR pglease._may_act(l.role))
+       AND (l.session_pid IS NULL OR NOT pglease._session_gone(l.session_pid, l.session_start))
     RETURNING l.expires_at INTO new_expiry;
     IF new_expiry IS NULL THEN
         PERFORM pglease._refuse_foreign(renew.name, renew.token, 'renew');
@@ -1087,12 +1185,13 @@ COMMENT ON FUNCTION pglease.renew(text, bigint, interval) IS
 -- then one row per element not renewed, with renewed = false and the
 -- current_token and current_holder of the row as found (current_token NULL:
 -- the name was never acquired), so that the caller can tell a takeover from
--- a release or an expiry. A name may appear more than once: only elements
+-- a release or an expiry, and session_ended true for a session-bound lease
+-- whose session has ended (see SESSION-BOUND LEASES). A name may appear more than once: only elements
 -- with the current token are renewed, and equal elements renew the lease
 -- once (and yield one row).
 CREATE FUNCTION pglease.renew_many(names text[], tokens bigint[], ttls interval[])
 RETURNS TABLE (name text, token bigint, expires_at timestamptz, renewed boolean,
-               current_token bigint, current_holder text)
+               current_token bigint, current_holder text, session_ended boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1150,6 +1249,7 @@ BEGIN
            AND l.holder IS NOT NULL
            AND clock_timestamp() < l.expires_at
            AND (l.role = session_user OR pglease._may_act(l.role))
+           AND (l.session_pid IS NULL OR NOT pglease._session_gone(l.session_pid, l.session_start))
         RETURNING l.name, l.token, l.expires_at
     )
     SELECT coalesce(array_agg(upd.name), '{}'), coalesce(array_agg(upd.token), '{}'),
@@ -1157,7 +1257,7 @@ BEGIN
       INTO r_names, r_tokens, r_expiries
       FROM upd;
     RETURN QUERY
-    SELECT r.n, r.t, r.e, true, NULL::bigint, NULL::text
+    SELECT r.n, r.t, r.e, true, NULL::bigint, NULL::text, false
       FROM unnest(r_names, r_tokens, r_expiries) AS r(n, t, e);
 
     -- Usually every lease was renewed and this is skipped. Otherwise: every
@@ -1175,7 +1275,10 @@ BEGIN
             PERFORM pglease._refuse_owner(bad.n, bad.role, 'renew');
         END IF;
         RETURN QUERY
-        SELECT u.n, u.t, NULL::timestamptz, false, nullif(c.token, 0), c.holder::text
+        SELECT u.n, u.t, NULL::timestamptz, false, nullif(c.token, 0), c.holder::text,
+               coalesce(c.token = u.t AND c.holder IS NOT NULL AND clock_timestamp() < c.expires_at
+                        AND c.session_pid IS NOT NULL
+                        AND pglease._session_gone(c.session_pid, c.session_start), false)
           FROM unnest(names, tokens) AS u(n, t)
           LEFT JOIN pglease.leases AS c ON c.name = u.n
          WHERE NOT EXISTS (SELECT 1 FROM unnest(r_names, r_tokens) AS r(n, t)
@@ -1392,6 +1495,8 @@ DECLARE
     cur_released timestamptz;
     cur_role     name;
     cur_secret   bytea;
+    cur_pid      integer;
+    cur_start    timestamptz;
     marker       bigint;
     t            timestamptz;
     declared     text;
@@ -1404,13 +1509,16 @@ BEGIN
 
     -- FOR KEY SHARE lasts until the caller's transaction ends and blocks
     -- the FOR UPDATE lock every acquisition takes (see LOCKS at the top).
-    SELECT l.token, l.holder, l.expires_at, l.released_at, l.role, l.secret
-      INTO cur_token, cur_holder, cur_expiry, cur_released, cur_role, cur_secret
+    SELECT l.token, l.holder, l.expires_at, l.released_at, l.role, l.secret, l.session_pid,
+           l.session_start
+      INTO cur_token, cur_holder, cur_expiry, cur_released, cur_role, cur_secret, cur_pid,
+           cur_start
       FROM pglease.leases AS l WHERE l.name = assert_held.name FOR KEY SHARE;
     -- The clock is read after the lock is held.
     t := clock_timestamp();
     IF NOT (FOUND AND cur_token = assert_held.token AND cur_token <> 0
-            AND cur_holder IS NOT NULL AND t < cur_expiry) THEN
+            AND cur_holder IS NOT NULL AND t < cur_expiry
+            AND (cur_pid IS NULL OR NOT pglease._session_gone(cur_pid, cur_start))) THEN
         -- DETAIL says the same as data, for clients: space-separated
         -- key=value fields, name last (it may contain spaces); times in
         -- RFC 3339, UTC.
@@ -1439,6 +1547,14 @@ BEGIN
                 DETAIL = format('reason=released token=%s at=%s name=%s', assert_held.token,
                                 to_char(cur_released AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
                                 assert_held.name);
+        END IF;
+        IF t < cur_expiry THEN
+            RAISE EXCEPTION USING ERRCODE = 'LE001',
+                MESSAGE = format('pglease: lease %L is not held under token %s: the server session '
+                                 'it was bound to (process %s) has ended',
+                                 assert_held.name, assert_held.token, cur_pid),
+                DETAIL = format('reason=session_ended token=%s pid=%s name=%s', assert_held.token,
+                                cur_pid, assert_held.name);
         END IF;
         RAISE EXCEPTION USING ERRCODE = 'LE001',
             MESSAGE = format('pglease: lease %L is not held under token %s: it expired at %s (database time now %s)',
@@ -2293,7 +2409,8 @@ COMMENT ON FUNCTION pglease.force_release(text, text) IS
 -- expires first, so that a waiter knows when to try again.
 -- =====================================================================
 
-CREATE FUNCTION pglease.acquire_counted(name text, slots integer, holder text, ttl interval)
+CREATE FUNCTION pglease.acquire_counted(name text, slots integer, holder text, ttl interval,
+                                        session_bound boolean DEFAULT false)
 RETURNS pglease.counted_acquisition
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -2322,10 +2439,11 @@ BEGIN
     END IF;
     FOR k IN 1 .. acquire_counted.slots LOOP
         slot := format('%s#%s', acquire_counted.name, k);
-        got := pglease.acquire(slot, acquire_counted.holder, acquire_counted.ttl);
+        got := pglease.acquire(slot, acquire_counted.holder, acquire_counted.ttl,
+                               acquire_counted.session_bound);
         IF got.token IS NOT NULL THEN
-            RETURN ROW(got.token, got.expires_at, got.holder, got.checked_at, got.note, slot)
-                   ::pglease.counted_acquisition;
+            RETURN ROW(got.token, got.expires_at, got.holder, got.checked_at, got.note, slot,
+                       got.holder_session)::pglease.counted_acquisition;
         END IF;
         IF first IS NULL OR got.expires_at < first.expires_at THEN
             first := got;
@@ -2333,14 +2451,16 @@ BEGIN
         END IF;
     END LOOP;
     RETURN ROW(NULL, first.expires_at, first.holder, first.checked_at, first.note,
-               format('%s#%s', acquire_counted.name, first_k))::pglease.counted_acquisition;
+               format('%s#%s', acquire_counted.name, first_k), first.holder_session)
+           ::pglease.counted_acquisition;
 END
 $$;
 
-COMMENT ON FUNCTION pglease.acquire_counted(text, integer, text, interval) IS
+COMMENT ON FUNCTION pglease.acquire_counted(text, integer, text, interval, boolean) IS
     'Acquire one of SLOTS slots of counted lease NAME (slot k is the lease NAME#k) for '
-    'HOLDER for TTL: the first free or ended one, as acquire would. Returns one row '
-    '(token, expires_at, holder, checked_at, note, slot_name); token is NULL when every '
+    'HOLDER for TTL (SESSION_BOUND as for acquire): the first free or ended one, as acquire '
+    'would. Returns one row (token, expires_at, holder, checked_at, note, slot_name, '
+    'holder_session); token is NULL when every '
     'slot is held, and then the row describes the slot that expires first. Use the slot''s '
     'name with the token for renew, release and assert_held.';
 

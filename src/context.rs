@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -26,6 +26,10 @@ pub(crate) struct Context {
     /// for all of it, so that a process that stops cleanly leaves nothing
     /// held.
     pub(crate) background: TaskTracker,
+    /// The server session that session-bound leases are acquired on (and
+    /// bound to), opened beside the pool on first use; dropped after an
+    /// error, which ends those leases (see `AcquireOptions::session_bound`).
+    pub(crate) session: tokio::sync::Mutex<Option<PgConnection>>,
     shut_down: AtomicBool,
     /// Faults a test has switched on (`pglease::testing::Faults`).
     #[cfg(feature = "testing")]
@@ -50,6 +54,7 @@ impl Context {
             counters: Counters::default(),
             stop: CancellationToken::new(),
             background: TaskTracker::new(),
+            session: tokio::sync::Mutex::new(None),
             shut_down: AtomicBool::new(false),
             #[cfg(feature = "testing")]
             faults: FaultFlags::default(),

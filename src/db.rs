@@ -105,6 +105,9 @@ fn classify(status: &LeaseStatus, fence: &Fence) -> Option<Found> {
         Some(current) if current == fence.token() && status.holder.is_none() => {
             Some(Found::Lost(LossReason::Released))
         }
+        Some(current) if current == fence.token() && status.session_ended => {
+            Some(Found::Lost(LossReason::SessionEnded))
+        }
         Some(_) => Some(Found::Lost(LossReason::Stale {
             current_token: status.token,
             current_holder: status.holder.clone(),

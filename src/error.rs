@@ -31,6 +31,10 @@ pub enum LossReason {
     /// The lease was released: by this process, by a shutdown, or by anyone
     /// else using the same token.
     Released,
+    /// The server session a session-bound lease was bound to has ended
+    /// (its connection dropped or its backend was terminated); nobody has
+    /// taken the lease yet, but anyone may.
+    SessionEnded,
     /// Renewals failed or got no answer until the local deadline; the last
     /// renewal's outcome is unknown (it may still commit).
     Unreachable {
@@ -45,7 +49,8 @@ impl PartialEq for LossReason {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (LossReason::Expired, LossReason::Expired)
-            | (LossReason::Released, LossReason::Released) => true,
+            | (LossReason::Released, LossReason::Released)
+            | (LossReason::SessionEnded, LossReason::SessionEnded) => true,
             (
                 LossReason::Stale {
                     current_token: a,
@@ -82,6 +87,7 @@ impl std::fmt::Display for LossReason {
             ),
             LossReason::Stale { .. } => f.write_str("the database has no such lease"),
             LossReason::Released => f.write_str("it was released"),
+            LossReason::SessionEnded => f.write_str("the server session it was bound to has ended"),
             LossReason::Unreachable { error } => write!(
                 f,
                 "the database did not confirm a renewal before the local deadline ({error})"
@@ -119,6 +125,9 @@ pub enum NotHeldReason {
         /// When, on the database clock.
         at: DateTime<Utc>,
     },
+    /// The server session the (session-bound) lease was bound to has
+    /// ended.
+    SessionEnded,
     /// The reason could not be read (a server with another version of the
     /// schema); the error's message still says it.
     Unknown,
@@ -303,6 +312,9 @@ impl std::fmt::Display for NotHeldReason {
             ),
             NotHeldReason::Released { at } => write!(f, "it was released at {at}"),
             NotHeldReason::Expired { at } => write!(f, "it expired at {at}"),
+            NotHeldReason::SessionEnded => {
+                f.write_str("the server session it was bound to has ended")
+            }
             NotHeldReason::Unknown => f.write_str("the database refused it"),
         }
     }
@@ -453,6 +465,7 @@ fn not_held(detail: Option<&str>) -> Error {
             .map(|current_token| NotHeldReason::NotIssued { current_token }),
         Some("released") => time_field("at").map(|at| NotHeldReason::Released { at }),
         Some("expired") => time_field("at").map(|at| NotHeldReason::Expired { at }),
+        Some("session_ended") => Some(NotHeldReason::SessionEnded),
         _ => None,
     };
     Error::NotHeld {

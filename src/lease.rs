@@ -219,6 +219,13 @@ pub struct LeaseStatus {
     pub step_down_requested_at: Option<DateTime<Utc>>,
     /// How many times the latest acquisition has been renewed.
     pub renewals: u64,
+    /// For a session-bound lease ([`AcquireOptions::session_bound`](crate::AcquireOptions::session_bound)):
+    /// the process id of the server session it is bound to; `None` for
+    /// any other, and once released.
+    pub holder_session: Option<i32>,
+    /// Whether the lease's session has ended before its expiry: it is not
+    /// held, and the next acquirer takes it.
+    pub session_ended: bool,
 }
 
 impl LeaseStatus {
@@ -234,6 +241,8 @@ impl LeaseStatus {
             step_down_requested_by: None,
             step_down_requested_at: None,
             renewals: 0,
+            holder_session: None,
+            session_ended: false,
         }
     }
 
@@ -254,6 +263,8 @@ impl LeaseStatus {
                 .max(0)
                 .unsigned_abs()
                 .into(),
+            holder_session: row.try_get("holder_session")?,
+            session_ended: row.try_get("session_ended")?,
         })
     }
 }

@@ -42,6 +42,7 @@ pub struct AcquireOptions {
     max_wait: Duration,
     value: Option<String>,
     limit: Option<u32>,
+    session_bound: bool,
 }
 
 impl AcquireOptions {
@@ -55,6 +56,7 @@ impl AcquireOptions {
             max_wait: Duration::ZERO,
             value: None,
             limit: None,
+            session_bound: false,
         }
     }
 
@@ -101,6 +103,32 @@ impl AcquireOptions {
     pub fn limit(mut self, limit: u32) -> AcquireOptions {
         self.limit = Some(limit);
         self
+    }
+
+    /// A session-bound lease: it also ends when the manager's server
+    /// session for such leases ends (the process died, the connection
+    /// dropped, the backend was terminated), and then another acquirer
+    /// takes it at once instead of after the TTL, fenced as ever (a new
+    /// token; renewing the old one fails). Default: false.
+    ///
+    /// The manager acquires session-bound leases on one connection of its
+    /// own, opened beside the pool on first use (every one of them ends
+    /// with it). The trade-off: a network interruption that ends that
+    /// connection also ends the leases, even one shorter than the TTL.
+    /// Through a transaction pooler the server session is not the
+    /// manager's, so the lease would outlive the process: connect such
+    /// holders to PostgreSQL directly (or through session pooling). A
+    /// waiter for a session-bound lease blocks in the server for the
+    /// holder's session to end, on a connection of its own while it
+    /// waits. See docs/design.md, "Session-bound leases".
+    pub fn session_bound(mut self, session_bound: bool) -> AcquireOptions {
+        self.session_bound = session_bound;
+        self
+    }
+
+    /// Whether the lease is to be session-bound.
+    pub fn is_session_bound(&self) -> bool {
+        self.session_bound
     }
 
     /// The counted lease's limit, if any.

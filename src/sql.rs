@@ -78,20 +78,23 @@ fn array<T>(items: &[T], element: impl Fn(&T) -> String, ty: &str) -> String {
 /// why an ended lease could not be taken.
 /// With a value, `proclaim` runs in the same statement (one round trip,
 /// one commit) once the acquisition has succeeded; a failed one stays
-/// read-only.
+/// read-only. Session-bound: bound to the session that sends it.
 pub(crate) fn acquire(
     name: &str,
     holder: &str,
     ttl: &PgInterval,
     value: Option<&str>,
     slots: Option<u32>,
+    session_bound: bool,
 ) -> String {
+    // Only when wanted: the default is the function's own.
+    let bound = if session_bound { ", true" } else { "" };
     // A counted lease answers the slot too: the lease it acquired, or the
     // one that expires first.
     let (acquire, slot) = match slots {
         None => (
             format!(
-                "pglease.acquire({}, {}, {})",
+                "pglease.acquire({}, {}, {}{bound})",
                 Text(name),
                 Text(holder),
                 Interval(ttl)
@@ -100,7 +103,7 @@ pub(crate) fn acquire(
         ),
         Some(slots) => (
             format!(
-                "pglease.acquire_counted({}, {slots}, {}, {})",
+                "pglease.acquire_counted({}, {slots}, {}, {}{bound})",
                 Text(name),
                 Text(holder),
                 Interval(ttl)
@@ -110,11 +113,13 @@ pub(crate) fn acquire(
     };
     match value {
         None => format!(
-            "SELECT token, expires_at, holder, checked_at, note, {slot} AS slot_name FROM {acquire}"
+            "SELECT token, expires_at, holder, checked_at, note, {slot} AS slot_name, \
+                    holder_session FROM {acquire}"
         ),
         Some(value) => format!(
             "WITH a AS MATERIALIZED (SELECT * FROM {acquire}) \
              SELECT token, expires_at, holder, checked_at, note, {slot} AS slot_name, \
+                    holder_session, \
                     CASE WHEN token IS NOT NULL THEN pglease.proclaim({slot}, token, {}) END \
                FROM a",
             Text(value)
@@ -147,7 +152,7 @@ pub(crate) fn renew(name: &str, token: Token, ttl: &PgInterval) -> String {
 /// renewal tick). Database clock at each row update.
 pub(crate) fn renew_many(names: &[&str], tokens: &[i64], ttls: &[PgInterval]) -> String {
     format!(
-        "SELECT name, token, expires_at, renewed, current_token, current_holder \
+        "SELECT name, token, expires_at, renewed, current_token, current_holder, session_ended \
          FROM pglease.renew_many({}, {}, {})",
         array(names, |n| text(n), "text"),
         array(tokens, i64::to_string, "bigint"),
@@ -162,6 +167,15 @@ pub(crate) fn release(name: &str, token: Token) -> String {
         "SELECT pglease.release({}, {}::bigint)",
         Text(name),
         token.get()
+    )
+}
+
+/// Blocks until the server session with process id `pid` has ended (or
+/// let go of its session-bound leases' wake-up key), then lets go at once.
+pub(crate) fn session_wake(pid: i32) -> String {
+    format!(
+        "SELECT pg_advisory_lock_shared(1886155618, {pid}); \
+         SELECT pg_advisory_unlock_shared(1886155618, {pid})"
     )
 }
 
@@ -206,7 +220,7 @@ macro_rules! status_select {
         concat!(
             "SELECT name, holder, token, expires_at, ",
             "(extract(epoch FROM remaining) * 1000000)::bigint AS remaining_us, held, value, ",
-            "step_down_requested_by, step_down_requested_at, renewals ",
+            "step_down_requested_by, step_down_requested_at, renewals, holder_session, session_ended ",
             "FROM pglease.status",
             $rest
         )
@@ -334,7 +348,7 @@ mod tests {
         );
         assert_eq!(
             renew_many(&[], &[], &[]),
-            "SELECT name, token, expires_at, renewed, current_token, current_holder \
+            "SELECT name, token, expires_at, renewed, current_token, current_holder, session_ended \
              FROM pglease.renew_many(ARRAY[]::text[], ARRAY[]::bigint[], ARRAY[]::interval[])"
         );
         assert!(

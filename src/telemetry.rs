@@ -54,7 +54,7 @@ pub const METRICS: &[(&str, &str, &str, &str)] = &[
     (
         LEASE_ENDS,
         "counter",
-        "reason = released | stale | expired | unreachable",
+        "reason = released | stale | expired | session_ended | unreachable",
         "held leases that ended, by reason (released: by its holder or someone else)",
     ),
     (
@@ -108,6 +108,7 @@ pub(crate) fn lease_ended(reason: &LossReason) {
         LossReason::Released => "released",
         LossReason::Stale { .. } => "stale",
         LossReason::Expired => "expired",
+        LossReason::SessionEnded => "session_ended",
         LossReason::Unreachable { .. } => "unreachable",
     };
     metrics::counter!(LEASE_ENDS, "reason" => reason).increment(1);

@@ -179,6 +179,13 @@ pub(crate) enum Command {
         /// exits 3 (at most 7 days).
         #[arg(long, value_parser = Checked(min_hold), allow_hyphen_values = true)]
         min_hold: Option<Duration>,
+        /// Bind the lease to this process's database session: when the
+        /// process dies (even by SIGKILL) or its connection ends, the next
+        /// acquirer takes the lease at once instead of after the TTL. A
+        /// connection that drops also loses the lease (CMD is stopped,
+        /// exit 4).
+        #[arg(long, conflicts_with = "min_hold")]
+        session_bound: bool,
         /// The command and its arguments.
         #[arg(required = true, last = true)]
         cmd: Vec<String>,

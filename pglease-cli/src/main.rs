@@ -142,6 +142,7 @@ async fn dispatch(
             limit,
             timeout,
             min_hold,
+            session_bound,
             cmd,
         } => {
             let args = cmd::run::RunArgs {
@@ -153,6 +154,7 @@ async fn dispatch(
                 timeout,
                 min_hold,
                 limit,
+                session_bound,
                 cmd,
             };
             cmd::run::run(manager, database_url, args).await

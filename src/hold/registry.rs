@@ -90,6 +90,8 @@ pub(crate) struct Renewed {
     pub(crate) expires_at: Option<DateTime<Utc>>,
     pub(crate) current_token: Option<i64>,
     pub(crate) current_holder: Option<String>,
+    /// A session-bound lease whose session has ended.
+    pub(crate) session_ended: bool,
 }
 
 /// What applying one statement's outcome did.
@@ -315,6 +317,8 @@ impl Registry {
                     let reason = if row.current_token == Some(key.1) && row.current_holder.is_none()
                     {
                         LossReason::Released
+                    } else if row.session_ended {
+                        LossReason::SessionEnded
                     } else {
                         LossReason::Stale {
                             current_token: row.current_token.map(Token::issued),

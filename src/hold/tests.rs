@@ -50,6 +50,7 @@ fn confirmed(name: &str, token: i64) -> Renewed {
         expires_at: Some(Utc::now()),
         current_token: None,
         current_holder: None,
+        session_ended: false,
     }
 }
 
@@ -60,6 +61,7 @@ fn refused(name: &str, token: i64, current: i64, holder: Option<&str>) -> Renewe
         expires_at: None,
         current_token: Some(current),
         current_holder: holder.map(str::to_owned),
+        session_ended: false,
     }
 }
 

@@ -7,13 +7,16 @@
 mod listener;
 mod watches;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 use sqlx::postgres::types::PgInterval;
+use sqlx::postgres::{PgConnection, PgRow};
+use sqlx::{Connection, Row};
 use tokio::sync::{broadcast, oneshot, watch};
 use tokio::time::Instant;
 
@@ -51,6 +54,9 @@ pub(crate) enum Attempt {
         /// The lease the answer describes: the name, or for a counted
         /// lease the slot that expires first.
         slot: String,
+        /// The process id of the server session a session-bound holder's
+        /// lease is bound to.
+        holder_session: Option<i32>,
     },
 }
 
@@ -127,11 +133,15 @@ async fn attempt(
     ttl: PgInterval,
     value: Option<&str>,
     slots: Option<u32>,
+    session_bound: bool,
 ) -> Result<Attempt> {
     let sent = Instant::now();
-    let row = sql::query(sql::acquire(name, holder, &ttl, value, slots))
-        .fetch_one(&context.pool)
-        .await;
+    let statement = sql::acquire(name, holder, &ttl, value, slots, session_bound);
+    let row = if session_bound {
+        on_session(context, statement).await
+    } else {
+        sql::query(statement).fetch_one(&context.pool).await
+    };
     context
         .counters
         .acquire_attempts
@@ -155,6 +165,7 @@ async fn attempt(
             checked_at,
             note: row.try_get("note")?,
             slot: row.try_get("slot_name")?,
+            holder_session: row.try_get("holder_session")?,
         });
     };
     telemetry::acquire_attempt("acquired");
@@ -173,6 +184,66 @@ async fn attempt(
         return Ok(Attempt::Acquired { lease, sent });
     }
     confirm(context, lease, ttl).await
+}
+
+/// Runs an acquisition on the manager's session for session-bound leases
+/// (the session they are bound to), opening it first when there is none.
+/// A session that fails other than with a database error is dropped: its
+/// leases have ended with it, or will be found so at their next renewal.
+/// An old session that failed is replaced once, at once: the statement
+/// either never ran or ran on a session that is gone (so what it acquired
+/// is free to take, also for this retry).
+async fn on_session(context: &Context, statement: String) -> sqlx::Result<PgRow> {
+    let mut session = context.session.lock().await;
+    let mut reused = session.is_some();
+    loop {
+        let connection = match &mut *session {
+            Some(connection) => connection,
+            None => {
+                session.insert(PgConnection::connect_with(&context.pool.connect_options()).await?)
+            }
+        };
+        match sql::query(statement.as_str()).fetch_one(connection).await {
+            Err(error) if !matches!(error, sqlx::Error::Database(_)) => {
+                *session = None;
+                if !std::mem::take(&mut reused) {
+                    return Err(error);
+                }
+                tracing::debug!(%error, "the session for session-bound leases failed; opening another");
+            }
+            row => return row,
+        }
+    }
+}
+
+/// Resolves once the server session with process id `pid` has ended (or
+/// given up its wake-up lock; see SESSION-BOUND LEASES in the schema):
+/// blocks in the server, on a connection of its own, on a shared lock of
+/// the key that session holds, in statements of at most half a second so
+/// that a dropped wait leaves the server nothing for longer. Never
+/// resolves if the connection cannot be had (the waiter's other wake-ups
+/// remain). Cancel-safe: dropping it closes the connection.
+async fn session_ended(context: &Context, pid: i32) {
+    let blocked = async {
+        let mut connection = PgConnection::connect_with(&context.pool.connect_options()).await?;
+        sql::query("SET lock_timeout = '500ms'")
+            .execute(&mut connection)
+            .await?;
+        loop {
+            match sql::query(sql::session_wake(pid))
+                .execute(&mut connection)
+                .await
+            {
+                Ok(_) => return sqlx::Result::Ok(()),
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {}
+                Err(error) => return Err(error),
+            }
+        }
+    };
+    if let Err(error) = blocked.await {
+        tracing::debug!(%error, pid, "cannot wait in the server for the holder's session to end");
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Confirms an acquisition whose answer came late with a renewal under
@@ -207,6 +278,7 @@ async fn attempt_detached(
     ttl: PgInterval,
     value: Option<&str>,
     slots: Option<u32>,
+    session_bound: bool,
 ) -> Result<Attempt> {
     let (reply, answer) = oneshot::channel();
     let context = Arc::clone(context);
@@ -215,7 +287,16 @@ async fn attempt_detached(
     // Tracked, so that `shutdown` waits for an attempt still in the
     // database and for the release of what it acquired for nobody.
     context.background.clone().spawn(async move {
-        let outcome = attempt(&context, &name, &holder, ttl, value.as_deref(), slots).await;
+        let outcome = attempt(
+            &context,
+            &name,
+            &holder,
+            ttl,
+            value.as_deref(),
+            slots,
+            session_bound,
+        )
+        .await;
         // If the waiter is gone, the returned delivery is dropped here.
         let _ = reply.send(Delivery {
             outcome: Some(outcome),
@@ -294,43 +375,55 @@ impl Acquirer {
         // on the listening connection after the first failed attempt.
         let mut watching: Option<Watching> = None;
         let mut watched = false;
+        // The session-bound holder whose session's end last woke us: if
+        // the lease is still its, the session is in its last microseconds
+        // (its locks go before its entry in pg_stat_activity), or someone
+        // else holds its key; poll rather than block on it again.
+        let mut woken_by: Option<i32> = None;
+        let mut exit_polls: u32 = 0;
+        // The wait in the server for that holder's session to end, kept
+        // from one nap to the next while the holder stays the same.
+        let mut session_wait: Option<(i32, Pin<Box<dyn Future<Output = ()> + Send + '_>>)> = None;
         loop {
-            let (current, expires_at, checked_at, note, slot) = match attempt_detached(
-                context,
-                name,
-                holder,
-                ttl,
-                how.get_value(),
-                how.get_limit(),
-            )
-            .await
-            {
-                Ok(Attempt::Acquired { lease, sent }) => {
-                    telemetry::acquisition("acquired", Some(start.elapsed()));
-                    if let Some(expired) = seen_expiry {
-                        // Taken over after the holder seen last expired
-                        // (not after a release, which ends it sooner).
-                        if let Ok(delay) = (lease.acquired_at() - expired).to_std() {
-                            telemetry::takeover_delay(delay);
-                        }
-                    }
-                    return Ok((lease, sent));
-                }
-                Ok(Attempt::Held {
+            let (current, expires_at, checked_at, note, slot, holder_session) =
+                match attempt_detached(
+                    context,
+                    name,
                     holder,
-                    expires_at,
-                    checked_at,
-                    note,
-                    slot,
-                }) => (holder, expires_at, checked_at, note, slot),
-                // Acquired so late that it was lost before its
-                // confirming renewal: another attempt, while allowed.
-                Err(Error::Lost { .. }) if Instant::now() < deadline => continue,
-                Err(error) => {
-                    telemetry::acquisition("error", None);
-                    return Err(error);
-                }
-            };
+                    ttl,
+                    how.get_value(),
+                    how.get_limit(),
+                    how.is_session_bound(),
+                )
+                .await
+                {
+                    Ok(Attempt::Acquired { lease, sent }) => {
+                        telemetry::acquisition("acquired", Some(start.elapsed()));
+                        if let Some(expired) = seen_expiry {
+                            // Taken over after the holder seen last expired
+                            // (not after a release, which ends it sooner).
+                            if let Ok(delay) = (lease.acquired_at() - expired).to_std() {
+                                telemetry::takeover_delay(delay);
+                            }
+                        }
+                        return Ok((lease, sent));
+                    }
+                    Ok(Attempt::Held {
+                        holder,
+                        expires_at,
+                        checked_at,
+                        note,
+                        slot,
+                        holder_session,
+                    }) => (holder, expires_at, checked_at, note, slot, holder_session),
+                    // Acquired so late that it was lost before its
+                    // confirming renewal: another attempt, while allowed.
+                    Err(Error::Lost { .. }) if Instant::now() < deadline => continue,
+                    Err(error) => {
+                        telemetry::acquisition("error", None);
+                        return Err(error);
+                    }
+                };
             seen_expiry = current.as_ref().map(|_| expires_at);
             let pinned = pinned(current.as_deref(), expires_at, checked_at);
             let now = Instant::now();
@@ -373,12 +466,35 @@ impl Acquirer {
             // waiter is watched, so that an old change does not wake it.
             let connected = listening.as_mut().is_some_and(|w| *w.borrow_and_update());
             let heard = watched && connected;
-            let nap = if pinned {
+            // A session-bound holder's end wakes us too (blocking in the
+            // server), unless it just did.
+            let ending = holder_session.filter(|_| !pinned);
+            // A few quick polls (its exit takes microseconds); a holder
+            // still there after them does not hold its key (another
+            // session took it): wait for it as for an unbound one.
+            let racing_exit = ending.is_some() && ending == woken_by && exit_polls < 8;
+            let block_on = ending.filter(|_| ending != woken_by);
+            if session_wait.as_ref().map(|(pid, _)| *pid) != block_on {
+                session_wait = block_on.map(|pid| {
+                    let wait: Pin<Box<dyn Future<Output = ()> + Send + '_>> =
+                        Box::pin(session_ended(context, pid));
+                    (pid, wait)
+                });
+            }
+            let nap = if racing_exit {
+                exit_polls = exit_polls.saturating_add(1);
+                backoff::backoff(
+                    Duration::from_millis(1),
+                    exit_polls,
+                    Duration::from_millis(50),
+                )
+                .min(until_expiry)
+            } else if pinned {
                 // Ended but pinned by a transaction the database could not
                 // end: no release or expiry will announce when it lets go.
                 polls = polls.saturating_add(1);
                 backoff::poll(polls, context.options.get_max_poll_interval())
-            } else if heard {
+            } else if heard && !racing_exit {
                 // A release wakes us; otherwise try again when it expires,
                 // spread a little so that many waiters do not arrive at once.
                 until_expiry + backoff::spread(until_expiry)
@@ -393,6 +509,11 @@ impl Acquirer {
             loop {
                 tokio::select! {
                     () = tokio::time::sleep_until(wake) => break,
+                    () = session_over(&mut session_wait) => {
+                        woken_by = session_wait.take().map(|(pid, _)| pid);
+                        exit_polls = 0;
+                        break;
+                    }
                     () = context.stop.cancelled() => return Err(Error::ShutDown),
                     released = next_release(&mut releases) => match released {
                         Ok(Some(released)) if released != name => continue,
@@ -417,6 +538,13 @@ impl Acquirer {
                 }
             }
         }
+    }
+}
+
+async fn session_over(wait: &mut Option<(i32, Pin<Box<dyn Future<Output = ()> + Send + '_>>)>) {
+    match wait {
+        Some((_, wait)) => wait.as_mut().await,
+        None => std::future::pending().await,
     }
 }
 

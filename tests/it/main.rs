@@ -48,6 +48,7 @@ mod pooler;
 mod protect;
 mod roles;
 mod security;
+mod session_bound;
 mod shutdown;
 mod stale_tokens;
 mod status;
@@ -82,6 +83,7 @@ fn main() -> std::process::ExitCode {
             protect::tests(),
             roles::tests(),
             security::tests(),
+            session_bound::tests(),
             shutdown::tests(),
             stale_tokens::tests(),
             status::tests(),

@@ -46,7 +46,7 @@ pub(crate) async fn migrate(manager: &LeaseManager, json: bool) -> Outcome {
         let owner: String = simple_scalar(
             manager,
             "SELECT r.rolname::text FROM pg_proc AS p JOIN pg_roles AS r ON r.oid = p.proowner \
-              WHERE p.oid = 'pglease.acquire(text, text, interval)'::regprocedure",
+              WHERE p.oid = 'pglease.acquire(text, text, interval, boolean)'::regprocedure",
         )
         .await
         .map_err(|e| (e, "migrate"))?;

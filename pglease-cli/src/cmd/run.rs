@@ -23,6 +23,7 @@ pub(crate) struct RunArgs {
     pub(crate) timeout: Option<Duration>,
     pub(crate) min_hold: Option<Duration>,
     pub(crate) limit: Option<u32>,
+    pub(crate) session_bound: bool,
     pub(crate) cmd: Vec<String>,
 }
 
@@ -46,6 +47,7 @@ pub(crate) async fn run(
         timeout,
         min_hold,
         limit,
+        session_bound,
         cmd,
     } = args;
     // Signals are watched from the start, so that none is lost while
@@ -58,7 +60,10 @@ pub(crate) async fn run(
     // CMD never starts; the server abandons an attempt still waiting in it
     // once this process has exited (see `pglease::connect::pool_options`).
     let acquisition = announced(&name, wait, |wait| {
-        let how = AcquireOptions::ttl(ttl).holder(&holder).wait(wait);
+        let how = AcquireOptions::ttl(ttl)
+            .holder(&holder)
+            .wait(wait)
+            .session_bound(session_bound);
         manager.hold(
             &name,
             match limit {
