@@ -216,6 +216,9 @@ async fn on_session(context: &Context, statement: String) -> sqlx::Result<PgRow>
     }
 }
 
+/// A wait in the server for a session-bound holder's session to end.
+type SessionWait<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
 /// Resolves once the server session with process id `pid` has ended (or
 /// given up its wake-up lock; see SESSION-BOUND LEASES in the schema):
 /// blocks in the server, on a connection of its own, on a shared lock of
@@ -383,7 +386,7 @@ impl Acquirer {
         let mut exit_polls: u32 = 0;
         // The wait in the server for that holder's session to end, kept
         // from one nap to the next while the holder stays the same.
-        let mut session_wait: Option<(i32, Pin<Box<dyn Future<Output = ()> + Send + '_>>)> = None;
+        let mut session_wait: Option<(i32, SessionWait<'_>)> = None;
         loop {
             let (current, expires_at, checked_at, note, slot, holder_session) =
                 match attempt_detached(
@@ -476,8 +479,7 @@ impl Acquirer {
             let block_on = ending.filter(|_| ending != woken_by);
             if session_wait.as_ref().map(|(pid, _)| *pid) != block_on {
                 session_wait = block_on.map(|pid| {
-                    let wait: Pin<Box<dyn Future<Output = ()> + Send + '_>> =
-                        Box::pin(session_ended(context, pid));
+                    let wait: SessionWait<'_> = Box::pin(session_ended(context, pid));
                     (pid, wait)
                 });
             }
@@ -541,7 +543,7 @@ impl Acquirer {
     }
 }
 
-async fn session_over(wait: &mut Option<(i32, Pin<Box<dyn Future<Output = ()> + Send + '_>>)>) {
+async fn session_over(wait: &mut Option<(i32, SessionWait<'_>)>) {
     match wait {
         Some((_, wait)) => wait.as_mut().await,
         None => std::future::pending().await,
