@@ -22,6 +22,7 @@
 //! only the SQL level: pgbench runs the scripts in `bench/pgbench/`
 //! (pglease's functions and the same work as raw statements, alternated,
 //! `BENCH_ROUNDS` pairs, default 3) and prints their ratios;
+//! `BENCH_ONLY=p3` only the handover from a release to a waiter;
 //! `BENCH_ONLY=p4c` only the takeover of a session-bound lease whose
 //! holder's session ended, beside an advisory lock's.
 
@@ -319,6 +320,9 @@ async fn main() -> Result<(), Error> {
     if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "fenced") {
         fenced_round_trips(&pool, &m, &tokens, secs).await?;
         return Ok(());
+    }
+    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "p3") {
+        return handover(&pool).await;
     }
     if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "p4c") {
         return session_bound_takeover(&pool).await;
@@ -628,12 +632,18 @@ fn percentile(v: &[Duration], p: f64) -> Duration {
 }
 
 /// P3: from an explicit release to the waiting acquirer holding the lease,
-/// with NOTIFY and with polling only. The release comes 100 ms after the
-/// waiter went to sleep, so that a poller's backoff has started.
+/// with NOTIFY (the waiter in line: the release grants it the lease) and
+/// with polling only; beside an advisory-lock waiter blocked in the server,
+/// from `pg_advisory_unlock` to its lock. The release comes 100 ms after
+/// the waiter went to sleep, so that a poller's backoff has started. Also
+/// how long the release call itself took (its commit included): the
+/// handover after the release's commit is at most the difference.
 async fn handover(pool: &PgPool) -> Result<(), Error> {
     const ROUNDS: usize = 40;
-    println!("\nHandover from release to the waiter holding the lease ({ROUNDS} rounds each)");
-    println!("| waiter | p50 ms | p99 ms |\n|---|---:|---:|");
+    println!(
+        "\nHandover from the release call to the waiter holding the lease ({ROUNDS} rounds each)"
+    );
+    println!("| waiter | p50 ms | p99 ms | release call p50 ms |\n|---|---:|---:|---:|");
     let holder = LeaseManager::new(pool.clone());
     for (label, options) in [
         ("LISTEN/NOTIFY", ManagerOptions::default()),
@@ -643,7 +653,7 @@ async fn handover(pool: &PgPool) -> Result<(), Error> {
         ),
     ] {
         let waiter = LeaseManager::with_options(pool.clone(), options)?;
-        let mut latencies = Vec::new();
+        let (mut latencies, mut calls) = (Vec::new(), Vec::new());
         for round in 0..ROUNDS {
             let name = format!("handover-{label}-{round}");
             let held = holder
@@ -666,6 +676,7 @@ async fn handover(pool: &PgPool) -> Result<(), Error> {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let released = Instant::now();
             holder.release(&held).await?;
+            calls.push(released.elapsed());
             let (got, at) = task.await.expect("waiter task");
             let lease = got?;
             latencies.push(at - released);
@@ -673,12 +684,65 @@ async fn handover(pool: &PgPool) -> Result<(), Error> {
         }
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
-            "| {label} | {:.2} | {:.2} |",
+            "| {label} | {:.2} | {:.2} | {:.2} |",
             ms(median(&latencies)),
-            ms(percentile(&latencies, 0.99))
+            ms(percentile(&latencies, 0.99)),
+            ms(median(&calls))
         );
     }
+    // The baseline: a session lock, and a waiter blocked on it.
+    let mut latencies = Vec::new();
+    for round in 0..ROUNDS {
+        let key = 0x7033_0000_i64 + round as i64;
+        let mut holding = pool.acquire().await?.detach();
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(key)
+            .execute(&mut holding)
+            .await?;
+        let mut blocked = pool.acquire().await?.detach();
+        let task = tokio::spawn(async move {
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(key)
+                .execute(&mut blocked)
+                .await
+                .map(|_| (Instant::now(), blocked))
+        });
+        wait_for_advisory_waiter(pool, key).await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let released = Instant::now();
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(key)
+            .execute(&mut holding)
+            .await?;
+        let (at, blocked) = task.await.expect("advisory waiter")?;
+        latencies.push(at - released);
+        holding.close().await?;
+        blocked.close().await?;
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "| advisory lock, blocked in pg_advisory_lock (no token, nothing written) | {:.2} | {:.2} | |",
+        ms(median(&latencies)),
+        ms(percentile(&latencies, 0.99))
+    );
     Ok(())
+}
+
+/// Returns once a session waits in the server for advisory lock `key`.
+async fn wait_for_advisory_waiter(pool: &PgPool, key: i64) -> Result<(), Error> {
+    loop {
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+               AND NOT granted AND objid = ($1::bigint & 4294967295)::oid)",
+        )
+        .bind(key)
+        .fetch_one(pool)
+        .await?;
+        if waiting {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 /// Tops `pglease.leases` up to `rows` rows with other leases, half of them
@@ -827,6 +891,8 @@ async fn session_bound_takeover(pool: &PgPool) -> Result<(), Error> {
     let holder = LeaseManager::new(pool.clone());
     let waiter = LeaseManager::new(pool.clone());
     let (mut leases, mut advisory) = (Vec::new(), Vec::new());
+    // Attempts the waiter made after its first, round by round.
+    let mut attempts_after = Vec::new();
     for round in 0..ROUNDS {
         // pglease: the holder's manager opens a new session for each round
         // (the last one was terminated).
@@ -868,6 +934,7 @@ async fn session_bound_takeover(pool: &PgPool) -> Result<(), Error> {
         let got = got?;
         assert!(got.token() > held.token());
         leases.push(at - ended);
+        attempts_after.push(waiter.stats().acquire_attempts - attempts - 1);
         waiter.release(&got).await?;
 
         // The advisory lock: one session holds it, another blocks on it.
@@ -885,19 +952,7 @@ async fn session_bound_takeover(pool: &PgPool) -> Result<(), Error> {
                 .await
                 .map(|_| (Instant::now(), blocked))
         });
-        // Until the waiter waits for the lock in the server.
-        loop {
-            let waiting: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'                    AND NOT granted AND objid = ($1::bigint & 4294967295)::oid)",
-            )
-            .bind(key)
-            .fetch_one(pool)
-            .await?;
-            if waiting {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        wait_for_advisory_waiter(pool, key).await?;
         tokio::time::sleep(Duration::from_millis(100)).await;
         let ended = Instant::now();
         sqlx::query("SELECT pg_terminate_backend($1)")
@@ -917,7 +972,8 @@ async fn session_bound_takeover(pool: &PgPool) -> Result<(), Error> {
          | waiter | median | worst |\n|---|---:|---:|\n\
          | pglease, session-bound lease | {:.1} ms | {:.1} ms |\n\
          | advisory lock (pg_advisory_lock, no token) | {:.1} ms | {:.1} ms |\n\
-         ratio of medians (pglease / advisory): {:.2}",
+         ratio of medians (pglease / advisory): {:.2}; the waiter's attempts after its \
+         first, by round: {attempts_after:?}",
         ms(median(&leases)),
         ms(worst(&leases)),
         ms(median(&advisory)),
