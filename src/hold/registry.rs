@@ -26,6 +26,14 @@ pub(crate) type Key = (String, i64);
 /// Planning looks at most this far ahead when nothing is due.
 const HORIZON: Duration = Duration::from_secs(3600);
 
+/// At most this many leases per renewal statement: a manager holding more
+/// sends several, one after the other, the leases due soonest first. One
+/// such statement takes about 40 ms of server time on a small machine
+/// (docs/benchmark.md, "Many leases"), so that no statement holds its rows
+/// for long or comes near the renewal timeout, and a period's statements
+/// for 100,000 leases number 20.
+pub(crate) const MAX_RENEW_BATCH: usize = 5_000;
+
 pub(crate) struct Registry {
     entries: Mutex<HashMap<Key, Entry>>,
     /// Wakes the renewal task: a lease was added.
@@ -206,6 +214,7 @@ impl Registry {
             first_fire_at: now + HORIZON,
         };
         let mut first_due = now + HORIZON;
+        let mut due: Vec<(Instant, &Key)> = Vec::new();
         for (key, entry) in entries.iter() {
             let fire_at = entry.state.fire_at();
             wake_at(fire_at);
@@ -218,8 +227,19 @@ impl Registry {
                 continue;
             }
             first_due = first_due.min(entry.renew_at);
-            batch.keys.push(key.clone());
-            batch.ttls.push(entry.state.pg_ttl);
+            due.push((entry.renew_at, key));
+        }
+        if due.len() > MAX_RENEW_BATCH {
+            // The soonest due go now; the rest with the next statement,
+            // sent as soon as this one has been answered.
+            due.select_nth_unstable_by_key(MAX_RENEW_BATCH, |(at, _)| *at);
+            due.truncate(MAX_RENEW_BATCH);
+        }
+        for (_, key) in due {
+            if let Some(entry) = entries.get(key) {
+                batch.keys.push(key.clone());
+                batch.ttls.push(entry.state.pg_ttl);
+            }
         }
         if batch.keys.is_empty() || first_due > now {
             if !batch.keys.is_empty() {

@@ -97,6 +97,47 @@ fn nothing_is_sent_before_a_lease_is_due_and_near_ones_go_along() {
 }
 
 #[test]
+fn many_leases_go_in_bounded_statements_the_soonest_due_first() {
+    use super::registry::MAX_RENEW_BATCH;
+    let t0 = Instant::now();
+    let registry = Registry::new();
+    let n = MAX_RENEW_BATCH * 2 + 1;
+    // Lease i is due at 10 s + i µs: lease 0 first.
+    for i in 0..n {
+        let name = format!("l{i}");
+        registry.insert(
+            held(&name, 1, t0),
+            t0 + secs(10.0) + Duration::from_micros(i as u64),
+        );
+    }
+    let at = t0 + secs(10.1);
+    let mut sent = Vec::new();
+    for statement in 0..3 {
+        let batch = registry.plan(at, true).batch.expect("due");
+        let expected = if statement < 2 { MAX_RENEW_BATCH } else { 1 };
+        assert_eq!(batch.keys.len(), expected, "statement {statement}");
+        assert_eq!(batch.ttls.len(), expected);
+        let rows = batch
+            .keys
+            .iter()
+            .map(|(name, token)| confirmed(name, *token))
+            .collect();
+        registry.apply(&batch.keys, at, Ok(rows), at);
+        sent.push(batch.keys);
+    }
+    // The first statement took the 5,000 due soonest.
+    let mut first: Vec<usize> = sent[0]
+        .iter()
+        .map(|(name, _)| name[1..].parse().expect("a number"))
+        .collect();
+    first.sort_unstable();
+    assert_eq!(first, (0..MAX_RENEW_BATCH).collect::<Vec<_>>());
+    // Every lease went once.
+    assert_eq!(sent.iter().map(Vec::len).sum::<usize>(), n);
+    assert!(registry.plan(at, true).batch.is_none());
+}
+
+#[test]
 fn a_confirmed_renewal_moves_the_deadline_from_its_send() {
     let t0 = Instant::now();
     let registry = Registry::new();

@@ -285,6 +285,49 @@ async fn a_thousand_leases_are_renewed_by_one_statement_per_tick() {
     assert_eq!(still_held, 0, "shutdown released everything");
 }
 
+/// The renewal statement carries names as array elements inside a text
+/// literal: names that the array or the literal syntax would read
+/// otherwise are renewed like any other.
+async fn awkward_names_are_renewed_in_the_background() {
+    let ttl = Duration::from_millis(1500);
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let names = [
+        "plain",
+        "it's",
+        r"back\slash",
+        r#""quoted""#,
+        "comma,and{braces}",
+        "NULL",
+        " spaced ",
+        "ünïcødé",
+        r#"\",'{"#,
+    ];
+    let mut held = Vec::new();
+    for name in names {
+        held.push(
+            m.hold(name, AcquireOptions::ttl(ttl).holder("H"))
+                .await
+                .expect("hold"),
+        );
+    }
+    let start = db.now().await;
+    db.wait_until(start + chrono::Duration::from_std(ttl * 3).expect("ttl"))
+        .await;
+    for (name, lease) in names.iter().zip(&held) {
+        assert!(!lease.is_lost(), "{name:?}: {:?}", lease.loss_reason());
+        let status = m.inspect(name).await.expect("inspect");
+        assert!(status.held, "{name:?} is held");
+        assert_eq!(status.token, Some(lease.token()));
+        assert!(
+            status.renewals >= 2,
+            "{name:?} renewed {} times",
+            status.renewals
+        );
+    }
+    assert_eq!(m.stats().renewal_failures, 0);
+}
+
 async fn scoped_work_is_stopped_when_the_lease_is_lost() {
     let db = TestDb::new().await;
     let m = db.manager();
@@ -619,6 +662,7 @@ async fn a_held_lease_moved_into_a_spawned_task_sees_its_loss() {
 }
 
 tests![
+    awkward_names_are_renewed_in_the_background,
     renewal_recovers_from_a_terminated_connection,
     unanswered_renewals_signal_loss_by_the_local_deadline,
     paused_holder_finds_its_lease_lost_and_its_write_rejected,
