@@ -296,14 +296,14 @@ pub(crate) fn register(
     pg_ttl: PgInterval,
 ) -> HeldLease {
     let state = Arc::new(HeldState::new(lease, sent, timing, pg_ttl));
-    registry.insert(Arc::clone(&state), sent + timing.period);
+    let wake = registry.insert(Arc::clone(&state), sent + timing.period);
     if context.is_shut_down() {
         // A shutdown raced this acquisition: do not leave it behind.
         registry.forget(&state.lease);
         state.fire(LossReason::Released, Instant::now());
         context.release_in_background(state.lease.fence());
     } else {
-        renewer::ensure_running(context, registry);
+        renewer::ensure_running(context, registry, wake);
     }
     HeldLease {
         inner: Arc::new(Held {

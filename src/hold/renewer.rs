@@ -27,8 +27,8 @@ struct Outcome {
 type InFlight = Pin<Box<dyn Future<Output = Outcome> + Send>>;
 
 /// Starts the renewal task, or starts it again if the runtime it ran on
-/// has ended, and wakes it to look at a new lease.
-pub(crate) fn ensure_running(context: &Arc<Context>, registry: &Arc<Registry>) {
+/// has ended, and, if `wake`, wakes it to look at a new lease.
+pub(crate) fn ensure_running(context: &Arc<Context>, registry: &Arc<Registry>, wake: bool) {
     let mut task = registry
         .task
         .lock()
@@ -37,7 +37,9 @@ pub(crate) fn ensure_running(context: &Arc<Context>, registry: &Arc<Registry>) {
         *task = Some(tokio::spawn(run(Arc::clone(context), Arc::clone(registry))));
     }
     drop(task);
-    registry.wake.notify_one();
+    if wake {
+        registry.wake.notify_one();
+    }
 }
 
 async fn run(context: Arc<Context>, registry: Arc<Registry>) {

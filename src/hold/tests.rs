@@ -138,6 +138,23 @@ fn many_leases_go_in_bounded_statements_the_soonest_due_first() {
 }
 
 #[test]
+fn a_lease_added_wakes_the_renewal_task_only_if_due_before_its_next_plan() {
+    let t0 = Instant::now();
+    let registry = Registry::new();
+    // Nothing planned yet: wake.
+    assert!(registry.insert(held("a", 1, t0), t0 + secs(10.0)));
+    let plan = registry.plan(t0 + secs(1.0), true);
+    assert_eq!(plan.wake, Some(t0 + secs(10.0)));
+    // Due later than the planned look: no wake-up; due sooner: wake-up.
+    assert!(!registry.insert(held("b", 1, t0), t0 + secs(12.0)));
+    assert!(registry.insert(held("c", 1, t0), t0 + secs(5.0)));
+    // With a statement in flight the task plans again when it is answered.
+    let plan = registry.plan(t0 + secs(10.0), true);
+    assert!(plan.batch.is_some());
+    assert!(!registry.insert(held("d", 1, t0), t0 + secs(20.0)));
+}
+
+#[test]
 fn a_confirmed_renewal_moves_the_deadline_from_its_send() {
     let t0 = Instant::now();
     let registry = Registry::new();
