@@ -42,10 +42,25 @@ pub(crate) struct Registry {
     /// last plan left it: a lease added that is due no sooner needs no
     /// wake-up (with 100,000 leases, each plan reads them all).
     planned: Mutex<Option<Instant>>,
+    /// Leases found due by the last full plan that did not fit in its
+    /// statement: the next statements take them from here without reading
+    /// every lease again.
+    pending: Mutex<Pending>,
     /// Bumped each time a renewal statement's outcome has been applied.
     applied: watch::Sender<u64>,
     /// The renewal task; started again if the runtime it ran on has ended.
     pub(crate) task: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// See `Registry::pending`.
+#[derive(Default)]
+struct Pending {
+    /// Soonest due first.
+    keys: std::collections::VecDeque<Key>,
+    /// The earliest loss of any held lease, as of the last full plan (or a
+    /// lease added since): until then no deadline can pass, so statements
+    /// may be planned from `keys` alone.
+    earliest_fire: Option<Instant>,
 }
 
 struct Entry {
@@ -121,6 +136,7 @@ impl Registry {
             entries: Mutex::new(HashMap::new()),
             wake: Notify::new(),
             planned: Mutex::new(None),
+            pending: Mutex::new(Pending::default()),
             applied: watch::channel(0).0,
             task: Mutex::new(None),
         }
@@ -138,6 +154,12 @@ impl Registry {
         self.entries().len()
     }
 
+    fn pending(&self) -> MutexGuard<'_, Pending> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn planned(&self) -> MutexGuard<'_, Option<Instant>> {
         self.planned
             .lock()
@@ -150,6 +172,10 @@ impl Registry {
         let key = (state.lease.name().to_owned(), state.lease.token().get());
         let mut entries = self.entries();
         let wake = self.planned().is_none_or(|planned| renew_at < planned);
+        let mut pending = self.pending();
+        let fire_at = state.fire_at();
+        pending.earliest_fire = pending.earliest_fire.map(|e| e.min(fire_at));
+        drop(pending);
         entries.insert(
             key,
             Entry {
@@ -193,6 +219,9 @@ impl Registry {
     /// at a time as they enter the window).
     pub(crate) fn plan(&self, now: Instant, can_send: bool) -> Plan {
         let mut entries = self.entries();
+        if can_send && let Some(plan) = self.plan_pending(&mut entries, now) {
+            return plan;
+        }
         let mut given_up = Vec::new();
         entries.retain(|_, entry| {
             let state = &entry.state;
@@ -244,12 +273,15 @@ impl Registry {
             first_due = first_due.min(entry.renew_at);
             due.push((entry.renew_at, key));
         }
+        let mut rest = Vec::new();
         if due.len() > MAX_RENEW_BATCH {
-            // The soonest due go now; the rest with the next statement,
+            // The soonest due go now; the rest with the next statements,
             // sent as soon as this one has been answered.
-            due.select_nth_unstable_by_key(MAX_RENEW_BATCH, |(at, _)| *at);
-            due.truncate(MAX_RENEW_BATCH);
+            due.sort_unstable_by_key(|(at, _)| *at);
+            rest = due.split_off(MAX_RENEW_BATCH);
         }
+        let rest: std::collections::VecDeque<Key> =
+            rest.into_iter().map(|(_, key)| key.clone()).collect();
         for (_, key) in due {
             if let Some(entry) = entries.get(key) {
                 batch.keys.push(key.clone());
@@ -260,6 +292,7 @@ impl Registry {
             if !batch.keys.is_empty() {
                 wake_at(first_due);
             }
+            *self.pending() = Pending::default();
             *self.planned() = wake;
             return Plan {
                 batch: None,
@@ -273,6 +306,12 @@ impl Registry {
                 entry.state.sending(now);
             }
         }
+        // The rest follow, statement after statement, until a deadline
+        // could come (the earliest of all, as the statement's own bound).
+        *self.pending() = Pending {
+            keys: rest,
+            earliest_fire: Some(batch.first_fire_at),
+        };
         // The task plans again as soon as the statement is answered.
         *self.planned() = Some(now);
         Plan {
@@ -280,6 +319,46 @@ impl Registry {
             wake,
             given_up,
         }
+    }
+
+    /// The next statement from the leases a full plan left pending, while
+    /// no deadline can have passed; `None`: plan in full.
+    fn plan_pending(&self, entries: &mut HashMap<Key, Entry>, now: Instant) -> Option<Plan> {
+        let mut pending = self.pending();
+        let earliest_fire = pending.earliest_fire?;
+        if now >= earliest_fire {
+            return None;
+        }
+        let mut batch = Batch {
+            keys: Vec::new(),
+            ttls: Vec::new(),
+            first_fire_at: earliest_fire,
+        };
+        while batch.keys.len() < MAX_RENEW_BATCH {
+            let Some(key) = pending.keys.pop_front() else {
+                break;
+            };
+            // Released, lost or sent meanwhile: not this one.
+            let Some(entry) = entries.get_mut(&key) else {
+                continue;
+            };
+            if entry.in_flight || entry.state.loss().is_some() {
+                continue;
+            }
+            entry.in_flight = true;
+            entry.state.sending(now);
+            batch.ttls.push(entry.state.pg_ttl);
+            batch.keys.push(key);
+        }
+        if batch.keys.is_empty() {
+            return None;
+        }
+        *self.planned() = Some(now);
+        Some(Plan {
+            batch: Some(batch),
+            wake: Some(earliest_fire),
+            given_up: Vec::new(),
+        })
     }
 
     /// While the renewal task is paused by a test: loses the leases whose
@@ -306,6 +385,7 @@ impl Registry {
         for entry in self.entries().values_mut() {
             entry.renew_at = now;
         }
+        *self.pending() = Pending::default();
         self.wake.notify_one();
     }
 

@@ -125,16 +125,57 @@ fn many_leases_go_in_bounded_statements_the_soonest_due_first() {
         registry.apply(&batch.keys, at, Ok(rows), at);
         sent.push(batch.keys);
     }
-    // The first statement took the 5,000 due soonest.
-    let mut first: Vec<usize> = sent[0]
-        .iter()
-        .map(|(name, _)| name[1..].parse().expect("a number"))
-        .collect();
-    first.sort_unstable();
-    assert_eq!(first, (0..MAX_RENEW_BATCH).collect::<Vec<_>>());
+    // Each statement took the 5,000 due soonest of those left.
+    for (statement, keys) in sent.iter().enumerate() {
+        let mut numbers: Vec<usize> = keys
+            .iter()
+            .map(|(name, _)| name[1..].parse().expect("a number"))
+            .collect();
+        numbers.sort_unstable();
+        let first = statement * MAX_RENEW_BATCH;
+        assert_eq!(numbers, (first..first + keys.len()).collect::<Vec<_>>());
+    }
     // Every lease went once.
     assert_eq!(sent.iter().map(Vec::len).sum::<usize>(), n);
     assert!(registry.plan(at, true).batch.is_none());
+}
+
+#[test]
+fn leases_left_for_later_statements_are_skipped_when_gone_and_deadlines_still_fire() {
+    use super::registry::MAX_RENEW_BATCH;
+    let t0 = Instant::now();
+    let registry = Registry::new();
+    let n = MAX_RENEW_BATCH + 3;
+    let mut states = Vec::new();
+    for i in 0..n {
+        let state = held(&format!("l{i}"), 1, t0);
+        states.push(Arc::clone(&state));
+        registry.insert(state, t0 + secs(10.0) + Duration::from_micros(i as u64));
+    }
+    let at = t0 + secs(10.1);
+    let first = registry.plan(at, true).batch.expect("due");
+    assert_eq!(first.keys.len(), MAX_RENEW_BATCH);
+    // Of the three left, one is released and one lost meanwhile.
+    registry.forget(&states[MAX_RENEW_BATCH].lease);
+    states[MAX_RENEW_BATCH + 1].fire(LossReason::Released, at);
+    let rows = first
+        .keys
+        .iter()
+        .map(|(name, token)| confirmed(name, *token))
+        .collect();
+    registry.apply(&first.keys, at, Ok(rows), at);
+    let second = registry.plan(at, true).batch.expect("the one left");
+    assert_eq!(
+        second.keys,
+        vec![key(&format!("l{}", MAX_RENEW_BATCH + 2), 1)]
+    );
+    // Unanswered until past the earliest deadline of the leases not in
+    // it (29.15 s, never renewed): they are lost, not planned from the
+    // leftovers.
+    let late = t0 + secs(29.2);
+    let plan = registry.plan(late, false);
+    assert!(plan.batch.is_none());
+    assert!(!plan.given_up.is_empty());
 }
 
 #[test]
