@@ -35,6 +35,9 @@ pub struct Speed {
     /// From a holder's death (right after acquiring) to another's
     /// acquisition.
     pub takeover: Option<Duration>,
+    /// The same for a session-bound lease (pglease only): from the end of
+    /// the dead holder's connections.
+    pub takeover_session_bound: Option<Duration>,
     /// From a release to the waiting acquirer holding it.
     pub handover: Option<Duration>,
     /// Transactions and WAL bytes per second on the server while one
@@ -73,6 +76,9 @@ pub async fn speed(
         s.cycles_per_s = Some(cycles(peer, cycle_for).await?);
         eprintln!("peers: {label}: takeover after a holder's death");
         s.takeover = takeover(peer).await?;
+        if peer == Peer::Pglease {
+            s.takeover_session_bound = Some(takeover_session_bound().await?);
+        }
         eprintln!("peers: {label}: handover to a waiter");
         // Five releases at different moments (a polling waiter's delay
         // depends on where the release falls between its attempts).
@@ -291,6 +297,31 @@ async fn takeover(peer: Peer) -> Result<Option<Duration>, BoxError> {
             Ok(Some(took))
         }
     }
+}
+
+/// pglease's session-bound lease (TTL 1 s as the others'): the holder dies
+/// right after acquiring (its connections end, as for the advisory locks);
+/// until the next worker holds it.
+async fn takeover_session_bound() -> Result<Duration, BoxError> {
+    let db = TestDatabase::new().await?;
+    let a = LeaseManager::new(
+        pglease::connect::pool_options()
+            .max_connections(4)
+            .connect_with(db.options().application_name("peer-A"))
+            .await?,
+    );
+    let _dead = a
+        .acquire("res", AcquireOptions::ttl(TTL).session_bound(true))
+        .await?;
+    crate::kill(&db, "peer-A").await?;
+    let died = Instant::now();
+    let b = db.manager();
+    b.acquire(
+        "res",
+        AcquireOptions::ttl(TTL).wait(Duration::from_secs(10)),
+    )
+    .await?;
+    Ok(died.elapsed())
 }
 
 /// A waiter is waiting when the holder releases; how long until it holds.
@@ -613,8 +644,14 @@ pub fn speed_table(all: &[(Peer, Speed)]) -> String {
             peer.label(),
             s.cycles_per_s.map_or("-".to_owned(), |c| format!("{c:.0}")),
             ratio(s.cycles_per_s, base.and_then(|b| b.cycles_per_s)),
-            s.takeover
-                .map_or("-".to_owned(), |t| format!("{} ms", t.as_millis())),
+            match (s.takeover, s.takeover_session_bound) {
+                (Some(t), Some(b)) => format!(
+                    "{} ms (session-bound: {:.1} ms)",
+                    t.as_millis(),
+                    b.as_secs_f64() * 1000.0
+                ),
+                (t, _) => t.map_or("-".to_owned(), |t| format!("{} ms", t.as_millis())),
+            },
             s.handover.map_or("-".to_owned(), |t| format!(
                 "{:.1} ms",
                 t.as_secs_f64() * 1000.0
