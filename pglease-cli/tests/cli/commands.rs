@@ -729,6 +729,77 @@ async fn a_stopped_run_loses_its_lease_and_its_command_is_fenced_off() {
         .expect("release");
 }
 
+/// `run --session-bound` killed with SIGKILL: its session ends with it, so
+/// the next acquirer (here `pglease acquire --wait`) holds the lease at
+/// once, long before the TTL, with a new token; the command `run` left
+/// behind is fenced off. `--session-bound` with `--min-hold` exits 2.
+async fn a_killed_session_bound_run_hands_its_lease_over_at_once() {
+    let db = crate::common::new_db().await;
+    let pidfile = std::env::temp_dir().join(format!("pglease-sb-{}", std::process::id()));
+    let _ = std::fs::remove_file(&pidfile);
+    let script = format!("echo $$ > '{}'; exec sleep 600", pidfile.display());
+    let run = command(
+        &db,
+        &[
+            "run",
+            "job",
+            "--ttl",
+            "10m",
+            "--session-bound",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .stdout(Stdio::null())
+    .spawn()
+    .expect("start pglease run");
+    let m = db.manager();
+    poll_until("the command to start", BOUND, || async {
+        crate::common::read(&pidfile).trim().parse::<i32>().is_ok()
+    })
+    .await;
+    let status = m.inspect("job").await.expect("inspect");
+    assert!(status.held && status.holder_session.is_some(), "{status:?}");
+    let old = status.token.expect("token");
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGKILL).expect("SIGKILL");
+    let _ = wait_bounded(run).await;
+    let out = pglease(
+        &db,
+        &["acquire", "job", "--ttl", "10m", "--wait", "20s", "--json"],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let token: i64 = json(&out)["token"].as_i64().expect("a token");
+    assert!(token > old.get());
+    let stale = crate::common::fence("job", old);
+    assert!(
+        !m.release(&stale).await.expect("release"),
+        "the old token is dead"
+    );
+    // The command `run` could not stop: ended here.
+    let cmd: i32 = crate::common::read(&pidfile).trim().parse().expect("pid");
+    let _ = kill(Pid::from_raw(cmd), Signal::SIGKILL);
+    let _ = std::fs::remove_file(&pidfile);
+
+    let both = pglease(
+        &db,
+        &[
+            "run",
+            "job2",
+            "--ttl",
+            "1m",
+            "--session-bound",
+            "--min-hold",
+            "1m",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(code(&both), 2, "{}", stderr(&both));
+    assert!(stderr(&both).contains("--min-hold"), "{}", stderr(&both));
+}
+
 async fn demo_runs_in_a_scratch_database_and_exits_0() {
     let db = crate::common::new_db().await;
     let out = pglease(&db, &["demo"]);
@@ -1218,4 +1289,5 @@ tests![
     leader_escapes_control_characters,
     output_an_operator_can_script_against,
     run_with_a_limit_runs_at_most_that_many_at_once,
+    a_killed_session_bound_run_hands_its_lease_over_at_once,
 ];
