@@ -196,12 +196,14 @@ pub(crate) fn release(name: &str, token: Token) -> String {
     )
 }
 
-/// Blocks until the server session with process id `pid` has ended (or
-/// let go of its session-bound leases' wake-up key), then lets go at once.
+/// Blocks for at most half a second until the server session with
+/// process id `pid` has ended (or let go of its session-bound leases'
+/// wake-up key): one implicit transaction, whose lock and setting end
+/// with it, also through a transaction pooler.
 pub(crate) fn session_wake(pid: i32) -> String {
     format!(
-        "SELECT pg_advisory_lock_shared(1886155618, {pid}); \
-         SELECT pg_advisory_unlock_shared(1886155618, {pid})"
+        "SET LOCAL lock_timeout = '500ms'; \
+         SELECT pg_advisory_xact_lock_shared(1886155618, {pid})"
     )
 }
 

@@ -222,16 +222,13 @@ type SessionWait<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 /// Resolves once the server session with process id `pid` has ended (or
 /// given up its wake-up lock; see SESSION-BOUND LEASES in the schema):
 /// blocks in the server, on a connection of its own, on a shared lock of
-/// the key that session holds, in statements of at most half a second so
-/// that a dropped wait leaves the server nothing for longer. Never
+/// the key that session holds, in transactions of at most half a second
+/// so that a dropped wait leaves the server nothing for longer. Never
 /// resolves if the connection cannot be had (the waiter's other wake-ups
 /// remain). Cancel-safe: dropping it closes the connection.
 async fn session_ended(context: &Context, pid: i32) {
     let blocked = async {
         let mut connection = PgConnection::connect_with(&context.pool.connect_options()).await?;
-        sql::query("SET lock_timeout = '500ms'")
-            .execute(&mut connection)
-            .await?;
         loop {
             match sql::query(sql::session_wake(pid))
                 .execute(&mut connection)
