@@ -815,10 +815,10 @@ REVOKE ALL ON FUNCTION pglease._end_fenced(text) FROM PUBLIC;
 
 -- Called by acquire only, once FOR UPDATE SKIP LOCKED has found the row
 -- locked by someone else. GONE_TOKEN, if not NULL, is a token whose
--- session-bound holder's session has ended: that term counts as ended. Returns NULL when this transaction holds FOR
--- UPDATE on the row and the lease has ended; '' when the lease is held
--- (valid); otherwise why it cannot be taken within the grace. See the top
--- of this file.
+-- session-bound holder's session has ended: that term counts as ended.
+-- Returns NULL when this transaction holds FOR UPDATE on the row and the
+-- lease has ended; '' when the lease is held (valid); otherwise why it
+-- cannot be taken within the grace. See the top of this file.
 CREATE FUNCTION pglease._take_over(name text, gone_token bigint)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -1186,9 +1186,9 @@ COMMENT ON FUNCTION pglease.renew(text, bigint, interval) IS
 -- current_token and current_holder of the row as found (current_token NULL:
 -- the name was never acquired), so that the caller can tell a takeover from
 -- a release or an expiry, and session_ended true for a session-bound lease
--- whose session has ended (see SESSION-BOUND LEASES). A name may appear more than once: only elements
--- with the current token are renewed, and equal elements renew the lease
--- once (and yield one row).
+-- whose session has ended (see SESSION-BOUND LEASES). A name may appear
+-- more than once: only elements with the current token are renewed, and
+-- equal elements renew the lease once (and yield one row).
 CREATE FUNCTION pglease.renew_many(names text[], tokens bigint[], ttls interval[])
 RETURNS TABLE (name text, token bigint, expires_at timestamptz, renewed boolean,
                current_token bigint, current_holder text, session_ended boolean)
