@@ -698,21 +698,7 @@ async fn handover(pool: &PgPool) -> Result<(), Error> {
     let mut latencies = Vec::new();
     for round in 0..ROUNDS {
         let key = 0x7033_0000_i64 + round as i64;
-        let mut holding = pool.acquire().await?.detach();
-        sqlx::query("SELECT pg_advisory_lock($1)")
-            .bind(key)
-            .execute(&mut holding)
-            .await?;
-        let mut blocked = pool.acquire().await?.detach();
-        let task = tokio::spawn(async move {
-            sqlx::query("SELECT pg_advisory_lock($1)")
-                .bind(key)
-                .execute(&mut blocked)
-                .await
-                .map(|_| (Instant::now(), blocked))
-        });
-        wait_for_advisory_waiter(pool, key).await?;
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (mut holding, _, task) = advisory_waiter(pool, key).await?;
         let released = Instant::now();
         sqlx::query("SELECT pg_advisory_unlock($1)")
             .bind(key)
@@ -730,6 +716,35 @@ async fn handover(pool: &PgPool) -> Result<(), Error> {
         ms(percentile(&latencies, 0.99))
     );
     Ok(())
+}
+
+/// A session waiting for an advisory lock: when it got it, and its
+/// connection.
+type AdvisoryWaiter = tokio::task::JoinHandle<Result<(Instant, sqlx::PgConnection), sqlx::Error>>;
+
+/// The advisory-lock baseline: a session (returned, with its process id)
+/// holds lock `key`; another waits for it in the server (the task returns
+/// when it got it, and its connection); 100 ms after the wait began.
+async fn advisory_waiter(
+    pool: &PgPool,
+    key: i64,
+) -> Result<(sqlx::PgConnection, i32, AdvisoryWaiter), Error> {
+    let mut holding = pool.acquire().await?.detach();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid() FROM pg_advisory_lock($1)")
+        .bind(key)
+        .fetch_one(&mut holding)
+        .await?;
+    let mut blocked = pool.acquire().await?.detach();
+    let task = tokio::spawn(async move {
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(key)
+            .execute(&mut blocked)
+            .await
+            .map(|_| (Instant::now(), blocked))
+    });
+    wait_for_advisory_waiter(pool, key).await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok((holding, pid, task))
 }
 
 /// Returns once a session waits in the server for advisory lock `key`.
@@ -1104,21 +1119,7 @@ async fn session_bound_takeover(pool: &PgPool) -> Result<(), Error> {
 
         // The advisory lock: one session holds it, another blocks on it.
         let key = 0x7034_6300_i64 + round as i64;
-        let mut holding = pool.acquire().await?.detach();
-        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid() FROM pg_advisory_lock($1)")
-            .bind(key)
-            .fetch_one(&mut holding)
-            .await?;
-        let mut blocked = pool.acquire().await?.detach();
-        let task = tokio::spawn(async move {
-            sqlx::query("SELECT pg_advisory_lock($1)")
-                .bind(key)
-                .execute(&mut blocked)
-                .await
-                .map(|_| (Instant::now(), blocked))
-        });
-        wait_for_advisory_waiter(pool, key).await?;
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (holding, pid, task) = advisory_waiter(pool, key).await?;
         let ended = Instant::now();
         sqlx::query("SELECT pg_terminate_backend($1)")
             .bind(pid)

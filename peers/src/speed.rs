@@ -205,14 +205,7 @@ async fn takeover(peer: Peer) -> Result<Option<Duration>, BoxError> {
             let a = db.manager();
             // Acquired, never renewed nor released: dead.
             let _dead = a.acquire("res", AcquireOptions::ttl(TTL)).await?;
-            let died = Instant::now();
-            let b = db.manager();
-            b.acquire(
-                "res",
-                AcquireOptions::ttl(TTL).wait(Duration::from_secs(10)),
-            )
-            .await?;
-            Ok(Some(died.elapsed()))
+            Ok(Some(pglease_taken_over(&db, Instant::now()).await?))
         }
         Peer::PgLease => {
             let p = pool(&db, "peer-B").await?;
@@ -314,13 +307,17 @@ async fn takeover_session_bound() -> Result<Duration, BoxError> {
         .acquire("res", AcquireOptions::ttl(TTL).session_bound(true))
         .await?;
     crate::kill(&db, "peer-A").await?;
-    let died = Instant::now();
-    let b = db.manager();
-    b.acquire(
-        "res",
-        AcquireOptions::ttl(TTL).wait(Duration::from_secs(10)),
-    )
-    .await?;
+    pglease_taken_over(&db, Instant::now()).await
+}
+
+/// From `died` until another pglease worker holds lease "res".
+async fn pglease_taken_over(db: &TestDatabase, died: Instant) -> Result<Duration, BoxError> {
+    db.manager()
+        .acquire(
+            "res",
+            AcquireOptions::ttl(TTL).wait(Duration::from_secs(10)),
+        )
+        .await?;
     Ok(died.elapsed())
 }
 

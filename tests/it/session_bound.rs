@@ -6,7 +6,7 @@
 //! keeps its lease, whatever another role does with the session's key.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -48,6 +48,11 @@ async fn holder_process() {
         std::io::stdin().read_line(&mut line)
     })
     .await;
+}
+
+/// A's session-bound lease on `name` (TTL two minutes).
+fn as_a() -> AcquireOptions {
+    AcquireOptions::ttl(TTL).holder("A").session_bound(true)
 }
 
 /// Starts a waiter for `name` on `m` and returns once it is waiting.
@@ -123,13 +128,7 @@ async fn terminated_backend_frees_the_lease_at_once() {
     let b = db
         .manager_with("sb-waiter", ManagerOptions::default())
         .await;
-    let lease = a
-        .acquire(
-            "job",
-            AcquireOptions::ttl(TTL).holder("A").session_bound(true),
-        )
-        .await
-        .expect("acquire");
+    let lease = a.acquire("job", as_a()).await.expect("acquire");
     let pid = bound_pid(&a, "job").await;
     let waiting = waiter(&b, "job").await;
     terminate(&db, pid).await;
@@ -216,13 +215,7 @@ async fn ended_session_is_lost_before_anyone_takes_it() {
         .expect("the held lease is reported lost within its renewal period");
     assert_eq!(reason, LossReason::SessionEnded);
     // The manager's next session-bound lease is on a new session.
-    let again = a
-        .acquire(
-            "job",
-            AcquireOptions::ttl(TTL).holder("A").session_bound(true),
-        )
-        .await
-        .expect("acquire again");
+    let again = a.acquire("job", as_a()).await.expect("acquire again");
     assert!(again.token() > held.token());
     assert_ne!(bound_pid(&a, "job").await, pid);
 }
@@ -234,13 +227,7 @@ async fn surviving_session_keeps_the_lease() {
         .manager_with("sb-holder", ManagerOptions::default())
         .await;
     let other = db.manager_as(&roles[0], ManagerOptions::default()).await;
-    let lease = a
-        .acquire(
-            "job",
-            AcquireOptions::ttl(TTL).holder("A").session_bound(true),
-        )
-        .await
-        .expect("acquire");
+    let lease = a.acquire("job", as_a()).await.expect("acquire");
     let pid = bound_pid(&a, "job").await;
     // Another role cannot take the session's key while the session
     // lives (and a key decides nothing: the session itself is looked up).
@@ -289,18 +276,10 @@ async fn killed_holder_process_frees_the_lease_at_once() {
     let b = db
         .manager_with("sb-waiter", ManagerOptions::default())
         .await;
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "session_bound::holder_process",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-        ])
-        .args(["--test-threads", "1"])
+    let mut child = crate::common::child_test("session_bound::holder_process")
         .env("PGLEASE_SESSION_CHILD_URL", db.url())
         .env("PGLEASE_CHILD_NAME", "job")
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
         .spawn()
         .expect("start the holder process");
     let stdout = child.stdout.take().expect("stdout is piped");

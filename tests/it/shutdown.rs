@@ -4,7 +4,6 @@
 //! TTL.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::common::TestDb;
@@ -85,16 +84,8 @@ async fn service_process() {
 
 async fn a_service_stopped_by_sigterm_hands_its_lease_over_at_once() {
     let db = TestDb::new().await;
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "shutdown::service_process",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-        ])
-        .args(["--test-threads", "1"])
+    let mut child = crate::common::child_test("shutdown::service_process")
         .env("PGLEASE_SERVICE_URL", db.url())
-        .stdout(Stdio::piped())
         .spawn()
         .expect("start the service");
     let stdout = child.stdout.take().expect("stdout is piped");

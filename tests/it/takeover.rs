@@ -6,7 +6,7 @@
 //! lease is reported pinned, at once.
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -90,19 +90,11 @@ struct Holder {
 
 impl Holder {
     fn start(db: &TestDb, name: &str, mode: &str) -> Holder {
-        let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args([
-                "takeover::holder_process",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-            ])
-            .args(["--test-threads", "1"])
+        let mut child = crate::common::child_test("takeover::holder_process")
             .env("PGLEASE_CHILD_MODE", mode)
             .env("PGLEASE_CHILD_URL", db.url())
             .env("PGLEASE_CHILD_NAME", name)
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
             .spawn()
             .expect("start the holder process");
         let stdout = child.stdout.take().expect("stdout is piped");

@@ -111,6 +111,18 @@ async fn manager_on(connect: PgConnectOptions, options: ManagerOptions) -> Lease
     LeaseManager::with_options(pool, options).expect("valid manager options")
 }
 
+/// This test binary started again with only the otherwise ignored test
+/// `test` (`module::name`), its stdout piped: a process of its own, for a
+/// test to stop or kill. Configure it through the environment.
+pub fn child_test(test: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(std::env::current_exe().expect("test binary"));
+    command
+        .args([test, "--exact", "--ignored", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .stdout(std::process::Stdio::piped());
+    command
+}
+
 /// The SQLSTATE `sql` (one or more statements, simple protocol) fails
 /// with on `conn`, or `None` if it succeeds.
 pub async fn sqlstate_of(conn: &mut PgConnection, sql: &str) -> Option<String> {
