@@ -300,36 +300,25 @@ async fn main() -> Result<(), Error> {
     }
     let tokens = Arc::new(tokens);
 
-    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "sql") {
-        return sql_level(secs).await;
-    }
-    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "failover") {
-        return failover().await;
-    }
-    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "pooler") {
-        return through_pooler(&pool, &m, &tokens, secs).await;
-    }
-    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "status") {
-        return status_scale(&pool, &m).await;
-    }
-    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "history") {
-        return history_cost(&pool, &m, secs).await;
-    }
-    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "elect") {
-        return election(&pool, secs).await;
-    }
-    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "fenced") {
-        fenced_round_trips(&pool, &m, &tokens, secs).await?;
-        return Ok(());
-    }
-    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "p2b") {
-        return many_leases().await;
-    }
-    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "p3") {
-        return handover(&pool).await;
-    }
-    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "p4c") {
-        return session_bound_takeover(&pool).await;
+    // One part only: run it, then drop the database as a full run does.
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let part = match only.as_str() {
+        "sql" => Some(sql_level(secs).await),
+        "failover" => Some(failover().await),
+        "pooler" => Some(through_pooler(&pool, &m, &tokens, secs).await),
+        "status" => Some(status_scale(&pool, &m).await),
+        "history" => Some(history_cost(&pool, &m, secs).await),
+        "elect" => Some(election(&pool, secs).await),
+        "fenced" => Some(fenced_round_trips(&pool, &m, &tokens, secs).await.map(drop)),
+        "p2b" => Some(many_leases().await),
+        "p3" => Some(handover(&pool).await),
+        "p4c" => Some(session_bound_takeover(&pool).await),
+        _ => None,
+    };
+    if let Some(outcome) = part {
+        pool.close().await;
+        drop_database("pglease_bench").await?;
+        return outcome;
     }
 
     println!("pglease benchmark: {secs} s per measurement, raw and library alternated");
@@ -466,8 +455,9 @@ async fn main() -> Result<(), Error> {
             println!("| {label} | {clients} | {r:.0} | {l:.0} | {:.2} |", l / r);
         }
     }
-    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "p1") {
-        return Ok(());
+    if only == "p1" {
+        pool.close().await;
+        return drop_database("pglease_bench").await;
     }
 
     // P6: a failed attempt writes no WAL and draws no token.
