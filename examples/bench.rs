@@ -653,21 +653,7 @@ async fn handover(pool: &PgPool) -> Result<(), Error> {
             let held = holder
                 .acquire(&name, AcquireOptions::ttl(LONG).holder("holder"))
                 .await?;
-            let attempts = waiter.stats().acquire_attempts;
-            let task = {
-                let (waiter, name) = (waiter.clone(), name.clone());
-                tokio::spawn(async move {
-                    let got = waiter
-                        .acquire(&name, AcquireOptions::ttl(LONG).holder("waiter").wait(LONG))
-                        .await;
-                    (got, Instant::now())
-                })
-            };
-            // The waiter has tried once and sleeps.
-            while waiter.stats().acquire_attempts == attempts || waiter.stats().waiting == 0 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            let (task, _) = waiting_acquirer(&waiter, &name).await;
             let released = Instant::now();
             holder.release(&held).await?;
             calls.push(released.elapsed());
@@ -752,6 +738,34 @@ async fn wait_for_advisory_waiter(pool: &PgPool, key: i64) -> Result<(), Error> 
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+/// A waiter's acquisition of `name` on a task of its own (with the instant
+/// it returned), once the waiter has tried, gone to sleep and had 100 ms
+/// to settle there (a poller's backoff begun, a server-side wait entered);
+/// and the waiter's attempts counted before it started.
+async fn waiting_acquirer(
+    waiter: &LeaseManager,
+    name: &str,
+) -> (
+    tokio::task::JoinHandle<(Result<Lease, Error>, Instant)>,
+    u64,
+) {
+    let attempts = waiter.stats().acquire_attempts;
+    let task = {
+        let (waiter, name) = (waiter.clone(), name.to_owned());
+        tokio::spawn(async move {
+            let got = waiter
+                .acquire(&name, AcquireOptions::ttl(LONG).holder("waiter").wait(LONG))
+                .await;
+            (got, Instant::now())
+        })
+    };
+    while waiter.stats().acquire_attempts == attempts || waiter.stats().waiting == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    (task, attempts)
 }
 
 /// Tops `pglease.leases` up to `rows` rows with other leases, half of them
@@ -1080,21 +1094,7 @@ async fn session_bound_takeover(pool: &PgPool) -> Result<(), Error> {
             .await?
             .holder_session
             .expect("a session-bound lease");
-        let attempts = waiter.stats().acquire_attempts;
-        let task = {
-            let (waiter, name) = (waiter.clone(), name.clone());
-            tokio::spawn(async move {
-                let got = waiter
-                    .acquire(&name, AcquireOptions::ttl(LONG).holder("waiter").wait(LONG))
-                    .await;
-                (got, Instant::now())
-            })
-        };
-        while waiter.stats().acquire_attempts == attempts || waiter.stats().waiting == 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        // Time for the waiter to block in the server.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (task, attempts) = waiting_acquirer(&waiter, &name).await;
         let ended = Instant::now();
         sqlx::query("SELECT pg_terminate_backend($1)")
             .bind(pid)

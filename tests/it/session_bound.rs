@@ -5,9 +5,7 @@
 //! refused and its renewals report the loss. A holder whose session lives
 //! keeps its lease, whatever another role does with the session's key.
 
-use std::io::{BufRead, BufReader};
 use std::process::Stdio;
-use std::sync::mpsc;
 use std::time::Duration;
 
 use crate::common::{TestDb, create_data_table, data_value, fenced_write, poll_until};
@@ -282,19 +280,21 @@ async fn killed_holder_process_frees_the_lease_at_once() {
         .stdin(Stdio::piped())
         .spawn()
         .expect("start the holder process");
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let (send, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+    let lines = crate::common::stdout_lines(&mut child);
+    // libtest may print "test holder_process ... " before it.
+    let ready = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + BOUND;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = lines.recv_timeout(left).ok()?;
             if let Some(at) = line.find("ready ") {
-                let _ = send.send(line[at + 6..].trim().to_owned());
+                return Some(line[at + 6..].trim().to_owned());
             }
         }
-    });
-    let ready = tokio::task::spawn_blocking(move || lines.recv_timeout(BOUND))
-        .await
-        .expect("reader")
-        .expect("the holder process acquires and says so");
+    })
+    .await
+    .expect("reader")
+    .expect("the holder process acquires and says so");
     let (token, pid) = ready.split_once(' ').expect("ready TOKEN PID");
     let token: i64 = token.parse().expect("a token");
     let pid: i32 = pid.parse().expect("a pid");

@@ -3,7 +3,6 @@
 //! `pglease::shutdown_signal()` hands its lease over in milliseconds, not a
 //! TTL.
 
-use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
 use crate::common::TestDb;
@@ -88,13 +87,7 @@ async fn a_service_stopped_by_sigterm_hands_its_lease_over_at_once() {
         .env("PGLEASE_SERVICE_URL", db.url())
         .spawn()
         .expect("start the service");
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let (send, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = send.send(line);
-        }
-    });
+    let lines = crate::common::stdout_lines(&mut child);
     let ready = tokio::task::spawn_blocking(move || {
         loop {
             match lines.recv_timeout(BOUND) {

@@ -5,7 +5,7 @@
 //! nothing else is touched. Without the privilege to end sessions, the
 //! lease is reported pinned, at once.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -97,15 +97,7 @@ impl Holder {
             .stdin(Stdio::piped())
             .spawn()
             .expect("start the holder process");
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let (send, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let lines = crate::common::stdout_lines(&mut child);
         Holder {
             stdin: child.stdin.take(),
             child,

@@ -123,6 +123,25 @@ pub fn child_test(test: &str) -> std::process::Command {
     command
 }
 
+/// The lines `child` prints on its (piped) stdout, read on a thread of
+/// their own until the child closes it or the receiver is dropped.
+pub fn stdout_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let (send, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if send.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    lines
+}
+
 /// The SQLSTATE `sql` (one or more statements, simple protocol) fails
 /// with on `conn`, or `None` if it succeeds.
 pub async fn sqlstate_of(conn: &mut PgConnection, sql: &str) -> Option<String> {
