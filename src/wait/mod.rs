@@ -129,15 +129,21 @@ impl Drop for Waiting<'_> {
 async fn attempt(
     context: &Context,
     name: &str,
-    holder: &str,
     ttl: PgInterval,
-    value: Option<&str>,
-    slots: Option<u32>,
-    session_bound: bool,
+    how: &AcquireOptions,
 ) -> Result<Attempt> {
+    let holder = how.get_holder();
+    let holder = holder.as_ref();
     let sent = Instant::now();
-    let statement = sql::acquire(name, holder, &ttl, value, slots, session_bound);
-    let row = if session_bound {
+    let statement = sql::acquire(
+        name,
+        holder,
+        &ttl,
+        how.get_value(),
+        how.get_limit(),
+        how.is_session_bound(),
+    );
+    let row = if how.is_session_bound() {
         on_session(context, statement).await
     } else {
         sql::query(statement).fetch_one(&context.pool).await
@@ -274,29 +280,16 @@ async fn confirm(context: &Context, lease: Lease, ttl: PgInterval) -> Result<Att
 async fn attempt_detached(
     context: &Arc<Context>,
     name: &str,
-    holder: &str,
     ttl: PgInterval,
-    value: Option<&str>,
-    slots: Option<u32>,
-    session_bound: bool,
+    how: &AcquireOptions,
 ) -> Result<Attempt> {
     let (reply, answer) = oneshot::channel();
     let context = Arc::clone(context);
-    let (name, holder) = (name.to_owned(), holder.to_owned());
-    let value = value.map(str::to_owned);
+    let (name, how) = (name.to_owned(), how.clone());
     // Tracked, so that `shutdown` waits for an attempt still in the
     // database and for the release of what it acquired for nobody.
     context.background.clone().spawn(async move {
-        let outcome = attempt(
-            &context,
-            &name,
-            &holder,
-            ttl,
-            value.as_deref(),
-            slots,
-            session_bound,
-        )
-        .await;
+        let outcome = attempt(&context, &name, ttl, &how).await;
         // If the waiter is gone, the returned delivery is dropped here.
         let _ = reply.send(Delivery {
             outcome: Some(outcome),
@@ -349,8 +342,6 @@ impl Acquirer {
         how: &AcquireOptions,
     ) -> Result<(Lease, Instant)> {
         let ttl = how.check(name)?;
-        let holder = how.get_holder();
-        let holder = holder.as_ref();
         let max_wait = how.get_wait();
         let context = &self.context;
         if context.is_shut_down() {
@@ -386,17 +377,7 @@ impl Acquirer {
         let mut session_wait: Option<(i32, SessionWait<'_>)> = None;
         loop {
             let (current, expires_at, checked_at, note, slot, holder_session) =
-                match attempt_detached(
-                    context,
-                    name,
-                    holder,
-                    ttl,
-                    how.get_value(),
-                    how.get_limit(),
-                    how.is_session_bound(),
-                )
-                .await
-                {
+                match attempt_detached(context, name, ttl, how).await {
                     Ok(Attempt::Acquired { lease, sent }) => {
                         telemetry::acquisition("acquired", Some(start.elapsed()));
                         if let Some(expired) = seen_expiry {
