@@ -2,12 +2,14 @@
 //! share. The tasks hold this, not the manager, so that dropping the last
 //! manager handle (and the last held lease) stops them.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use sqlx::postgres::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::connect::Follow;
 use crate::lease::Fence;
 use crate::options::ManagerOptions;
 use crate::sql;
@@ -30,6 +32,9 @@ pub(crate) struct Context {
     /// bound to), opened beside the pool on first use; dropped after an
     /// error, which ends those leases (see `AcquireOptions::session_bound`).
     pub(crate) session: tokio::sync::Mutex<Option<PgConnection>>,
+    /// With several hosts (or attributes to check): which host the pool
+    /// uses, and the watch task's trouble signal.
+    pub(crate) follow: Option<Arc<Follow>>,
     shut_down: AtomicBool,
     /// Faults a test has switched on (`pglease::testing::Faults`).
     #[cfg(feature = "testing")]
@@ -47,7 +52,11 @@ pub(crate) struct Counters {
 }
 
 impl Context {
-    pub(crate) fn new(pool: PgPool, options: ManagerOptions) -> Context {
+    pub(crate) fn new(
+        pool: PgPool,
+        options: ManagerOptions,
+        follow: Option<Arc<Follow>>,
+    ) -> Context {
         Context {
             pool,
             options,
@@ -55,9 +64,18 @@ impl Context {
             stop: CancellationToken::new(),
             background: TaskTracker::new(),
             session: tokio::sync::Mutex::new(None),
+            follow,
             shut_down: AtomicBool::new(false),
             #[cfg(feature = "testing")]
             faults: FaultFlags::default(),
+        }
+    }
+
+    /// A statement failed: with several hosts, the watch task looks at the
+    /// primary now rather than at its next check.
+    pub(crate) fn report_trouble(&self) {
+        if let Some(follow) = &self.follow {
+            follow.report_trouble();
         }
     }
 

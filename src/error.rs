@@ -331,6 +331,15 @@ impl std::fmt::Display for DatabaseText<'_> {
                 let message = db.message();
                 let message = message.strip_prefix("pglease: ").unwrap_or(message);
                 match db.code() {
+                    // A standby, or a primary that refuses writes: pglease
+                    // cannot work there, and the server's message does not
+                    // say what to do.
+                    Some(code) if code == "25006" => write!(
+                        f,
+                        "database error {code}: {message} (the server is read-only: a standby? \
+                         List the primary's hosts with target_session_attrs=read-write, the \
+                         default with several hosts)"
+                    ),
                     Some(code) => write!(f, "database error {code}: {message}"),
                     None => write!(f, "database error: {message}"),
                 }

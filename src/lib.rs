@@ -45,7 +45,7 @@ pub mod testing;
 
 pub use error::{Error, LossReason, NotHeldReason, Result};
 pub use fencing::{FencedTransaction, HighWaterMark, assert_held};
-pub use hold::HeldLease;
+pub use hold::{HeldLease, RenewalHealth};
 pub use lease::{Fence, Lease, LeaseStatus, ListFilter};
 pub use manager::{LeaseManager, ManagerStats};
 pub use options::{AcquireOptions, ManagerOptions};

@@ -64,6 +64,24 @@ pub const METRICS: &[(&str, &str, &str, &str)] = &[
         "leases held with background renewal, by all managers of the process",
     ),
     (WAITING, "gauge", "", "acquirers waiting for a lease"),
+    (
+        RENEWAL_OUTAGES,
+        "counter",
+        "event = failing | recovered",
+        "held leases whose renewals started failing, and that renewed again before their deadline",
+    ),
+    (
+        RENEWAL_OUTAGE_SECONDS,
+        "histogram",
+        "",
+        "from a lease's first failed renewal to the next confirmed one (a failover, say)",
+    ),
+    (
+        HOST_SWITCHES,
+        "counter",
+        "",
+        "times a manager of several hosts followed the primary to another host",
+    ),
 ];
 
 const ACQUIRE_ATTEMPTS: &str = "pglease_acquire_attempts_total";
@@ -76,6 +94,9 @@ const RENEWAL_FAILURES: &str = "pglease_renewal_failures_total";
 const LEASE_ENDS: &str = "pglease_lease_ends_total";
 const LEASES_HELD: &str = "pglease_leases_held";
 const WAITING: &str = "pglease_acquirers_waiting";
+const RENEWAL_OUTAGES: &str = "pglease_renewal_outages_total";
+const RENEWAL_OUTAGE_SECONDS: &str = "pglease_renewal_outage_seconds";
+const HOST_SWITCHES: &str = "pglease_host_switches_total";
 
 pub(crate) fn acquire_attempt(outcome: &'static str) {
     metrics::counter!(ACQUIRE_ATTEMPTS, "outcome" => outcome).increment(1);
@@ -121,4 +142,23 @@ pub(crate) fn leases_held(change: f64) {
 
 pub(crate) fn waiting(change: f64) {
     metrics::gauge!(WAITING).increment(change);
+}
+
+/// `failing` leases' renewals started failing; `recovered` ones renewed
+/// again, after outages of `lasted`.
+pub(crate) fn renewal_outages(failing: u64, recovered: &[Duration]) {
+    if failing > 0 {
+        metrics::counter!(RENEWAL_OUTAGES, "event" => "failing").increment(failing);
+    }
+    if !recovered.is_empty() {
+        metrics::counter!(RENEWAL_OUTAGES, "event" => "recovered")
+            .increment(recovered.len() as u64);
+        for lasted in recovered {
+            metrics::histogram!(RENEWAL_OUTAGE_SECONDS).record(lasted.as_secs_f64());
+        }
+    }
+}
+
+pub(crate) fn host_switch() {
+    metrics::counter!(HOST_SWITCHES).increment(1);
 }

@@ -35,8 +35,8 @@ async fn main() -> ExitCode {
         .clone()
         .or_else(|| std::env::var("DATABASE_URL").ok())
         .filter(|url| !url.is_empty());
-    let options = match connect::options(database_url.as_deref()) {
-        Ok(options) => options,
+    let target = match connect::target(database_url.as_deref()) {
+        Ok(target) => target,
         Err(why) => {
             eprintln!("pglease: {why}");
             return ExitCode::from(exit::USAGE);
@@ -46,11 +46,11 @@ async fn main() -> ExitCode {
         // Without a URL, the demo finds a server as the tests do, down to
         // a throwaway cluster.
         let explicit = database_url.is_some();
-        return cmd::demo::demo(&options, explicit, cli.connect_timeout).await;
+        return cmd::demo::demo(&target, explicit, cli.connect_timeout).await;
     }
     // With --json, failures are answered in JSON on stdout too.
     let json = cli.command.wants_json();
-    let manager = match connect::connect(&options, cli.connect_timeout).await {
+    let manager = match connect::connect(&target, cli.connect_timeout).await {
         Ok(manager) => manager,
         Err(why) => {
             if json {

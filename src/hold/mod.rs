@@ -46,6 +46,39 @@ pub struct HeldLease {
     inner: Arc<Held>,
 }
 
+/// How a held lease's renewals are going (see
+/// [`HeldLease::renewal_health`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum RenewalHealth {
+    /// The last renewal (or the acquisition) was confirmed by the database.
+    Confirmed,
+    /// Renewals have failed since `since`; `error` is the last failure.
+    /// Unless one succeeds first, the lease is given up at `deadline`
+    /// ([`HeldLease::deadline`], which does not move while this lasts).
+    Failing {
+        /// The first failed renewal since the last confirmed one.
+        since: std::time::Instant,
+        /// The local deadline.
+        deadline: std::time::Instant,
+        /// The last failure.
+        error: Arc<Error>,
+    },
+}
+
+impl RenewalHealth {
+    fn of(view: &state::View) -> RenewalHealth {
+        match &view.failing {
+            None => RenewalHealth::Confirmed,
+            Some((since, error)) => RenewalHealth::Failing {
+                since: since.into_std(),
+                deadline: view.deadline.into_std(),
+                error: error.clone(),
+            },
+        }
+    }
+}
+
 /// What the clones of one [`HeldLease`] share; released when the last one
 /// is dropped.
 struct Held {
@@ -153,6 +186,30 @@ impl HeldLease {
                 () = tokio::time::sleep_until(fire_at) => {}
             }
         }
+    }
+
+    /// How renewals are going: [`RenewalHealth::Failing`] from the first
+    /// failed renewal until the next confirmed one (a failover, a network
+    /// drop), else [`RenewalHealth::Confirmed`].
+    pub fn renewal_health(&self) -> RenewalHealth {
+        RenewalHealth::of(&self.inner.state.view.borrow())
+    }
+
+    /// Resolves once renewals are failing while `last` says they were
+    /// confirmed, or the reverse (at once if that is already so), with the
+    /// new [`HeldLease::renewal_health`]; or when the lease is lost (check
+    /// [`HeldLease::is_lost`]). Pass what the previous call returned (or
+    /// [`RenewalHealth::Confirmed`] first), so that no change is missed
+    /// between calls. Cancel-safe, for a `tokio::select!` loop that says
+    /// what is happening (`pglease run` prints a line on each change).
+    pub async fn renewal_health_changed(&self, last: &RenewalHealth) -> RenewalHealth {
+        let failing = matches!(last, RenewalHealth::Failing { .. });
+        let mut view = self.inner.state.view.subscribe();
+        tokio::select! {
+            _ = view.wait_for(|v| v.failing.is_some() != failing || v.lost.is_some()) => {}
+            _ = self.lost() => {}
+        }
+        self.renewal_health()
     }
 
     /// A token cancelled when the lease is lost, for work that already

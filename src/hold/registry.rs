@@ -128,6 +128,10 @@ pub(crate) struct Applied {
     pub(crate) renewed: u64,
     /// Whether the statement failed as a whole (it is retried).
     pub(crate) failed: bool,
+    /// Leases whose renewals started failing with this statement.
+    pub(crate) started_failing: u64,
+    /// Leases renewed again after failures, with how long they had failed.
+    pub(crate) recovered: Vec<Duration>,
 }
 
 impl Registry {
@@ -408,14 +412,29 @@ impl Registry {
             Err(error) => {
                 applied.failed = true;
                 tracing::debug!(%error, leases = keys.len(), "renewal failed; retrying");
+                let mut first_deadline: Option<Instant> = None;
                 for key in keys {
                     if let Some(entry) = entries.get_mut(key) {
                         entry.in_flight = false;
                         entry.failures = entry.failures.saturating_add(1);
-                        entry.state.failed(error.clone());
+                        if entry.state.failed(error.clone(), now) {
+                            applied.started_failing += 1;
+                            let deadline = entry.state.view.borrow().deadline;
+                            first_deadline =
+                                Some(first_deadline.map_or(deadline, |d| d.min(deadline)));
+                        }
                         entry.renew_at =
                             now + backoff::renewal_retry(entry.failures, entry.state.timing.period);
                     }
+                }
+                if let Some(deadline) = first_deadline {
+                    tracing::warn!(
+                        %error,
+                        leases = applied.started_failing,
+                        deadline_in_ms = deadline.saturating_duration_since(now).as_millis() as u64,
+                        "renewals failing; each lease is given up at its local deadline unless a \
+                         renewal succeeds first"
+                    );
                 }
             }
             Ok(rows) => {
@@ -428,7 +447,9 @@ impl Registry {
                     if let Some(expires_at) = row.expires_at {
                         applied.renewed += 1;
                         entry.failures = 0;
-                        entry.state.confirm(sent, expires_at);
+                        if let Some(lasted) = entry.state.confirm(sent, expires_at, now) {
+                            applied.recovered.push(lasted);
+                        }
                         entry.renew_at = sent + entry.state.timing.period;
                         continue;
                     }
@@ -456,6 +477,13 @@ impl Registry {
             }
         }
         drop(entries);
+        if let Some(longest) = applied.recovered.iter().max() {
+            tracing::info!(
+                leases = applied.recovered.len(),
+                failing_ms = longest.as_millis() as u64,
+                "renewals succeed again"
+            );
+        }
         self.applied.send_modify(|n| *n = n.wrapping_add(1));
         applied
     }

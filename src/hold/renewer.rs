@@ -91,8 +91,10 @@ fn finish(context: &Context, registry: &Registry, outcome: Outcome) {
         .fetch_add(applied.renewed, Ordering::Relaxed);
     if applied.failed {
         counters.renewal_failures.fetch_add(1, Ordering::Relaxed);
+        context.report_trouble();
     }
     crate::telemetry::renewed(applied.renewed, applied.failed);
+    crate::telemetry::renewal_outages(applied.started_failing, &applied.recovered);
 }
 
 async fn poll(in_flight: &mut Option<InFlight>) -> Outcome {

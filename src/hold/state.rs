@@ -11,6 +11,7 @@
 //! forward only when a renewal is confirmed.
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
@@ -38,6 +39,9 @@ pub(crate) struct View {
     pub(crate) expires_at: DateTime<Utc>,
     pub(crate) lost: Option<LossReason>,
     pub(crate) lost_at: Option<Instant>,
+    /// Since when renewals have failed, with the last error; `None` while
+    /// the last renewal (or the acquisition) was confirmed.
+    pub(crate) failing: Option<(Instant, Arc<Error>)>,
 }
 
 /// The renewal in progress, for the reason of a loss at the deadline.
@@ -55,6 +59,7 @@ impl HeldState {
             expires_at: lease.expires_at(),
             lost: None,
             lost_at: None,
+            failing: None,
         });
         HeldState {
             lease,
@@ -141,24 +146,62 @@ impl HeldState {
         self.renewal().sent_at.get_or_insert(now);
     }
 
-    /// A renewal failed: the error is the reason if the deadline comes.
-    pub(crate) fn failed(&self, error: Arc<Error>) {
+    /// A renewal failed at `now`: the error is the reason if the deadline
+    /// comes. Returns whether this is the first failure since the last
+    /// confirmation (renewals have started failing).
+    pub(crate) fn failed(&self, error: Arc<Error>, now: Instant) -> bool {
         let mut status = self.renewal();
-        status.last_error = Some(error);
+        status.last_error = Some(error.clone());
         status.sent_at = None;
-    }
-
-    /// A renewal sent at `sent` was confirmed with `expires_at`.
-    pub(crate) fn confirm(&self, sent: Instant, expires_at: DateTime<Utc>) {
-        let deadline = sent + self.timing.ttl - self.timing.margin;
+        drop(status);
+        let mut started = false;
         self.view.send_if_modified(|v| {
-            if v.lost.is_some() || deadline <= v.deadline {
+            if v.lost.is_some() {
                 return false;
             }
-            v.deadline = deadline;
-            v.expires_at = expires_at;
-            true
+            match &mut v.failing {
+                Some((_, last)) => {
+                    // A new error; not a change watchers wait for.
+                    *last = error;
+                    false
+                }
+                None => {
+                    v.failing = Some((now, error));
+                    started = true;
+                    true
+                }
+            }
+        });
+        started
+    }
+
+    /// A renewal sent at `sent` was confirmed with `expires_at`. Returns
+    /// how long renewals had been failing, if they had.
+    pub(crate) fn confirm(
+        &self,
+        sent: Instant,
+        expires_at: DateTime<Utc>,
+        now: Instant,
+    ) -> Option<Duration> {
+        let deadline = sent + self.timing.ttl - self.timing.margin;
+        let mut recovered = None;
+        self.view.send_if_modified(|v| {
+            if v.lost.is_some() {
+                return false;
+            }
+            let mut changed = false;
+            if let Some((since, _)) = v.failing.take() {
+                recovered = Some(now.saturating_duration_since(since));
+                changed = true;
+            }
+            if deadline > v.deadline {
+                v.deadline = deadline;
+                v.expires_at = expires_at;
+                changed = true;
+            }
+            changed
         });
         *self.renewal() = RenewalStatus::default();
+        recovered
     }
 }

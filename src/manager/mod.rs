@@ -12,7 +12,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use tokio_util::sync::DropGuard;
 
-use crate::connect::{DEFAULT_TIMEOUT, connect_pool};
+use crate::connect::{DEFAULT_TIMEOUT, Follow, Target, connect_pool};
 use crate::context::Context;
 use crate::db;
 use crate::error::{Error, LossReason, Result};
@@ -89,7 +89,17 @@ impl LeaseManager {
     }
 
     fn build(pool: PgPool, options: ManagerOptions) -> Self {
-        let context = Arc::new(Context::new(pool, options));
+        Self::build_following(pool, options, None)
+    }
+
+    /// With `follow`, also starts the task that follows the primary among
+    /// several hosts (it stops with the manager's other tasks).
+    fn build_following(pool: PgPool, options: ManagerOptions, follow: Option<Arc<Follow>>) -> Self {
+        let context = Arc::new(Context::new(pool.clone(), options, follow.clone()));
+        if let Some(follow) = follow {
+            let stop = context.stop.clone();
+            tokio::spawn(async move { follow.watch(pool, stop).await });
+        }
         let keepalive = Arc::new(context.stop.clone().drop_guard());
         LeaseManager {
             shared: Arc::new(Shared {
@@ -103,28 +113,31 @@ impl LeaseManager {
 
     /// Connects a pool of [`pool_options`](crate::connect::pool_options) to `url`
     /// and builds a manager on it, with the default [`ManagerOptions`].
+    /// `url` is a PostgreSQL URL or a libpq `keyword=value` string, with one
+    /// host or several (see [`Target::parse`]): with several, the manager
+    /// connects to the first that is writable and follows the primary
+    /// through a failover (see [`LeaseManager::connect_target`]).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for a URL with several hosts or a
-    /// `target_session_attrs` (see [`parse_url`](crate::connect::parse_url));
-    /// [`Error::Database`] for a URL that does not parse, or when the server
-    /// cannot be reached: at once for a refused connection or a failed
-    /// login, after [`DEFAULT_TIMEOUT`](crate::connect::DEFAULT_TIMEOUT)
-    /// (10 s) for a server that does not answer.
+    /// [`Error::InvalidInput`] for a connection string that cannot be used
+    /// (see [`Target::parse`]); [`Error::Database`] for a URL that does not
+    /// parse, or when no server can be reached: at once for a refused
+    /// connection or a failed login, after
+    /// [`DEFAULT_TIMEOUT`](crate::connect::DEFAULT_TIMEOUT) (10 s) for a
+    /// server that does not answer.
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: dropped early, the connection being opened is closed
     /// and no manager exists.
     pub async fn connect(url: &str) -> Result<Self> {
-        let options = crate::connect::parse_url(url)?;
-        Self::connect_with(options, DEFAULT_TIMEOUT).await
+        Self::connect_target(&Target::parse(url)?, DEFAULT_TIMEOUT).await
     }
 
-    /// Like [`LeaseManager::connect`], with connect options and the time to
-    /// wait for a server that does not answer (also the pool's acquire
-    /// timeout).
+    /// Like [`LeaseManager::connect`], with one host's connect options and
+    /// the time to wait for a server that does not answer (also the pool's
+    /// acquire timeout).
     ///
     /// # Errors
     ///
@@ -140,8 +153,41 @@ impl LeaseManager {
         options: PgConnectOptions,
         connect_timeout: Duration,
     ) -> Result<Self> {
-        let pool = connect_pool(options, connect_timeout).await?;
-        Ok(LeaseManager::new(pool))
+        Self::connect_target(&Target::from(options), connect_timeout).await
+    }
+
+    /// Like [`LeaseManager::connect`], for a [`Target`]. With several hosts
+    /// (or `target_session_attrs` other than `any`), the hosts are tried in
+    /// order and the first with the attributes is used; every new
+    /// connection is checked before use, and a watch task checks the host
+    /// every [`WATCH_PERIOD`](crate::connect::WATCH_PERIOD) (and at once
+    /// when a renewal fails). When it fails, the hosts are searched again
+    /// until one has the attributes (a failover), and the pool, the
+    /// listener and the renewal move there; connections opened before are
+    /// not used again. `connect_timeout` bounds each host's first
+    /// connection and the pool's acquire.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when no host will do, naming each and why.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped early, the connection being opened is closed
+    /// and no manager exists.
+    pub async fn connect_target(target: &Target, connect_timeout: Duration) -> Result<Self> {
+        let (pool, follow) = connect_pool(target, connect_timeout).await?;
+        Ok(Self::build_following(
+            pool,
+            ManagerOptions::default(),
+            follow,
+        ))
+    }
+
+    /// With several hosts: the one the manager uses now (`host:port`);
+    /// `None` for a manager of one host.
+    pub fn current_host(&self) -> Option<String> {
+        self.shared.context.follow.as_ref().map(|f| f.current())
     }
 
     /// The pool this manager uses.

@@ -37,7 +37,8 @@ async fn report(send: &mpsc::Sender<Change>, changes: Vec<Change>) -> bool {
 
 /// How the observer reaches the database for notifications.
 pub(super) struct Link {
-    options: sqlx::postgres::PgConnectOptions,
+    /// Whose connect options the observer uses, read at each (re)connect.
+    pool: sqlx::postgres::PgPool,
     /// Whether to listen at all (false: poll).
     listen: bool,
     /// Whether the probe for a transaction pooler has run.
@@ -48,9 +49,7 @@ pub(super) struct Link {
 impl Link {
     pub(super) fn new(context: &Context) -> Link {
         Link {
-            options: (*context.pool.connect_options())
-                .clone()
-                .application_name("pglease observer"),
+            pool: context.pool.clone(),
             listen: context.options.get_notify(),
             probed: false,
             failures: 0,
@@ -65,8 +64,11 @@ impl Link {
         }
         let probe = !self.probed;
         self.probed = true;
+        let options = (*self.pool.connect_options())
+            .clone()
+            .application_name("pglease observer");
         let Some(mut listener) =
-            notify::listen(&self.options, CHANGE_CHANNEL, probe, STATEMENT_TIMEOUT).await?
+            notify::listen(&options, CHANGE_CHANNEL, probe, STATEMENT_TIMEOUT).await?
         else {
             tracing::warn!(
                 name,

@@ -23,6 +23,7 @@
 //!
 //! See the README's "Testing your service" and `examples/worker_test.rs`.
 
+mod auto_failover;
 mod database;
 mod faults;
 #[cfg(feature = "harness")]
@@ -42,6 +43,7 @@ use crate::manager::LeaseManager;
 use crate::options::AcquireOptions;
 use crate::provision::{ClusterError, NoServer};
 
+pub use auto_failover::{AutoFailover, AutoNode, FAST, Timeouts};
 pub use database::TestDatabase;
 pub use faults::Faults;
 pub use pgbouncer::{PgBouncer, PgBouncerBuilder};

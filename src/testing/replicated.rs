@@ -354,7 +354,7 @@ fn append(path: &Path, text: &str) -> Result<(), SetupError> {
 
 /// Sends `SIGNAL` to `pids` (`kill -SIGNAL`); a process already gone is
 /// nothing to report.
-fn signal(signal: &str, pids: &[u32]) {
+pub(super) fn signal(signal: &str, pids: &[u32]) {
     if pids.is_empty() {
         return;
     }
@@ -366,7 +366,7 @@ fn signal(signal: &str, pids: &[u32]) {
 }
 
 /// The processes whose parent is `pid`.
-fn children(pid: u32) -> Vec<u32> {
+pub(super) fn children(pid: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::PgPool;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -24,20 +24,22 @@ pub(crate) struct Listener {
     pub(crate) releases: broadcast::Sender<Option<String>>,
     pub(crate) listening: watch::Sender<bool>,
     watches: Arc<Watches>,
-    options: PgConnectOptions,
+    /// Whose connect options the listener uses, read at each (re)connect:
+    /// after a failover they name the new primary.
+    pool: PgPool,
     stop: CancellationToken,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Listener {
-    pub(crate) fn new(options: PgConnectOptions, stop: CancellationToken) -> Listener {
+    pub(crate) fn new(pool: PgPool, stop: CancellationToken) -> Listener {
         let (releases, _) = broadcast::channel(256);
         let (listening, _) = watch::channel(false);
         Listener {
             releases,
             listening,
             watches: Arc::new(Watches::new()),
-            options,
+            pool,
             stop,
             task: Mutex::new(None),
         }
@@ -58,7 +60,7 @@ impl Listener {
         if !self.stop.is_cancelled() && task.as_ref().is_none_or(|t| t.is_finished()) {
             self.listening.send_replace(false);
             *task = Some(tokio::spawn(listen(
-                self.options.clone(),
+                self.pool.clone(),
                 self.releases.clone(),
                 self.listening.clone(),
                 Arc::clone(&self.watches),
@@ -76,7 +78,7 @@ impl Listener {
 /// watches on it the names that waiters wait for, and forwards
 /// notifications; reconnects with backoff when it drops.
 async fn listen(
-    options: PgConnectOptions,
+    pool: PgPool,
     releases: broadcast::Sender<Option<String>>,
     listening: watch::Sender<bool>,
     watches: Arc<Watches>,
@@ -86,6 +88,7 @@ async fn listen(
     // Whether the probe for a transaction pooler has run (once per manager).
     let mut probed = false;
     loop {
+        let options = pool.connect_options();
         let connect = notify::listen(&options, RELEASE_CHANNEL, !probed, CONNECT_TIMEOUT);
         let connected = tokio::select! {
             () = stop.cancelled() => return,

@@ -324,12 +324,9 @@ impl Acquirer {
 
     fn listener(&self) -> &Listener {
         let context = &self.context;
-        let listener = self.listener.get_or_init(|| {
-            Listener::new(
-                (*context.pool.connect_options()).clone(),
-                context.stop.clone(),
-            )
-        });
+        let listener = self
+            .listener
+            .get_or_init(|| Listener::new(context.pool.clone(), context.stop.clone()));
         listener.ensure_running();
         listener
     }

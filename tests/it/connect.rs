@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use crate::common::TestDb;
-use pglease::{Error, LeaseManager};
+use pglease::connect::Target;
+use pglease::{AcquireOptions, Error, LeaseManager};
 use sqlx::postgres::PgConnectOptions;
 
 async fn a_refused_connection_fails_at_once_with_its_cause() {
@@ -51,30 +52,83 @@ async fn the_managers_connections_abandon_statements_of_a_client_that_is_gone() 
     m.pool().close().await;
 }
 
-async fn several_hosts_or_a_target_session_attribute_are_refused_with_what_to_do() {
-    for url in [
-        "postgres://postgres@127.0.0.1:5432,127.0.0.1:5433/postgres",
-        "postgres://postgres@/postgres?host=127.0.0.1,127.0.0.2",
-        "postgres://postgres@127.0.0.1/postgres?target_session_attrs=read-write",
-        "postgres://postgres@127.0.0.1/postgres?sslmode=disable&target_session_attrs=primary",
+/// Several hosts are tried in order, as libpq tries them: a host that
+/// refuses is passed over at once, and the manager uses the first that
+/// answers; the same from a `keyword=value` string.
+async fn several_hosts_are_tried_in_order() {
+    let db = TestDb::new().await;
+    let options = db.options();
+    let database = options.get_database().unwrap_or("postgres").to_owned();
+    let (host, port, user) = (
+        options.get_host(),
+        options.get_port(),
+        options.get_username(),
+    );
+    let in_url = host.replace('/', "%2F");
+    for conninfo in [
+        format!("postgres://{user}@127.0.0.1:1,{in_url}:{port}/{database}"),
+        format!("host=127.0.0.1,{host} port=1,{port} user={user} dbname={database}"),
+        format!("postgres://{user}@/{database}?host=127.0.0.1,{host}&port=1,{port}"),
     ] {
+        let started = Instant::now();
+        let m = LeaseManager::connect(&conninfo)
+            .await
+            .unwrap_or_else(|e| panic!("{conninfo}: {e}"));
+        assert!(started.elapsed() < Duration::from_secs(5), "{conninfo}");
+        assert_eq!(m.current_host(), Some(format!("{host}:{port}")));
+        let lease = m
+            .acquire("multi", AcquireOptions::ttl(Duration::from_secs(5)))
+            .await
+            .expect("acquire through the second host");
+        m.release(&lease).await.expect("release");
+        m.shutdown().await.expect("shutdown");
+    }
+}
+
+/// No host will do: each is named with why, at once.
+async fn no_usable_host_names_each_with_why() {
+    let error = LeaseManager::connect("postgres://postgres@127.0.0.1:1,127.0.0.1:2/postgres")
+        .await
+        .expect_err("nothing listens on ports 1 and 2");
+    let said = error.to_string();
+    assert!(said.contains("127.0.0.1:1"), "{said}");
+    assert!(said.contains("127.0.0.1:2"), "{said}");
+    assert!(said.contains("refused"), "{said}");
+}
+
+/// Attributes pglease cannot work with, and lists that do not fit, are
+/// refused before anything connects.
+async fn bad_hosts_or_attributes_are_refused_before_connecting() {
+    for (url, said) in [
+        (
+            "postgres://postgres@127.0.0.1/postgres?target_session_attrs=standby",
+            "cannot be written",
+        ),
+        (
+            "postgres://postgres@127.0.0.1/postgres?target_session_attrs=read-only",
+            "cannot be written",
+        ),
+        (
+            "postgres://postgres@127.0.0.1/postgres?target_session_attrs=bogus",
+            "not one libpq knows",
+        ),
+        (
+            "postgres://postgres@a,b,c/postgres?port=1,2",
+            "3 hosts and 2 ports",
+        ),
+        ("postgres://postgres@a,,b/postgres", "empty entry"),
+    ] {
+        let started = Instant::now();
         match LeaseManager::connect(url).await {
             Err(
                 e @ Error::InvalidInput {
                     argument: "url", ..
                 },
-            ) => {
-                assert!(e.to_string().contains("stable endpoint"), "{e}");
-            }
+            ) => assert!(e.to_string().contains(said), "{url}: {e}"),
             other => panic!("{url}: expected InvalidInput, got {other:?}"),
         }
+        assert!(started.elapsed() < Duration::from_millis(100), "{url}");
     }
-    // One host and `any` are what sqlx does anyway.
-    let one = pglease::connect::parse_url(
-        "postgres://postgres@127.0.0.1:5432/db?target_session_attrs=any",
-    )
-    .expect("one host");
-    assert_eq!(one.get_port(), 5432);
 }
 
 /// A URL of another database (`mysql://`, which sqlx would read as
@@ -101,7 +155,7 @@ async fn a_url_that_is_not_postgresqls_is_refused_before_connecting() {
         );
     }
     for url in ["postgres://u@h/db", "postgresql://u@h/db"] {
-        pglease::connect::parse_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        Target::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
     }
 }
 
@@ -142,5 +196,7 @@ tests![
     a_refused_connection_fails_at_once_with_its_cause,
     a_server_that_never_answers_fails_after_the_timeout,
     the_managers_connections_abandon_statements_of_a_client_that_is_gone,
-    several_hosts_or_a_target_session_attribute_are_refused_with_what_to_do,
+    several_hosts_are_tried_in_order,
+    no_usable_host_names_each_with_why,
+    bad_hosts_or_attributes_are_refused_before_connecting,
 ];

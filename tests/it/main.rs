@@ -29,6 +29,7 @@ mod common;
 mod acquire_race;
 mod advisory;
 mod article_scenario;
+mod auto_failover;
 mod bad_input;
 mod connect;
 mod counted;
@@ -43,6 +44,7 @@ mod holding;
 mod metrics;
 mod migrate;
 mod model;
+mod multi_host;
 mod observe;
 mod pooler;
 mod protect;
@@ -64,6 +66,7 @@ fn main() -> std::process::ExitCode {
             acquire_race::tests(),
             advisory::tests(),
             article_scenario::tests(),
+            auto_failover::tests(),
             bad_input::tests(),
             connect::tests(),
             counted::tests(),
@@ -78,6 +81,7 @@ fn main() -> std::process::ExitCode {
             metrics::tests(),
             migrate::tests(),
             model::tests(),
+            multi_host::tests(),
             observe::tests(),
             pooler::tests(),
             protect::tests(),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::common::{TestDb, poll_until};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use pglease::{AcquireOptions, ManagerOptions};
+use pglease::{AcquireOptions, ManagerOptions, RenewalHealth};
 
 const BOUND: Duration = Duration::from_secs(10);
 
@@ -167,4 +167,76 @@ async fn operations_are_counted_through_the_metrics_facade() {
     waiter.release(&got).await.expect("release");
 }
 
-tests![operations_are_counted_through_the_metrics_facade];
+/// Renewals that fail (as during a failover) and then succeed again are
+/// said by the held lease (`renewal_health`, and its change for a
+/// `select!`) and counted once each way, with the outage's length; the
+/// lease is kept.
+async fn failing_and_recovered_renewals_are_said_and_counted() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recording = metrics::set_default_local_recorder(&recorder);
+    let db = TestDb::new().await;
+    let manager = db.manager_with("holder", ManagerOptions::default()).await;
+    let held = manager
+        .hold("job", AcquireOptions::ttl(Duration::from_secs(30)))
+        .await
+        .expect("hold");
+    assert!(matches!(held.renewal_health(), RenewalHealth::Confirmed));
+    let faults = manager.faults();
+    let changed = {
+        let held = held.clone();
+        tokio::spawn(async move { held.renewal_health_changed(&RenewalHealth::Confirmed).await })
+    };
+    faults.fail_renewals();
+    faults.renew_now();
+    let health = tokio::time::timeout(BOUND, changed)
+        .await
+        .expect("said within the bound")
+        .expect("task");
+    match &health {
+        RenewalHealth::Failing {
+            since,
+            deadline,
+            error,
+        } => {
+            assert!(error.to_string().contains("refused"), "{error}");
+            assert_eq!(*deadline, held.deadline());
+            assert!(since < deadline);
+        }
+        other => panic!("{other:?}"),
+    }
+    let changed = {
+        let (held, last) = (held.clone(), health.clone());
+        tokio::spawn(async move { held.renewal_health_changed(&last).await })
+    };
+    faults.restore_renewals();
+    faults.renew_now();
+    let health = tokio::time::timeout(BOUND, changed)
+        .await
+        .expect("said within the bound")
+        .expect("task");
+    assert!(matches!(health, RenewalHealth::Confirmed), "{health:?}");
+    assert!(!held.is_lost());
+    let mut seen = HashMap::new();
+    poll_until("the recovery counted", BOUND, || {
+        take(&snapshotter, &mut seen);
+        let recovered = seen
+            .get("pglease_renewal_outages_total{event=recovered}")
+            .copied()
+            .unwrap_or(0.0);
+        async move { recovered >= 1.0 }
+    })
+    .await;
+    assert_eq!(
+        seen["pglease_renewal_outages_total{event=failing}"], 1.0,
+        "{seen:?}"
+    );
+    assert_eq!(seen["pglease_renewal_outages_total{event=recovered}"], 1.0);
+    assert_eq!(seen["pglease_renewal_outage_seconds"], 1.0);
+    held.release().await.expect("release");
+}
+
+tests![
+    operations_are_counted_through_the_metrics_facade,
+    failing_and_recovered_renewals_are_said_and_counted,
+];

@@ -6,19 +6,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use pglease::Error;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
+use pglease::connect::Target;
+use sqlx::{AssertSqlSafe, Connection};
 
 use crate::connect::connect;
 use crate::exit;
-use crate::output::{human, note, out};
+use crate::output::{note, out};
 
 /// Runs the demo in a scratch database created for it and dropped after.
-pub(crate) async fn demo(
-    options: &PgConnectOptions,
-    explicit: bool,
-    timeout: Duration,
-) -> ExitCode {
+pub(crate) async fn demo(target: &Target, explicit: bool, timeout: Duration) -> ExitCode {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
@@ -27,8 +23,8 @@ pub(crate) async fn demo(
     // answers, a throwaway cluster, a container if built with the feature
     // `containers` (pglease::provision).
     let found;
-    let options = if explicit {
-        options
+    let target = if explicit {
+        target
     } else {
         let container = if cfg!(feature = "containers") {
             ", else a container"
@@ -40,9 +36,9 @@ pub(crate) async fn demo(
         );
         match pglease::provision::find(None).await {
             Ok(server) => {
-                found = server;
-                say(&format!("pglease demo on {found}"));
-                &found.options
+                say(&format!("pglease demo on {server}"));
+                found = Target::from(server.options.clone());
+                &found
             }
             Err(e) => {
                 eprintln!("pglease: {e}");
@@ -50,21 +46,14 @@ pub(crate) async fn demo(
             }
         }
     };
-    let admin = tokio::time::timeout(timeout, options.connect()).await;
-    let mut admin = match admin {
-        Ok(Ok(conn)) => conn,
-        Ok(Err(e)) => {
+    let mut admin = match target.connect(timeout).await {
+        Ok((conn, _)) => conn,
+        Err(e) => {
             eprintln!(
-                "pglease: cannot connect to PostgreSQL: {e}\n\
+                "pglease: cannot connect to PostgreSQL at {}: {e}\n\
                  Set --database-url or DATABASE_URL (or PGHOST, PGPORT, PGUSER, PGDATABASE) \
-                 to a reachable server."
-            );
-            return ExitCode::from(exit::DATABASE);
-        }
-        Err(_) => {
-            eprintln!(
-                "pglease: connecting to PostgreSQL timed out after {}",
-                human(timeout)
+                 to a reachable server.",
+                target.describe()
             );
             return ExitCode::from(exit::DATABASE);
         }
@@ -80,7 +69,11 @@ pub(crate) async fn demo(
         return ExitCode::from(exit::DATABASE);
     }
     out!("pglease demo in scratch database {scratch} (dropped at the end)\n");
-    let code = demo_in(&options.clone().database(&scratch), timeout).await;
+    let code = demo_in(
+        &target.clone().map_options(|o| o.database(&scratch)),
+        timeout,
+    )
+    .await;
     let dropped = sqlx::query(AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS {scratch} WITH (FORCE)"
     )))
@@ -93,8 +86,8 @@ pub(crate) async fn demo(
     code
 }
 
-async fn demo_in(options: &PgConnectOptions, timeout: Duration) -> ExitCode {
-    let manager = match connect(options, timeout).await {
+async fn demo_in(target: &Target, timeout: Duration) -> ExitCode {
+    let manager = match connect(target, timeout).await {
         Ok(manager) => manager,
         Err(_) => return ExitCode::from(exit::DATABASE),
     };

@@ -135,6 +135,8 @@ async fn term(shared: &Shared, held: HeldLease) {
     // The previous term's CMD may still be stopping.
     let mut busy = shared.busy.subscribe();
     let _ = busy.wait_for(|b| !b).await;
+    let report = super::report_renewals(&held);
+    tokio::pin!(report);
     loop {
         if shared.stopping.is_cancelled() {
             return;
@@ -148,6 +150,8 @@ async fn term(shared: &Shared, held: HeldLease) {
             }
         };
         tokio::select! {
+            // Never completes: prints when renewals fail and recover.
+            () = &mut report => {}
             status = running.wait() => {
                 let Some(status) = status else {
                     // Lost track of it (its group was killed): give up

@@ -20,10 +20,48 @@ pub(crate) mod step_down;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pglease::{Error, LeaseManager};
+use pglease::{Error, HeldLease, LeaseManager, RenewalHealth};
 
 use crate::exit::{self, Outcome};
 use crate::output::{human, note};
+
+/// Says on stderr, one line each time, when renewals of `held` start
+/// failing (with the time left before the command is stopped) and when
+/// they succeed again (a failover, a network drop). Never completes: it
+/// sits in a `select!` beside the command, and is cancel-safe.
+pub(crate) async fn report_renewals(held: &HeldLease) {
+    let mut last = RenewalHealth::Confirmed;
+    loop {
+        let health = held.renewal_health_changed(&last).await;
+        if held.is_lost() {
+            return std::future::pending().await;
+        }
+        match &health {
+            RenewalHealth::Failing {
+                deadline, error, ..
+            } => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                eprintln!(
+                    "pglease: renewals of {:?} (token {}) are failing: {error}; the command is \
+                     stopped in {} (local deadline) unless one succeeds first",
+                    held.name(),
+                    held.token(),
+                    human(left)
+                );
+            }
+            _ => {
+                eprintln!(
+                    "pglease: renewals of {:?} (token {}) succeed again; the lease is held until \
+                     {}",
+                    held.name(),
+                    held.token(),
+                    held.expires_at().to_rfc3339()
+                );
+            }
+        }
+        last = health;
+    }
+}
 
 /// Tells the user, on stderr, who holds the lease and how long pglease waits.
 fn announce_wait(name: &str, current: &str, expires_at: DateTime<Utc>, wait: Duration) {

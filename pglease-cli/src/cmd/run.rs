@@ -107,13 +107,18 @@ pub(crate) async fn run(
     // losing the lease stops CMD.
     let mut forwarding = Forwarding::default();
     let out_of_time = timeout.map(|t| Instant::now() + t);
-    let ran = loop {
-        tokio::select! {
-            biased;
-            status = child.wait() => break Ok(status),
-            () = sleep_until(out_of_time) => break Err(Stopping::TimedOut),
-            reason = held.lost() => break Err(Stopping::Lost(reason)),
-            signal = signals.next() => forwarding.forward(group, signal),
+    let ran = {
+        let report = super::report_renewals(&held);
+        tokio::pin!(report);
+        loop {
+            tokio::select! {
+                biased;
+                status = child.wait() => break Ok(status),
+                () = sleep_until(out_of_time) => break Err(Stopping::TimedOut),
+                reason = held.lost() => break Err(Stopping::Lost(reason)),
+                signal = signals.next() => forwarding.forward(group, signal),
+                () = &mut report => {}
+            }
         }
     };
     let (status, lost, timed_out) = match ran {

@@ -1,7 +1,13 @@
-//! Connecting: defaults that follow libpq, so that `pglease` finds the same
-//! server `psql` finds; the pool settings pglease recommends; and a first
-//! connection that reports a refused one at once.
+//! Connecting: where, as libpq reads it ([`Target`]: one host or several,
+//! `target_session_attrs`), so that `pglease` finds the server `psql`
+//! finds; the pool settings pglease recommends; a first connection that
+//! reports a refused one at once; and, with several hosts, a pool that
+//! follows the primary through a failover.
 
+mod follow;
+mod target;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -9,6 +15,10 @@ use sqlx::{ConnectOptions, Connection, PgConnection};
 
 use crate::error::{Error, Result};
 use crate::limits::Human;
+
+pub(crate) use follow::Follow;
+pub use follow::{PER_HOST_TIMEOUT, WATCH_PERIOD};
+pub use target::{SessionAttrs, Target};
 
 /// Run on every new connection of [`pool_options`]: if the client goes
 /// away while a statement of its own still runs or waits in the server (an
@@ -50,16 +60,44 @@ async fn abandon_when_gone(connection: &mut PgConnection) -> sqlx::Result<()> {
     Ok(())
 }
 
-/// A pool of [`pool_options`] for `options`, after one connection of its
-/// own has shown that the server answers. sqlx's pool would retry a
-/// refused connection until its acquire timeout and then report only that
-/// it timed out; this reports the refusal (or any other cause) at once,
-/// and a timeout only for a server that does not answer within `timeout`.
-pub(crate) async fn connect_pool(options: PgConnectOptions, timeout: Duration) -> Result<PgPool> {
+/// A pool of [`pool_options`] for `target`, after one connection of its
+/// own has shown that a server answers (and, with several hosts or
+/// attributes, which host will do). sqlx's pool would retry a refused
+/// connection until its acquire timeout and then report only that it timed
+/// out; this reports the refusal (or any other cause) at once, and a
+/// timeout only for a server that does not answer within `timeout`. For a
+/// target that is not [plain](Target::is_plain), also what the pool's
+/// watch task needs to follow the primary.
+pub(crate) async fn connect_pool(
+    target: &Target,
+    timeout: Duration,
+) -> Result<(PgPool, Option<Arc<Follow>>)> {
+    if !target.is_plain() {
+        let (connection, index) = target.connect(timeout).await?;
+        let _ = connection.close().await;
+        let follow = Arc::new(Follow::new(target.clone(), index));
+        let (on_connect, on_acquire) = (Arc::clone(&follow), Arc::clone(&follow));
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(timeout)
+            .after_connect(move |connection, _| {
+                let follow = Arc::clone(&on_connect);
+                Box::pin(async move {
+                    follow.check(connection).await?;
+                    abandon_when_gone(connection).await
+                })
+            })
+            .before_acquire(move |_, meta| {
+                let current = on_acquire.is_current(meta.age);
+                Box::pin(async move { Ok(current) })
+            })
+            .connect_lazy_with(target.host_options(index).extra_float_digits(None));
+        return Ok((pool, Some(follow)));
+    }
     // Not sent at startup: PgBouncer before 1.20 refuses unknown startup
     // parameters, and nothing here reads floats (PostgreSQL 12 and later
     // print them exactly by default anyway).
-    let options = options.extra_float_digits(None);
+    let options = target.host_options(0).extra_float_digits(None);
     match tokio::time::timeout(timeout, options.connect()).await {
         Ok(Ok(connection)) => {
             let _ = connection.close().await;
@@ -89,9 +127,10 @@ pub(crate) async fn connect_pool(options: PgConnectOptions, timeout: Duration) -
             ))));
         }
     }
-    Ok(pool_options()
+    let pool = pool_options()
         .acquire_timeout(timeout)
-        .connect_lazy_with(options))
+        .connect_lazy_with(options);
+    Ok((pool, None))
 }
 
 /// Whether a first connection's `error` says that the server answered,
@@ -102,69 +141,6 @@ fn not_postgres(error: &sqlx::Error) -> bool {
         sqlx::Error::Io(io) => io.kind() == std::io::ErrorKind::UnexpectedEof,
         _ => false,
     }
-}
-
-/// Where a failover is explained, for the errors below.
-const ONE_HOST: &str = "pglease connects to one host: put the primary behind a stable \
-     endpoint (a virtual address, a proxy or PgBouncer) that follows failovers; see \
-     docs/design.md, \"Failover and high availability\"";
-
-/// Parses a PostgreSQL URL (`postgres://` or `postgresql://`, as libpq
-/// takes them) into connect options, refusing with a clear message what
-/// sqlx would misread or silently ignore: another scheme (`mysql://`,
-/// which sqlx would read as PostgreSQL's), several hosts
-/// (`postgres://a:5432,b:5432/db`, `?host=a,b`), which libpq tries in turn
-/// and sqlx does not, and a `target_session_attrs` other than `any`, which
-/// sqlx ignores.
-///
-/// # Errors
-///
-/// [`Error::InvalidInput`] for those; [`Error::Database`] for a URL sqlx
-/// cannot parse.
-pub fn parse_url(url: &str) -> Result<PgConnectOptions> {
-    match url.split_once("://").map(|(scheme, _)| scheme) {
-        Some("postgres" | "postgresql") => {}
-        Some(scheme) => {
-            return Err(Error::invalid(
-                "url",
-                format!(
-                    "is a {scheme}:// URL; pglease connects to PostgreSQL: \
-                     postgres://USER@HOST:PORT/DATABASE (or postgresql://)"
-                ),
-            ));
-        }
-        None => {
-            return Err(Error::invalid(
-                "url",
-                "is not a URL; pglease takes postgres://USER@HOST:PORT/DATABASE \
-                 (or postgresql://)",
-            ));
-        }
-    }
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let authority = base
-        .split_once("://")
-        .map_or("", |(_, rest)| rest.split('/').next().unwrap_or_default());
-    let hosts = authority.rsplit('@').next().unwrap_or_default();
-    let query_hosts = query
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .any(|(key, value)| matches!(key, "host" | "hostaddr" | "port") && value.contains(','));
-    if hosts.contains(',') || query_hosts {
-        return Err(Error::invalid(
-            "url",
-            format!("names several hosts; {ONE_HOST}"),
-        ));
-    }
-    for (key, value) in query.split('&').filter_map(|pair| pair.split_once('=')) {
-        if key == "target_session_attrs" && value != "any" {
-            return Err(Error::invalid(
-                "url",
-                format!("target_session_attrs={value} is not supported; {ONE_HOST}"),
-            ));
-        }
-    }
-    Ok(url.parse()?)
 }
 
 /// Connection options from the libpq environment (`PGHOST`, `PGPORT`,

@@ -1,0 +1,169 @@
+//! Several hosts in one URL, as libpq takes them, with a primary and a
+//! standby (`pglease::testing::Replicated`) and no proxy in front: the
+//! primary is chosen whatever the order, a standby is never written to,
+//! and a manager follows a promotion by itself.
+
+use std::time::{Duration, Instant};
+
+use pglease::testing::{Replicated, SetupError, Standby};
+use pglease::{AcquireOptions, Error, HeldLease, LeaseManager, sqlx};
+
+fn url(ports: &[u16], query: &str) -> String {
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    format!("postgres://postgres@{}/postgres{query}", hosts.join(","))
+}
+
+/// Listed first, the standby is passed over (several hosts mean
+/// read-write); `primary` does the same. With `any`, as libpq does, the
+/// standby is used, and an acquisition fails saying the server is
+/// read-only and what to do, without writing anything. One standby alone
+/// with read-write is refused at connect, named.
+async fn the_primary_is_chosen_whatever_the_order() -> Result<(), SetupError> {
+    let pair = Replicated::start(Standby::Synchronous).await?;
+    let (primary, standby) = (pair.primary().port(), pair.standby().port());
+    LeaseManager::new(pair.primary().pool().await?)
+        .migrate()
+        .await
+        .expect("migrate");
+    for query in [
+        "",
+        "?target_session_attrs=read-write",
+        "?target_session_attrs=primary",
+    ] {
+        let m = LeaseManager::connect(&url(&[standby, primary], query))
+            .await
+            .expect("connect");
+        assert_eq!(
+            m.current_host(),
+            Some(format!("127.0.0.1:{primary}")),
+            "{query}"
+        );
+        let lease = m
+            .acquire("job", AcquireOptions::ttl(Duration::from_secs(5)))
+            .await
+            .expect("acquire on the primary");
+        m.release(&lease).await.expect("release");
+        m.shutdown().await.expect("shutdown");
+    }
+    let any = LeaseManager::connect(&url(&[standby, primary], "?target_session_attrs=any"))
+        .await
+        .expect("connect with any");
+    assert_eq!(any.current_host(), Some(format!("127.0.0.1:{standby}")));
+    let refused = any
+        .acquire("job", AcquireOptions::ttl(Duration::from_secs(5)))
+        .await
+        .expect_err("a standby takes no acquisition");
+    let said = refused.to_string();
+    assert!(
+        said.contains("25006") && said.contains("read-only"),
+        "{said}"
+    );
+    assert!(said.contains("target_session_attrs=read-write"), "{said}");
+    any.shutdown().await.expect("shutdown");
+    let alone = LeaseManager::connect(&url(&[standby], "?target_session_attrs=read-write"))
+        .await
+        .expect_err("the standby alone is not read-write");
+    let said = alone.to_string();
+    assert!(
+        said.contains(&format!("127.0.0.1:{standby}")) && said.contains("standby"),
+        "{said}"
+    );
+    Ok(())
+}
+
+async fn fenced_write(held: &HeldLease, value: &str) -> Result<(), Error> {
+    let mut tx = held.begin_fenced().await?;
+    sqlx::query("UPDATE data SET value = $1 WHERE id = 1")
+        .bind(value)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+/// A held lease follows a promotion with nothing in front of the servers:
+/// the primary is killed, the standby promoted by hand, and the manager
+/// (URL primary,standby) finds it by itself; the lease is never reported
+/// lost, keeps its token, and a fenced write commits on the new primary.
+async fn a_held_lease_follows_a_promotion_with_no_proxy() -> Result<(), SetupError> {
+    let pair = Replicated::start(Standby::Synchronous).await?;
+    let admin = pair.primary().pool().await?;
+    LeaseManager::new(admin.clone())
+        .migrate()
+        .await
+        .expect("migrate");
+    sqlx::raw_sql(
+        "CREATE TABLE data (id int PRIMARY KEY, value text NOT NULL); \
+         INSERT INTO data VALUES (1, 'initial')",
+    )
+    .execute(&admin)
+    .await
+    .expect("data table");
+    admin.close().await;
+    let (primary, standby) = (pair.primary().port(), pair.standby().port());
+    let leases = LeaseManager::connect(&url(&[primary, standby], ""))
+        .await
+        .expect("connect");
+    let held = leases
+        .hold(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(10)).holder("A"),
+        )
+        .await
+        .expect("hold");
+    fenced_write(&held, "before").await.expect("write before");
+    let renewed_before = leases.stats().leases_renewed;
+    pair.crash_primary()?;
+    let crashed = Instant::now();
+    pair.promote().await?;
+    let promoted = crashed.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(9);
+    while leases.stats().leases_renewed == renewed_before {
+        assert!(
+            held.loss_reason().is_none(),
+            "lost: {:?}",
+            held.loss_reason()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no renewal on the promoted standby"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let renewed = crashed.elapsed();
+    assert_eq!(leases.current_host(), Some(format!("127.0.0.1:{standby}")));
+    fenced_write(&held, "after")
+        .await
+        .expect("write on the new primary");
+    let (token, value): (i64, String) = sqlx::query_as(
+        "SELECT l.token, d.value FROM pglease.leases AS l, data AS d WHERE l.name = 'job'",
+    )
+    .fetch_one(&pair.standby().pool().await?)
+    .await
+    .expect("read the new primary");
+    assert_eq!(token, held.token().get());
+    assert_eq!(value, "after");
+    // Another client with the same URL cannot have it; released, it can.
+    let other = LeaseManager::connect(&url(&[primary, standby], ""))
+        .await
+        .expect("connect");
+    let b = || {
+        other.acquire(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(60)).holder("B"),
+        )
+    };
+    assert!(matches!(b().await, Err(Error::Held { .. })));
+    let token = held.token();
+    held.release().await.expect("release");
+    assert!(b().await.expect("B after the release").token() > token);
+    eprintln!(
+        "primary killed; promoted after {promoted:?}; first renewal confirmed on the new \
+         primary after {renewed:?}; lease never lost"
+    );
+    Ok(())
+}
+
+tests![
+    the_primary_is_chosen_whatever_the_order(2),
+    a_held_lease_follows_a_promotion_with_no_proxy(2),
+];
