@@ -2,11 +2,60 @@
 //! schema, durable commits, where a failover would go, the privilege that
 //! bounds takeovers, and what the server version provides.
 
+use std::time::Duration;
+
 use sqlx::Row;
 
-use crate::error::Result;
+use crate::connect::{PER_HOST_TIMEOUT, SessionAttrs, Target};
+use crate::error::{Error, Result};
+use crate::limits::Human;
 use crate::manager::LeaseManager;
 use crate::sql;
+
+/// What [`LeaseManager::doctor_with`] is told about the failover manager
+/// and the leases, for the `failover` check of a manager of several hosts.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct DoctorOptions {
+    /// The shortest TTL the leases use; without it, the shortest among the
+    /// leases held now (`expires_at` minus the last renewal).
+    pub ttl: Option<Duration>,
+    /// How long a failover takes, detection and promotion, as measured or
+    /// configured; without it, estimated from the monitor's settings when
+    /// `monitor` is given.
+    pub failover_time: Option<Duration>,
+    /// pg_auto_failover's monitor (`pg_autoctl show uri --monitor`), whose
+    /// `pgautofailover.*` settings give the failover time estimate.
+    pub monitor: Option<Target>,
+}
+
+impl DoctorOptions {
+    /// Nothing told.
+    pub fn new() -> DoctorOptions {
+        DoctorOptions::default()
+    }
+
+    /// The shortest TTL in use.
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long a failover takes.
+    #[must_use]
+    pub fn failover_time(mut self, time: Duration) -> Self {
+        self.failover_time = Some(time);
+        self
+    }
+
+    /// pg_auto_failover's monitor.
+    #[must_use]
+    pub fn monitor(mut self, monitor: Target) -> Self {
+        self.monitor = Some(monitor);
+        self
+    }
+}
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -34,7 +83,9 @@ impl std::fmt::Display for Verdict {
 #[non_exhaustive]
 pub struct Check {
     /// What was checked: `schema`, `primary`, `pooler`, `durability`, `replication`,
-    /// `takeover`, `security` (one per finding), `server_version`.
+    /// `takeover`, `security` (one per finding), `server_version`; with
+    /// several hosts also `host` (one per host), `promotion` (one per
+    /// standby) and `failover`.
     pub name: &'static str,
     /// How it came out.
     pub verdict: Verdict,
@@ -115,6 +166,47 @@ impl LeaseManager {
     ///
     /// Cancel-safe: it only reads.
     pub async fn doctor(&self) -> Result<Diagnosis> {
+        self.doctor_with(&DoctorOptions::default()).await
+    }
+
+    /// [`LeaseManager::doctor`], and for a manager of several hosts (see
+    /// [`LeaseManager::connect_target`]) a look at every host:
+    ///
+    /// - `host`, one per host: the primary (exactly one may accept
+    ///   writes), or a standby and whether it streams from the primary
+    ///   synchronously (the primary's `pg_stat_replication`, matched by the
+    ///   standby's `application_name`), or unreachable;
+    /// - `promotion`, one per standby: whether, once promoted, it would
+    ///   wait for standbys of its own (its `synchronous_standby_names`),
+    ///   and so take no lease operation until one exists, unless the
+    ///   failover manager rewrites the setting (pg_auto_failover does);
+    /// - `failover`: whether a failover fits the TTL: the shortest TTL
+    ///   (`options.ttl`, else the shortest among the leases held now)
+    ///   against the failover time (`options.failover_time`, else an
+    ///   estimate from pg_auto_failover's monitor, `options.monitor`),
+    ///   plus a second for pglease to find the new primary, before the
+    ///   local deadline (TTL less the safety margin).
+    ///
+    /// # Errors
+    ///
+    /// As [`LeaseManager::doctor`]; an unreachable host or monitor is a
+    /// finding, not an error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn doctor_with(&self, options: &DoctorOptions) -> Result<Diagnosis> {
+        let mut diagnosis = self.doctor_here().await?;
+        if let Some(follow) = &self.context().follow
+            && follow.target.len() > 1
+        {
+            diagnosis.checks.extend(hosts_checks(&follow.target).await);
+            diagnosis.checks.push(self.failover_check(options).await?);
+        }
+        Ok(diagnosis)
+    }
+
+    async fn doctor_here(&self) -> Result<Diagnosis> {
         let facts = sql::query(FACTS).fetch_one(self.pool()).await?;
         let version: i32 = facts.try_get("version")?;
         let fsync: String = facts.try_get("fsync")?;
@@ -367,4 +459,378 @@ fn replication_check(standbys: i64, sync: i64, hidden: i64, sync_names: &str) ->
             standbys - sync
         ),
     )
+}
+
+/// What one host says of itself.
+struct HostFacts {
+    recovering: bool,
+    read_only: bool,
+    sync_names: String,
+    /// As a standby: whether its WAL receiver streams, and the name it
+    /// gives the primary.
+    streaming: bool,
+    application_name: String,
+    /// As a primary: (application_name, sync_state) of each standby.
+    standbys: Vec<(String, String)>,
+}
+
+const HOST_FACTS: &str = "SELECT pg_is_in_recovery() AS recovering, \
+     current_setting('transaction_read_only') = 'on' AS read_only, \
+     current_setting('synchronous_standby_names') AS sync_names, \
+     coalesce((SELECT status = 'streaming' FROM pg_stat_wal_receiver), false) AS streaming, \
+     coalesce((SELECT substring(conninfo FROM 'application_name=([^ ]+)') \
+                 FROM pg_stat_wal_receiver), \
+              nullif(current_setting('cluster_name'), ''), 'walreceiver') AS application_name, \
+     coalesce((SELECT string_agg(application_name || '=' || coalesce(sync_state, '?'), ' ') \
+                 FROM pg_stat_replication), '') AS standbys";
+
+async fn host_facts(target: &Target, index: usize) -> std::result::Result<HostFacts, String> {
+    let any = target.clone().with_attrs(SessionAttrs::Any);
+    let mut connection = match any.connect_host(index, PER_HOST_TIMEOUT).await {
+        Ok(Ok(connection)) => connection,
+        Ok(Err(why)) => return Err(why),
+        Err(error) => return Err(error.to_string()),
+    };
+    let row = sqlx::raw_sql(HOST_FACTS)
+        .fetch_one(&mut connection)
+        .await
+        .map_err(|e| Error::from(e).to_string())?;
+    let _ = sqlx::Connection::close(connection).await;
+    let get = |row: &sqlx::postgres::PgRow| -> sqlx::Result<HostFacts> {
+        let standbys: String = row.try_get("standbys")?;
+        Ok(HostFacts {
+            recovering: row.try_get("recovering")?,
+            read_only: row.try_get("read_only")?,
+            sync_names: row.try_get("sync_names")?,
+            streaming: row.try_get("streaming")?,
+            application_name: row.try_get("application_name")?,
+            standbys: standbys
+                .split_whitespace()
+                .filter_map(|s| s.rsplit_once('='))
+                .map(|(a, s)| (a.to_owned(), s.to_owned()))
+                .collect(),
+        })
+    };
+    get(&row).map_err(|e| Error::from(e).to_string())
+}
+
+/// The `host` and `promotion` checks of every host of `target`.
+async fn hosts_checks(target: &Target) -> Vec<Check> {
+    let names = target.hosts();
+    let mut facts = Vec::with_capacity(names.len());
+    for index in 0..names.len() {
+        facts.push(host_facts(target, index).await);
+    }
+    let primaries: Vec<usize> = facts
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.as_ref().is_ok_and(|f| !f.recovering))
+        .map(|(i, _)| i)
+        .collect();
+    // pg_auto_failover names its standbys so, and rewrites
+    // synchronous_standby_names itself when it promotes one.
+    let managed = facts.iter().flatten().any(|f| {
+        f.standbys
+            .iter()
+            .any(|(name, _)| name.starts_with("pgautofailover_standby_"))
+            || f.application_name.starts_with("pgautofailover_standby_")
+    });
+    let primary = match primaries.as_slice() {
+        [one] => facts[*one].as_ref().ok(),
+        _ => None,
+    };
+    let mut checks = Vec::new();
+    for (index, found) in facts.iter().enumerate() {
+        let host = &names[index];
+        let check = match found {
+            Err(why) => Check::new(
+                "host",
+                Verdict::Warning,
+                format!("{host}: unreachable ({why}): a failover cannot go there now"),
+            ),
+            Ok(f) if !f.recovering && primaries.len() > 1 => Check::new(
+                "host",
+                Verdict::Problem,
+                format!(
+                    "{host}: accepts writes, and so does {}: two primaries (a split brain, or \
+                     an old primary not yet demoted); leases taken on one are unknown to the \
+                     other",
+                    primaries
+                        .iter()
+                        .filter(|i| **i != index)
+                        .map(|i| names[*i].as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+            Ok(f) if !f.recovering => {
+                let sync = f
+                    .standbys
+                    .iter()
+                    .filter(|(_, s)| s == "sync" || s == "quorum")
+                    .count();
+                Check::new(
+                    "host",
+                    if f.read_only {
+                        Verdict::Problem
+                    } else {
+                        Verdict::Ok
+                    },
+                    if f.read_only {
+                        format!(
+                            "{host}: the primary, but read-only (default_transaction_read_only \
+                             is on): no lease operation succeeds"
+                        )
+                    } else {
+                        format!(
+                            "{host}: the primary; {} standby(s) stream from it, {sync} \
+                             synchronous",
+                            f.standbys.len()
+                        )
+                    },
+                )
+            }
+            Ok(f) => standby_check(host, f, primary),
+        };
+        checks.push(check);
+        if let Ok(f) = found
+            && f.recovering
+        {
+            checks.push(promotion_check(host, &f.sync_names, managed));
+        }
+    }
+    if primaries.is_empty() {
+        checks.push(Check::new(
+            "host",
+            Verdict::Problem,
+            format!(
+                "none of {} accepts writes: no lease operation succeeds until one is promoted",
+                target.describe()
+            ),
+        ));
+    }
+    checks
+}
+
+fn standby_check(host: &str, f: &HostFacts, primary: Option<&HostFacts>) -> Check {
+    let state = primary.and_then(|p| {
+        p.standbys
+            .iter()
+            .find(|(name, _)| *name == f.application_name)
+            .map(|(_, state)| state.as_str())
+    });
+    match (f.streaming, state) {
+        (true, Some("sync" | "quorum")) => Check::new(
+            "host",
+            Verdict::Ok,
+            format!(
+                "{host}: a synchronous standby of the primary ({:?}, {})",
+                f.application_name,
+                state.unwrap_or_default()
+            ),
+        ),
+        (true, Some(state)) => Check::new(
+            "host",
+            Verdict::Problem,
+            format!(
+                "{host}: a standby the primary has as {state:?} ({:?}), not synchronous: \
+                 promoted after a failover, it can lose acknowledged acquisitions and issue \
+                 their tokens again; name it in the primary's synchronous_standby_names",
+                f.application_name
+            ),
+        ),
+        (true, None) => Check::new(
+            "host",
+            Verdict::Warning,
+            format!(
+                "{host}: a standby streaming as {:?}, which the primary does not list (another \
+                 primary, or this role may not read pg_stat_replication): cannot tell whether \
+                 it is synchronous",
+                f.application_name
+            ),
+        ),
+        (false, _) => Check::new(
+            "host",
+            Verdict::Warning,
+            format!(
+                "{host}: a standby that is not streaming now (catching up, or cut off; or this \
+                 role may not read pg_stat_wal_receiver): promoted now it may lack acknowledged \
+                 acquisitions"
+            ),
+        ),
+    }
+}
+
+/// Whether a standby, once promoted, would wait for standbys of its own.
+fn promotion_check(host: &str, sync_names: &str, managed: bool) -> Check {
+    if sync_names.trim().is_empty() {
+        Check::new(
+            "promotion",
+            Verdict::Ok,
+            format!("{host}: once promoted, commits wait for no standby until one is configured"),
+        )
+    } else if managed {
+        Check::new(
+            "promotion",
+            Verdict::Ok,
+            format!(
+                "{host}: has synchronous_standby_names = {sync_names:?}; pg_auto_failover \
+                 (detected by its standby names) rewrites it when it promotes this node"
+            ),
+        )
+    } else {
+        Check::new(
+            "promotion",
+            Verdict::Warning,
+            format!(
+                "{host}: has synchronous_standby_names = {sync_names:?}: once promoted, every \
+                 commit (every acquisition and renewal) waits for such a standby, forever if \
+                 none connects, unless the failover manager rewrites it at promotion; set it to \
+                 '' on standbys or let the failover manager manage it"
+            ),
+        )
+    }
+}
+
+impl LeaseManager {
+    async fn failover_check(&self, options: &DoctorOptions) -> Result<Check> {
+        let (ttl, ttl_from) = match options.ttl {
+            Some(ttl) => (Some(ttl), "as given".to_owned()),
+            None => {
+                let micros: Option<i64> = sql::query(
+                    "SELECT (extract(epoch FROM min(expires_at - coalesce(renewed_at, \
+                     acquired_at))) * 1000000)::bigint FROM pglease.leases \
+                     WHERE holder IS NOT NULL AND expires_at > now()",
+                )
+                .fetch_one(self.pool())
+                .await
+                .and_then(|row| row.try_get(0))
+                .unwrap_or(None);
+                (
+                    micros
+                        .and_then(|m| u64::try_from(m).ok())
+                        .map(Duration::from_micros),
+                    "the shortest among the leases held now".to_owned(),
+                )
+            }
+        };
+        let (failover, failover_from) = match (options.failover_time, &options.monitor) {
+            (Some(time), _) => (Ok(time), "as given".to_owned()),
+            (None, Some(monitor)) => (
+                monitor_estimate(monitor).await,
+                "estimated from the monitor's pgautofailover.* settings".to_owned(),
+            ),
+            (None, None) => (Err("not known".to_owned()), String::new()),
+        };
+        let Some(ttl) = ttl else {
+            return Ok(Check::new(
+                "failover",
+                Verdict::Warning,
+                "no lease is held now and no TTL was given (pglease doctor --ttl D): cannot \
+                 tell whether a failover fits it",
+            ));
+        };
+        let failover = match failover {
+            Ok(failover) => failover,
+            Err(why) => {
+                return Ok(Check::new(
+                    "failover",
+                    Verdict::Warning,
+                    format!(
+                        "failover time {why}: give it (pglease doctor --failover-time D, as \
+                         measured; docs/design.md, \"Failover\") or the pg_auto_failover \
+                         monitor (--monitor URL) to check it against the TTL of {} ({ttl_from})",
+                        Human(ttl)
+                    ),
+                ));
+            }
+        };
+        let margin = self.options().get_safety_margin().unwrap_or(ttl / 50);
+        let needed = failover + FIND_PRIMARY;
+        let room = ttl.saturating_sub(margin);
+        let said = format!(
+            "a failover of {} ({failover_from}) plus {} for pglease to find the new primary, \
+             against a TTL of {} ({ttl_from}) less the safety margin {}",
+            Human(failover),
+            Human(FIND_PRIMARY),
+            Human(ttl),
+            Human(margin)
+        );
+        Ok(if needed < room {
+            Check::new(
+                "failover",
+                Verdict::Ok,
+                format!("{said}: fits; held leases ride out a failover"),
+            )
+        } else {
+            Check::new(
+                "failover",
+                Verdict::Warning,
+                format!(
+                    "{said}: does not fit; a failover ends every held lease (safely: holders \
+                     stop before the database's expiry) and work restarts; use a TTL above {} \
+                     or shorten the failover manager's timeouts",
+                    Human(needed + margin)
+                ),
+            )
+        })
+    }
+}
+
+/// How long pglease may take to find a new primary and renew there once
+/// it is writable: the watch task's search pause and the renewal's retry.
+const FIND_PRIMARY: Duration = Duration::from_secs(1);
+
+/// pg_auto_failover's detection and promotion time, from its monitor's
+/// settings: a health check period, the checks and their retries, the time
+/// a node is given before it is unhealthy, the wait for the old primary to
+/// demote itself, and a second for the promotion itself.
+async fn monitor_estimate(monitor: &Target) -> std::result::Result<Duration, String> {
+    let (mut connection, _) = monitor
+        .connect(PER_HOST_TIMEOUT)
+        .await
+        .map_err(|e| format!("unknown: the monitor cannot be read ({e})"))?;
+    let rows =
+        sqlx::raw_sql("SELECT name, setting FROM pg_settings WHERE name LIKE 'pgautofailover.%'")
+            .fetch_all(&mut connection)
+            .await
+            .map_err(|e| format!("unknown: the monitor cannot be read ({})", Error::from(e)))?;
+    let _ = sqlx::Connection::close(connection).await;
+    let setting = |name: &str| -> std::result::Result<u64, String> {
+        rows.iter()
+            .find(|row| row.try_get::<String, _>("name").is_ok_and(|n| n == name))
+            .and_then(|row| row.try_get::<String, _>("setting").ok())
+            .and_then(|value| value.parse().ok())
+            .ok_or_else(|| {
+                format!("unknown: the monitor has no {name} (is it pg_auto_failover's?)")
+            })
+    };
+    let ms = |name: &str| setting(name).map(Duration::from_millis);
+    let retries = setting("pgautofailover.health_check_max_retries")?;
+    let retries = u32::try_from(retries).unwrap_or(u32::MAX);
+    let timeout = ms("pgautofailover.health_check_timeout")?;
+    Ok(ms("pgautofailover.health_check_period")?
+        + timeout * (retries + 1)
+        + ms("pgautofailover.health_check_retry_delay")? * retries
+        + ms("pgautofailover.node_considered_unhealthy_timeout")?
+        + ms("pgautofailover.primary_demote_timeout")?
+        + Duration::from_secs(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_standby_that_would_wait_after_promotion_is_flagged_unless_managed() {
+        assert_eq!(promotion_check("a:1", "", false).verdict, Verdict::Ok);
+        assert_eq!(
+            promotion_check("a:1", "ANY 1 (b)", false).verdict,
+            Verdict::Warning
+        );
+        assert_eq!(
+            promotion_check("a:1", "ANY 1 (b)", true).verdict,
+            Verdict::Ok
+        );
+    }
 }

@@ -73,6 +73,19 @@ pub(crate) enum Command {
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
+        /// With several hosts: the shortest TTL your leases use, to check a
+        /// failover against (default: the shortest among the leases held
+        /// now).
+        #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
+        ttl: Option<Duration>,
+        /// With several hosts: how long a failover takes (detection and
+        /// promotion), as measured.
+        #[arg(long, value_parser = Checked(pause), allow_hyphen_values = true)]
+        failover_time: Option<Duration>,
+        /// With several hosts: pg_auto_failover's monitor URL (`pg_autoctl
+        /// show uri --monitor`), whose settings give the failover time.
+        #[arg(long, value_parser = Checked(monitor))]
+        monitor: Option<String>,
     },
     /// Acquire a lease (exit 3 if it is held).
     Acquire {
@@ -300,7 +313,7 @@ impl Command {
     /// Whether the command was asked for JSON output.
     pub(crate) fn wants_json(&self) -> bool {
         match self {
-            Command::Doctor { json }
+            Command::Doctor { json, .. }
             | Command::Migrate { json }
             | Command::ForceRelease { json, .. }
             | Command::StepDown { json, .. }
@@ -416,6 +429,16 @@ fn duration(text: &str, min: Duration, max: Duration) -> Result<Duration, String
 /// a shorter lease would expire about when its acquisition comes back).
 fn ttl(text: &str) -> Result<Duration, String> {
     duration(text, pglease::limits::MIN_TTL, pglease::limits::MAX_TTL)
+}
+
+/// A monitor's URL, checked as any connection string is.
+fn monitor(text: &str) -> Result<String, String> {
+    pglease::connect::Target::parse(text)
+        .map(|_| text.to_owned())
+        .map_err(|e| match e {
+            pglease::Error::InvalidInput { reason, .. } => reason,
+            e => e.to_string(),
+        })
 }
 
 /// How long to wait for a lease: zero (one attempt) to 7 days.

@@ -80,7 +80,12 @@ async fn dispatch(
     let or_default = |holder: Option<String>| holder.unwrap_or_else(AcquireOptions::default_holder);
     match command {
         Command::Migrate { json } => cmd::migrate::migrate(manager, json).await,
-        Command::Doctor { json } => cmd::doctor::doctor(manager, json).await,
+        Command::Doctor {
+            json,
+            ttl,
+            failover_time,
+            monitor,
+        } => cmd::doctor::doctor(manager, json, ttl, failover_time, monitor.as_deref()).await,
         Command::Acquire {
             name,
             ttl,

@@ -399,6 +399,33 @@ impl Registry {
     /// no longer accepts are lost with the reason it gave; a failed
     /// statement is retried after a backoff, its error kept as the reason
     /// should the deadline come first.
+    /// The statement in flight has gone unanswered past `LATE`: every
+    /// lease it carries counts as failing from `now` (said once, as a
+    /// failure would be); the statement itself goes on.
+    pub(crate) fn late(&self, error: &Arc<Error>, now: Instant) -> u64 {
+        let entries = self.entries();
+        let mut started = 0;
+        let mut first_deadline: Option<Instant> = None;
+        for entry in entries.values().filter(|e| e.in_flight) {
+            if entry.state.failing(error.clone(), now) {
+                started += 1;
+                let deadline = entry.state.view.borrow().deadline;
+                first_deadline = Some(first_deadline.map_or(deadline, |d| d.min(deadline)));
+            }
+        }
+        drop(entries);
+        if let Some(deadline) = first_deadline {
+            tracing::warn!(
+                %error,
+                leases = started,
+                deadline_in_ms = deadline.saturating_duration_since(now).as_millis() as u64,
+                "renewals late; each lease is given up at its local deadline unless a \
+                 renewal succeeds first"
+            );
+        }
+        started
+    }
+
     pub(crate) fn apply(
         &self,
         keys: &[Key],

@@ -42,8 +42,17 @@ pub(crate) fn ensure_running(context: &Arc<Context>, registry: &Arc<Registry>, w
     }
 }
 
+/// A renewal unanswered for this long (or half the time left before the
+/// first lease it holds up is given up, if less) makes its leases count as
+/// failing: a failover or a dead server shows within a second, not only
+/// when the statement times out.
+pub(crate) const LATE: Duration = Duration::from_secs(1);
+
 async fn run(context: Arc<Context>, registry: Arc<Registry>) {
     let mut in_flight: Option<InFlight> = None;
+    // When the statement in flight was sent and when it counts as late
+    // (`None`: not in flight, or already said).
+    let mut late: Option<(Instant, Instant)> = None;
     loop {
         let now = Instant::now();
         let idle = now + Duration::from_secs(3600);
@@ -68,14 +77,27 @@ async fn run(context: Arc<Context>, registry: Arc<Registry>) {
             context.release_in_background(state.lease.fence());
         }
         if let Some(batch) = plan.batch {
+            let left = batch.first_fire_at.saturating_duration_since(now);
+            late = Some((now, now + LATE.min(left / 2)));
             in_flight = Some(Box::pin(send(Arc::clone(&context), batch)));
         }
         tokio::select! {
             () = context.stop.cancelled() => return,
             () = registry.wake.notified() => {}
             () = tokio::time::sleep_until(plan.wake.unwrap_or(idle)) => {}
+            () = tokio::time::sleep_until(late.map_or(idle, |l| l.1)), if late.is_some() => {
+                let sent = late.take().map_or(now, |l| l.0);
+                let error = Arc::new(Error::Timeout {
+                    operation: "renewal",
+                    after: Some(Instant::now().saturating_duration_since(sent)),
+                });
+                let started = registry.late(&error, Instant::now());
+                crate::telemetry::renewal_outages(started, &[]);
+                context.report_trouble();
+            }
             outcome = poll(&mut in_flight) => {
                 in_flight = None;
+                late = None;
                 finish(&context, &registry, outcome);
             }
         }

@@ -154,6 +154,13 @@ impl HeldState {
         status.last_error = Some(error.clone());
         status.sent_at = None;
         drop(status);
+        self.failing(error, now)
+    }
+
+    /// Renewals count as failing from `now` with `error` (a failure, or a
+    /// statement still unanswered when it is late); whether they were not
+    /// already.
+    pub(crate) fn failing(&self, error: Arc<Error>, now: Instant) -> bool {
         let mut started = false;
         self.view.send_if_modified(|v| {
             if v.lost.is_some() {

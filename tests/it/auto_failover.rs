@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use pglease::connect::Target;
+use pglease::doctor::{DoctorOptions, Verdict};
 use pglease::testing::{AutoFailover, SetupError};
 use pglease::{AcquireOptions, HeldLease, LeaseManager, sqlx};
 
@@ -58,6 +60,48 @@ async fn a_held_lease_and_acquisitions_survive_an_automatic_failover() -> Result
         leases.current_host(),
         Some(format!("127.0.0.1:{}", formation.node(old).port()))
     );
+    // Doctor looks at both hosts, knows pg_auto_failover's timing from its
+    // monitor, and checks it against the TTL.
+    let monitor = Target::from(formation.monitor_options());
+    for (ttl, fits) in [
+        (Duration::from_secs(30), Verdict::Ok),
+        (Duration::from_secs(4), Verdict::Warning),
+    ] {
+        let diagnosis = leases
+            .doctor_with(&DoctorOptions::new().ttl(ttl).monitor(monitor.clone()))
+            .await
+            .expect("doctor");
+        let of = |name: &str| -> Vec<(Verdict, String)> {
+            diagnosis
+                .checks
+                .iter()
+                .filter(|c| c.name == name)
+                .map(|c| (c.verdict, c.detail.clone()))
+                .collect()
+        };
+        let hosts = of("host");
+        assert_eq!(hosts.len(), 2, "{hosts:?}");
+        assert!(hosts.iter().all(|(v, _)| *v == Verdict::Ok), "{hosts:?}");
+        assert!(
+            hosts.iter().any(|(_, d)| d.contains("the primary")),
+            "{hosts:?}"
+        );
+        assert!(
+            hosts.iter().any(|(_, d)| d.contains("synchronous standby")),
+            "{hosts:?}"
+        );
+        let promotion = of("promotion");
+        assert!(
+            promotion.len() == 1 && promotion[0].0 == Verdict::Ok,
+            "{promotion:?}"
+        );
+        let failover = of("failover");
+        assert!(
+            failover.len() == 1 && failover[0].0 == fits,
+            "{ttl:?}: {failover:?}"
+        );
+        assert!(failover[0].1.contains("monitor"), "{failover:?}");
+    }
     let held = leases
         .hold(
             "job",
@@ -140,6 +184,15 @@ async fn a_held_lease_and_acquisitions_survive_an_automatic_failover() -> Result
         leases.current_host(),
         Some(format!("127.0.0.1:{}", formation.node(new).port()))
     );
+
+    // Doctor sees the old primary gone.
+    let diagnosis = leases.doctor().await.expect("doctor");
+    let unreachable = diagnosis
+        .checks
+        .iter()
+        .filter(|c| c.name == "host" && c.detail.contains("unreachable"))
+        .count();
+    assert_eq!(unreachable, 1, "{:?}", diagnosis.checks);
 
     // The old primary comes back as a standby; work goes on, none of it
     // there.

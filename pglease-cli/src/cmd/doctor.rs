@@ -1,10 +1,14 @@
 //! `pglease doctor`: is this server fit for leases (schema, durability,
-//! synchronous standbys, takeover privilege)?
+//! synchronous standbys, takeover privilege; with several hosts, each
+//! host and whether a failover fits the TTL)?
 
 use std::process::ExitCode;
 
+use std::time::Duration;
+
 use pglease::LeaseManager;
-use pglease::doctor::Verdict;
+use pglease::connect::Target;
+use pglease::doctor::{DoctorOptions, Verdict};
 use serde_json::json;
 
 use crate::exit::{self, Outcome};
@@ -12,8 +16,22 @@ use crate::output::out;
 
 /// `pglease doctor`: every check, one line each (or one JSON object); exit
 /// 0 only when all are ok, 1 otherwise.
-pub(crate) async fn doctor(manager: &LeaseManager, json: bool) -> Outcome {
-    let diagnosis = manager.doctor().await.map_err(|e| (e, "doctor"))?;
+pub(crate) async fn doctor(
+    manager: &LeaseManager,
+    json: bool,
+    ttl: Option<Duration>,
+    failover_time: Option<Duration>,
+    monitor: Option<&str>,
+) -> Outcome {
+    let mut options = DoctorOptions::new();
+    options.ttl = ttl;
+    options.failover_time = failover_time;
+    // Checked when the arguments were parsed.
+    options.monitor = monitor.and_then(|m| Target::parse(m).ok());
+    let diagnosis = manager
+        .doctor_with(&options)
+        .await
+        .map_err(|e| (e, "doctor"))?;
     if json {
         let checks: Vec<serde_json::Value> = diagnosis
             .checks

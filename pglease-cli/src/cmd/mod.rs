@@ -43,10 +43,10 @@ pub(crate) async fn report_renewals(held: &HeldLease) {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 eprintln!(
                     "pglease: renewals of {:?} (token {}) are failing: {error}; the command is \
-                     stopped in {} (local deadline) unless one succeeds first",
+                     stopped in {:.1} s (local deadline) unless one succeeds first",
                     held.name(),
                     held.token(),
-                    human(left)
+                    left.as_secs_f64()
                 );
             }
             _ => {

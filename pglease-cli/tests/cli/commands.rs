@@ -216,26 +216,73 @@ async fn acquire_publishes_a_value_that_status_shows() {
     assert_eq!(code(&out), 2, "{}", stderr(&out));
 }
 
-async fn several_hosts_exit_2_saying_to_use_a_stable_endpoint() {
-    for url in [
-        "postgres://postgres@127.0.0.1:5432,127.0.0.1:5433/postgres",
-        "postgres://postgres@127.0.0.1/postgres?target_session_attrs=read-write",
+/// Several hosts, as libpq takes them, in every place a URL is taken: a
+/// URL in --database-url, a keyword=value string in DATABASE_URL, PGHOST
+/// and PGPORT lists; the host that refuses (port 1) is passed over. Lists
+/// that do not fit and attributes that cannot be written exit 2 before
+/// anything connects.
+async fn several_hosts_are_taken_wherever_a_url_is() {
+    let db = crate::common::new_db().await;
+    let options = db.options();
+    let (host, port, user) = (
+        options.get_host(),
+        options.get_port(),
+        options.get_username(),
+    );
+    let database = options.get_database().unwrap_or("postgres");
+    assert_eq!(code(&pglease(&db, &["acquire", "multi", "--ttl", "1m"])), 0);
+    let in_url = host.replace('/', "%2F");
+    let url = format!("postgres://{user}@127.0.0.1:1,{in_url}:{port}/{database}");
+    let keywords = format!("host=127.0.0.1,{host} port=1,{port} user={user} dbname={database}");
+    let runs = [
+        Command::new(BIN)
+            .args(["--database-url", &url, "status", "multi"])
+            .output(),
+        Command::new(BIN)
+            .env("DATABASE_URL", &keywords)
+            .args(["status", "multi"])
+            .output(),
+        Command::new(BIN)
+            .env_remove("DATABASE_URL")
+            .env("PGHOST", format!("127.0.0.1,{host}"))
+            .env("PGPORT", format!("1,{port}"))
+            .env("PGUSER", user)
+            .env("PGDATABASE", database)
+            .args(["status", "multi"])
+            .output(),
+    ];
+    for out in runs {
+        let out = out.expect("run the pglease binary");
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        assert!(stdout(&out).contains("multi"), "{}", stdout(&out));
+    }
+    for (url, said) in [
+        (
+            "postgres://postgres@127.0.0.1/postgres?target_session_attrs=standby",
+            "cannot be written",
+        ),
+        (
+            "postgres://postgres@a,b,c/postgres?port=1,2",
+            "3 hosts and 2 ports",
+        ),
+        ("host=a dbnme=x", "dbnme"),
     ] {
         let out = Command::new(BIN)
             .args(["--database-url", url, "status"])
             .output()
             .expect("run the pglease binary");
         assert_eq!(code(&out), 2, "{url}: {}", stderr(&out));
-        assert!(stderr(&out).contains("stable endpoint"), "{}", stderr(&out));
+        assert!(stderr(&out).contains(said), "{url}: {}", stderr(&out));
     }
     let out = Command::new(BIN)
         .env_remove("DATABASE_URL")
         .env("PGHOST", "127.0.0.1,127.0.0.2")
+        .env("PGPORT", "1,2,3")
         .arg("status")
         .output()
         .expect("run the pglease binary");
     assert_eq!(code(&out), 2, "{}", stderr(&out));
-    assert!(stderr(&out).contains("stable endpoint"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("PGHOST"), "{}", stderr(&out));
 }
 
 /// Every argument is checked before anything connects (nothing listens on
@@ -1274,7 +1321,7 @@ tests![
     acquire_renew_release_status_and_their_exit_codes,
     bad_input_exits_2_and_an_unreachable_database_exits_5,
     acquire_publishes_a_value_that_status_shows,
-    several_hosts_exit_2_saying_to_use_a_stable_endpoint,
+    several_hosts_are_taken_wherever_a_url_is,
     run_passes_the_status_through_and_releases_at_once,
     min_hold_keeps_a_short_job_from_running_again_too_soon,
     a_run_held_up_in_the_database_past_its_ttl_runs_its_command,

@@ -22,6 +22,7 @@ macro_rules! tests {
 
 mod common;
 
+mod auto_failover;
 mod commands;
 mod compare;
 mod demo;
@@ -33,6 +34,7 @@ mod pooler;
 fn main() -> std::process::ExitCode {
     pglease::testing::harness::run(
         [
+            auto_failover::tests(),
             commands::tests(),
             compare::tests(),
             demo::tests(),
