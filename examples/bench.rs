@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pglease::elect::{Elector, Leadership};
-use pglease::testing::{Endpoint, PgBouncer, Replicated, SetupError, Standby};
+use pglease::testing::{AutoFailover, Endpoint, PgBouncer, Replicated, SetupError, Standby};
 use pglease::{AcquireOptions, Error, Lease, LeaseManager, ListFilter, ManagerOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgPool};
@@ -1474,6 +1474,8 @@ async fn failover() -> Result<(), Error> {
     let mut promoted = Vec::new();
     let mut renewed = Vec::new();
     let mut lost = Vec::new();
+    let mut direct_renewed = Vec::new();
+    let mut direct_lost = Vec::new();
     for round in 0..ROUNDS {
         let Some(pair) = kit("Failover", Replicated::start(Standby::Synchronous).await)? else {
             return Ok(());
@@ -1494,6 +1496,19 @@ async fn failover() -> Result<(), Error> {
                 AcquireOptions::ttl(Duration::from_secs(6)).holder("bench"),
             )
             .await?;
+        // Beside it, no endpoint: the URL names both servers.
+        let direct = LeaseManager::connect(&format!(
+            "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres",
+            pair.primary().port(),
+            pair.standby().port()
+        ))
+        .await?;
+        let direct_held = direct
+            .hold(
+                "direct",
+                AcquireOptions::ttl(Duration::from_secs(6)).holder("bench"),
+            )
+            .await?;
         // A random point of the 2 s renewal period.
         let random = std::hash::BuildHasher::hash_one(
             &std::collections::hash_map::RandomState::new(),
@@ -1502,6 +1517,7 @@ async fn failover() -> Result<(), Error> {
         let phase = Duration::from_millis(random % 2000);
         tokio::time::sleep(phase).await;
         let before = leases.stats().leases_renewed;
+        let direct_before = direct.stats().leases_renewed;
         let crashed = Instant::now();
         kit("Failover", pair.crash_primary())?;
         kit("Failover", pair.promote().await)?;
@@ -1521,10 +1537,24 @@ async fn failover() -> Result<(), Error> {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        loop {
+            if direct.stats().leases_renewed != direct_before {
+                direct_renewed.push(crashed.elapsed());
+                break;
+            }
+            if let Some(at) = direct_held.lost_at() {
+                direct_lost.push(at.saturating_duration_since(crashed));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let _ = tokio::time::timeout(Duration::from_secs(5), held.release()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), direct_held.release()).await;
+        direct.shutdown().await?;
     }
     promoted.sort();
     renewed.sort();
+    direct_renewed.sort();
     let ms = |d: Duration| d.as_millis();
     let median_worst = |v: &[Duration]| match v {
         [] => "- | -".to_owned(),
@@ -1535,11 +1565,21 @@ async fn failover() -> Result<(), Error> {
          every 2 s), the primary killed, the synchronous standby promoted at once\n\
          | from the crash to | median | worst |\n|---|---:|---:|\n\
          | the standby promoted, endpoint re-pointed | {} |\n\
-         | the first renewal confirmed by the promoted standby ({} rounds) | {} |",
+         | the first renewal confirmed by the promoted standby ({} rounds) | {} |\n\
+         | the same, no endpoint: a multi-host URL ({} rounds) | {} |",
         median_worst(&promoted),
         renewed.len(),
         median_worst(&renewed),
+        direct_renewed.len(),
+        median_worst(&direct_renewed),
     );
+    for told in direct_lost {
+        println!(
+            "lost in one round (multi-host URL): the holder was told (Unreachable) {} ms after \
+             the crash",
+            ms(told)
+        );
+    }
     for (promotion, told) in lost {
         println!(
             "lost in one round: the promotion took {} ms; the holder was told (Unreachable) \
@@ -1548,6 +1588,144 @@ async fn failover() -> Result<(), Error> {
             ms(told)
         );
     }
+    auto_failover().await
+}
+
+/// Under pg_auto_failover (`pglease::testing::AutoFailover`, its
+/// shortened timeouts): one formation, the primary crashed in each round
+/// (keeper and every PostgreSQL process stopped, then killed) while a
+/// manager on the formation's multi-host URL holds a lease (TTL 15 s,
+/// renewed every 5 s) and a client acquires and releases in a loop. Time
+/// from the crash to the other node writable (the monitor's detection and
+/// promotion), to the first renewal confirmed there, and to the first
+/// acquisition there; then the old primary rejoins as a standby.
+async fn auto_failover() -> Result<(), Error> {
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(6);
+    let Some(formation) = kit("pg_auto_failover", AutoFailover::start().await)? else {
+        return Ok(());
+    };
+    let url = formation.url();
+    let leases = LeaseManager::connect(&url).await?;
+    leases.migrate().await?;
+    let (mut writable, mut renewed, mut acquired, mut rejoined) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut lost = 0;
+    for round in 0..rounds {
+        let held = leases
+            .hold(
+                "job",
+                AcquireOptions::ttl(Duration::from_secs(15)).holder("bench"),
+            )
+            .await?;
+        let random = std::hash::BuildHasher::hash_one(
+            &std::collections::hash_map::RandomState::new(),
+            round,
+        );
+        tokio::time::sleep(Duration::from_millis(random % 5000)).await;
+        let old = kit("pg_auto_failover", formation.primary().await)?.expect("a primary");
+        let before = leases.stats().leases_renewed;
+        // A client acquiring in a loop; the first success after the crash.
+        let client = leases.clone();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let first: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+        let crash_mark: Arc<std::sync::OnceLock<Instant>> = Arc::default();
+        let acquiring = {
+            let (stop, first, crash_mark) = (stop.clone(), first.clone(), crash_mark.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let how = AcquireOptions::ttl(Duration::from_secs(60)).holder("client");
+                    match client.acquire("load", how).await {
+                        Ok(lease) => {
+                            let _ = client.release(&lease).await;
+                            if crash_mark.get().is_some_and(|at| started > *at) {
+                                first.lock().expect("first").get_or_insert(Instant::now());
+                            }
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    }
+                }
+            })
+        };
+        kit("pg_auto_failover", formation.crash(old))?;
+        let crashed = Instant::now();
+        let _ = crash_mark.set(crashed);
+        kit("pg_auto_failover", formation.wait_for_failover(old).await)?;
+        writable.push(crashed.elapsed());
+        loop {
+            if leases.stats().leases_renewed != before {
+                renewed.push(crashed.elapsed());
+                break;
+            }
+            if held.lost_at().is_some() {
+                lost += 1;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(at) = *first.lock().expect("first") {
+                acquired.push(at.saturating_duration_since(crashed));
+                break;
+            }
+            if Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.store(true, Ordering::Relaxed);
+        let _ = acquiring.await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), held.release()).await;
+        let started = Instant::now();
+        kit("pg_auto_failover", formation.rejoin(old).await)?;
+        rejoined.push(started.elapsed());
+    }
+    for v in [&mut writable, &mut renewed, &mut acquired, &mut rejoined] {
+        v.sort();
+    }
+    let ms = |d: Duration| d.as_millis();
+    let row = |v: &[Duration]| match v {
+        [] => "- | - | -".to_owned(),
+        v => format!(
+            "{} ms | {} ms | {} ms",
+            ms(v[0]),
+            ms(v[v.len() / 2]),
+            ms(v[v.len() - 1])
+        ),
+    };
+    let t = formation.timeouts();
+    println!(
+        "\npg_auto_failover, {rounds} rounds (monitor: health_check_period {:?}, \
+         health_check_timeout {:?}, max_retries {}, retry_delay {:?}, \
+         node_considered_unhealthy_timeout {:?}, primary_demote_timeout {:?}; keepers: \
+         network_partition_timeout {:?}): the primary crashed, a lease held on the multi-host \
+         URL (TTL 15 s, renewed every 5 s), a client acquiring in a loop\n\
+         | from the crash to | best | median | worst |\n|---|---:|---:|---:|\n\
+         | the other node writable (detection + promotion) | {} |\n\
+         | the first renewal confirmed there ({} rounds) | {} |\n\
+         | the first acquisition attempted after the crash acknowledged there | {} |\n\
+         | (rejoin) the old primary a secondary again, from its restart | {} |",
+        t.health_check_period,
+        t.health_check_timeout,
+        t.health_check_max_retries,
+        t.health_check_retry_delay,
+        t.node_considered_unhealthy_timeout,
+        t.primary_demote_timeout,
+        t.network_partition_timeout,
+        row(&writable),
+        renewed.len(),
+        row(&renewed),
+        row(&acquired),
+        row(&rejoined),
+    );
+    if lost > 0 {
+        println!("lost in {lost} round(s): the lease was given up before a renewal succeeded");
+    }
+    leases.shutdown().await?;
     Ok(())
 }
 
