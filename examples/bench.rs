@@ -1635,10 +1635,15 @@ async fn auto_failover() -> Result<(), Error> {
         let acquiring = {
             let (stop, first, crash_mark) = (stop.clone(), first.clone(), crash_mark.clone());
             tokio::spawn(async move {
+                let mut n = 0_u64;
                 while !stop.load(Ordering::Relaxed) {
+                    // A name of its own each time: an acquisition whose
+                    // answer was lost in the crash holds its name on the
+                    // new primary until it expires.
+                    n += 1;
                     let started = Instant::now();
-                    let how = AcquireOptions::ttl(Duration::from_secs(60)).holder("client");
-                    match client.acquire("load", how).await {
+                    let how = AcquireOptions::ttl(Duration::from_secs(5)).holder("client");
+                    match client.acquire(&format!("load-{round}-{n}"), how).await {
                         Ok(lease) => {
                             let _ = client.release(&lease).await;
                             if crash_mark.get().is_some_and(|at| started > *at) {
