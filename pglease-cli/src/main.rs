@@ -45,7 +45,8 @@ async fn main() -> ExitCode {
     if let Command::Demo = cli.command {
         // Without a URL, the demo finds a server as the tests do, down to
         // a throwaway cluster.
-        let explicit = database_url.is_some();
+        // Several hosts in PGHOST name a deployment too: not a search.
+        let explicit = database_url.is_some() || target.len() > 1;
         return cmd::demo::demo(&target, explicit, cli.connect_timeout).await;
     }
     // With --json, failures are answered in JSON on stdout too.
