@@ -86,13 +86,7 @@ impl AutoNode {
 
     /// The postmaster's process id, from `postmaster.pid`.
     fn postmaster(&self) -> Option<u32> {
-        std::fs::read_to_string(self.dir.join("postmaster.pid"))
-            .ok()?
-            .lines()
-            .next()?
-            .trim()
-            .parse()
-            .ok()
+        super::replicated::postmaster_pid(&self.dir)
     }
 }
 
@@ -298,24 +292,13 @@ impl AutoFailover {
     }
 
     async fn start_monitor(&mut self) -> Result<(), SetupError> {
-        let port = self.monitor_port.to_string();
-        let pgctl = self.bin.join("pg_ctl");
-        let mut create = self.autoctl(&[
-            "create",
+        self.create(
             "monitor",
-            "--pgdata",
-            path(&self.monitor_dir),
-            "--pgport",
-            &port,
-            "--pgctl",
-            path(&pgctl),
-            "--hostname",
-            "127.0.0.1",
-            "--auth",
-            "trust",
-            "--no-ssl",
-        ]);
-        self.logged(&mut create, "monitor-create")?;
+            &self.monitor_dir,
+            self.monitor_port,
+            &[],
+            "monitor-create",
+        )?;
         let child = self.spawn_run(&self.monitor_dir, "monitor")?;
         *lock(&self.monitor) = Some(child);
         let pool = self.pool(&self.monitor_options()).await?;
@@ -355,34 +338,24 @@ impl AutoFailover {
 
     fn start_node(&self, index: usize) -> Result<(), SetupError> {
         let node = &self.nodes[index];
-        let port = node.port.to_string();
-        let pgctl = self.bin.join("pg_ctl");
         let monitor = format!(
             "postgres://autoctl_node@127.0.0.1:{}/pg_auto_failover?sslmode=disable",
             self.monitor_port
         );
-        let mut create = self.autoctl(&[
-            "create",
+        self.create(
             "postgres",
-            "--pgdata",
-            path(&node.dir),
-            "--pgport",
-            &port,
-            "--pgctl",
-            path(&pgctl),
-            "--hostname",
-            "127.0.0.1",
-            "--listen",
-            "127.0.0.1",
-            "--name",
-            &node.name,
-            "--auth",
-            "trust",
-            "--no-ssl",
-            "--monitor",
-            &monitor,
-        ]);
-        self.logged(&mut create, &format!("{}-create", node.name))?;
+            &node.dir,
+            node.port,
+            &[
+                "--listen",
+                "127.0.0.1",
+                "--name",
+                &node.name,
+                "--monitor",
+                &monitor,
+            ],
+            &format!("{}-create", node.name),
+        )?;
         let partition = FAST.network_partition_timeout.as_secs().to_string();
         let mut set = self.autoctl(&[
             "config",
@@ -394,6 +367,37 @@ impl AutoFailover {
         ]);
         self.logged(&mut set, &format!("{}-config", node.name))?;
         self.run_keeper(index)
+    }
+
+    /// `pg_autoctl create KIND` of a data directory on `port` of
+    /// 127.0.0.1, trust authentication, no TLS, and `extra` arguments.
+    fn create(
+        &self,
+        kind: &str,
+        dir: &Path,
+        port: u16,
+        extra: &[&str],
+        log: &str,
+    ) -> Result<(), SetupError> {
+        let port = port.to_string();
+        let pgctl = self.bin.join("pg_ctl");
+        let mut args = vec![
+            "create",
+            kind,
+            "--pgdata",
+            path(dir),
+            "--pgport",
+            &port,
+            "--pgctl",
+            path(&pgctl),
+            "--hostname",
+            "127.0.0.1",
+            "--auth",
+            "trust",
+            "--no-ssl",
+        ];
+        args.extend_from_slice(extra);
+        self.logged(&mut self.autoctl(&args), log)
     }
 
     fn run_keeper(&self, index: usize) -> Result<(), SetupError> {

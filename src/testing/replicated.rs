@@ -65,14 +65,20 @@ impl Node {
 
     /// The postmaster's process id, from `postmaster.pid`.
     fn postmaster(&self) -> Option<u32> {
-        std::fs::read_to_string(self.dir.join("postmaster.pid"))
-            .ok()?
-            .lines()
-            .next()?
-            .trim()
-            .parse()
-            .ok()
+        postmaster_pid(&self.dir)
     }
+}
+
+/// The process id in `dir/postmaster.pid` (a running server's data
+/// directory), if any.
+pub(super) fn postmaster_pid(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join("postmaster.pid"))
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// A primary and a standby streaming from it, stopped and deleted when

@@ -16,24 +16,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::{create_data_table_on, held_write, renewed_without_loss};
 use pglease::connect::Target;
 use pglease::doctor::{DoctorOptions, Verdict};
 use pglease::testing::{AutoFailover, SetupError};
-use pglease::{AcquireOptions, HeldLease, LeaseManager, sqlx};
+use pglease::{AcquireOptions, LeaseManager, sqlx};
 
 const CLIENTS: usize = 4;
 const NAMES: usize = 4;
 /// Marks pglease's sessions, so that the old primary can be searched for them.
 const APP: &str = "pglease-under-test";
-
-async fn fenced_write(held: &HeldLease, value: &str) -> Result<(), pglease::Error> {
-    let mut tx = held.begin_fenced().await?;
-    sqlx::query("UPDATE data SET value = $1 WHERE id = 1")
-        .bind(value)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await
-}
 
 /// A held lease (TTL 30 s) and acquisitions from four clients, across an
 /// automatic failover: the lease is never reported lost, keeps its token
@@ -48,13 +40,7 @@ async fn a_held_lease_and_acquisitions_survive_an_automatic_failover() -> Result
         .await
         .expect("connect with the URL");
     leases.migrate().await.expect("migrate");
-    sqlx::raw_sql(
-        "CREATE TABLE data (id int PRIMARY KEY, value text NOT NULL); \
-         INSERT INTO data VALUES (1, 'initial')",
-    )
-    .execute(leases.pool())
-    .await
-    .expect("data table");
+    create_data_table_on(leases.pool()).await;
     let old = formation.primary().await?;
     assert_eq!(
         leases.current_host(),
@@ -109,7 +95,7 @@ async fn a_held_lease_and_acquisitions_survive_an_automatic_failover() -> Result
         )
         .await
         .expect("hold");
-    fenced_write(&held, "before").await.expect("write before");
+    held_write(&held, "before").await.expect("write before");
 
     // Acquisitions and releases on a few names, each acknowledged one
     // recorded with when its attempt started.
@@ -166,18 +152,9 @@ async fn a_held_lease_and_acquisitions_survive_an_automatic_failover() -> Result
     let promoted = crashed.elapsed();
     // The lease renews on the new primary (within the TTL, before the
     // local deadline), never lost meanwhile.
-    let deadline = Instant::now() + Duration::from_secs(25);
-    while leases.stats().leases_renewed == renewed_before {
-        assert!(
-            held.loss_reason().is_none(),
-            "lost during the failover: {:?}",
-            held.loss_reason()
-        );
-        assert!(Instant::now() < deadline, "no renewal on the new primary");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    renewed_without_loss(&leases, &held, renewed_before, Duration::from_secs(25)).await;
     let renewed = crashed.elapsed();
-    fenced_write(&held, "after")
+    held_write(&held, "after")
         .await
         .expect("fenced write on the new primary");
     assert_eq!(

@@ -13,9 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::{create_data_table_on, held_write, renewed_without_loss};
 use pglease::doctor::Verdict;
 use pglease::testing::{Endpoint, Replicated, SetupError, Standby};
-use pglease::{AcquireOptions, Error, HeldLease, LeaseManager, LossReason, ManagerOptions, sqlx};
+use pglease::{AcquireOptions, Error, LeaseManager, LossReason, ManagerOptions, sqlx};
 use sqlx::postgres::PgPoolOptions;
 
 const CLIENTS: usize = 6;
@@ -269,28 +270,12 @@ async fn through(
         .migrate()
         .await
         .expect("migrate on the primary");
-    sqlx::query("CREATE TABLE data (id int PRIMARY KEY, value text NOT NULL)")
-        .execute(&admin)
-        .await
-        .expect("create the data table");
-    sqlx::query("INSERT INTO data VALUES (1, 'initial')")
-        .execute(&admin)
-        .await
-        .expect("seed it");
+    create_data_table_on(&admin).await;
     admin.close().await;
     let pool = pglease::connect::pool_options()
         .acquire_timeout(Duration::from_secs(1))
         .connect_lazy_with(endpoint.options());
     Ok(LeaseManager::with_options(pool, options).expect("valid options"))
-}
-
-async fn write(held: &HeldLease, value: &str) -> Result<(), Error> {
-    let mut tx = held.begin_fenced().await?;
-    sqlx::query("UPDATE data SET value = $1 WHERE id = 1")
-        .bind(value)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await
 }
 
 /// Behind a stable endpoint, a held lease rides out a failover that
@@ -312,7 +297,7 @@ async fn a_held_lease_survives_a_failover_behind_a_stable_endpoint() -> Result<(
         )
         .await
         .expect("hold");
-    write(&held, "before")
+    held_write(&held, "before")
         .await
         .expect("write before the failover");
 
@@ -332,22 +317,10 @@ async fn a_held_lease_survives_a_failover_behind_a_stable_endpoint() -> Result<(
     cluster.promote().await?;
     endpoint.repoint(cluster.standby().port());
     let promoted = crashed.elapsed();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while leases.stats().leases_renewed == renewed_before {
-        assert!(
-            held.loss_reason().is_none(),
-            "lost during the failover: {:?}",
-            held.loss_reason()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "no renewal on the promoted standby"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    renewed_without_loss(&leases, &held, renewed_before, Duration::from_secs(10)).await;
     let resumed = crashed.elapsed();
     assert!(!held.is_lost(), "{:?}", held.loss_reason());
-    write(&held, "after")
+    held_write(&held, "after")
         .await
         .expect("write on the promoted standby");
     let (token, value): (i64, String) = sqlx::query_as(

@@ -5,8 +5,9 @@
 
 use std::time::{Duration, Instant};
 
+use crate::common::{create_data_table_on, held_write, renewed_without_loss};
 use pglease::testing::{Replicated, SetupError, Standby};
-use pglease::{AcquireOptions, Error, HeldLease, LeaseManager, sqlx};
+use pglease::{AcquireOptions, Error, LeaseManager, sqlx};
 
 fn url(ports: &[u16], query: &str) -> String {
     let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
@@ -71,15 +72,6 @@ async fn the_primary_is_chosen_whatever_the_order() -> Result<(), SetupError> {
     Ok(())
 }
 
-async fn fenced_write(held: &HeldLease, value: &str) -> Result<(), Error> {
-    let mut tx = held.begin_fenced().await?;
-    sqlx::query("UPDATE data SET value = $1 WHERE id = 1")
-        .bind(value)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await
-}
-
 /// A held lease follows a promotion with nothing in front of the servers:
 /// the primary is killed, the standby promoted by hand, and the manager
 /// (URL primary,standby) finds it by itself; the lease is never reported
@@ -91,13 +83,7 @@ async fn a_held_lease_follows_a_promotion_with_no_proxy() -> Result<(), SetupErr
         .migrate()
         .await
         .expect("migrate");
-    sqlx::raw_sql(
-        "CREATE TABLE data (id int PRIMARY KEY, value text NOT NULL); \
-         INSERT INTO data VALUES (1, 'initial')",
-    )
-    .execute(&admin)
-    .await
-    .expect("data table");
+    create_data_table_on(&admin).await;
     admin.close().await;
     let (primary, standby) = (pair.primary().port(), pair.standby().port());
     let leases = LeaseManager::connect(&url(&[primary, standby], ""))
@@ -110,28 +96,16 @@ async fn a_held_lease_follows_a_promotion_with_no_proxy() -> Result<(), SetupErr
         )
         .await
         .expect("hold");
-    fenced_write(&held, "before").await.expect("write before");
+    held_write(&held, "before").await.expect("write before");
     let renewed_before = leases.stats().leases_renewed;
     pair.crash_primary()?;
     let crashed = Instant::now();
     pair.promote().await?;
     let promoted = crashed.elapsed();
-    let deadline = Instant::now() + Duration::from_secs(9);
-    while leases.stats().leases_renewed == renewed_before {
-        assert!(
-            held.loss_reason().is_none(),
-            "lost: {:?}",
-            held.loss_reason()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "no renewal on the promoted standby"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    renewed_without_loss(&leases, &held, renewed_before, Duration::from_secs(9)).await;
     let renewed = crashed.elapsed();
     assert_eq!(leases.current_host(), Some(format!("127.0.0.1:{standby}")));
-    fenced_write(&held, "after")
+    held_write(&held, "after")
         .await
         .expect("write on the new primary");
     let (token, value): (i64, String) = sqlx::query_as(

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use pglease::LeaseManager;
+
+use crate::common::{stop_recorder, stopped_at};
 use pglease::testing::{AutoFailover, SetupError};
 
 const BIN: &str = env!("CARGO_BIN_EXE_pglease");
@@ -143,11 +145,7 @@ async fn run_rides_out_a_failover_that_fits_and_stops_before_the_expiry_when_not
     // before the database's expiry, pglease exits 4, and says why.
     formation.rejoin(old).await?;
     let stopped = std::env::temp_dir().join(format!("pglease-af-stop-{}", std::process::id()));
-    let _ = std::fs::remove_file(&stopped);
-    let script = format!(
-        "trap 'date +%s%N > {}; exit 0' TERM; while :; do sleep 0.05; done",
-        stopped.display()
-    );
+    let script = stop_recorder(&stopped);
     let run = spawn(
         &url,
         &["run", "short", "--ttl", "4s", "--", "sh", "-c", &script],
@@ -165,13 +163,7 @@ async fn run_rides_out_a_failover_that_fits_and_stops_before_the_expiry_when_not
         .await
         .expect("the lease on the new primary");
     assert_eq!(last_token, short_token);
-    let nanos: i64 = std::fs::read_to_string(&stopped)
-        .expect("the command recorded when it was stopped")
-        .trim()
-        .parse()
-        .expect("a time in nanoseconds");
-    let _ = std::fs::remove_file(&stopped);
-    let stop_at = DateTime::<Utc>::from_timestamp_nanos(nanos);
+    let stop_at = stopped_at(&stopped);
     assert!(
         stop_at < expires_at,
         "stopped at {stop_at}, after the database's expiry {expires_at}"

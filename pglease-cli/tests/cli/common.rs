@@ -105,3 +105,26 @@ pub fn groups(outcomes: &Path) -> Vec<i32> {
         .filter_map(|p| p.trim().parse().ok())
         .collect()
 }
+
+/// A script for `sh -c` that runs until told to stop (SIGTERM), then
+/// writes the wall-clock time of that moment (nanoseconds) to `path` and
+/// exits 0; read it back with [`stopped_at`].
+pub fn stop_recorder(path: &Path) -> String {
+    let _ = std::fs::remove_file(path);
+    format!(
+        "trap 'date +%s%N > {}; exit 0' TERM; while :; do sleep 0.05; done",
+        path.display()
+    )
+}
+
+/// When the command of [`stop_recorder`]`(path)` was told to stop (the
+/// file is removed).
+pub fn stopped_at(path: &Path) -> chrono::DateTime<chrono::Utc> {
+    let nanos: i64 = std::fs::read_to_string(path)
+        .expect("the command recorded when it was stopped")
+        .trim()
+        .parse()
+        .expect("a time in nanoseconds");
+    let _ = std::fs::remove_file(path);
+    chrono::DateTime::from_timestamp_nanos(nanos)
+}

@@ -10,6 +10,8 @@ use chrono::{DateTime, Utc};
 use pglease::testing::{Replicated, SetupError, Standby};
 use pglease::{LeaseManager, sqlx};
 
+use crate::common::{stop_recorder, stopped_at};
+
 const BIN: &str = env!("CARGO_BIN_EXE_pglease");
 
 async fn run_stops_the_command_before_the_expiry_and_exits_4_soon_after() -> Result<(), SetupError>
@@ -25,12 +27,8 @@ async fn run_stops_the_command_before_the_expiry_and_exits_4_soon_after() -> Res
         cluster.primary().port()
     );
     let stopped = std::env::temp_dir().join(format!("pglease-failover-{}", std::process::id()));
-    let _ = std::fs::remove_file(&stopped);
     // CMD writes the wall-clock time at which it is told to stop.
-    let script = format!(
-        "trap 'date +%s%N > {}; exit 0' TERM; while :; do sleep 0.05; done",
-        stopped.display()
-    );
+    let script = stop_recorder(&stopped);
     let mut run = tokio::process::Command::new(BIN)
         .args([
             "--database-url",
@@ -104,13 +102,7 @@ async fn run_stops_the_command_before_the_expiry_and_exits_4_soon_after() -> Res
         "B acquired at {}, before the expiry {expires_at}",
         taken.acquired_at()
     );
-    let nanos: i64 = std::fs::read_to_string(&stopped)
-        .expect("CMD recorded when it was stopped")
-        .trim()
-        .parse()
-        .expect("a time in nanoseconds");
-    let _ = std::fs::remove_file(&stopped);
-    let stop_at = DateTime::<Utc>::from_timestamp_nanos(nanos);
+    let stop_at = stopped_at(&stopped);
     assert!(
         stop_at < expires_at,
         "CMD was stopped at {stop_at}, after the database expiry {expires_at}"

@@ -158,14 +158,29 @@ pub async fn sqlstate_of(conn: &mut PgConnection, sql: &str) -> Option<String> {
 
 /// A data table that the tests write to under a lease.
 pub async fn create_data_table(db: &TestDb) {
-    sqlx::query("CREATE TABLE data (id int PRIMARY KEY, value text NOT NULL, token bigint)")
-        .execute(db.pool())
-        .await
-        .expect("create the data table");
-    sqlx::query("INSERT INTO data VALUES (1, 'initial', NULL)")
-        .execute(db.pool())
-        .await
-        .expect("seed the data table");
+    create_data_table_on(db.pool()).await;
+}
+
+/// The data table, on any server (a replicated pair's primary, say): one
+/// row, `(1, 'initial', NULL)`.
+pub async fn create_data_table_on(pool: &sqlx::PgPool) {
+    sqlx::raw_sql(
+        "CREATE TABLE data (id int PRIMARY KEY, value text NOT NULL, token bigint); \
+         INSERT INTO data VALUES (1, 'initial', NULL)",
+    )
+    .execute(pool)
+    .await
+    .expect("create and seed the data table");
+}
+
+/// Sets the data table's value in a fenced transaction of `held`.
+pub async fn held_write(held: &pglease::HeldLease, value: &str) -> Result<(), pglease::Error> {
+    let mut tx = held.begin_fenced().await?;
+    sqlx::query("UPDATE data SET value = $1 WHERE id = 1")
+        .bind(value)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
 }
 
 /// The data table's single value.
@@ -209,4 +224,29 @@ pub fn fence(name: &str, token: impl Into<i64>) -> pglease::Fence {
 /// A token from a number.
 pub fn token(token: i64) -> pglease::Token {
     pglease::Token::new(token).expect("a valid token")
+}
+
+/// Waits (up to `within`) until `manager` has confirmed a renewal since its
+/// count was `before` (`stats().leases_renewed`), failing the test if
+/// `held` is reported lost meanwhile or none comes: a lease riding out a
+/// failover.
+pub async fn renewed_without_loss(
+    manager: &LeaseManager,
+    held: &pglease::HeldLease,
+    before: u64,
+    within: std::time::Duration,
+) {
+    let deadline = std::time::Instant::now() + within;
+    while manager.stats().leases_renewed == before {
+        assert!(
+            held.loss_reason().is_none(),
+            "lost during the failover: {:?}",
+            held.loss_reason()
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no renewal on the new primary within {within:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
