@@ -697,21 +697,33 @@ impl LeaseManager {
         let (ttl, ttl_from) = match options.ttl {
             Some(ttl) => (Some(ttl), "as given".to_owned()),
             None => {
-                let micros: Option<i64> = sql::query(
+                let shortest = sql::query(
                     "SELECT (extract(epoch FROM min(expires_at - coalesce(renewed_at, \
                      acquired_at))) * 1000000)::bigint FROM pglease.leases \
                      WHERE holder IS NOT NULL AND expires_at > now()",
                 )
                 .fetch_one(self.pool())
                 .await
-                .and_then(|row| row.try_get(0))
-                .unwrap_or(None);
-                (
-                    micros
-                        .and_then(|m| u64::try_from(m).ok())
-                        .map(Duration::from_micros),
-                    "the shortest among the leases held now".to_owned(),
-                )
+                .and_then(|row| row.try_get::<Option<i64>, _>(0));
+                match shortest {
+                    Ok(micros) => (
+                        micros
+                            .and_then(|m| u64::try_from(m).ok())
+                            .map(Duration::from_micros),
+                        "the shortest among the leases held now".to_owned(),
+                    ),
+                    Err(error) => {
+                        return Ok(Check::new(
+                            "failover",
+                            Verdict::Warning,
+                            format!(
+                                "cannot read the held leases' TTLs ({}); give the shortest \
+                                 TTL in use (pglease doctor --ttl D)",
+                                Error::from(error)
+                            ),
+                        ));
+                    }
+                }
             }
         };
         let (failover, failover_from) = match (options.failover_time, &options.monitor) {

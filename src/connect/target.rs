@@ -513,8 +513,16 @@ fn parse_url(url: &str) -> Result<Target> {
         }
     }
     let attrs = attrs.or_else(|| std::env::var("PGTARGETSESSIONATTRS").ok());
+    if hosts.is_empty()
+        && let Some(list) = std::env::var("PGHOST").ok().filter(|h| !h.is_empty())
+    {
+        // No host in the URL (`postgres:///db`): PGHOST's, as libpq does.
+        hosts = split_hosts(&list, "PGHOST")?;
+        let ports = query_ports.or_else(|| std::env::var("PGPORT").ok());
+        return Target::assemble(options, hosts, ports.as_deref(), attrs.as_deref());
+    }
     if hosts.is_empty() {
-        // No host at all (`postgres:///db`): sqlx's default, one host.
+        // No host at all: sqlx's default, one host.
         let default = PgConnectOptions::new_without_pgpass();
         let port = query_ports.as_deref().map_or(Ok(None), |p| {
             p.trim()

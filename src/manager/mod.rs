@@ -184,8 +184,9 @@ impl LeaseManager {
         ))
     }
 
-    /// With several hosts: the one the manager uses now (`host:port`);
-    /// `None` for a manager of one host.
+    /// For a manager connected to a [`Target`] that is not
+    /// [plain](Target::is_plain) (several hosts, or `target_session_attrs`
+    /// to check): the host it uses now (`host:port`); `None` otherwise.
     pub fn current_host(&self) -> Option<String> {
         self.shared.context.follow.as_ref().map(|f| f.current())
     }

@@ -250,6 +250,13 @@ async fn several_hosts_are_taken_wherever_a_url_is() {
             .env("PGDATABASE", database)
             .args(["status", "multi"])
             .output(),
+        // A URL without a host takes PGHOST's list, as libpq does.
+        Command::new(BIN)
+            .env("PGHOST", format!("127.0.0.1,{host}"))
+            .env("PGPORT", format!("1,{port}"))
+            .args(["--database-url", &format!("postgres://{user}@/{database}")])
+            .args(["status", "multi"])
+            .output(),
     ];
     for out in runs {
         let out = out.expect("run the pglease binary");
