@@ -134,6 +134,36 @@ pub(crate) struct Applied {
     pub(crate) recovered: Vec<Duration>,
 }
 
+/// The leases whose renewals started failing with one statement, for one
+/// event rather than one per lease.
+#[derive(Default)]
+struct Outage {
+    leases: u64,
+    first_deadline: Option<Instant>,
+}
+
+impl Outage {
+    fn add(&mut self, state: &HeldState) {
+        self.leases += 1;
+        let deadline = state.view.borrow().deadline;
+        self.first_deadline = Some(self.first_deadline.map_or(deadline, |d| d.min(deadline)));
+    }
+
+    /// Logs it (if any lease started failing); how many did.
+    fn say(&self, what: &'static str, error: &Error, now: Instant) -> u64 {
+        if let Some(deadline) = self.first_deadline {
+            tracing::warn!(
+                %error,
+                leases = self.leases,
+                deadline_in_ms = deadline.saturating_duration_since(now).as_millis() as u64,
+                "{what}; each lease is given up at its local deadline unless a renewal \
+                 succeeds first"
+            );
+        }
+        self.leases
+    }
+}
+
 impl Registry {
     pub(crate) fn new() -> Registry {
         Registry {
@@ -393,39 +423,27 @@ impl Registry {
         self.wake.notify_one();
     }
 
+    /// The statement in flight has gone unanswered past `LATE`: every
+    /// lease it carries counts as failing from `now` (said once, as a
+    /// failure would be); the statement itself goes on.
+    pub(crate) fn late(&self, error: &Arc<Error>, now: Instant) -> u64 {
+        let entries = self.entries();
+        let mut outage = Outage::default();
+        for entry in entries.values().filter(|e| e.in_flight) {
+            if entry.state.failing(error.clone(), now) {
+                outage.add(&entry.state);
+            }
+        }
+        drop(entries);
+        outage.say("renewals late", error, now)
+    }
+
     /// Applies at `now` the outcome of the statement sent at `sent` for
     /// `keys`: confirmed leases get a new deadline (counted from `sent`)
     /// and their next renewal a period after `sent`; leases the database
     /// no longer accepts are lost with the reason it gave; a failed
     /// statement is retried after a backoff, its error kept as the reason
     /// should the deadline come first.
-    /// The statement in flight has gone unanswered past `LATE`: every
-    /// lease it carries counts as failing from `now` (said once, as a
-    /// failure would be); the statement itself goes on.
-    pub(crate) fn late(&self, error: &Arc<Error>, now: Instant) -> u64 {
-        let entries = self.entries();
-        let mut started = 0;
-        let mut first_deadline: Option<Instant> = None;
-        for entry in entries.values().filter(|e| e.in_flight) {
-            if entry.state.failing(error.clone(), now) {
-                started += 1;
-                let deadline = entry.state.view.borrow().deadline;
-                first_deadline = Some(first_deadline.map_or(deadline, |d| d.min(deadline)));
-            }
-        }
-        drop(entries);
-        if let Some(deadline) = first_deadline {
-            tracing::warn!(
-                %error,
-                leases = started,
-                deadline_in_ms = deadline.saturating_duration_since(now).as_millis() as u64,
-                "renewals late; each lease is given up at its local deadline unless a \
-                 renewal succeeds first"
-            );
-        }
-        started
-    }
-
     pub(crate) fn apply(
         &self,
         keys: &[Key],
@@ -439,30 +457,19 @@ impl Registry {
             Err(error) => {
                 applied.failed = true;
                 tracing::debug!(%error, leases = keys.len(), "renewal failed; retrying");
-                let mut first_deadline: Option<Instant> = None;
+                let mut outage = Outage::default();
                 for key in keys {
                     if let Some(entry) = entries.get_mut(key) {
                         entry.in_flight = false;
                         entry.failures = entry.failures.saturating_add(1);
                         if entry.state.failed(error.clone(), now) {
-                            applied.started_failing += 1;
-                            let deadline = entry.state.view.borrow().deadline;
-                            first_deadline =
-                                Some(first_deadline.map_or(deadline, |d| d.min(deadline)));
+                            outage.add(&entry.state);
                         }
                         entry.renew_at =
                             now + backoff::renewal_retry(entry.failures, entry.state.timing.period);
                     }
                 }
-                if let Some(deadline) = first_deadline {
-                    tracing::warn!(
-                        %error,
-                        leases = applied.started_failing,
-                        deadline_in_ms = deadline.saturating_duration_since(now).as_millis() as u64,
-                        "renewals failing; each lease is given up at its local deadline unless a \
-                         renewal succeeds first"
-                    );
-                }
+                applied.started_failing = outage.say("renewals failing", &error, now);
             }
             Ok(rows) => {
                 for row in rows {

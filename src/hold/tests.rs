@@ -364,3 +364,32 @@ fn a_holder_that_saw_its_deadline_is_dropped_and_given_up() {
     assert!(registry.plan(t0 + secs(1.0), true).given_up.is_empty());
     assert_eq!(registry.len(), 0);
 }
+
+#[test]
+fn a_late_or_failed_renewal_starts_an_outage_once_and_a_confirmation_ends_it() {
+    let t0 = Instant::now();
+    let registry = Registry::new();
+    let (a, b) = (held("a", 1, t0), held("b", 1, t0));
+    registry.insert(Arc::clone(&a), t0 + secs(10.0));
+    // Not due with a's statement: not in flight, so not late with it.
+    registry.insert(Arc::clone(&b), t0 + secs(20.0));
+    let sent = t0 + secs(10.0);
+    let keys = registry.plan(sent, true).batch.expect("due").keys;
+    assert_eq!(keys, [key("a", 1)]);
+    let error = Arc::new(Error::ShutDown);
+    // Unanswered a second later: a counts as failing from then, b not.
+    assert_eq!(registry.late(&error, sent + secs(1.0)), 1);
+    assert!(a.view.borrow().failing.is_some());
+    assert!(b.view.borrow().failing.is_none());
+    // Late again, then failed: the same outage, not a new one.
+    assert_eq!(registry.late(&error, sent + secs(1.5)), 0);
+    let applied = registry.apply(&keys, sent, Err(Arc::clone(&error)), sent + secs(2.0));
+    assert_eq!(applied.started_failing, 0);
+    // Confirmed: over, with how long it lasted (from the first late look).
+    let retry = sent + secs(3.0);
+    let keys = registry.plan(retry, true).batch.expect("a retry").keys;
+    let applied = registry.apply(&keys, retry, Ok(vec![confirmed("a", 1)]), retry + secs(0.5));
+    assert_eq!(applied.recovered, [secs(2.5)]);
+    assert!(a.view.borrow().failing.is_none());
+    assert!(a.loss().is_none());
+}
