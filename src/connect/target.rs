@@ -393,8 +393,9 @@ fn show_host(host: &str, port: u16) -> String {
     }
 }
 
-/// `a,b:5433,[::1]:5434` (a URL's authority, already without its user),
-/// or a `host` list (`ports_inline` false: no ports in it).
+/// A `host=` (or `PGHOST`) list, `a,b,/var/run/postgresql`: the names
+/// alone, their ports coming from `port=` (or `PGPORT`). `what` names the
+/// list in the message for an empty entry.
 fn split_hosts(list: &str, what: &str) -> Result<Vec<(String, Option<u16>)>> {
     list.split(',')
         .map(|entry| {
