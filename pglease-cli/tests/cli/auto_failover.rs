@@ -93,6 +93,26 @@ async fn run_rides_out_a_failover_that_fits_and_stops_before_the_expiry_when_not
         let host = format!("127.0.0.1:{}", formation.node(index).port());
         assert!(said.contains(&host), "doctor names {host}: {said}");
     }
+    // Told the monitor, it checks a failover against the TTL given.
+    let monitor = format!(
+        "postgres://postgres@127.0.0.1:{}/pg_auto_failover",
+        formation.monitor_options().get_port()
+    );
+    for (ttl, verdict, said) in [("30s", "ok", "fits"), ("4s", "warning", "does not fit")] {
+        let out = pglease(&url, &["doctor", "--monitor", &monitor, "--ttl", ttl]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = stdout
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some("failover"))
+            .unwrap_or_else(|| panic!("no failover line: {stdout}"));
+        assert!(
+            line.starts_with(verdict) && line.contains(said),
+            "{ttl}: {line}"
+        );
+        eprintln!("doctor --monitor --ttl {ttl}:\n{stdout}");
+    }
+    let bad = pglease(&url, &["doctor", "--monitor", "redis://127.0.0.1:1"]);
+    assert_eq!(bad.status.code(), Some(2));
 
     // A failover that fits the TTL: the command goes on, under the same
     // token, and its own exit status is pglease's. A TTL of 15 s renews
