@@ -135,6 +135,7 @@ impl AutoFailover {
     pub async fn start() -> Result<AutoFailover, SetupError> {
         let autoctl = find_autoctl()?;
         let bin = host::find_bindir(&["pg_basebackup", "pg_rewind"])?;
+        monitor_extension(&bin)?;
         if !Path::new(SOCKET_DIR).is_dir() {
             return Err(SetupError::Unavailable(format!(
                 "pg_autoctl's servers put their sockets in {SOCKET_DIR}, which does not exist \
@@ -598,6 +599,28 @@ fn find_autoctl() -> Result<PathBuf, SetupError> {
                     .to_owned(),
             )
         })
+}
+
+/// The monitor's extension (`pgautofailover`), which pg_autoctl needs
+/// from the package of the server's major version, beside `bin`.
+fn monitor_extension(bin: &Path) -> Result<(), SetupError> {
+    let sharedir = host::output(Command::new(bin.join("pg_config")).arg("--sharedir"))
+        .ok()
+        .map(|dir| PathBuf::from(dir.trim()))
+        .or_else(|| {
+            // Debian: /usr/lib/postgresql/15/bin -> /usr/share/postgresql/15.
+            let major = bin.parent()?.file_name()?;
+            Some(Path::new("/usr/share/postgresql").join(major))
+        });
+    match sharedir {
+        Some(dir) if dir.join("extension/pgautofailover.control").is_file() => Ok(()),
+        _ => Err(SetupError::Unavailable(
+            "the pg_auto_failover monitor's extension (pgautofailover) is not installed for \
+             this server: `apt-get install postgresql-15-auto-failover` (the package for the \
+             server's major version)"
+                .to_owned(),
+        )),
+    }
 }
 
 fn path(p: &Path) -> &str {
