@@ -117,7 +117,11 @@ impl Follow {
             let started = Instant::now();
             let mut announced = false;
             loop {
-                if let Some((connection, index)) = self.search().await {
+                let found = tokio::select! {
+                    () = stop.cancelled() => return,
+                    found = self.search() => found,
+                };
+                if let Some((connection, index)) = found {
                     self.point(&pool, index, started);
                     watcher = Some(connection);
                     break;
