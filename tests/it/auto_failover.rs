@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{create_data_table_on, held_write, renewed_without_loss};
+use crate::common::{create_data_table_on, held_write, renewed_without_loss, token_and_value};
 use pglease::connect::Target;
 use pglease::doctor::{DoctorOptions, Verdict};
 use pglease::testing::{AutoFailover, SetupError};
@@ -223,12 +223,7 @@ async fn a_held_lease_and_acquisitions_survive_an_automatic_failover() -> Result
     let new_pool = sqlx::PgPool::connect_with(formation.node(new).options())
         .await
         .expect("connect to the new primary");
-    let (token, value): (i64, String) = sqlx::query_as(
-        "SELECT l.token, d.value FROM pglease.leases AS l, data AS d WHERE l.name = 'job'",
-    )
-    .fetch_one(&new_pool)
-    .await
-    .expect("read the new primary");
+    let (token, value) = token_and_value(&new_pool, "job").await;
     assert_eq!(token, held.token().get(), "the held lease kept its token");
     assert_eq!(value, "after");
     let acknowledged = acknowledged.lock().expect("read").clone();

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{create_data_table_on, held_write, renewed_without_loss};
+use crate::common::{
+    create_data_table_on, handed_over_on_release, held_write, renewed_without_loss, token_and_value,
+};
 use pglease::doctor::Verdict;
 use pglease::testing::{Endpoint, Replicated, SetupError, Standby};
 use pglease::{AcquireOptions, Error, LeaseManager, LossReason, ManagerOptions, sqlx};
@@ -323,12 +325,7 @@ async fn a_held_lease_survives_a_failover_behind_a_stable_endpoint() -> Result<(
     held_write(&held, "after")
         .await
         .expect("write on the promoted standby");
-    let (token, value): (i64, String) = sqlx::query_as(
-        "SELECT l.token, d.value FROM pglease.leases AS l, data AS d WHERE l.name = 'job'",
-    )
-    .fetch_one(&cluster.standby().pool().await?)
-    .await
-    .expect("read the promoted standby");
+    let (token, value) = token_and_value(&cluster.standby().pool().await?, "job").await;
     assert_eq!(token, held.token().get());
     assert_eq!(value, "after");
     eprintln!(
@@ -338,17 +335,7 @@ async fn a_held_lease_survives_a_failover_behind_a_stable_endpoint() -> Result<(
     // Nobody else got it meanwhile; once released, the next holder gets it
     // at once, with a larger token.
     let other = LeaseManager::new(cluster.standby().pool().await?);
-    let b = || {
-        other.acquire(
-            "job",
-            AcquireOptions::ttl(Duration::from_secs(60)).holder("B"),
-        )
-    };
-    assert!(matches!(b().await, Err(Error::Held { .. })));
-    let token = held.token();
-    held.release().await.expect("release");
-    let taken = b().await.expect("B acquires after the release");
-    assert!(taken.token() > token);
+    handed_over_on_release(&other, held).await;
     Ok(())
 }
 

@@ -5,9 +5,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{create_data_table_on, held_write, renewed_without_loss};
+use crate::common::{
+    create_data_table_on, handed_over_on_release, held_write, renewed_without_loss, token_and_value,
+};
 use pglease::testing::{Replicated, SetupError, Standby};
-use pglease::{AcquireOptions, Error, LeaseManager, sqlx};
+use pglease::{AcquireOptions, LeaseManager};
 
 fn url(ports: &[u16], query: &str) -> String {
     let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
@@ -108,28 +110,14 @@ async fn a_held_lease_follows_a_promotion_with_no_proxy() -> Result<(), SetupErr
     held_write(&held, "after")
         .await
         .expect("write on the new primary");
-    let (token, value): (i64, String) = sqlx::query_as(
-        "SELECT l.token, d.value FROM pglease.leases AS l, data AS d WHERE l.name = 'job'",
-    )
-    .fetch_one(&pair.standby().pool().await?)
-    .await
-    .expect("read the new primary");
+    let (token, value) = token_and_value(&pair.standby().pool().await?, "job").await;
     assert_eq!(token, held.token().get());
     assert_eq!(value, "after");
     // Another client with the same URL cannot have it; released, it can.
     let other = LeaseManager::connect(&url(&[primary, standby], ""))
         .await
         .expect("connect");
-    let b = || {
-        other.acquire(
-            "job",
-            AcquireOptions::ttl(Duration::from_secs(60)).holder("B"),
-        )
-    };
-    assert!(matches!(b().await, Err(Error::Held { .. })));
-    let token = held.token();
-    held.release().await.expect("release");
-    assert!(b().await.expect("B after the release").token() > token);
+    handed_over_on_release(&other, held).await;
     eprintln!(
         "primary killed; promoted after {promoted:?}; first renewal confirmed on the new \
          primary after {renewed:?}; lease never lost"

@@ -250,3 +250,30 @@ pub async fn renewed_without_loss(
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
+
+/// The token of lease `name` and the data table's value, as the server of
+/// `pool` has them (the new primary, after a failover).
+pub async fn token_and_value(pool: &sqlx::PgPool, name: &str) -> (i64, String) {
+    sqlx::query_as("SELECT l.token, d.value FROM pglease.leases AS l, data AS d WHERE l.name = $1")
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .expect("read the lease and the data table")
+}
+
+/// While `held` is held, `other` is refused its lease (`Held`); once it
+/// is released, `other` acquires it at once under a larger token.
+pub async fn handed_over_on_release(other: &LeaseManager, held: pglease::HeldLease) {
+    let name = held.name().to_owned();
+    let b = || {
+        other.acquire(
+            &name,
+            pglease::AcquireOptions::ttl(std::time::Duration::from_secs(60)).holder("B"),
+        )
+    };
+    assert!(matches!(b().await, Err(pglease::Error::Held { .. })));
+    let token = held.token();
+    held.release().await.expect("release");
+    let taken = b().await.expect("B acquires after the release");
+    assert!(taken.token() > token);
+}
