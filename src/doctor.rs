@@ -484,8 +484,9 @@ const HOST_FACTS: &str = "SELECT pg_is_in_recovery() AS recovering, \
      coalesce((SELECT string_agg(application_name || '=' || coalesce(sync_state, '?'), ' ') \
                  FROM pg_stat_replication), '') AS standbys";
 
-async fn host_facts(target: &Target, index: usize) -> std::result::Result<HostFacts, String> {
-    let any = target.clone().with_attrs(SessionAttrs::Any);
+/// What host `index` of `any` (a target whose attributes are `any`: every
+/// server answers) says of itself, or why it cannot be asked.
+async fn host_facts(any: &Target, index: usize) -> std::result::Result<HostFacts, String> {
     let mut connection = match any.connect_host(index, PER_HOST_TIMEOUT).await {
         Ok(Ok(connection)) => connection,
         Ok(Err(why)) => return Err(why),
@@ -517,9 +518,10 @@ async fn host_facts(target: &Target, index: usize) -> std::result::Result<HostFa
 /// The `host` and `promotion` checks of every host of `target`.
 async fn hosts_checks(target: &Target) -> Vec<Check> {
     let names = target.hosts();
+    let any = target.clone().with_attrs(SessionAttrs::Any);
     let mut facts = Vec::with_capacity(names.len());
     for index in 0..names.len() {
-        facts.push(host_facts(target, index).await);
+        facts.push(host_facts(&any, index).await);
     }
     let primaries: Vec<usize> = facts
         .iter()

@@ -435,10 +435,7 @@ fn ttl(text: &str) -> Result<Duration, String> {
 fn monitor(text: &str) -> Result<String, String> {
     pglease::connect::Target::parse(text)
         .map(|_| text.to_owned())
-        .map_err(|e| match e {
-            pglease::Error::InvalidInput { reason, .. } => reason,
-            e => e.to_string(),
-        })
+        .map_err(crate::connect::unusable)
 }
 
 /// How long to wait for a lease: zero (one attempt) to 7 days.

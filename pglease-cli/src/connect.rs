@@ -13,23 +13,28 @@ use pglease::{Error, LeaseManager};
 /// `PGPORT`, ... which may list several hosts) without one; a message for
 /// one that cannot be used, checked before anything connects.
 pub(crate) fn target(url: Option<&str>) -> Result<Target, String> {
-    let why = |e: Error| match e {
-        Error::InvalidInput { reason, .. } => reason,
-        e => e.to_string(),
-    };
     match url {
         Some(url) => Target::parse(url).map_err(|e| {
             format!(
                 "invalid database URL (--database-url or DATABASE_URL): {}",
-                why(e)
+                unusable(e)
             )
         }),
         None => Target::from_env().map_err(|e| {
             format!(
                 "invalid connection settings (PGHOST, PGPORT, PGTARGETSESSIONATTRS): {}",
-                why(e)
+                unusable(e)
             )
         }),
+    }
+}
+
+/// Why a connection string cannot be used: the reason alone for bad
+/// input, the whole error otherwise.
+pub(crate) fn unusable(e: Error) -> String {
+    match e {
+        Error::InvalidInput { reason, .. } => reason,
+        e => e.to_string(),
     }
 }
 

@@ -53,7 +53,7 @@ impl Follow {
 
     /// The host the pool uses now, as `host:port`.
     pub(crate) fn current(&self) -> String {
-        self.target.hosts()[self.current.load(Ordering::Acquire)].clone()
+        self.target.host(self.current.load(Ordering::Acquire))
     }
 
     /// Asks the watch task to look now.
@@ -164,10 +164,9 @@ impl Follow {
             .switched
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
-        let hosts = self.target.hosts();
         tracing::warn!(
-            from = %hosts[before],
-            to = %hosts[index],
+            from = %self.target.host(before),
+            to = %self.target.host(index),
             searched_ms = started.elapsed().as_millis() as u64,
             "following the primary to another host"
         );

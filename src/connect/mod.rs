@@ -77,8 +77,8 @@ pub(crate) async fn connect_pool(
         let _ = connection.close().await;
         let follow = Arc::new(Follow::new(target.clone(), index));
         let (on_connect, on_acquire) = (Arc::clone(&follow), Arc::clone(&follow));
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
+        // pool_options(), with the attribute checked before its own hook.
+        let pool = pool_options()
             .acquire_timeout(timeout)
             .after_connect(move |connection, _| {
                 let follow = Arc::clone(&on_connect);

@@ -174,7 +174,17 @@ impl Target {
 
     /// The hosts, in the order they are tried, as `host:port`.
     pub fn hosts(&self) -> Vec<String> {
-        self.hosts.iter().map(|(h, p)| show_host(h, *p)).collect()
+        (0..self.hosts.len()).map(|i| self.host(i)).collect()
+    }
+
+    /// The host at `index` (in [`Target::hosts`]' order), as `host:port`.
+    ///
+    /// # Panics
+    ///
+    /// If `index` is out of range.
+    pub fn host(&self, index: usize) -> String {
+        let (host, port) = &self.hosts[index];
+        show_host(host, *port)
     }
 
     /// Which server will do.
@@ -251,12 +261,12 @@ impl Target {
         for index in 0..self.hosts.len() {
             match self.connect_host(index, per_host).await {
                 Ok(Ok(connection)) => return Ok((connection, index)),
-                Ok(Err(refusal)) => why.push(format!("{}: {refusal}", self.hosts()[index])),
+                Ok(Err(refusal)) => why.push(format!("{}: {refusal}", self.host(index))),
                 Err(error) => {
                     if self.hosts.len() == 1 {
                         return Err(error);
                     }
-                    why.push(format!("{}: {error}", self.hosts()[index]));
+                    why.push(format!("{}: {error}", self.host(index)));
                 }
             }
         }
