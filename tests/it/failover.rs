@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    create_data_table_on, handed_over_on_release, held_write, renewed_without_loss, token_and_value,
+    handed_over_on_release, held_write, migrate_with_data_table, renewed_without_loss,
+    token_and_value,
 };
 use pglease::doctor::Verdict;
 use pglease::testing::{Endpoint, Replicated, SetupError, Standby};
@@ -268,11 +269,7 @@ async fn through(
     options: ManagerOptions,
 ) -> Result<LeaseManager, SetupError> {
     let admin = cluster.primary().pool().await?;
-    LeaseManager::new(admin.clone())
-        .migrate()
-        .await
-        .expect("migrate on the primary");
-    create_data_table_on(&admin).await;
+    migrate_with_data_table(&admin).await;
     admin.close().await;
     let pool = pglease::connect::pool_options()
         .acquire_timeout(Duration::from_secs(1))

@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    create_data_table_on, handed_over_on_release, held_write, renewed_without_loss, token_and_value,
+    handed_over_on_release, held_write, migrate_with_data_table, renewed_without_loss,
+    token_and_value,
 };
 use pglease::testing::{Replicated, SetupError, Standby};
 use pglease::{AcquireOptions, LeaseManager};
@@ -81,11 +82,7 @@ async fn the_primary_is_chosen_whatever_the_order() -> Result<(), SetupError> {
 async fn a_held_lease_follows_a_promotion_with_no_proxy() -> Result<(), SetupError> {
     let pair = Replicated::start(Standby::Synchronous).await?;
     let admin = pair.primary().pool().await?;
-    LeaseManager::new(admin.clone())
-        .migrate()
-        .await
-        .expect("migrate");
-    create_data_table_on(&admin).await;
+    migrate_with_data_table(&admin).await;
     admin.close().await;
     let (primary, standby) = (pair.primary().port(), pair.standby().port());
     let leases = LeaseManager::connect(&url(&[primary, standby], ""))

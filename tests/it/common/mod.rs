@@ -173,6 +173,16 @@ pub async fn create_data_table_on(pool: &sqlx::PgPool) {
     .expect("create and seed the data table");
 }
 
+/// The pglease schema and the data table on the server of `pool` (a
+/// replicated pair's primary, and so its standby).
+pub async fn migrate_with_data_table(pool: &sqlx::PgPool) {
+    LeaseManager::new(pool.clone())
+        .migrate()
+        .await
+        .expect("migrate");
+    create_data_table_on(pool).await;
+}
+
 /// Sets the data table's value in a fenced transaction of `held`.
 pub async fn held_write(held: &pglease::HeldLease, value: &str) -> Result<(), pglease::Error> {
     let mut tx = held.begin_fenced().await?;
