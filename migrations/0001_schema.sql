@@ -4,10 +4,11 @@
 -- the rules every function keeps (this header); limits, tables and the
 -- status view; taking, keeping and giving up leases (acquire, renew,
 -- renew_many, release, watch); fencing, the database as the enforcement
--- point (assert_held, protect, advance); a value per lease (proclaim);
--- changes notified to observers, and step-down requests; the history and
--- the break-glass release (force_release); counted leases
--- (acquire_counted). Every object is created once, here.
+-- point (assert_held, protect, advance); timelines, a server that forgot
+-- commits (failover to an asynchronous standby, restore from backup); a
+-- value per lease (proclaim); changes notified to observers, and step-down
+-- requests; the history and the break-glass release (force_release);
+-- counted leases (acquire_counted). Every object is created once, here.
 --
 -- VOCABULARY. A lease has a name (the resource), a holder (who), a token
 -- (which acquisition: the fence) and an expires_at (until when). A lease is
@@ -58,15 +59,20 @@
 -- what is decided on (anyone may take any key: the worst a role can do
 -- with it is delay a waiter until the lease's expiry).
 --
--- DURABILITY. A token once handed out is never handed out again, whatever
--- synchronous_commit is: acquire, advance and force_release raise
--- synchronous_commit to 'on' for their own transaction when it is weaker
--- (with asynchronous commit a crash could roll back both the lease row and
--- the sequence and issue the same token twice; with a synchronous standby,
--- 'on' also waits for the standby). renew, release and proclaim keep the
--- caller's setting: losing one in a crash makes a lease end earlier or
--- later than its holder believes, or loses a value, but can never reissue
--- a token, and guarded writes are checked against the row that survived.
+-- DURABILITY. What the database acknowledged, it keeps, whatever
+-- synchronous_commit the server or the session has: acquire, renew,
+-- renew_many, advance and force_release raise synchronous_commit to 'on'
+-- for their own transaction when it is weaker. With asynchronous commit a
+-- crash could roll back both the lease row and the sequence and issue the
+-- same token twice, or roll back a renewal and end a lease earlier than
+-- its holder was told (with a synchronous standby, 'on' also waits for
+-- the standby). release and proclaim keep the caller's setting: losing
+-- one in a crash makes a lease last longer than its holder believes, or
+-- loses a value, but never shortens a validity that was acknowledged or
+-- reissues a token. A server that forgets commits by design (a promoted
+-- asynchronous standby, a restore from backup) continues on a new
+-- timeline, and no token drawn there repeats one the old timeline could
+-- have issued: see TIMELINES.
 --
 -- PRIVILEGES. The functions that change leases are SECURITY DEFINER with a
 -- fixed search_path: an application role may call them (GRANT EXECUTE)
@@ -132,6 +138,18 @@ RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 8192 $$;
 
+-- How far the fence sequence moves past the last token a server knew of
+-- when it finds itself on a new timeline (see TIMELINES): 2^40. An old
+-- primary would have to draw that many tokens after the last one its
+-- standby received to reach it: about 127 days at 100,000 a second, while
+-- every acquisition is a durable commit (a few thousand a second here).
+-- 2^63 leaves room for 8 million such moves (2^53, the largest integer a
+-- JavaScript number holds exactly, for 8,192).
+CREATE FUNCTION pglease._timeline_margin()
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1099511627776::bigint $$;
+
 -- The most slots one counted lease may have.
 CREATE FUNCTION pglease._max_slots()
 RETURNS integer
@@ -164,7 +182,7 @@ CREATE DOMAIN pglease.value_text AS text
     CHECK (octet_length(VALUE) <= pglease._max_value_bytes());
 CREATE DOMAIN pglease.history_event AS text
     CHECK (VALUE IN ('acquired', 'released', 'expired', 'evicted', 'force_released', 'value',
-                     'step_down_requested'));
+                     'step_down_requested', 'timeline'));
 
 -- One row per lease name, created on the first acquisition and never
 -- deleted: deleting and recreating a row could let a racing acquirer lock a
@@ -241,7 +259,9 @@ COMMENT ON TABLE pglease.fences IS
 -- view pglease.history.
 CREATE TABLE pglease._history (
     id     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    name   text        NOT NULL,
+    -- NULL for an event of the whole server (a timeline change), which
+    -- every lease's history shows.
+    name   text,
     token  bigint      NOT NULL,
     event  pglease.history_event NOT NULL,
     holder text,
@@ -288,6 +308,58 @@ CREATE TABLE pglease._protected (
     protected_at timestamptz NOT NULL
 );
 
+-- Every timeline this database has drawn tokens on (see TIMELINES): the
+-- first row is the one the migration ran on; each later one records a
+-- change of timeline (a promotion, a restore that ended on a new
+-- timeline) or a rollback an administrator declared (pglease.restored).
+CREATE TABLE pglease._timelines (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- The server's timeline from then on.
+    timeline    bigint      NOT NULL,
+    -- The timeline recorded before (NULL: the first row).
+    previous    bigint,
+    -- The highest token this server could have drawn before the change:
+    -- the fence sequence's value as the server found it.
+    seen        bigint      NOT NULL,
+    -- Every token drawn after the change is greater than this.
+    floor       bigint      NOT NULL,
+    at          timestamptz NOT NULL,
+    -- Until when acquisitions are refused (the grant delay); NULL: none.
+    grant_after timestamptz,
+    -- 'migrated' (the first row), 'timeline' (found by pglease) or the
+    -- administrator's reason (pglease.restored).
+    cause       text        NOT NULL
+);
+
+-- Present once this server has been checked against _timelines since it
+-- last started from a crash, a promotion or a restore: the table is
+-- UNLOGGED, so PostgreSQL empties it in each of those (crash recovery and
+-- the end of archive recovery reset unlogged tables, and a base backup
+-- holds none of their rows), and a clean restart keeps it. One row.
+CREATE UNLOGGED TABLE pglease._checked (
+    one         boolean     NOT NULL PRIMARY KEY DEFAULT true CHECK (one),
+    timeline    bigint      NOT NULL,
+    floor       bigint      NOT NULL,
+    grant_after timestamptz
+);
+
+-- The grant delay after a timeline change, set by an administrator
+-- (pglease.set_grant_delay); '0' (the default): none. One row, which the
+-- timeline check also locks, so that checks take turns.
+CREATE TABLE pglease._timeline_config (
+    one         boolean  NOT NULL PRIMARY KEY DEFAULT true CHECK (one),
+    grant_delay interval NOT NULL DEFAULT interval '0'
+);
+INSERT INTO pglease._timeline_config DEFAULT VALUES;
+
+-- The tokens of the leases that were valid when the latest change was
+-- found, by name (see advance): the only tokens drawn before it that
+-- advance still accepts, while their lease stays valid.
+CREATE TABLE pglease._carried (
+    token bigint NOT NULL PRIMARY KEY,
+    name  text   NOT NULL
+);
+
 -- Creators of a new name take turns on one of these rows (see acquire):
 -- unlike an advisory key, only pglease can lock them.
 CREATE TABLE pglease._creators (slot integer NOT NULL PRIMARY KEY);
@@ -295,7 +367,8 @@ INSERT INTO pglease._creators SELECT g FROM generate_series(0, 255) AS g;
 
 REVOKE ALL ON pglease.leases, pglease.fences, pglease._history, pglease.fence_seq,
               pglease.lease_id_seq, pglease._history_config, pglease.name_grants,
-              pglease._protected, pglease._creators
+              pglease._protected, pglease._creators, pglease._timelines, pglease._checked,
+              pglease._timeline_config, pglease._carried
     FROM PUBLIC;
 
 
@@ -310,7 +383,10 @@ CREATE TYPE pglease.acquisition AS (
     note       text,
     -- The process id of the server session the lease is bound to (see
     -- SESSION-BOUND LEASES), whether or not it was acquired; NULL if none.
-    holder_session integer
+    holder_session integer,
+    -- Not acquired because of the grant delay after a timeline change
+    -- (see TIMELINES): until when; NULL otherwise.
+    delayed_until timestamptz
 );
 
 -- Result of acquire_counted: acquire's answer, and the slot it concerns.
@@ -321,7 +397,8 @@ CREATE TYPE pglease.counted_acquisition AS (
     checked_at timestamptz,
     note       text,
     slot_name  text,
-    holder_session integer
+    holder_session integer,
+    delayed_until timestamptz
 );
 
 ------------------------------------------------------------------------
@@ -922,6 +999,7 @@ DECLARE
     note       text;
     t          timestamptz;
     give_up    timestamptz;
+    here       pglease._checked;
     result     pglease.acquisition;
 BEGIN
     IF NOT coalesce(octet_length(acquire.name) BETWEEN 1 AND pglease._max_text_bytes()
@@ -946,13 +1024,18 @@ BEGIN
     t := clock_timestamp();
     IF cur_holder IS NOT NULL AND t < cur_expiry THEN
         IF cur_pid IS NULL OR NOT pglease._session_gone(cur_pid, cur_start) THEN
-            RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid)::pglease.acquisition;
+            RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL)::pglease.acquisition;
         END IF;
         gone_token := cur_token;
     END IF;
     IF acquire.session_bound THEN
         my_pid := pg_backend_pid();
         SELECT a.backend_start INTO my_start FROM pg_stat_get_activity(my_pid) AS a;
+    END IF;
+
+    -- A standby takes nothing (and cannot read pglease._checked).
+    IF pg_is_in_recovery() THEN
+        PERFORM pglease._refuse_standby('acquire a lease');
     END IF;
 
     -- Taking the lease is one statement, tried at most twice: at once in
@@ -971,6 +1054,31 @@ BEGIN
     -- commit order. The history rows are inserted by the same statement.
     FOR pass IN 1 .. 2 LOOP
         IF pass = 2 THEN
+            -- No token before this server's timeline has been checked, and
+            -- none during the grant delay after a change (see TIMELINES):
+            -- the first try's statement takes nothing until both are so.
+            SELECT * INTO here FROM pglease._checked;
+            IF NOT FOUND THEN
+                here := pglease._timeline_checked(NULL);
+                IF here.timeline IS NULL THEN
+                    t := clock_timestamp();
+                    RETURN ROW(NULL, coalesce(cur_expiry, t), cur_holder, t,
+                               'another transaction checking the server''s timeline has not '
+                               'committed for 1 s (call acquire in a transaction of its own)',
+                               cur_pid, NULL)::pglease.acquisition;
+                END IF;
+            END IF;
+            t := clock_timestamp();
+            IF here.grant_after > t THEN
+                RETURN ROW(NULL, coalesce(cur_expiry, t), cur_holder, t,
+                           format('the database changed to timeline %s (a failover or a '
+                                  'restore) and grants no lease until %s (the grant delay, '
+                                  'pglease.set_grant_delay): an acquisition lost with the old '
+                                  'timeline may still be in use; renewals of the leases this '
+                                  'server knows go on', here.timeline, here.grant_after),
+                           cur_pid, here.grant_after)::pglease.acquisition;
+            END IF;
+
             -- Names granted by prefix (see AUTHORITY), checked before anything
             -- is written.
             IF NOT pglease._may_use_name(acquire.name) THEN
@@ -999,7 +1107,7 @@ BEGIN
                         RETURN ROW(NULL, t, NULL, t,
                                    'another transaction creating a lease name has not committed for '
                                    '1 s (call acquire in a transaction of its own)',
-                                   NULL)::pglease.acquisition;
+                                   NULL, NULL)::pglease.acquisition;
                     END IF;
                     PERFORM pg_sleep(0.002);
                 END LOOP;
@@ -1028,13 +1136,13 @@ BEGIN
                                                              acquire.name, note);
                     END IF;
                     RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(),
-                               nullif(note, ''), cur_pid)::pglease.acquisition;
+                               nullif(note, ''), cur_pid, NULL)::pglease.acquisition;
                 END IF;
             END IF;
             -- Decide on the latest row version and a clock read after the lock.
             t := clock_timestamp();
             IF cur_holder IS NOT NULL AND t < cur_expiry AND cur_token IS DISTINCT FROM gone_token THEN
-                RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid)::pglease.acquisition;
+                RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL)::pglease.acquisition;
             END IF;
             name_ok := true;
             found_row := true;
@@ -1042,7 +1150,13 @@ BEGIN
         IF found_row THEN
             WITH s AS (
                 SELECT l.name, l.holder, l.token, l.expires_at, l.renewals
-                  FROM pglease.leases AS l WHERE l.name = acquire.name FOR UPDATE SKIP LOCKED
+                  FROM pglease.leases AS l
+                 WHERE l.name = acquire.name
+                   -- Checked on this timeline, and not within a grant delay
+                   -- (evaluated once per statement: see TIMELINES).
+                   AND EXISTS (SELECT 1 FROM pglease._checked AS c
+                                WHERE c.grant_after IS NULL OR c.grant_after <= clock_timestamp())
+                   FOR UPDATE OF l SKIP LOCKED
             ), u AS (
                 UPDATE pglease.leases AS l
                    SET holder = acquire.holder,
@@ -1112,7 +1226,7 @@ BEGIN
     -- ended, so the second try takes it. Report the row as it is.
     SELECT l.holder, l.expires_at, l.session_pid INTO cur_holder, cur_expiry, cur_pid
       FROM pglease.leases AS l WHERE l.name = acquire.name;
-    RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(), NULL, cur_pid)::pglease.acquisition;
+    RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(), NULL, cur_pid, NULL)::pglease.acquisition;
 END
 $$;
 
@@ -1163,6 +1277,9 @@ BEGIN
     RETURNING l.expires_at INTO new_expiry;
     IF new_expiry IS NULL THEN
         PERFORM pglease._refuse_foreign(renew.name, renew.token, 'renew');
+    ELSIF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
+        -- The validity acknowledged must survive a crash (see DURABILITY).
+        checked := set_config('synchronous_commit', 'on', true);
     END IF;
     RETURN new_expiry; -- NULL: stale token, released, expired or unknown
 END
@@ -1185,13 +1302,15 @@ COMMENT ON FUNCTION pglease.renew(text, bigint, interval) IS
 -- then one row per element not renewed, with renewed = false and the
 -- current_token and current_holder of the row as found (current_token NULL:
 -- the name was never acquired), so that the caller can tell a takeover from
--- a release or an expiry, and session_ended true for a session-bound lease
--- whose session has ended (see SESSION-BOUND LEASES). A name may appear
+-- a release or an expiry, session_ended true for a session-bound lease
+-- whose session has ended (see SESSION-BOUND LEASES), and forgotten_in the
+-- timeline whose change lost the acquisition (see TIMELINES). A name may appear
 -- more than once: only elements with the current token are renewed, and
 -- equal elements renew the lease once (and yield one row).
 CREATE FUNCTION pglease.renew_many(names text[], tokens bigint[], ttls interval[])
 RETURNS TABLE (name text, token bigint, expires_at timestamptz, renewed boolean,
-               current_token bigint, current_holder text, session_ended boolean)
+               current_token bigint, current_holder text, session_ended boolean,
+               forgotten_in bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1256,8 +1375,13 @@ BEGIN
            coalesce(array_agg(upd.expires_at), '{}')
       INTO r_names, r_tokens, r_expiries
       FROM upd;
+    IF cardinality(r_names) > 0
+       AND current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
+        -- The validity acknowledged must survive a crash (see DURABILITY).
+        checked := set_config('synchronous_commit', 'on', true);
+    END IF;
     RETURN QUERY
-    SELECT r.n, r.t, r.e, true, NULL::bigint, NULL::text, false
+    SELECT r.n, r.t, r.e, true, NULL::bigint, NULL::text, false, NULL::bigint
       FROM unnest(r_names, r_tokens, r_expiries) AS r(n, t, e);
 
     -- Usually every lease was renewed and this is skipped. Otherwise: every
@@ -1278,7 +1402,8 @@ BEGIN
         SELECT u.n, u.t, NULL::timestamptz, false, nullif(c.token, 0), c.holder::text,
                coalesce(c.token = u.t AND c.holder IS NOT NULL AND clock_timestamp() < c.expires_at
                         AND c.session_pid IS NOT NULL
-                        AND pglease._session_gone(c.session_pid, c.session_start), false)
+                        AND pglease._session_gone(c.session_pid, c.session_start), false),
+               (pglease._forgotten(u.t, c.token)).timeline
           FROM unnest(names, tokens) AS u(n, t)
           LEFT JOIN pglease.leases AS c ON c.name = u.n
          WHERE NOT EXISTS (SELECT 1 FROM unnest(r_names, r_tokens) AS r(n, t)
@@ -1291,7 +1416,8 @@ COMMENT ON FUNCTION pglease.renew_many(text[], bigint[], interval[]) IS
     'Renew many leases in one statement: element i is renew(names[i], tokens[i], '
     'ttls[i]). Returns a row per lease renewed (renewed = true, the new '
     'expires_at) and per element not renewed (renewed = false, the current '
-    'token and holder).';
+    'token and holder, whether a session-bound holder''s session has ended, and the '
+    'timeline whose change lost the acquisition, if one did).';
 
 ------------------------------------------------------------------------
 -- release(name, token) and watch(name) / unwatch(name): end a lease at once,
@@ -1500,6 +1626,8 @@ DECLARE
     marker       bigint;
     t            timestamptz;
     declared     text;
+    found_row    boolean;
+    lost_in      pglease._timelines;
 BEGIN
     IF NOT coalesce(octet_length(assert_held.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND assert_held.token IS NOT NULL, false) THEN
@@ -1514,15 +1642,31 @@ BEGIN
       INTO cur_token, cur_holder, cur_expiry, cur_released, cur_role, cur_secret, cur_pid,
            cur_start
       FROM pglease.leases AS l WHERE l.name = assert_held.name FOR KEY SHARE;
+    found_row := FOUND;
     -- The clock is read after the lock is held.
     t := clock_timestamp();
-    IF NOT (FOUND AND cur_token = assert_held.token AND cur_token <> 0
+    IF NOT (found_row AND cur_token = assert_held.token AND cur_token <> 0
             AND cur_holder IS NOT NULL AND t < cur_expiry
             AND (cur_pid IS NULL OR NOT pglease._session_gone(cur_pid, cur_start))) THEN
         -- DETAIL says the same as data, for clients: space-separated
         -- key=value fields, name last (it may contain spaces); times in
         -- RFC 3339, UTC.
-        IF NOT FOUND OR cur_token = 0 THEN
+        IF NOT found_row OR cur_token <> assert_held.token THEN
+            -- An acquisition this server forgot in a change of timeline
+            -- has a reason of its own (see TIMELINES).
+            lost_in := pglease._forgotten(assert_held.token, CASE WHEN found_row THEN cur_token END);
+            IF lost_in.timeline IS NOT NULL THEN
+                RAISE EXCEPTION USING ERRCODE = 'LE001',
+                    MESSAGE = format('pglease: lease %L is not held under token %s: the database '
+                                     'changed to timeline %s at %s (a failover or a restore) and '
+                                     'lost that acquisition with the old timeline''s latest '
+                                     'commits', assert_held.name, assert_held.token,
+                                     lost_in.timeline, lost_in.at),
+                    DETAIL = format('reason=forgotten token=%s timeline=%s name=%s',
+                                    assert_held.token, lost_in.timeline, assert_held.name);
+            END IF;
+        END IF;
+        IF NOT found_row OR cur_token = 0 THEN
             RAISE EXCEPTION USING ERRCODE = 'LE001',
                 MESSAGE = format('pglease: lease %L is not held: it has never been acquired',
                                  assert_held.name),
@@ -1839,12 +1983,28 @@ DECLARE
     checked_token bigint;
     highest       bigint;
     accepted      boolean;
+    here          pglease._checked;
 BEGIN
     checked := pglease._check_text('resource', advance.resource);
     checked_token := pglease._check_token(advance.token);
     IF advance.token <= 0 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'token',
             MESSAGE = format('pglease: token must be positive, got %s', advance.token);
+    END IF;
+
+    -- Tokens are judged against a fence that has moved past a change of
+    -- timeline, if there was one (see TIMELINES).
+    IF pg_is_in_recovery() THEN
+        PERFORM pglease._refuse_standby('advance a high-water mark');
+    END IF;
+    SELECT * INTO here FROM pglease._checked;
+    IF NOT FOUND THEN
+        here := pglease._timeline_checked(NULL);
+        IF here.timeline IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '55P03',
+                MESSAGE = 'pglease: another transaction checking the server''s timeline has '
+                          'not committed for 1 s; try again';
+        END IF;
     END IF;
 
     -- A token never issued would raise the mark above every real one.
@@ -1855,6 +2015,17 @@ BEGIN
                              'is %s)', advance.token,
                              (SELECT CASE WHEN q.is_called THEN q.last_value ELSE 0 END
                                 FROM pglease.fence_seq AS q));
+    END IF;
+
+    -- A token drawn before the latest change of timeline is accepted only
+    -- while its lease, valid at the change, is held under it: the mark
+    -- itself may have gone back (see HIGH-WATER MARKS).
+    IF advance.token <= here.floor
+       AND NOT EXISTS (SELECT 1 FROM pglease._carried AS c
+                         JOIN pglease.leases AS l ON l.name = c.name
+                        WHERE c.token = advance.token AND l.token = advance.token
+                          AND l.holder IS NOT NULL AND clock_timestamp() < l.expires_at) THEN
+        RETURN false;
     END IF;
 
     -- Read-only answers when nothing would change.
@@ -1884,7 +2055,348 @@ $$;
 COMMENT ON FUNCTION pglease.advance(text, bigint) IS
     'Separate-resource fencing: accept TOKEN for RESOURCE iff it is >= the highest '
     'token accepted so far, and record it. Returns true if accepted; a token never '
-    'issued is an error (22023).';
+    'issued is an error (22023). After a change of timeline (pglease.timelines), a token '
+    'drawn before it is accepted only while its lease is held under it.';
+
+-- =====================================================================
+-- TIMELINES: A SERVER THAT FORGOT COMMITS
+--
+-- A server that was promoted (a failover to an asynchronous standby) or
+-- that recovered from a backup continues on a new timeline, and may have
+-- forgotten the old primary's latest commits: acquisitions, releases,
+-- renewals, and the fence sequence's latest values. Left alone it would
+-- draw again tokens that the old primary had handed out, and a stale
+-- holder's guarded write under such a token would pass as the new
+-- holder's.
+--
+-- FINDING THE CHANGE. Before it draws a token, acquire (and force_release,
+-- and advance before it judges one) needs the row of pglease._checked, an
+-- unlogged table that PostgreSQL empties in crash recovery and at the end
+-- of archive recovery, and that no base backup holds. The first of them
+-- after such a start makes the check (_timeline_checked): it reads the
+-- server's timeline (server_timeline) and compares it with the latest row
+-- of pglease._timelines. The same timeline: a crash restart, which loses
+-- no durable commit (see DURABILITY): only the marker is written again. A
+-- different one: a change. acquire's statement takes nothing while the
+-- marker is missing (one test of a one-row table per statement), so the
+-- hot path pays no more than that.
+--
+-- MOVING THE FENCE. On a change, the fence sequence moves from the highest
+-- value this server can have drawn (seen: the sequence as it found it,
+-- which PostgreSQL logs up to 32 values ahead of the last one drawn) to
+-- seen + 2^40 (the floor; _timeline_margin says why that cannot be used up
+-- in practice), before any token is drawn on the new timeline. The change
+-- is recorded in pglease._timelines (view pglease.timelines) and in the
+-- history, as an event of the whole server that every lease's history
+-- shows. Tokens stay one bigint, strictly increasing per name. It all
+-- happens in the transaction of the call that found the change, made
+-- durable with it; checks take turns on the row of
+-- pglease._timeline_config, waiting for at most 1 s (bounded, like every
+-- wait here: an acquisition then answers "not acquired" with a note).
+--
+-- WHAT THE NEW SERVER KNOWS. Leases whose acquisition reached it go on:
+-- their holders renew, write and release as before. A token drawn before
+-- a change that this server does not know for its lease (above the row's
+-- token, or for a name it has no row for, or, once the name was acquired
+-- again after the change, above seen) is refused like any stale token,
+-- with a reason of its own: assert_held's LE001 says reason=forgotten and
+-- the timeline, renew_many says forgotten_in, and forgotten_in(name,
+-- token) says it for renew, release and proclaim, which answer only NULL
+-- or false. What cannot be told apart: a lost token among the 32 values
+-- logged ahead, or one whose transaction was overtaken in the WAL by a
+-- later token's, on a name acquired again since, reads as stale. Either
+-- way it is refused.
+--
+-- HIGH-WATER MARKS. pglease.fences may have lost marks too. After a change,
+-- advance accepts a token drawn before it only while that token's lease,
+-- valid when the change was found (pglease._carried), is still held under
+-- it: a stale holder whose successor's advance the server forgot cannot
+-- slip in under a mark that went back. Tokens drawn after the change are
+-- above every old one. A resource that keeps its own mark needs nothing.
+--
+-- THE GRANT DELAY (opt-in, Chubby's lock-delay). A holder whose
+-- acquisition was lost may still act outside the database (side effects
+-- no fence checks) until its own lease would have ended. An administrator
+-- may set a delay (set_grant_delay): for that long after a change,
+-- acquire answers "not acquired", with delayed_until and a note, for
+-- every name. No acquisition can be proven safe in that time: a release
+-- or force release that the old primary acknowledged and this server lost
+-- may have let anyone take any name there. Renewals, releases and fenced
+-- writes of the leases this server knows go on. Guarded writes and
+-- high-water marks are safe without it; where unfenced side effects
+-- matter, make it at least the longest TTL in use.
+--
+-- A ROLLBACK WITHOUT A NEW TIMELINE (a file-system snapshot, a base backup
+-- started without recovery.signal) looks like a crash restart to the
+-- server. An administrator declares it with pglease.restored(reason),
+-- which moves the fence as a change of timeline does.
+-- =====================================================================
+
+-- Raises 25006 on a standby, where nothing can be written: before
+-- anything reads pglease._checked, which a standby cannot read (unlogged).
+CREATE FUNCTION pglease._refuse_standby(action text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = '25006',
+        MESSAGE = format('pglease: cannot %s on a standby: the server is in recovery (read-only)',
+                         action);
+END
+$$;
+
+-- The server's timeline: the first eight hex digits of the name of the
+-- WAL file being written (pg_control_checkpoint() still says the old one
+-- until the first checkpoint after a promotion). Fails on a standby
+-- (recovery is in progress), where nothing draws tokens.
+CREATE FUNCTION pglease.server_timeline()
+RETURNS bigint
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT ('x' || lpad(substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8), 16, '0'))
+           ::bit(64)::bigint
+$$;
+
+COMMENT ON FUNCTION pglease.server_timeline() IS
+    'The timeline this server writes WAL on, as pglease reads it (an error on a standby).';
+
+-- The change of timeline in which this server forgot an acquisition under
+-- TOKEN of a lease whose row has token CURRENT (NULL: it has no row), or
+-- NULL (every column) if it did not (see WHAT THE NEW SERVER KNOWS): the
+-- first change after TOKEN was drawn, if the server does not know TOKEN
+-- for that lease. Callers ask only for a token that is not the row's.
+CREATE FUNCTION pglease._forgotten(token bigint, current bigint)
+RETURNS pglease._timelines
+LANGUAGE sql STABLE
+AS $$
+    SELECT c.* FROM pglease._timelines AS c
+     WHERE c.cause OPERATOR(pg_catalog.<>) 'migrated'
+       AND $1 OPERATOR(pg_catalog.<=) c.floor
+       AND ($2 IS NULL OR $2 OPERATOR(pg_catalog.=) 0 OR $1 OPERATOR(pg_catalog.>) $2
+            OR ($2 OPERATOR(pg_catalog.>) c.floor AND $1 OPERATOR(pg_catalog.>) c.seen))
+     ORDER BY c.floor
+     LIMIT 1
+$$;
+
+REVOKE ALL ON FUNCTION pglease._forgotten(bigint, bigint) FROM PUBLIC;
+
+CREATE FUNCTION pglease.forgotten_in(name text, token bigint)
+RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    checked text;
+    cur     bigint;
+BEGIN
+    checked := pglease._check_text('name', forgotten_in.name);
+    PERFORM pglease._check_token(forgotten_in.token);
+    SELECT l.token INTO cur FROM pglease.leases AS l WHERE l.name = forgotten_in.name;
+    IF cur IS NOT DISTINCT FROM forgotten_in.token THEN
+        RETURN NULL;
+    END IF;
+    RETURN (pglease._forgotten(forgotten_in.token, cur)).timeline;
+END
+$$;
+
+COMMENT ON FUNCTION pglease.forgotten_in(text, bigint) IS
+    'The timeline whose change (a failover or a restore) made this server forget the '
+    'acquisition of lease NAME under TOKEN, or NULL if it did not: why a renewal, release '
+    'or proclaim under that token changed nothing.';
+
+-- This server's row of pglease._checked, made first if it is missing (see
+-- FINDING THE CHANGE and MOVING THE FENCE). With DECLARED (a reason, from
+-- pglease.restored), a change whatever the timeline. Every column NULL
+-- when another transaction's check has not committed within 1 s. Runs in
+-- its caller's transaction, as the owner of the functions.
+CREATE FUNCTION pglease._timeline_checked(declared text)
+RETURNS pglease._checked
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    give_up   timestamptz := clock_timestamp() + interval '1 second';
+    here      pglease._checked;
+    last      pglease._timelines;
+    tli       bigint;
+    seen      bigint;
+    new_floor bigint;
+    delay     interval;
+    t         timestamptz;
+    checked   text;
+    detail    text;
+BEGIN
+    LOOP
+        SELECT c.grant_delay INTO delay FROM pglease._timeline_config AS c FOR UPDATE SKIP LOCKED;
+        EXIT WHEN FOUND;
+        IF clock_timestamp() >= give_up THEN
+            RETURN NULL;
+        END IF;
+        PERFORM pg_sleep(0.002);
+    END LOOP;
+    -- Another check may have committed while this one waited.
+    SELECT * INTO here FROM pglease._checked;
+    IF FOUND AND declared IS NULL THEN
+        RETURN here;
+    END IF;
+    tli := pglease.server_timeline();
+    SELECT * INTO last FROM pglease._timelines AS c ORDER BY c.id DESC LIMIT 1;
+    IF last.timeline = tli AND declared IS NULL THEN
+        -- The same timeline: a crash restart, which lost no durable commit.
+        INSERT INTO pglease._checked AS c (timeline, floor, grant_after)
+        VALUES (tli, last.floor, last.grant_after)
+        RETURNING * INTO here;
+        RETURN here;
+    END IF;
+
+    -- A change (or a declared rollback): move the fence before any token
+    -- is drawn after it.
+    SELECT CASE WHEN q.is_called THEN q.last_value ELSE q.last_value - 1 END INTO seen
+      FROM pglease.fence_seq AS q;
+    IF seen > 9223372036854775807 - pglease._timeline_margin() THEN
+        RAISE EXCEPTION USING ERRCODE = '2200H',
+            MESSAGE = format('pglease: the fence sequence (at %s) has no room left to move past '
+                             'the tokens of timeline %s', seen, last.timeline);
+    END IF;
+    new_floor := seen + pglease._timeline_margin();
+    PERFORM setval('pglease.fence_seq', new_floor, true);
+    t := clock_timestamp();
+    INSERT INTO pglease._timelines AS c (timeline, previous, seen, floor, at, grant_after, cause)
+    VALUES (tli, last.timeline, seen, new_floor, t,
+            CASE WHEN delay > interval '0' THEN t + delay END, coalesce(declared, 'timeline'))
+    RETURNING * INTO last;
+    DELETE FROM pglease._carried;
+    INSERT INTO pglease._carried (token, name)
+    SELECT l.token, l.name FROM pglease.leases AS l
+     WHERE l.holder IS NOT NULL AND t < l.expires_at AND l.token > 0;
+    detail := format('%s: tokens continue above %s; those drawn before it above %s '
+                     'are unknown here%s',
+                                   CASE WHEN declared IS NULL
+                                        THEN format('timeline %s -> %s (a failover or a restore)',
+                                                    last.previous, tli)
+                                        ELSE format('rollback declared on timeline %s (%s)', tli,
+                                                    declared) END,
+                                   new_floor, seen,
+                                   CASE WHEN last.grant_after IS NOT NULL
+                                        THEN format('; no lease granted until %s', last.grant_after)
+                                        ELSE '' END);
+    PERFORM pglease._record(NULL, new_floor, 'timeline', NULL, t, NULL, detail);
+    -- The new floor must be on disk before any token above it is used.
+    IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
+        checked := set_config('synchronous_commit', 'on', true);
+    END IF;
+    INSERT INTO pglease._checked AS c (timeline, floor, grant_after)
+    VALUES (tli, new_floor, last.grant_after)
+    ON CONFLICT ON CONSTRAINT _checked_pkey DO UPDATE
+        SET timeline = excluded.timeline, floor = excluded.floor, grant_after = excluded.grant_after
+    RETURNING * INTO here;
+    RAISE LOG 'pglease: %', detail;
+    RETURN here;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._timeline_checked(text) FROM PUBLIC;
+
+-- The timeline the schema was made on: the first row.
+INSERT INTO pglease._timelines (timeline, previous, seen, floor, at, cause)
+VALUES (pglease.server_timeline(), NULL, 0, 0, clock_timestamp(), 'migrated');
+
+CREATE VIEW pglease.timelines AS
+SELECT c.timeline, c.previous, c.seen, c.floor, c.at, c.grant_after, c.cause
+  FROM pglease._timelines AS c
+ ORDER BY c.id;
+
+COMMENT ON VIEW pglease.timelines IS
+    'The timelines this database has drawn tokens on, oldest first by at: the one the schema '
+    'was made on (cause migrated), then each change found (cause timeline: a failover or a '
+    'restore) or rollback declared (the reason given to pglease.restored). Tokens drawn after '
+    'a change are above floor; seen is the highest the server could have drawn before it; '
+    'grant_after, the end of the grant delay.';
+
+CREATE FUNCTION pglease.restored(reason text)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    here pglease._checked;
+BEGIN
+    IF restored.reason IS NULL OR octet_length(restored.reason) NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'reason',
+            MESSAGE = format('pglease: reason must be 1 to 1000 bytes: say what was restored, got %s',
+                             coalesce(octet_length(restored.reason)::text || ' bytes', 'NULL'));
+    END IF;
+    IF NOT pglease.is_admin() THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('pglease: role %I may not declare a restore: pglease administrators '
+                             'only', session_user);
+    END IF;
+    here := pglease._timeline_checked(restored.reason);
+    IF here.timeline IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '55P03',
+            MESSAGE = 'pglease: another transaction checking the server''s timeline has not '
+                      'committed for 1 s; try again';
+    END IF;
+    RETURN here.floor;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease.restored(text) FROM PUBLIC;
+
+COMMENT ON FUNCTION pglease.restored(text) IS
+    'Administrators only: declare that this database was rolled back to an earlier state '
+    'without a new timeline (a file-system snapshot, a base backup started without '
+    'recovery.signal): moves the fence as a change of timeline does (see pglease.timelines). '
+    'Returns the floor tokens now continue above.';
+
+CREATE FUNCTION pglease.set_grant_delay(delay interval)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    latest pglease._timelines;
+BEGIN
+    IF NOT pglease.is_admin() THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('pglease: role %I may not set the grant delay: pglease '
+                             'administrators only', session_user);
+    END IF;
+    IF set_grant_delay.delay IS NULL OR set_grant_delay.delay < interval '0'
+       OR extract(epoch FROM set_grant_delay.delay) > pglease._max_ttl_seconds() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'delay',
+            MESSAGE = format('pglease: delay must be between 0 and the longest TTL (%s), got %s',
+                             justify_hours(make_interval(secs => pglease._max_ttl_seconds())),
+                             coalesce(set_grant_delay.delay::text, 'NULL'));
+    END IF;
+    UPDATE pglease._timeline_config AS c SET grant_delay = set_grant_delay.delay;
+    -- A delay under way follows the setting: '0' ends it, a longer one
+    -- lengthens it (counted from the change).
+    UPDATE pglease._timelines AS c
+       SET grant_after = CASE WHEN set_grant_delay.delay > interval '0'
+                              THEN c.at + set_grant_delay.delay END
+     WHERE c.id = (SELECT max(m.id) FROM pglease._timelines AS m) AND c.cause <> 'migrated'
+    RETURNING * INTO latest;
+    IF FOUND THEN
+        UPDATE pglease._checked AS k SET grant_after = latest.grant_after;
+    END IF;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease.set_grant_delay(interval) FROM PUBLIC;
+
+COMMENT ON FUNCTION pglease.set_grant_delay(interval) IS
+    'Administrators only: after a change of timeline (a failover or a restore), grant no lease '
+    'for DELAY (0, the default: none; at most 7 days), so that holders whose acquisition the '
+    'change lost have stopped their unfenced side effects. Applies to a delay under way.';
+
+CREATE VIEW pglease.grant_delay AS
+SELECT c.grant_delay AS delay FROM pglease._timeline_config AS c;
+
+COMMENT ON VIEW pglease.grant_delay IS
+    'The grant delay after a change of timeline (pglease.set_grant_delay).';
 
 -- =====================================================================
 -- A VALUE PER LEASE
@@ -2319,6 +2831,18 @@ BEGIN
                              'administrators only (GRANT pglease_admin TO %I)', session_user,
                              force_release.name, session_user);
     END IF;
+    -- It draws a token: not before the server's timeline is checked (see
+    -- TIMELINES).
+    IF pg_is_in_recovery() THEN
+        PERFORM pglease._refuse_standby('force a release');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pglease._checked)
+       AND (pglease._timeline_checked(NULL)).timeline IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '55P03',
+            MESSAGE = format('pglease: cannot force lease %L: another transaction checking the '
+                             'server''s timeline has not committed for 1 s; try again',
+                             force_release.name);
+    END IF;
     LOOP
         -- FOR UPDATE: the fence (a key) moves. The holder's fenced
         -- transactions hold FOR KEY SHARE, which this waits for: they are
@@ -2377,8 +2901,11 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pglease_admin') THEN
         GRANT USAGE ON SCHEMA pglease TO pglease_admin;
         GRANT EXECUTE ON FUNCTION pglease.force_release(text, text) TO pglease_admin;
+        GRANT EXECUTE ON FUNCTION pglease.restored(text), pglease.set_grant_delay(interval)
+            TO pglease_admin;
         GRANT SELECT ON pglease.status, pglease.history, pglease.fenced, pglease.protected,
-                        pglease.history_settings, pglease.name_grants TO pglease_admin;
+                        pglease.history_settings, pglease.name_grants, pglease.timelines,
+                        pglease.grant_delay TO pglease_admin;
     END IF;
 END
 $$;
@@ -2443,7 +2970,12 @@ BEGIN
                                acquire_counted.session_bound);
         IF got.token IS NOT NULL THEN
             RETURN ROW(got.token, got.expires_at, got.holder, got.checked_at, got.note, slot,
-                       got.holder_session)::pglease.counted_acquisition;
+                       got.holder_session, NULL)::pglease.counted_acquisition;
+        END IF;
+        -- The grant delay holds for every slot (see TIMELINES).
+        IF got.delayed_until IS NOT NULL THEN
+            RETURN ROW(NULL, got.expires_at, got.holder, got.checked_at, got.note, slot,
+                       got.holder_session, got.delayed_until)::pglease.counted_acquisition;
         END IF;
         IF first IS NULL OR got.expires_at < first.expires_at THEN
             first := got;
@@ -2451,7 +2983,7 @@ BEGIN
         END IF;
     END LOOP;
     RETURN ROW(NULL, first.expires_at, first.holder, first.checked_at, first.note,
-               format('%s#%s', acquire_counted.name, first_k), first.holder_session)
+               format('%s#%s', acquire_counted.name, first_k), first.holder_session, NULL)
            ::pglease.counted_acquisition;
 END
 $$;
@@ -2460,7 +2992,7 @@ COMMENT ON FUNCTION pglease.acquire_counted(text, integer, text, interval, boole
     'Acquire one of SLOTS slots of counted lease NAME (slot k is the lease NAME#k) for '
     'HOLDER for TTL (SESSION_BOUND as for acquire): the first free or ended one, as acquire '
     'would. Returns one row (token, expires_at, holder, checked_at, note, slot_name, '
-    'holder_session); token is NULL when every '
+    'holder_session, delayed_until); token is NULL when every '
     'slot is held, and then the row describes the slot that expires first. Use the slot''s '
     'name with the token for renew, release and assert_held.';
 

@@ -52,15 +52,16 @@ pub(crate) async fn release(pool: &PgPool, fence: &Fence) -> Result<bool> {
 }
 
 /// [`release`] for a fence from outside (not a lease this process
-/// holds): [`Error::NotHeld`] for a token the lease never had, rather than
-/// `false`, which says it had ended (one extra read, when it was not
-/// released).
+/// holds): [`Error::NotHeld`] for a token the lease never had, and
+/// [`Error::Lost`] with [`LossReason::Forgotten`] for an acquisition the
+/// database forgot in a change of timeline, rather than `false`, which
+/// says it had ended (one extra read, when it was not released).
 pub(crate) async fn release_checked(pool: &PgPool, fence: &Fence) -> Result<bool> {
     if release(pool, fence).await? {
         return Ok(true);
     }
     match check(pool, fence).await? {
-        Some(found @ Found::NeverHeld(_)) => Err(found.into_error(fence)),
+        Some(found @ (Found::NeverHeld(_) | Found::Forgotten(_))) => Err(found.into_error(fence)),
         _ => Ok(false),
     }
 }
@@ -77,23 +78,40 @@ pub(crate) async fn inspect(pool: &PgPool, name: &str) -> Result<LeaseStatus> {
 
 /// What the database says of `fence` now (one read of the status view):
 /// `Ok(None)` while it is held under that token; else why not, as a loss
-/// ([`Found::Lost`]) or, for a token this lease has never had, as a
-/// refusal ([`Found::NeverHeld`]: the caller's mistake, not a loss).
+/// ([`Found::Lost`]), as an acquisition the database forgot in a change of
+/// timeline ([`Found::Forgotten`]), or, for a token this lease has never
+/// had, as a refusal ([`Found::NeverHeld`]: the caller's mistake, not a
+/// loss).
 pub(crate) async fn check(pool: &PgPool, fence: &Fence) -> Result<Option<Found>> {
-    let status = inspect(pool, fence.name()).await?;
-    Ok(classify(&status, fence))
+    let row = sql::query(sql::check(fence.name(), fence.token()))
+        .fetch_one(pool)
+        .await?;
+    let forgotten_in: Option<i64> = row.try_get("forgotten_in")?;
+    let status = match row.try_get::<Option<String>, _>("name")? {
+        Some(_) => LeaseStatus::from_row(&row)?,
+        None => LeaseStatus::never_acquired(fence.name()),
+    };
+    Ok(classify(&status, fence, forgotten_in))
 }
 
 /// A fence that the database does not accept, and why.
 pub(crate) enum Found {
     /// The lease was held under the token, and is no longer.
     Lost(LossReason),
+    /// The database changed timeline (a failover or a restore) and does
+    /// not know the acquisition under the token: lost, for its holder;
+    /// never issued, for anyone else who shows the token.
+    Forgotten(i64),
     /// The token was never issued for this lease.
     NeverHeld(NotHeldReason),
 }
 
-/// [`check`]'s decision, from a status row read for `fence`.
-fn classify(status: &LeaseStatus, fence: &Fence) -> Option<Found> {
+/// [`check`]'s decision, from a status row read for `fence` and the
+/// timeline whose change made the database forget the acquisition.
+fn classify(status: &LeaseStatus, fence: &Fence, forgotten_in: Option<i64>) -> Option<Found> {
+    if let Some(timeline) = forgotten_in {
+        return Some(Found::Forgotten(timeline));
+    }
     match status.token {
         None => Some(Found::NeverHeld(NotHeldReason::NeverAcquired)),
         Some(current) if current < fence.token() => {
@@ -123,6 +141,11 @@ impl Found {
                 name: fence.name().to_owned(),
                 token: fence.token(),
                 reason,
+            },
+            Found::Forgotten(timeline) => Error::Lost {
+                name: fence.name().to_owned(),
+                token: fence.token(),
+                reason: LossReason::Forgotten { timeline },
             },
             Found::NeverHeld(reason) => Error::NotHeld {
                 name: fence.name().to_owned(),

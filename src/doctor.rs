@@ -8,9 +8,11 @@ use sqlx::Row;
 
 use crate::connect::{PER_HOST_TIMEOUT, SessionAttrs, Target};
 use crate::error::{Error, Result};
+use crate::history::TimelineChange;
 use crate::limits::Human;
 use crate::manager::LeaseManager;
 use crate::sql;
+use crate::sqlstate::NOT_PERMITTED;
 
 /// What [`LeaseManager::doctor_with`] is told about the failover manager
 /// and the leases, for the `failover` check of a manager of several hosts.
@@ -144,9 +146,14 @@ impl LeaseManager {
     ///   here (informational: leases work there);
     /// - `durability`: `fsync` and `full_page_writes` are on (a crash could
     ///   otherwise lose acquisitions and issue tokens again);
-    /// - `replication`: every standby is synchronous, or there is none
-    ///   (an asynchronous standby, once promoted, can lose acknowledged
-    ///   acquisitions and issue their tokens again);
+    /// - `replication`: every standby is synchronous, or there is none (an
+    ///   asynchronous standby, once promoted, may lack the latest
+    ///   acknowledged acquisitions and renewals, whose holders are then
+    ///   told; it never issues a token again), and the grant delay after a
+    ///   change of timeline;
+    /// - `timeline`: the server's timeline, and the latest change of
+    ///   timeline (a failover or a restore) pglease recorded: where tokens
+    ///   continue from, the grant delay's end;
     /// - `takeover`: the functions' owner may end stale fenced sessions
     ///   (the bounded takeover needs it);
     /// - `security`: the security posture, one check per finding of
@@ -248,7 +255,45 @@ impl LeaseManager {
                 ),
             )
         });
-        checks.push(replication_check(standbys, sync, hidden, &sync_names));
+        // The timeline and the grant delay, once the schema exists (a role
+        // not granted the views gets a finding, not an error).
+        let timeline = if migrated {
+            match self.timeline_facts().await {
+                Ok(facts) => Some(Ok(facts)),
+                Err(e) if e.sqlstate() == Some(NOT_PERMITTED) => Some(Err(e)),
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        let delay = timeline
+            .as_ref()
+            .and_then(|t| t.as_ref().ok())
+            .map(|t| t.delay);
+        checks.push(replication_check(
+            standbys,
+            sync,
+            hidden,
+            &sync_names,
+            delay,
+        ));
+        match &timeline {
+            Some(Ok(TimelineFacts {
+                current: Some(current),
+                recorded,
+                latest,
+                ..
+            })) => checks.push(timeline_check(*current, *recorded, latest.as_ref())),
+            Some(Err(e)) => checks.push(Check::new(
+                "timeline",
+                Verdict::Warning,
+                format!(
+                    "cannot read this server's timelines ({e}): GRANT SELECT ON \
+                     pglease.timelines, pglease.grant_delay to this role"
+                ),
+            )),
+            _ => {}
+        }
         checks.push(if !migrated {
             Check::new(
                 "takeover",
@@ -422,7 +467,35 @@ impl LeaseManager {
     }
 }
 
-fn replication_check(standbys: i64, sync: i64, hidden: i64, sync_names: &str) -> Check {
+/// The grant delay as `doctor` states it.
+fn delay_said(delay: Option<Duration>) -> String {
+    match delay {
+        Some(delay) if !delay.is_zero() => format!("it is {} now", Human(delay)),
+        Some(_) => "none is set now".to_owned(),
+        None => "unknown before the schema exists".to_owned(),
+    }
+}
+
+/// What a failover to an asynchronous standby costs, and the grant delay.
+fn asynchronous_said(delay: Option<Duration>) -> String {
+    format!(
+        "promoted after a failover, it may lack the latest acknowledged acquisitions and \
+         renewals: their holders are told the database forgot them, and no token is ever issued \
+         twice (the fence moves past the old timeline's), so guarded writes and high-water marks \
+         stay safe. For side effects outside the database that no fence checks, set a grant \
+         delay of at least the longest TTL in use (SELECT pglease.set_grant_delay('30s'); {}), \
+         or make the standby synchronous",
+        delay_said(delay)
+    )
+}
+
+fn replication_check(
+    standbys: i64,
+    sync: i64,
+    hidden: i64,
+    sync_names: &str,
+    delay: Option<Duration>,
+) -> Check {
     if standbys == 0 {
         return Check::new(
             "replication",
@@ -450,15 +523,62 @@ fn replication_check(standbys: i64, sync: i64, hidden: i64, sync_names: &str) ->
     }
     Check::new(
         "replication",
-        Verdict::Problem,
+        Verdict::Warning,
         format!(
             "{} of {standbys} standby(s) are asynchronous (synchronous_standby_names is \
-             {sync_names:?}): promoted after a failover, such a standby can lose acknowledged \
-             acquisitions and issue their tokens again; name it in synchronous_standby_names, \
-             or never fail over to it",
-            standbys - sync
+             {sync_names:?}): {}",
+            standbys - sync,
+            asynchronous_said(delay)
         ),
     )
+}
+
+/// The server's timeline against the latest one pglease recorded, and the
+/// latest change of timeline, if any.
+fn timeline_check(current: i64, recorded: i64, latest: Option<&TimelineChange>) -> Check {
+    if current != recorded {
+        return Check::new(
+            "timeline",
+            Verdict::Ok,
+            format!(
+                "the server is on timeline {current}, pglease last drew tokens on timeline \
+                 {recorded}: it failed over or was restored since; the next acquisition moves \
+                 every lease's fence past the old timeline's tokens before it draws one"
+            ),
+        );
+    }
+    match latest {
+        Some(change) => {
+            let from = match (&change.declared, change.previous) {
+                (Some(reason), _) => format!("a rollback declared by an administrator ({reason})"),
+                (None, Some(previous)) => {
+                    format!("changed from timeline {previous}: a failover or a restore")
+                }
+                (None, None) => "a failover or a restore".to_owned(),
+            };
+            let delay = match change.grant_after {
+                Some(after) => format!("; no lease granted before {}", after.to_rfc3339()),
+                None => String::new(),
+            };
+            Check::new(
+                "timeline",
+                Verdict::Ok,
+                format!(
+                    "timeline {current} since {} ({from}): tokens continue above {}; \
+                     acquisitions of the old timeline above token {} are unknown here and \
+                     refused{delay}",
+                    change.at.to_rfc3339(),
+                    change.floor,
+                    change.seen
+                ),
+            )
+        }
+        None => Check::new(
+            "timeline",
+            Verdict::Ok,
+            format!("timeline {current}, the one the schema was made on"),
+        ),
+    }
 }
 
 /// What one host says of itself.
@@ -633,11 +753,12 @@ fn standby_check(host: &str, f: &HostFacts, primary: Option<&HostFacts>) -> Chec
         ),
         (true, Some(state)) => Check::new(
             "host",
-            Verdict::Problem,
+            Verdict::Warning,
             format!(
                 "{host}: a standby the primary has as {state:?} ({:?}), not synchronous: \
-                 promoted after a failover, it can lose acknowledged acquisitions and issue \
-                 their tokens again; name it in the primary's synchronous_standby_names",
+                 promoted after a failover, it may lack the latest acknowledged acquisitions \
+                 (their holders are told; no token is issued twice; see the replication \
+                 check for the grant delay)",
                 f.application_name
             ),
         ),
@@ -694,7 +815,32 @@ fn promotion_check(host: &str, sync_names: &str, managed: bool) -> Check {
     }
 }
 
+/// What `doctor` reads of timelines.
+struct TimelineFacts {
+    /// The server's timeline; `None` on a standby.
+    current: Option<i64>,
+    /// The latest one pglease recorded.
+    recorded: i64,
+    /// The latest change of timeline recorded.
+    latest: Option<TimelineChange>,
+    /// The grant delay after a change.
+    delay: Duration,
+}
+
 impl LeaseManager {
+    async fn timeline_facts(&self) -> Result<TimelineFacts> {
+        let facts = sql::query(sql::TIMELINE_FACTS)
+            .fetch_one(self.pool())
+            .await?;
+        let delay: i64 = facts.try_get("delay_us")?;
+        Ok(TimelineFacts {
+            current: facts.try_get("current")?,
+            recorded: facts.try_get("recorded")?,
+            latest: self.timeline_changes().await?.pop(),
+            delay: Duration::from_micros(delay.max(0).unsigned_abs()),
+        })
+    }
+
     async fn failover_check(&self, options: &DoctorOptions) -> Result<Check> {
         let (ttl, ttl_from) = match options.ttl {
             Some(ttl) => (Some(ttl), "as given".to_owned()),
@@ -834,6 +980,70 @@ async fn monitor_estimate(monitor: &Target) -> std::result::Result<Duration, Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn change(declared: Option<&str>, grant_after: bool) -> TimelineChange {
+        let at = chrono::DateTime::from_timestamp(1_800_000_000, 0).expect("a time");
+        TimelineChange {
+            timeline: 3,
+            previous: Some(2),
+            seen: 1_033,
+            floor: 1_099_511_628_809,
+            at,
+            grant_after: grant_after.then(|| at + chrono::Duration::seconds(30)),
+            declared: declared.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn the_timeline_check_says_where_tokens_continue_and_what_is_pending() {
+        let pending = timeline_check(4, 3, Some(&change(None, false)));
+        assert!(
+            pending.detail.contains("on timeline 4")
+                && pending.detail.contains("the next acquisition moves"),
+            "{}",
+            pending.detail
+        );
+        let found = timeline_check(3, 3, Some(&change(None, true)));
+        assert!(
+            found.detail.contains("changed from timeline 2")
+                && found.detail.contains("tokens continue above 1099511628809")
+                && found.detail.contains("above token 1033")
+                && found.detail.contains("no lease granted before"),
+            "{}",
+            found.detail
+        );
+        let declared = timeline_check(3, 3, Some(&change(Some("snapshot"), false)));
+        assert!(
+            declared
+                .detail
+                .contains("declared by an administrator (snapshot)")
+                && !declared.detail.contains("granted"),
+            "{}",
+            declared.detail
+        );
+        let never = timeline_check(1, 1, None);
+        assert!(never.detail.contains("the one the schema was made on"));
+        assert!(
+            [pending, found, declared, never]
+                .iter()
+                .all(|c| c.verdict == Verdict::Ok)
+        );
+    }
+
+    #[test]
+    fn an_asynchronous_standby_is_a_warning_that_explains_the_grant_delay() {
+        let none = replication_check(1, 0, 0, "", Some(Duration::ZERO));
+        assert_eq!(none.verdict, Verdict::Warning);
+        assert!(
+            none.detail.contains("no token is ever issued twice")
+                && none.detail.contains("none is set now"),
+            "{}",
+            none.detail
+        );
+        let set = replication_check(1, 0, 0, "", Some(Duration::from_secs(30)));
+        assert!(set.detail.contains("it is 30 s now"), "{}", set.detail);
+        assert_eq!(replication_check(1, 1, 0, "s", None).verdict, Verdict::Ok);
+    }
 
     #[test]
     fn a_standby_that_would_wait_after_promotion_is_flagged_unless_managed() {

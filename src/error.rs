@@ -35,6 +35,15 @@ pub enum LossReason {
     /// (its connection dropped or its backend was terminated); nobody has
     /// taken the lease yet, but anyone may.
     SessionEnded,
+    /// The database changed timeline (a failover to a standby that had not
+    /// received the acquisition, or a restore from backup) and does not
+    /// know this acquisition: it was lost with the old timeline's latest
+    /// commits, and the database refuses its token. Tokens drawn since are
+    /// above it, so nobody else holds this token.
+    Forgotten {
+        /// The timeline the database changed to.
+        timeline: i64,
+    },
     /// Renewals failed or got no answer until the local deadline; the last
     /// renewal's outcome is unknown (it may still commit).
     Unreachable {
@@ -61,6 +70,9 @@ impl PartialEq for LossReason {
                     current_holder: d,
                 },
             ) => a == c && b == d,
+            (LossReason::Forgotten { timeline: a }, LossReason::Forgotten { timeline: b }) => {
+                a == b
+            }
             (LossReason::Unreachable { error: a }, LossReason::Unreachable { error: b }) => {
                 Arc::ptr_eq(a, b) || a.to_string() == b.to_string()
             }
@@ -88,6 +100,7 @@ impl std::fmt::Display for LossReason {
             LossReason::Stale { .. } => f.write_str("the database has no such lease"),
             LossReason::Released => f.write_str("it was released"),
             LossReason::SessionEnded => f.write_str("the server session it was bound to has ended"),
+            LossReason::Forgotten { timeline } => forgotten(f, *timeline),
             LossReason::Unreachable { error } => write!(
                 f,
                 "the database did not confirm a renewal before the local deadline ({error})"
@@ -128,6 +141,12 @@ pub enum NotHeldReason {
     /// The server session the (session-bound) lease was bound to has
     /// ended.
     SessionEnded,
+    /// The database changed timeline (a failover or a restore) and does
+    /// not know this acquisition: see [`LossReason::Forgotten`].
+    Forgotten {
+        /// The timeline the database changed to.
+        timeline: i64,
+    },
     /// The reason could not be read (a server with another version of the
     /// schema); the error's message still says it.
     Unknown,
@@ -176,6 +195,22 @@ pub enum Error {
         ended_at: DateTime<Utc>,
         /// What holds it, from the database (the same text as the WARNING
         /// in the server's log).
+        reason: String,
+    },
+
+    /// Not acquired because the database changed timeline (a failover or a
+    /// restore) and an administrator set a grant delay
+    /// (`pglease.set_grant_delay`): no lease is granted until `until`, so
+    /// that a holder whose acquisition the change lost has stopped its side
+    /// effects. A waiting acquisition waits for it. Renewals of the leases
+    /// the database knows go on meanwhile.
+    #[error("lease {name:?} is not granted until {until}: {reason}")]
+    GrantDelayed {
+        /// The lease name.
+        name: String,
+        /// When grants resume, on the database clock.
+        until: DateTime<Utc>,
+        /// The database's explanation.
         reason: String,
     },
 
@@ -315,9 +350,20 @@ impl std::fmt::Display for NotHeldReason {
             NotHeldReason::SessionEnded => {
                 f.write_str("the server session it was bound to has ended")
             }
+            NotHeldReason::Forgotten { timeline } => forgotten(f, *timeline),
             NotHeldReason::Unknown => f.write_str("the database refused it"),
         }
     }
+}
+
+/// The one wording of [`LossReason::Forgotten`] and
+/// [`NotHeldReason::Forgotten`].
+fn forgotten(f: &mut std::fmt::Formatter<'_>, timeline: i64) -> std::fmt::Result {
+    write!(
+        f,
+        "the database failed over or was restored (it is now on timeline {timeline}) and does not \
+         know this acquisition: it was lost with the old timeline's latest commits"
+    )
 }
 
 /// A database error said once: the server's message and its SQLSTATE,
@@ -380,7 +426,7 @@ impl Error {
 }
 
 /// The arguments the SQL functions name (in the error's COLUMN field).
-const ARGUMENTS: [&str; 17] = [
+const ARGUMENTS: [&str; 19] = [
     "name",
     "holder",
     "ttl",
@@ -398,6 +444,8 @@ const ARGUMENTS: [&str; 17] = [
     "role",
     "retention",
     "max_rows",
+    "session_bound",
+    "delay",
 ];
 
 impl From<sqlx::Error> for Error {
@@ -475,6 +523,9 @@ fn not_held(detail: Option<&str>) -> Error {
         Some("released") => time_field("at").map(|at| NotHeldReason::Released { at }),
         Some("expired") => time_field("at").map(|at| NotHeldReason::Expired { at }),
         Some("session_ended") => Some(NotHeldReason::SessionEnded),
+        Some("forgotten") => field("timeline")
+            .and_then(|v| v.parse().ok())
+            .map(|timeline| NotHeldReason::Forgotten { timeline }),
         _ => None,
     };
     Error::NotHeld {

@@ -36,6 +36,12 @@ pub enum Event {
     /// Somebody asked the holder to step down; the detail is who (the
     /// first request of a term is recorded).
     StepDownRequested,
+    /// The database changed timeline (a failover or a restore) and moved
+    /// every lease's fence: an event of the whole server, shown in every
+    /// lease's history. The token is the floor that tokens continue above;
+    /// the detail says from which timeline to which (see
+    /// [`TimelineChange`]).
+    TimelineChanged,
     /// An event this version does not know (a newer schema).
     Other(String),
 }
@@ -50,6 +56,7 @@ impl Event {
             "force_released" => Event::ForceReleased,
             "value" => Event::ValueChanged,
             "step_down_requested" => Event::StepDownRequested,
+            "timeline" => Event::TimelineChanged,
             other => Event::Other(other.to_owned()),
         }
     }
@@ -64,6 +71,7 @@ impl Event {
             Event::ForceReleased => "force_released",
             Event::ValueChanged => "value",
             Event::StepDownRequested => "step_down_requested",
+            Event::TimelineChanged => "timeline",
             Event::Other(other) => other,
         }
     }
@@ -103,10 +111,73 @@ pub struct Transition {
     pub role: Option<String>,
 }
 
+/// A change of timeline that the database found (a promotion of a
+/// standby, a restore that ended on a new timeline) or that an
+/// administrator declared (`pglease.restored`), from `pglease.timelines`.
+/// Every token drawn after it is above `floor`; acquisitions the server
+/// did not know when it changed are refused with
+/// [`LossReason::Forgotten`](crate::LossReason::Forgotten).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TimelineChange {
+    /// The timeline the server is on from then on.
+    pub timeline: i64,
+    /// The timeline recorded before.
+    pub previous: Option<i64>,
+    /// The highest token the server could have drawn before the change (the
+    /// fence sequence as it found it): tokens above it and at most `floor`
+    /// were drawn, if at all, on the old timeline only.
+    pub seen: i64,
+    /// Every token drawn after the change is greater than this.
+    pub floor: i64,
+    /// When the change was found (database clock): at the first
+    /// acquisition, forced release or `advance` after it.
+    pub at: DateTime<Utc>,
+    /// The end of the grant delay after it, if one was set
+    /// (`pglease.set_grant_delay`): no lease is granted before.
+    pub grant_after: Option<DateTime<Utc>>,
+    /// `None` for a change the database found; the administrator's reason
+    /// for a rollback declared with `pglease.restored`.
+    pub declared: Option<String>,
+}
+
 impl LeaseManager {
+    /// The changes of timeline the database has recorded, oldest first
+    /// (none for a database that never failed over or was restored). One
+    /// statement.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`](crate::Error::Database), also when the role may
+    /// not read `pglease.timelines`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn timeline_changes(&self) -> Result<Vec<TimelineChange>> {
+        let rows = sql::query(sql::TIMELINE_CHANGES)
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let cause: String = row.try_get("cause")?;
+                Ok(TimelineChange {
+                    timeline: row.try_get("timeline")?,
+                    previous: row.try_get("previous")?,
+                    seen: row.try_get("seen")?,
+                    floor: row.try_get("floor")?,
+                    at: row.try_get("at")?,
+                    grant_after: row.try_get("grant_after")?,
+                    declared: (cause != "timeline").then_some(cause),
+                })
+            })
+            .collect()
+    }
+
     /// The recorded transitions of lease `name`, oldest first, from
     /// `since` on (all that are kept without it: 30 days by default, see
-    /// docs/design.md, "History"). One statement. `since` is compared with
+    /// docs/design.md, "History"), with the changes of timeline of the
+    /// whole server ([`Event::TimelineChanged`]). One statement. `since` is compared with
     /// the times the database recorded: take it from the database clock
     /// (a transition's `at`, a lease's `expires_at`, `SELECT
     /// clock_timestamp()`), not from this machine's.

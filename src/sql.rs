@@ -133,12 +133,12 @@ pub(crate) fn acquire(
     match value {
         None => format!(
             "SELECT token, expires_at, holder, checked_at, note, {slot} AS slot_name, \
-                    holder_session FROM {acquire}"
+                    holder_session, delayed_until FROM {acquire}"
         ),
         Some(value) => format!(
             "WITH a AS MATERIALIZED (SELECT * FROM {acquire}) \
              SELECT token, expires_at, holder, checked_at, note, {slot} AS slot_name, \
-                    holder_session, \
+                    holder_session, delayed_until, \
                     CASE WHEN token IS NOT NULL THEN pglease.proclaim({slot}, token, {}) END \
                FROM a",
             Text(value)
@@ -171,7 +171,8 @@ pub(crate) fn renew(name: &str, token: Token, ttl: &PgInterval) -> String {
 /// renewal tick). Database clock at each row update.
 pub(crate) fn renew_many(names: &[&str], tokens: &[i64], ttls: &[PgInterval]) -> String {
     format!(
-        "SELECT name, token, expires_at, renewed, current_token, current_holder, session_ended \
+        "SELECT name, token, expires_at, renewed, current_token, current_holder, session_ended, \
+                forgotten_in \
          FROM pglease.renew_many({}, {}, {})",
         array(names, |n| (*n).to_owned(), "text"),
         array(tokens, i64::to_string, "bigint"),
@@ -260,6 +261,20 @@ pub(crate) fn inspect(name: &str) -> String {
     format!("{} WHERE name = {}", status_select!(""), Text(name))
 }
 
+/// Why a fence may no longer be accepted (the failure path of renew,
+/// release and proclaim): the status view's row for its lease (every
+/// column NULL for a name never acquired), and the timeline whose change
+/// made the database forget the acquisition, if one did.
+pub(crate) fn check(name: &str, token: Token) -> String {
+    format!(
+        "SELECT s.*, pglease.forgotten_in({0}, {1}::bigint) AS forgotten_in \
+           FROM (SELECT) AS one LEFT JOIN ({2} WHERE name = {0}) AS s ON true",
+        Text(name),
+        token.get(),
+        status_select!("")
+    )
+}
+
 /// The leases `filter` keeps, by name.
 pub(crate) fn list(filter: &crate::lease::ListFilter) -> String {
     let mut conditions = Vec::new();
@@ -317,10 +332,12 @@ pub(crate) fn history(name: &str, since: Option<DateTime<Utc>>) -> String {
         Some(since) => format!(" AND at >= {}::timestamptz", Text(&since.to_rfc3339())),
         None => String::new(),
     };
+    // A change of timeline (name NULL) belongs to every lease's history.
     format!(
-        "SELECT id, name, token, event, holder, at, renewals, detail, role::text AS role \
+        "SELECT id, coalesce(name, {0}) AS name, token, event, holder, at, renewals, detail, \
+                role::text AS role \
          FROM pglease.history \
-          WHERE name = {}{since} ORDER BY id",
+          WHERE (name = {0} OR name IS NULL){since} ORDER BY id",
         Text(name)
     )
 }
@@ -338,6 +355,19 @@ pub(crate) fn protect(table: &str, name: &str) -> String {
 pub(crate) fn unprotect(table: &str) -> String {
     format!("SELECT pglease.unprotect({}::regclass)", Text(table))
 }
+
+/// For `doctor`: the server's timeline, the latest one pglease recorded,
+/// and the grant delay in microseconds (NULL on a standby, where the
+/// timeline cannot be read and nothing draws tokens).
+pub(crate) const TIMELINE_FACTS: &str = "SELECT CASE WHEN NOT pg_is_in_recovery() \
+            THEN pglease.server_timeline() END AS current, \
+        (SELECT timeline FROM pglease.timelines ORDER BY at DESC LIMIT 1) AS recorded, \
+        (SELECT (extract(epoch FROM delay) * 1000000)::bigint FROM pglease.grant_delay) \
+            AS delay_us";
+
+/// The changes of timeline recorded (not the row of the migration).
+pub(crate) const TIMELINE_CHANGES: &str = "SELECT timeline, previous, seen, floor, at, grant_after, cause \
+     FROM pglease.timelines WHERE cause <> 'migrated' ORDER BY at";
 
 /// The latest migration applied to the schema.
 pub(crate) const SCHEMA_VERSION: &str =
@@ -376,7 +406,8 @@ mod tests {
         );
         assert_eq!(
             renew_many(&[], &[], &[]),
-            "SELECT name, token, expires_at, renewed, current_token, current_holder, session_ended \
+            "SELECT name, token, expires_at, renewed, current_token, current_holder, session_ended, \
+                    forgotten_in \
              FROM pglease.renew_many(E'{}'::text[], E'{}'::bigint[], E'{}'::interval[])"
         );
         // Quoted for the array, then for the text literal.

@@ -12,13 +12,13 @@ pub const METRICS: &[(&str, &str, &str, &str)] = &[
     (
         ACQUIRE_ATTEMPTS,
         "counter",
-        "outcome = acquired | held | pinned | error",
+        "outcome = acquired | held | pinned | delayed | error",
         "acquisition statements answered",
     ),
     (
         ACQUISITIONS,
         "counter",
-        "outcome = acquired | held | pinned | error",
+        "outcome = acquired | held | pinned | delayed | error",
         "acquire/hold calls, by how they ended (after any wait)",
     ),
     (
@@ -54,7 +54,7 @@ pub const METRICS: &[(&str, &str, &str, &str)] = &[
     (
         LEASE_ENDS,
         "counter",
-        "reason = released | stale | expired | session_ended | unreachable",
+        "reason = released | stale | expired | session_ended | forgotten | unreachable",
         "held leases that ended, by reason (released: by its holder or someone else)",
     ),
     (
@@ -130,6 +130,7 @@ pub(crate) fn lease_ended(reason: &LossReason) {
         LossReason::Stale { .. } => "stale",
         LossReason::Expired => "expired",
         LossReason::SessionEnded => "session_ended",
+        LossReason::Forgotten { .. } => "forgotten",
         LossReason::Unreachable { .. } => "unreachable",
     };
     metrics::counter!(LEASE_ENDS, "reason" => reason).increment(1);

@@ -48,6 +48,10 @@ pub(crate) fn fail(e: &Error, what: &str) -> u8 {
             eprintln!("pglease: {what}: {e}; check the name and token (nothing was changed)");
             USAGE
         }
+        Error::Lost { .. } => {
+            eprintln!("pglease: {what}: {e}; acquire it again for a new token");
+            LOST
+        }
         Error::Database(db)
             if matches!(
                 db.as_database_error().and_then(|d| d.code()).as_deref(),

@@ -150,11 +150,9 @@ impl FencedTransaction {
         )
         .await;
         match read {
-            Ok(Ok(Some(db::Found::Lost(reason)))) => Error::Lost {
-                name: self.fence.name().to_owned(),
-                token: self.fence.token(),
-                reason,
-            },
+            Ok(Ok(Some(found @ (db::Found::Lost(_) | db::Found::Forgotten(_))))) => {
+                found.into_error(&self.fence)
+            }
             _ => error.into(),
         }
     }

@@ -232,10 +232,17 @@ impl HeldLease {
 
     /// Stops renewing and releases the lease in the database. Returns
     /// `true` if this ended it, `false` if it had already ended (lost).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] with [`LossReason::Forgotten`] if the database
+    /// changed timeline (a failover or a restore) and does not know this
+    /// acquisition (one extra read, when nothing was released);
+    /// [`Error::Database`].
     pub async fn release(self) -> Result<bool> {
         self.inner.registry.forget(&self.inner.state.lease);
         self.inner.state.fire(LossReason::Released, Instant::now());
-        let outcome = db::release(&self.inner.context.pool, self.as_ref()).await;
+        let outcome = db::release_checked(&self.inner.context.pool, self.as_ref()).await;
         // Only now: if this future is dropped before the database answers,
         // `Drop` releases in the background instead.
         self.inner.released.store(true, Ordering::Release);
@@ -300,6 +307,7 @@ impl HeldLease {
             .ok()??;
         let reason = match found {
             db::Found::Lost(reason) => reason,
+            db::Found::Forgotten(timeline) => LossReason::Forgotten { timeline },
             // Not for a held lease's own token; said as what it means.
             db::Found::NeverHeld(_) => LossReason::Stale {
                 current_token: None,
@@ -333,7 +341,10 @@ impl Drop for Held {
         }
         self.registry.forget(&self.state.lease);
         // No longer valid in the database: nothing to give back.
-        let stale = matches!(self.state.loss(), Some(LossReason::Stale { .. }));
+        let stale = matches!(
+            self.state.loss(),
+            Some(LossReason::Stale { .. } | LossReason::Forgotten { .. })
+        );
         self.state.fire(LossReason::Released, Instant::now());
         if !stale {
             self.context.release_in_background(self.state.lease.fence());

@@ -119,6 +119,8 @@ pub(crate) struct Renewed {
     pub(crate) current_holder: Option<String>,
     /// A session-bound lease whose session has ended.
     pub(crate) session_ended: bool,
+    /// The timeline whose change made the database forget the acquisition.
+    pub(crate) forgotten_in: Option<i64>,
 }
 
 /// What applying one statement's outcome did.
@@ -487,8 +489,9 @@ impl Registry {
                         entry.renew_at = sent + entry.state.timing.period;
                         continue;
                     }
-                    let reason = if row.current_token == Some(key.1) && row.current_holder.is_none()
-                    {
+                    let reason = if let Some(timeline) = row.forgotten_in {
+                        LossReason::Forgotten { timeline }
+                    } else if row.current_token == Some(key.1) && row.current_holder.is_none() {
                         LossReason::Released
                     } else if row.session_ended {
                         LossReason::SessionEnded

@@ -192,5 +192,6 @@ fn parse(row: &PgRow) -> Option<Renewed> {
         current_token: row.try_get("current_token").ok()?,
         current_holder: row.try_get("current_holder").ok()?,
         session_ended: row.try_get("session_ended").ok()?,
+        forgotten_in: row.try_get("forgotten_in").ok()?,
     })
 }

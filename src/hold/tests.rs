@@ -51,6 +51,7 @@ fn confirmed(name: &str, token: i64) -> Renewed {
         current_token: None,
         current_holder: None,
         session_ended: false,
+        forgotten_in: None,
     }
 }
 
@@ -62,6 +63,7 @@ fn refused(name: &str, token: i64, current: i64, holder: Option<&str>) -> Renewe
         current_token: Some(current),
         current_holder: holder.map(str::to_owned),
         session_ended: false,
+        forgotten_in: None,
     }
 }
 

@@ -47,7 +47,7 @@ pub use auto_failover::{AutoFailover, AutoNode, FAST, Timeouts};
 pub use database::TestDatabase;
 pub use faults::Faults;
 pub use pgbouncer::{PgBouncer, PgBouncerBuilder};
-pub use replicated::{Endpoint, Node, Replicated, Standby};
+pub use replicated::{Backup, Endpoint, Node, Replicated, Restored, Standby};
 
 /// Why a [`TestDatabase`] could not be made. Its `Debug` is its message,
 /// so that `.expect()` prints it readably.

@@ -102,6 +102,9 @@ pub struct Replicated {
     user: ServerUser,
     primary: Node,
     standby: Node,
+    /// Where the primary archives its WAL, if it does
+    /// ([`Replicated::start_archiving`]).
+    archive: Option<PathBuf>,
 }
 
 impl Replicated {
@@ -119,6 +122,25 @@ impl Replicated {
     /// Cancelled, the servers started so far keep running until this
     /// process exits.
     pub async fn start(standby: Standby) -> Result<Replicated, SetupError> {
+        Self::start_with(standby, false).await
+    }
+
+    /// [`Replicated::start`], with the primary archiving its WAL (into the
+    /// pair's directory), so that a base backup of it can be restored to a
+    /// point in time ([`Replicated::base_backup`], [`Replicated::restore`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Replicated::start`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Replicated::start`].
+    pub async fn start_archiving(standby: Standby) -> Result<Replicated, SetupError> {
+        Self::start_with(standby, true).await
+    }
+
+    async fn start_with(standby: Standby, archive: bool) -> Result<Replicated, SetupError> {
         let bin = host::find_bindir(&["pg_basebackup"])?;
         let user = ServerUser::find()?;
         let root = host::scratch_dir("replicated", &user)?;
@@ -133,6 +155,7 @@ impl Replicated {
                 dir: root.join("standby"),
                 port: 0,
             },
+            archive: archive.then(|| root.join("archive")),
             root,
             bin,
             user,
@@ -171,12 +194,24 @@ impl Replicated {
             Standby::Synchronous => "'standby'",
             Standby::Asynchronous => "''",
         };
+        let archive = match &self.archive {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| SetupError::Server(format!("create {}: {e}", dir.display())))?;
+                self.user.give(dir)?;
+                format!(
+                    "archive_mode = on\narchive_command = 'cp %p {}/%f'\n",
+                    dir.display()
+                )
+            }
+            None => String::new(),
+        };
         append(
             &primary.dir.join("postgresql.conf"),
             &format!(
                 "\nport = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
                  wal_level = replica\nmax_wal_senders = 4\nsynchronous_standby_names = {sync_names}\n\
-                 fsync = off\nshared_buffers = 16MB\nmax_connections = 40\n",
+                 fsync = off\nshared_buffers = 16MB\nmax_connections = 40\n{archive}",
                 primary.port,
                 self.root.display()
             ),
@@ -272,6 +307,163 @@ impl Replicated {
         Ok(())
     }
 
+    /// Starts the primary again after [`Replicated::crash_primary`]: it
+    /// runs crash recovery, on the same timeline.
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError::Server`] with `pg_ctl`'s output and the log.
+    pub fn restart_primary(&self) -> Result<(), SetupError> {
+        // The killed postmaster may linger as a zombie (nobody reaps it
+        // here), whose process id makes `pg_ctl` think it still runs: a
+        // crashed host leaves no such process behind.
+        if let Some(pid) = self.primary.postmaster()
+            && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map_or(true, |stat| stat.contains(") Z "))
+        {
+            // Its lock files: the data directory's and the socket's.
+            let socket_lock = format!(".s.PGSQL.{}.lock", self.primary.port);
+            for lock in [
+                self.primary.dir.join("postmaster.pid"),
+                self.root.join(socket_lock),
+            ] {
+                match std::fs::remove_file(&lock) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(SetupError::Server(format!(
+                            "remove {}: {e}",
+                            lock.display()
+                        )));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.pg_ctl(&self.primary, &["start", "-w", "-t", "60"])
+    }
+
+    /// A base backup of the primary, for [`Replicated::restore`], into the
+    /// pair's directory.
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError::Server`] with `pg_basebackup`'s output, or when the
+    /// pair was not started with [`Replicated::start_archiving`].
+    pub fn base_backup(&self) -> Result<Backup, SetupError> {
+        self.archive_dir()?;
+        let dir = self.root.join(format!("backup-{}", host::free_port()?));
+        let conninfo = format!(
+            "host=127.0.0.1 port={} user=postgres application_name=backup",
+            self.primary.port
+        );
+        host::output(
+            self.command("pg_basebackup")
+                .args(["-d", &conninfo, "-D"])
+                .arg(&dir)
+                .args(["-X", "stream", "--no-sync", "-c", "fast"]),
+        )?;
+        Ok(Backup { dir })
+    }
+
+    fn archive_dir(&self) -> Result<&Path, SetupError> {
+        self.archive.as_deref().ok_or_else(|| {
+            SetupError::Server(
+                "the pair does not archive its WAL: start it with Replicated::start_archiving"
+                    .to_owned(),
+            )
+        })
+    }
+
+    /// Creates the restore point `name` on the primary, and waits until
+    /// the WAL that holds it is archived (30 s at most).
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError::Server`] if the primary cannot be reached, the pair
+    /// does not archive, or the WAL is not archived in time.
+    pub async fn restore_point(&self, name: &str) -> Result<(), SetupError> {
+        self.archive_dir()?;
+        let pool = self.primary.pool().await?;
+        let segment: String = sqlx::query_scalar(
+            "SELECT pg_walfile_name(pg_create_restore_point($1)) \
+               FROM (SELECT pg_switch_wal()) AS s",
+        )
+        .bind(name)
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| SetupError::Server(format!("create restore point {name:?}: {e}")))?;
+        // The point's segment, switched away from, is archived next.
+        let _ = sqlx::query("SELECT pg_switch_wal()")
+            .execute(&pool)
+            .await
+            .map_err(|e| SetupError::Server(format!("switch WAL: {e}")))?;
+        until(
+            &pool,
+            &format!(
+                "SELECT coalesce(last_archived_wal >= '{segment}', false) FROM pg_stat_archiver"
+            ),
+            &format!("WAL segment {segment} archived"),
+            |archived: &bool| *archived,
+        )
+        .await?;
+        pool.close().await;
+        Ok(())
+    }
+
+    /// Restores `backup` as a new server and recovers it from the archive
+    /// up to the restore point `name`, where it ends recovery on a new
+    /// timeline and accepts writes (as a point-in-time restore does). It
+    /// is stopped and deleted when dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError::Server`] with the step that failed and the server's
+    /// log.
+    pub async fn restore(&self, backup: &Backup, name: &str) -> Result<Restored, SetupError> {
+        let archive = self.archive_dir()?;
+        let restored = Restored {
+            node: Node {
+                name: "restored",
+                dir: self.root.join(format!("restored-{}", host::free_port()?)),
+                port: host::free_port()?,
+            },
+            bin: self.bin.clone(),
+            user: self.user.clone(),
+            log: self.root.join("restored.log"),
+        };
+        host::output(
+            self.user
+                .command(Path::new("cp"))
+                .arg("-a")
+                .arg(&backup.dir)
+                .arg(&restored.node.dir),
+        )?;
+        append(
+            &restored.node.dir.join("postgresql.conf"),
+            &format!(
+                "\nport = {}\narchive_mode = off\nrestore_command = 'cp {}/%f %p'\n\
+                 recovery_target_name = '{name}'\nrecovery_target_action = 'promote'\n\
+                 recovery_target_timeline = 'current'\nsynchronous_standby_names = ''\n",
+                restored.node.port,
+                archive.display()
+            ),
+        )?;
+        let signal = restored.node.dir.join("recovery.signal");
+        std::fs::write(&signal, "")
+            .map_err(|e| SetupError::Server(format!("write {}: {e}", signal.display())))?;
+        self.user.give(&signal)?;
+        restored.pg_ctl(&["start", "-w", "-t", "60"])?;
+        let pool = restored.node.pool().await?;
+        until(
+            &pool,
+            "SELECT pg_is_in_recovery()",
+            "the restored server to end recovery",
+            |recovering: &bool| !*recovering,
+        )
+        .await?;
+        pool.close().await;
+        Ok(restored)
+    }
+
     /// Stops the standby (`stop = true`), or starts it again. While it is
     /// stopped an asynchronous standby falls behind by everything the
     /// primary commits; started again after the primary has gone, it
@@ -346,6 +538,54 @@ impl Drop for Replicated {
             }
         }
         let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// A base backup of a [`Replicated`] pair's primary
+/// ([`Replicated::base_backup`]), deleted with the pair.
+#[derive(Debug)]
+pub struct Backup {
+    dir: PathBuf,
+}
+
+/// A server restored from a [`Backup`] to a point in time
+/// ([`Replicated::restore`]): on a new timeline, accepting writes. Stopped
+/// and deleted when dropped.
+#[derive(Debug)]
+pub struct Restored {
+    node: Node,
+    bin: PathBuf,
+    user: ServerUser,
+    log: PathBuf,
+}
+
+impl Restored {
+    /// The server.
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    fn pg_ctl(&self, args: &[&str]) -> Result<(), SetupError> {
+        let mut command = self.user.command(&self.bin.join("pg_ctl"));
+        command
+            .arg("-D")
+            .arg(&self.node.dir)
+            .arg("-l")
+            .arg(&self.log)
+            .args(args);
+        host::output(&mut command).map(drop).map_err(|e| {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            SetupError::Server(format!("{e}; the restored server's log:\n{log}"))
+        })
+    }
+}
+
+impl Drop for Restored {
+    fn drop(&mut self) {
+        if self.node.postmaster().is_some() {
+            let _ = self.pg_ctl(&["stop", "-m", "immediate", "-w", "-t", "30"]);
+        }
+        let _ = std::fs::remove_dir_all(&self.node.dir);
     }
 }
 

@@ -57,19 +57,31 @@ pub(crate) enum Attempt {
         /// The process id of the server session a session-bound holder's
         /// lease is bound to.
         holder_session: Option<i32>,
+        /// Refused for the grant delay after a change of timeline: until
+        /// when (database clock).
+        delayed_until: Option<DateTime<Utc>>,
     },
 }
 
 impl Attempt {
     /// For a lease found held: the error to report, [`Error::Pinned`] when
-    /// the lease has ended but a stale fenced transaction still holds it.
+    /// the lease has ended but a stale fenced transaction still holds it,
+    /// [`Error::GrantDelayed`] during a grant delay.
     pub(crate) fn refusal(
         name: &str,
         holder: Option<String>,
         expires_at: DateTime<Utc>,
         checked_at: DateTime<Utc>,
         note: Option<String>,
+        delayed_until: Option<DateTime<Utc>>,
     ) -> Error {
+        if let Some(until) = delayed_until {
+            return Error::GrantDelayed {
+                name: name.to_owned(),
+                until,
+                reason: note.unwrap_or_else(|| "the grant delay after a failover".to_owned()),
+            };
+        }
         let pinned = pinned(holder.as_deref(), expires_at, checked_at);
         match holder {
             Some(holder) if !pinned => Error::Held {
@@ -158,13 +170,14 @@ async fn attempt(
     let current_holder: Option<String> = row.try_get("holder")?;
     let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
     let Some(token) = token else {
-        telemetry::acquire_attempt(
-            if pinned(current_holder.as_deref(), expires_at, checked_at) {
-                "pinned"
-            } else {
-                "held"
-            },
-        );
+        let delayed_until: Option<DateTime<Utc>> = row.try_get("delayed_until")?;
+        telemetry::acquire_attempt(if delayed_until.is_some() {
+            "delayed"
+        } else if pinned(current_holder.as_deref(), expires_at, checked_at) {
+            "pinned"
+        } else {
+            "held"
+        });
         return Ok(Attempt::Held {
             holder: current_holder,
             expires_at,
@@ -172,6 +185,7 @@ async fn attempt(
             note: row.try_get("note")?,
             slot: row.try_get("slot_name")?,
             holder_session: row.try_get("holder_session")?,
+            delayed_until,
         });
     };
     telemetry::acquire_attempt("acquired");
@@ -373,7 +387,7 @@ impl Acquirer {
         // from one nap to the next while the holder stays the same.
         let mut session_wait: Option<(i32, SessionWait<'_>)> = None;
         loop {
-            let (current, expires_at, checked_at, note, slot, holder_session) =
+            let (current, expires_at, checked_at, note, slot, holder_session, delayed_until) =
                 match attempt_detached(context, name, ttl, how).await {
                     Ok(Attempt::Acquired { lease, sent }) => {
                         telemetry::acquisition("acquired", Some(start.elapsed()));
@@ -393,7 +407,16 @@ impl Acquirer {
                         note,
                         slot,
                         holder_session,
-                    }) => (holder, expires_at, checked_at, note, slot, holder_session),
+                        delayed_until,
+                    }) => (
+                        holder,
+                        expires_at,
+                        checked_at,
+                        note,
+                        slot,
+                        holder_session,
+                        delayed_until,
+                    ),
                     // Acquired so late that it was lost before its
                     // confirming renewal: another attempt, while allowed.
                     Err(Error::Lost { .. }) if Instant::now() < deadline => continue,
@@ -406,10 +429,22 @@ impl Acquirer {
             let pinned = pinned(current.as_deref(), expires_at, checked_at);
             let now = Instant::now();
             if now >= deadline {
-                telemetry::acquisition(if pinned { "pinned" } else { "held" }, None);
+                telemetry::acquisition(
+                    match (delayed_until, pinned) {
+                        (Some(_), _) => "delayed",
+                        (None, true) => "pinned",
+                        (None, false) => "held",
+                    },
+                    None,
+                );
                 // A counted lease's refusal names the slot it describes.
                 return Err(Attempt::refusal(
-                    &slot, current, expires_at, checked_at, note,
+                    &slot,
+                    current,
+                    expires_at,
+                    checked_at,
+                    note,
+                    delayed_until,
                 ));
             }
             if context.is_shut_down() {
@@ -458,7 +493,14 @@ impl Acquirer {
                     (pid, wait)
                 });
             }
-            let nap = if racing_exit {
+            let nap = if let Some(until) = delayed_until {
+                // No grant before the delay ends (database time left, as a
+                // duration here), spread so that waiters do not all return
+                // at once.
+                let left =
+                    (until - checked_at).to_std().unwrap_or_default() + Duration::from_millis(1);
+                left + backoff::spread(left)
+            } else if racing_exit {
                 exit_polls = exit_polls.saturating_add(1);
                 backoff::backoff(
                     Duration::from_millis(1),

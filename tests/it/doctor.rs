@@ -28,12 +28,19 @@ async fn a_migrated_database_on_this_server_is_all_well() {
             "pooler",
             "durability",
             "replication",
+            "timeline",
             "takeover",
             "security",
             "server_version"
         ]
     );
     assert_eq!(diagnosis.verdict(), Verdict::Ok, "{diagnosis:#?}");
+    let timeline = check(&diagnosis, "timeline");
+    assert!(
+        timeline.detail.contains("the one the schema was made on"),
+        "{}",
+        timeline.detail
+    );
     let pooler = check(&diagnosis, "pooler");
     assert!(
         pooler.detail.contains("no transaction pooler"),
@@ -90,6 +97,16 @@ async fn an_application_role_gets_findings_not_an_error() {
     let schema = check(&diagnosis, "schema");
     assert_eq!(schema.verdict, Verdict::Warning, "{schema:?}");
     assert!(schema.detail.contains("owner"), "{}", schema.detail);
+    // Not granted the timelines: said, with the grant.
+    let timeline = check(&diagnosis, "timeline");
+    assert_eq!(timeline.verdict, Verdict::Warning, "{timeline:?}");
+    assert!(
+        timeline
+            .detail
+            .contains("GRANT SELECT ON pglease.timelines"),
+        "{}",
+        timeline.detail
+    );
     pool.close().await;
 }
 

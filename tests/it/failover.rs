@@ -5,8 +5,9 @@
 //! With a synchronous standby no acknowledged acquisition may be lost and
 //! no token issued again, also when `synchronous_commit` is weakened by
 //! the server or by the session (acquisitions raise it for themselves).
-//! With an asynchronous standby that has fallen behind, both happen, and
-//! the same checks see it: what the documentation warns about.
+//! With an asynchronous standby that has fallen behind, acknowledged
+//! acquisitions are lost (the same checks count them) but no token is
+//! issued again (tests/it/timeline.rs has the holder's side).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -247,15 +248,22 @@ async fn also_when_the_session_turns_synchronous_commit_off() -> Result<(), Setu
     nothing_lost(Weakened::BySession("off")).await
 }
 
-/// The same checks see the loss an asynchronous standby that has fallen
-/// behind causes: every acquisition made while it was down is gone, and
-/// their tokens are issued again.
-async fn an_asynchronous_standby_behind_loses_acquisitions_and_reissues_tokens()
+/// The same checks see what an asynchronous standby that has fallen
+/// behind loses: the acquisitions made while it was down (the price of
+/// asynchronous replication, counted). None of their tokens is issued
+/// again: the promoted server moves the fence past them.
+async fn an_asynchronous_standby_behind_loses_acquisitions_but_never_reissues_a_token()
 -> Result<(), SetupError> {
     let report = crash_under_load(Standby::Asynchronous, Weakened::Not, true).await?;
+    assert!(!report.lost.is_empty(), "the loss went unseen: {report:?}");
     assert!(
-        !report.lost.is_empty() && !report.reissued.is_empty(),
-        "the loss went unseen: {report:?}"
+        report.reissued.is_empty(),
+        "tokens issued again: {report:?}"
+    );
+    eprintln!(
+        "{} of {} names' latest acknowledged acquisitions lost; none reissued",
+        report.lost.len(),
+        NAMES
     );
     Ok(())
 }
@@ -400,12 +408,13 @@ async fn a_failover_too_late_ends_the_lease_as_unreachable_before_its_expiry()
     Ok(())
 }
 
-/// `doctor` flags an asynchronous standby (and, on these test clusters,
-/// `fsync = off`), and passes the replication check of a synchronous one.
+/// `doctor` warns of an asynchronous standby and explains the grant
+/// delay (and, on these test clusters, flags `fsync = off`), and passes the
+/// replication check of a synchronous one.
 async fn doctor_flags_an_asynchronous_standby_and_passes_a_synchronous_one()
 -> Result<(), SetupError> {
     for (standby, expected) in [
-        (Standby::Asynchronous, Verdict::Problem),
+        (Standby::Asynchronous, Verdict::Warning),
         (Standby::Synchronous, Verdict::Ok),
     ] {
         let cluster = Replicated::start(standby).await?;
@@ -422,6 +431,14 @@ async fn doctor_flags_an_asynchronous_standby_and_passes_a_synchronous_one()
         };
         let (replication, detail) = verdict("replication");
         assert_eq!(replication, expected, "{standby:?}: {detail}");
+        if standby == Standby::Asynchronous {
+            assert!(
+                detail.contains("no token is ever issued twice")
+                    && detail.contains("grant delay")
+                    && detail.contains("none is set now"),
+                "{detail}"
+            );
+        }
         assert_eq!(
             verdict("durability").0,
             Verdict::Problem,
@@ -437,7 +454,7 @@ tests![
     a_synchronous_standby_keeps_every_acknowledged_acquisition(2),
     also_when_the_server_commits_locally_only(2),
     also_when_the_session_turns_synchronous_commit_off(2),
-    an_asynchronous_standby_behind_loses_acquisitions_and_reissues_tokens(2),
+    an_asynchronous_standby_behind_loses_acquisitions_but_never_reissues_a_token(2),
     a_held_lease_survives_a_failover_behind_a_stable_endpoint(2),
     a_failover_too_late_ends_the_lease_as_unreachable_before_its_expiry(2),
     doctor_flags_an_asynchronous_standby_and_passes_a_synchronous_one(2),

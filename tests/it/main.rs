@@ -56,6 +56,7 @@ mod stale_tokens;
 mod status;
 mod takeover;
 mod testing_kit;
+mod timeline;
 mod values;
 mod waiting;
 mod watch;
@@ -93,6 +94,7 @@ fn main() -> std::process::ExitCode {
             status::tests(),
             takeover::tests(),
             testing_kit::tests(),
+            timeline::tests(),
             values::tests(),
             waiting::tests(),
             watch::tests(),

@@ -196,9 +196,11 @@ async fn a_schema_from_another_history_or_a_newer_version_is_refused_with_what_t
         .expect("acquire on the new schema");
 }
 
-/// An acquisition commits durably even when the session asked for
-/// asynchronous commit (a crash must never let a token be issued twice).
-async fn acquisition_forces_synchronous_commit() {
+/// An acquisition and a renewal commit durably even when the session
+/// asked for asynchronous commit (a crash must never let a token be issued
+/// twice, or end a lease before the expiry its holder was told); a failed
+/// attempt keeps the session's setting.
+async fn acquisition_and_renewal_force_synchronous_commit() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     sqlx::query("SET synchronous_commit = off")
@@ -215,7 +217,8 @@ async fn acquisition_forces_synchronous_commit() {
     assert_eq!(synchronous_commit(&mut tx).await, "on");
     tx.commit().await.expect("commit");
 
-    // A failed attempt (read-only) and a renewal keep the session's setting.
+    // A failed attempt (read-only) keeps the session's setting; a renewal
+    // raises it.
     let mut tx = conn.begin().await.expect("begin");
     let failed: Option<i64> =
         sqlx::query_scalar("SELECT token FROM pglease.acquire('d', 'B', '1 min')")
@@ -223,6 +226,7 @@ async fn acquisition_forces_synchronous_commit() {
             .await
             .expect("failed acquire");
     assert_eq!(failed, None);
+    assert_eq!(synchronous_commit(&mut tx).await, "off");
     let renewed: Option<chrono::DateTime<chrono::Utc>> =
         sqlx::query_scalar("SELECT pglease.renew('d', $1, '1 min')")
             .bind(token)
@@ -230,7 +234,29 @@ async fn acquisition_forces_synchronous_commit() {
             .await
             .expect("renew");
     assert!(renewed.is_some());
+    assert_eq!(synchronous_commit(&mut tx).await, "on");
+    tx.commit().await.expect("commit");
+
+    // So does a batch renewal that renews something, and only then.
+    let mut tx = conn.begin().await.expect("begin");
+    let none: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pglease.renew_many('{d}', ARRAY[$1 + 1000], '{1 min}') WHERE renewed",
+    )
+    .bind(token)
+    .fetch_one(&mut *tx)
+    .await
+    .expect("renew_many of a token never issued");
+    assert_eq!(none, 0);
     assert_eq!(synchronous_commit(&mut tx).await, "off");
+    let one: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pglease.renew_many('{d}', ARRAY[$1], '{1 min}') WHERE renewed",
+    )
+    .bind(token)
+    .fetch_one(&mut *tx)
+    .await
+    .expect("renew_many");
+    assert_eq!(one, 1);
+    assert_eq!(synchronous_commit(&mut tx).await, "on");
     tx.commit().await.expect("commit");
 }
 
@@ -247,5 +273,5 @@ tests![
     host_application_migrations_do_not_clash,
     failed_migration_leaves_no_lock_on_the_pool,
     a_schema_from_another_history_or_a_newer_version_is_refused_with_what_to_do,
-    acquisition_forces_synchronous_commit,
+    acquisition_and_renewal_force_synchronous_commit,
 ];

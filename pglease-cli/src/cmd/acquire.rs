@@ -63,6 +63,11 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs, json: boo
                     ended_at,
                     ..
                 } => Some(lease_json(name, holder.as_deref(), None, Some(*ended_at))),
+                Error::GrantDelayed { name, until, .. } => {
+                    let mut found = lease_json(name, None, None, None);
+                    found["delayed_until"] = serde_json::json!(until.to_rfc3339());
+                    Some(found)
+                }
                 _ => None,
             };
             if let (true, Some(found)) = (json, found) {

@@ -88,7 +88,7 @@ where
             announce_wait(name, &current, expires_at, wait);
             attempt(wait).await
         }
-        Err(e @ Error::Pinned { .. }) if !wait.is_zero() => {
+        Err(e @ (Error::Pinned { .. } | Error::GrantDelayed { .. })) if !wait.is_zero() => {
             note!("pglease: {e}; waiting up to {}", human(wait));
             attempt(wait).await
         }
@@ -96,8 +96,9 @@ where
     }
 }
 
-/// Exit 3 with the reason for an acquisition refused (held, pinned, or
-/// lost before it could be confirmed); any other error is `what` failing.
+/// Exit 3 with the reason for an acquisition refused (held, pinned,
+/// delayed after a failover, or lost before it could be confirmed); any
+/// other error is `what` failing.
 pub(crate) fn not_acquired(e: Error, what: &'static str) -> Outcome {
     match e {
         Error::Held {
@@ -109,6 +110,9 @@ pub(crate) fn not_acquired(e: Error, what: &'static str) -> Outcome {
             expires_at.to_rfc3339()
         ),
         Error::Pinned { .. } => eprintln!("pglease: not acquired: {e}"),
+        Error::GrantDelayed { .. } => eprintln!(
+            "pglease: not acquired: {e}; try again after that, or wait for it with --wait"
+        ),
         Error::Lost { .. } => eprintln!(
             "pglease: not acquired: the answer came later than a third of the TTL, and the \
              lease had expired before a renewal could confirm it ({e}); use a --ttl well above \

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use pglease::{Fence, LeaseManager};
+use pglease::{Error, Fence, LeaseManager};
 use serde_json::json;
 
 use crate::exit::{self, Outcome};
@@ -10,7 +10,22 @@ use crate::output::{note, out};
 
 /// `pglease release`: exit 0 if this ended the lease, 4 if it was not held.
 pub(crate) async fn release(manager: &LeaseManager, fence: &Fence, json: bool) -> Outcome {
-    let released = manager.release(fence).await.map_err(|e| (e, "release"))?;
+    let released = match manager.release(fence).await {
+        Ok(released) => released,
+        // An acquisition the database forgot in a failover or a restore.
+        Err(e @ Error::Lost { .. }) => {
+            if json {
+                out!(
+                    "{}",
+                    json!({"name": fence.name(), "token": fence.token().get(), "released": false,
+                           "lost": true})
+                );
+            }
+            eprintln!("pglease: {e}: nothing to release");
+            return Ok(ExitCode::from(exit::LOST));
+        }
+        Err(e) => return Err((e, "release")),
+    };
     if json {
         out!(
             "{}",

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use pglease::{AcquireOptions, HeldLease, LeaseManager, LossReason};
+use pglease::{AcquireOptions, Error, HeldLease, LeaseManager, LossReason};
 use tokio::time::Instant;
 
 use super::{announced, not_acquired};
@@ -217,7 +217,8 @@ const RELEASE_AFTER_LOSS: Duration = Duration::from_secs(2);
 async fn release_after(held: HeldLease, limit: Duration) {
     let name = held.name().to_owned();
     match tokio::time::timeout(limit, held.release()).await {
-        Ok(Ok(_)) => {}
+        // Lost (the database forgot the acquisition): said already.
+        Ok(Ok(_) | Err(Error::Lost { .. })) => {}
         Ok(Err(e)) => eprintln!("pglease: could not release {name:?} ({e}); it ends at its expiry"),
         Err(_) => eprintln!("pglease: no answer to the release of {name:?}; it ends at its expiry"),
     }
