@@ -1658,10 +1658,9 @@ BEGIN
             IF lost_in.timeline IS NOT NULL THEN
                 RAISE EXCEPTION USING ERRCODE = 'LE001',
                     MESSAGE = format('pglease: lease %L is not held under token %s: the database '
-                                     'changed to timeline %s at %s (a failover or a restore) and '
-                                     'lost that acquisition with the old timeline''s latest '
-                                     'commits', assert_held.name, assert_held.token,
-                                     lost_in.timeline, lost_in.at),
+                                     'changed to timeline %s (a failover or a restore) and lost '
+                                     'that acquisition with the old timeline''s latest commits',
+                                     assert_held.name, assert_held.token, lost_in.timeline),
                     DETAIL = format('reason=forgotten token=%s timeline=%s name=%s',
                                     assert_held.token, lost_in.timeline, assert_held.name);
             END IF;
@@ -2166,18 +2165,43 @@ COMMENT ON FUNCTION pglease.server_timeline() IS
 -- TOKEN of a lease whose row has token CURRENT (NULL: it has no row), or
 -- NULL (every column) if it did not (see WHAT THE NEW SERVER KNOWS): the
 -- first change after TOKEN was drawn, if the server does not know TOKEN
--- for that lease. Callers ask only for a token that is not the row's.
+-- for that lease. Also a change not checked yet (a renewal or a guarded
+-- write can come before any acquisition on the new timeline): no token has
+-- been drawn since, so TOKEN is from before it; that row has no id, at or
+-- floor. It only reads: a refusal must not move the fence (its
+-- transaction may roll back, and setval would not). Callers ask only for
+-- a token that is not the row's.
 CREATE FUNCTION pglease._forgotten(token bigint, current bigint)
 RETURNS pglease._timelines
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT c.* FROM pglease._timelines AS c
-     WHERE c.cause OPERATOR(pg_catalog.<>) 'migrated'
-       AND $1 OPERATOR(pg_catalog.<=) c.floor
-       AND ($2 IS NULL OR $2 OPERATOR(pg_catalog.=) 0 OR $1 OPERATOR(pg_catalog.>) $2
-            OR ($2 OPERATOR(pg_catalog.>) c.floor AND $1 OPERATOR(pg_catalog.>) c.seen))
+DECLARE
+    change pglease._timelines;
+    tli    bigint;
+BEGIN
+    SELECT c.* INTO change FROM pglease._timelines AS c
+     WHERE c.cause <> 'migrated' AND _forgotten.token <= c.floor
+       AND (_forgotten.current IS NULL OR _forgotten.current = 0
+            OR _forgotten.token > _forgotten.current
+            OR (_forgotten.current > c.floor AND _forgotten.token > c.seen))
      ORDER BY c.floor
-     LIMIT 1
+     LIMIT 1;
+    IF FOUND THEN
+        RETURN change;
+    END IF;
+    IF (_forgotten.current IS NULL OR _forgotten.current = 0
+        OR _forgotten.token > _forgotten.current)
+       AND NOT pg_is_in_recovery() AND NOT EXISTS (SELECT 1 FROM pglease._checked) THEN
+        tli := pglease.server_timeline();
+        SELECT c.* INTO change FROM pglease._timelines AS c ORDER BY c.id DESC LIMIT 1;
+        IF change.timeline IS DISTINCT FROM tli THEN
+            RETURN ROW(NULL, tli, change.timeline, NULL, NULL, NULL, NULL, 'timeline')
+                   ::pglease._timelines;
+        END IF;
+    END IF;
+    RETURN NULL;
+END
 $$;
 
 REVOKE ALL ON FUNCTION pglease._forgotten(bigint, bigint) FROM PUBLIC;

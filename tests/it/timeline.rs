@@ -361,6 +361,13 @@ async fn a_restore_to_a_point_in_time_moves_the_fence() -> Result<(), SetupError
     let restored = pair.restore(&backup, "before-victim").await?;
     let pool = restored.node().pool().await?;
     let b = LeaseManager::new(pool.clone());
+    // Before anything has drawn a token here (so before the change is
+    // checked and recorded), A is refused with the new reason already.
+    let timeline: i64 = sqlx::query_scalar("SELECT pglease.server_timeline()")
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| SetupError::Server(e.to_string()))?;
+    everything_refused(&b, a.fence(), timeline).await;
     let b_holds = b
         .acquire("victim", ttl(3600).holder("B"))
         .await
@@ -378,6 +385,7 @@ async fn a_restore_to_a_point_in_time_moves_the_fence() -> Result<(), SetupError
         acknowledged.iter().filter(|t| **t > change.seen).count(),
         b_holds.token()
     );
+    assert_eq!(change.timeline, timeline);
     everything_refused(&b, a.fence(), change.timeline).await;
     assert_eq!(data_row(&pool).await.0, "initial");
     Ok(())

@@ -88,5 +88,40 @@ pub(crate) async fn status(
             leases.len()
         );
     }
+    timeline_note(manager, now).await;
     Ok(code)
+}
+
+/// On stderr: the latest change of timeline (a failover or a restore), while
+/// a lease acquired before it could still run (the longest TTL). A role
+/// that may not read `pglease.timelines` is told nothing.
+async fn timeline_note(manager: &LeaseManager, now: DateTime<Utc>) {
+    let Ok(mut changes) = manager.timeline_changes().await else {
+        return;
+    };
+    let Some(change) = changes.pop() else {
+        return;
+    };
+    if (now - change.at).to_std().unwrap_or_default() >= pglease::limits::MAX_TTL {
+        return;
+    }
+    let what = match (&change.declared, change.previous) {
+        (Some(reason), _) => format!("an administrator declared a rollback ({reason})"),
+        (None, Some(previous)) => format!(
+            "the database changed from timeline {previous} to {} (a failover or a restore)",
+            change.timeline
+        ),
+        (None, None) => format!("the database changed to timeline {}", change.timeline),
+    };
+    let delay = match change.grant_after {
+        Some(after) if after > now => format!("; no lease granted before {}", after.to_rfc3339()),
+        _ => String::new(),
+    };
+    note!(
+        "pglease: {} ago {what}: tokens continue above {}; acquisitions made before it above \
+         token {} are unknown here and refused{delay}",
+        short((now - change.at).to_std().unwrap_or_default()),
+        change.floor,
+        change.seen
+    );
 }

@@ -30,6 +30,7 @@ mod elect;
 mod failover;
 mod history;
 mod pooler;
+mod timeline;
 
 fn main() -> std::process::ExitCode {
     pglease::testing::harness::run(
@@ -42,6 +43,7 @@ fn main() -> std::process::ExitCode {
             failover::tests(),
             history::tests(),
             pooler::tests(),
+            timeline::tests(),
         ]
         .into_iter()
         .flatten(),
