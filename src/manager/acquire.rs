@@ -47,6 +47,9 @@ impl LeaseManager {
     /// the wait is over, including this holder itself: leases are not
     /// re-entrant. [`Error::Pinned`] if it has ended but a stale fenced
     /// transaction that could not be ended still holds it.
+    /// [`Error::GrantDelayed`] during the grant delay an administrator set
+    /// for after a failover or a restore (`pglease.set_grant_delay`), when
+    /// the wait ends before it does.
     /// [`Error::InvalidInput`] (nothing sent), [`Error::ShutDown`],
     /// [`Error::Database`].
     ///

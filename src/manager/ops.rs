@@ -46,7 +46,9 @@ impl LeaseManager {
     /// # Errors
     ///
     /// [`Error::Lost`] if the token is no longer valid (expired, released,
-    /// or taken over; the reason says which); [`Error::NotHeld`] for a
+    /// or taken over; or [`LossReason::Forgotten`](crate::LossReason::Forgotten):
+    /// the database failed over or was restored and does not know the
+    /// acquisition; the reason says which); [`Error::NotHeld`] for a
     /// token the lease never had (`NotIssued`, `NeverAcquired`);
     /// [`Error::InvalidInput`] for a bad `ttl` (nothing sent);
     /// [`Error::Database`].
@@ -71,7 +73,9 @@ impl LeaseManager {
     ///
     /// # Errors
     ///
-    /// [`Error::Lost`] if the token is no longer valid (nothing changed);
+    /// [`Error::Lost`] if the token is no longer valid (nothing changed;
+    /// with [`LossReason::Forgotten`](crate::LossReason::Forgotten) for an
+    /// acquisition the database forgot in a failover or a restore);
     /// [`Error::NotHeld`] for a token the lease never had;
     /// [`Error::InvalidInput`] for a value that is too long or holds a NUL
     /// byte (nothing sent); [`Error::Database`].
@@ -129,7 +133,9 @@ impl LeaseManager {
     /// [`Error::NotHeld`] for a token the lease never had
     /// ([`NotHeldReason::NotIssued`](crate::NotHeldReason::NotIssued), or
     /// [`NotHeldReason::NeverAcquired`](crate::NotHeldReason::NeverAcquired)):
-    /// a mistake, not an ended lease (nothing changed);
+    /// a mistake, not an ended lease (nothing changed); [`Error::Lost`]
+    /// with [`LossReason::Forgotten`](crate::LossReason::Forgotten) for an
+    /// acquisition the database forgot in a failover or a restore;
     /// [`Error::Database`] if the database cannot be reached.
     ///
     /// # Cancel safety

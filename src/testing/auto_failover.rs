@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use super::SetupError;
-use super::replicated::signal;
+use super::replicated::{descendants, signal};
 use crate::provision::host::{self, ServerUser};
 
 /// The failover timeouts an [`AutoFailover`] runs with (pg_auto_failover's
@@ -235,10 +235,10 @@ impl AutoFailover {
         };
         let keeper_pid = child.id();
         let mut pids = vec![keeper_pid];
-        pids.extend(children(keeper_pid));
+        pids.extend(descendants(keeper_pid));
         if let Some(postmaster) = node.postmaster() {
             pids.push(postmaster);
-            pids.extend(children(postmaster));
+            pids.extend(descendants(postmaster));
         }
         signal("STOP", &pids);
         signal("KILL", &pids);
@@ -553,7 +553,7 @@ impl Drop for AutoFailover {
             if let Some(mut child) = lock(slot).take() {
                 let pid = child.id();
                 let mut pids = vec![pid];
-                pids.extend(children(pid));
+                pids.extend(descendants(pid));
                 signal("KILL", &pids);
                 let _ = child.wait();
             }
@@ -631,16 +631,4 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The processes whose parent is `pid`, and theirs.
-fn children(pid: u32) -> Vec<u32> {
-    let mut found = super::replicated::children(pid);
-    let mut i = 0;
-    while i < found.len() {
-        let more = super::replicated::children(found[i]);
-        found.extend(more);
-        i += 1;
-    }
-    found
 }

@@ -28,6 +28,7 @@ mod database;
 mod faults;
 #[cfg(feature = "harness")]
 pub mod harness;
+mod patroni;
 mod pgbouncer;
 mod replicated;
 
@@ -46,6 +47,7 @@ use crate::provision::{ClusterError, NoServer};
 pub use auto_failover::{AutoFailover, AutoNode, FAST, Timeouts};
 pub use database::TestDatabase;
 pub use faults::Faults;
+pub use patroni::{FAST_PATRONI, Patroni, PatroniNode};
 pub use pgbouncer::{PgBouncer, PgBouncerBuilder};
 pub use replicated::{Backup, Endpoint, Node, Replicated, Restored, Standby};
 

@@ -629,6 +629,18 @@ pub(super) fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The processes whose parent is `pid`, and theirs.
+pub(super) fn descendants(pid: u32) -> Vec<u32> {
+    let mut found = children(pid);
+    let mut i = 0;
+    while i < found.len() {
+        let more = children(found[i]);
+        found.extend(more);
+        i += 1;
+    }
+    found
+}
+
 /// Reads the one value `query` answers on `pool` every 20 ms until `done`
 /// accepts it; an error after 30 s, saying what it waited for and the last
 /// value read.

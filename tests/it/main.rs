@@ -46,6 +46,7 @@ mod migrate;
 mod model;
 mod multi_host;
 mod observe;
+mod patroni;
 mod pooler;
 mod protect;
 mod roles;
@@ -84,6 +85,7 @@ fn main() -> std::process::ExitCode {
             model::tests(),
             multi_host::tests(),
             observe::tests(),
+            patroni::tests(),
             pooler::tests(),
             protect::tests(),
             roles::tests(),

@@ -9,10 +9,10 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use crate::common::{fenced_write, migrate_with_data_table};
+use crate::common::{data_row, everything_refused, fenced_write, migrate_with_data_table};
 use pglease::history::Event;
 use pglease::testing::{Replicated, SetupError, Standby};
-use pglease::{AcquireOptions, Error, Fence, LeaseManager, LossReason, NotHeldReason, sqlx};
+use pglease::{AcquireOptions, Error, LeaseManager, LossReason, sqlx};
 
 fn ttl(secs: u64) -> AcquireOptions {
     AcquireOptions::ttl(Duration::from_secs(secs))
@@ -30,58 +30,6 @@ async fn cycles(leases: &LeaseManager, name: &str, count: usize) -> Vec<i64> {
         assert!(leases.release(&lease).await.expect("a cycle's release"));
     }
     tokens
-}
-
-/// The value and token of the data table's row on the server of `pool`.
-async fn data_row(pool: &sqlx::PgPool) -> (String, Option<i64>) {
-    sqlx::query_as("SELECT value, token FROM data WHERE id = 1")
-        .fetch_one(pool)
-        .await
-        .expect("read the data table")
-}
-
-/// What a holder whose acquisition the server forgot gets for everything
-/// it tries under `stale` on `leases` (the new server): each refusal names
-/// timeline `timeline`, and nothing of it commits.
-async fn everything_refused(leases: &LeaseManager, stale: &Fence, timeline: i64) {
-    let forgotten = LossReason::Forgotten { timeline };
-    // The write it had prepared, sent now.
-    match fenced_write(leases, stale.name(), stale.token(), "A, stale").await {
-        Err(Error::NotHeld {
-            reason: NotHeldReason::Forgotten { timeline: t },
-            ..
-        }) => assert_eq!(t, timeline),
-        other => panic!("the stale holder's write: {other:?}"),
-    }
-    match leases.renew(stale, Duration::from_secs(60)).await {
-        Err(Error::Lost { reason, .. }) => assert_eq!(reason, forgotten),
-        other => panic!("the stale holder's renewal: {other:?}"),
-    }
-    match leases.set_value(stale, Some("A's address")).await {
-        Err(Error::Lost { reason, .. }) => assert_eq!(reason, forgotten),
-        other => panic!("the stale holder's value: {other:?}"),
-    }
-    match leases.release(stale).await {
-        Err(Error::Lost { reason, .. }) => assert_eq!(reason, forgotten),
-        other => panic!("the stale holder's release: {other:?}"),
-    }
-    assert!(
-        !leases
-            .admit("store", stale.token())
-            .await
-            .expect("advance under the stale token"),
-        "a high-water mark accepted a token the server forgot"
-    );
-    // The message says what happened, for people.
-    let said = leases
-        .renew(stale, Duration::from_secs(60))
-        .await
-        .expect_err("renewal")
-        .to_string();
-    assert!(
-        said.contains("failed over or was restored") && said.contains(&timeline.to_string()),
-        "{said}"
-    );
 }
 
 /// The reproduction: an asynchronous standby is stopped, the

@@ -287,3 +287,58 @@ pub async fn handed_over_on_release(other: &LeaseManager, held: pglease::HeldLea
     let taken = b().await.expect("B acquires after the release");
     assert!(taken.token() > token);
 }
+
+/// The value and token of the data table's row on the server of `pool`.
+pub async fn data_row(pool: &sqlx::PgPool) -> (String, Option<i64>) {
+    sqlx::query_as("SELECT value, token FROM data WHERE id = 1")
+        .fetch_one(pool)
+        .await
+        .expect("read the data table")
+}
+
+/// What a holder whose acquisition the server forgot gets for everything
+/// it tries under `stale` on `leases` (the new server): each refusal names
+/// timeline `timeline`, and nothing of it commits.
+pub async fn everything_refused(leases: &LeaseManager, stale: &pglease::Fence, timeline: i64) {
+    let forgotten = pglease::LossReason::Forgotten { timeline };
+    // The write it had prepared, sent now.
+    match fenced_write(leases, stale.name(), stale.token(), "A, stale").await {
+        Err(pglease::Error::NotHeld {
+            reason: pglease::NotHeldReason::Forgotten { timeline: t },
+            ..
+        }) => assert_eq!(t, timeline),
+        other => panic!("the stale holder's write: {other:?}"),
+    }
+    match leases
+        .renew(stale, std::time::Duration::from_secs(60))
+        .await
+    {
+        Err(pglease::Error::Lost { reason, .. }) => assert_eq!(reason, forgotten),
+        other => panic!("the stale holder's renewal: {other:?}"),
+    }
+    match leases.set_value(stale, Some("A's address")).await {
+        Err(pglease::Error::Lost { reason, .. }) => assert_eq!(reason, forgotten),
+        other => panic!("the stale holder's value: {other:?}"),
+    }
+    match leases.release(stale).await {
+        Err(pglease::Error::Lost { reason, .. }) => assert_eq!(reason, forgotten),
+        other => panic!("the stale holder's release: {other:?}"),
+    }
+    assert!(
+        !leases
+            .admit("store", stale.token())
+            .await
+            .expect("advance under the stale token"),
+        "a high-water mark accepted a token the server forgot"
+    );
+    // The message says what happened, for people.
+    let said = leases
+        .renew(stale, std::time::Duration::from_secs(60))
+        .await
+        .expect_err("renewal")
+        .to_string();
+    assert!(
+        said.contains("failed over or was restored") && said.contains(&timeline.to_string()),
+        "{said}"
+    );
+}
