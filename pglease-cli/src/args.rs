@@ -86,6 +86,11 @@ pub(crate) enum Command {
         /// show uri --monitor`), whose settings give the failover time.
         #[arg(long, value_parser = Checked(monitor))]
         monitor: Option<String>,
+        /// With several hosts: Patroni's REST API (`http://HOST:8008`, its
+        /// `restapi.connect_address`), whose `GET /config` gives ttl and
+        /// loop_wait, and so the failover time.
+        #[arg(long, value_parser = Checked(patroni))]
+        patroni: Option<String>,
     },
     /// Acquire a lease (exit 3 if it is held).
     Acquire {
@@ -436,6 +441,26 @@ fn monitor(text: &str) -> Result<String, String> {
     pglease::connect::Target::parse(text)
         .map(|_| text.to_owned())
         .map_err(crate::connect::unusable)
+}
+
+/// Patroni's REST API: a plain `http://HOST:PORT` address (pglease reads
+/// it without TLS).
+fn patroni(text: &str) -> Result<String, String> {
+    let rest = text
+        .strip_prefix("http://")
+        .ok_or_else(|| match text.strip_prefix("https://") {
+            Some(_) => "pglease reads Patroni's REST API over plain HTTP only; give an \
+                        http:// address, or the failover time (--failover-time D)"
+                .to_owned(),
+            None => "give Patroni's REST API as http://HOST:PORT (its \
+                     restapi.connect_address; 8008 by default)"
+                .to_owned(),
+        })?;
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.is_empty() || authority.contains(char::is_whitespace) {
+        return Err(format!("no host in {text:?}: give http://HOST:PORT"));
+    }
+    Ok(text.trim_end_matches('/').to_owned())
 }
 
 /// How long to wait for a lease: zero (one attempt) to 7 days.

@@ -86,7 +86,15 @@ async fn dispatch(
             ttl,
             failover_time,
             monitor,
-        } => cmd::doctor::doctor(manager, json, ttl, failover_time, monitor.as_deref()).await,
+            patroni,
+        } => {
+            let failover = cmd::doctor::FailoverFrom {
+                time: failover_time,
+                monitor,
+                patroni,
+            };
+            cmd::doctor::doctor(manager, json, ttl, failover).await
+        }
         Command::Acquire {
             name,
             ttl,

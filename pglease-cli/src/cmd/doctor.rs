@@ -8,10 +8,18 @@ use std::time::Duration;
 
 use pglease::LeaseManager;
 use pglease::connect::Target;
-use pglease::doctor::{DoctorOptions, Verdict};
+use pglease::doctor::{DoctorOptions, PatroniTiming, Verdict};
 use serde_json::json;
 
 use crate::exit::{self, Outcome};
+
+/// Where the failover time comes from: given, pg_auto_failover's monitor,
+/// or Patroni's REST API.
+pub(crate) struct FailoverFrom {
+    pub(crate) time: Option<Duration>,
+    pub(crate) monitor: Option<String>,
+    pub(crate) patroni: Option<String>,
+}
 use crate::output::out;
 
 /// `pglease doctor`: every check, one line each (or one JSON object); exit
@@ -20,14 +28,24 @@ pub(crate) async fn doctor(
     manager: &LeaseManager,
     json: bool,
     ttl: Option<Duration>,
-    failover_time: Option<Duration>,
-    monitor: Option<&str>,
+    failover: FailoverFrom,
 ) -> Outcome {
     let mut options = DoctorOptions::new();
     options.ttl = ttl;
-    options.failover_time = failover_time;
+    options.failover_time = failover.time;
     // Checked when the arguments were parsed.
-    options.monitor = monitor.and_then(|m| Target::parse(m).ok());
+    options.monitor = failover.monitor.and_then(|m| Target::parse(&m).ok());
+    if let Some(url) = failover.patroni {
+        match patroni_timing(url.clone()).await {
+            Ok(timing) => options.patroni = Some(timing),
+            // The other checks go on; the failover check says it cannot
+            // tell.
+            Err(e) => eprintln!(
+                "pglease: cannot read Patroni's configuration from {url}/config ({e}); check \
+                 --patroni (Patroni's restapi.connect_address), or give --failover-time"
+            ),
+        }
+    }
     let diagnosis = manager
         .doctor_with(&options)
         .await
@@ -52,4 +70,41 @@ pub(crate) async fn doctor(
     } else {
         ExitCode::from(exit::PROBLEMS)
     })
+}
+
+/// Patroni's timing from its REST API's `GET /config` (the dynamic
+/// configuration; a setting it leaves out has Patroni's default).
+async fn patroni_timing(url: String) -> Result<PatroniTiming, String> {
+    let body = tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(5)))
+            .build()
+            .into();
+        agent
+            .get(format!("{url}/config"))
+            .call()
+            .and_then(|mut response| response.body_mut().read_to_string())
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let config: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| format!("not JSON: {e}"))?;
+    let seconds = |key: &str, default: Duration| -> Result<Duration, String> {
+        match config.get(key) {
+            None | Some(serde_json::Value::Null) => Ok(default),
+            // Patroni takes numbers, and numbers written as strings.
+            Some(value) => value
+                .as_u64()
+                .or_else(|| value.as_str().and_then(|s| s.trim().parse().ok()))
+                .map(Duration::from_secs)
+                .ok_or_else(|| format!("{key} is {value}, not a number of seconds")),
+        }
+    };
+    let default = PatroniTiming::DEFAULT;
+    Ok(PatroniTiming::new(
+        seconds("ttl", default.ttl)?,
+        seconds("loop_wait", default.loop_wait)?,
+        seconds("retry_timeout", default.retry_timeout)?,
+    ))
 }

@@ -29,6 +29,7 @@ mod demo;
 mod elect;
 mod failover;
 mod history;
+mod patroni;
 mod pooler;
 mod timeline;
 
@@ -42,6 +43,7 @@ fn main() -> std::process::ExitCode {
             elect::tests(),
             failover::tests(),
             history::tests(),
+            patroni::tests(),
             pooler::tests(),
             timeline::tests(),
         ]
