@@ -122,20 +122,15 @@ impl Patroni {
         let bin = host::find_bindir(&["pg_basebackup"])?;
         let user = ServerUser::find()?;
         let root = host::scratch_dir("patroni", &user)?;
-        let mut nodes = Vec::with_capacity(2);
-        for n in 1..=2 {
-            nodes.push(PatroniNode {
-                name: format!("node{n}"),
-                dir: root.join(format!("node{n}")),
-                port: 0,
-                rest_port: 0,
-                gate: Gate::start().await?,
-                patroni: Mutex::new(None),
-            });
-        }
-        let Ok(nodes) = <[PatroniNode; 2]>::try_from(nodes) else {
-            unreachable!("two nodes were made");
+        let node = |n: u32, gate: Gate| PatroniNode {
+            name: format!("node{n}"),
+            dir: root.join(format!("node{n}")),
+            port: 0,
+            rest_port: 0,
+            gate,
+            patroni: Mutex::new(None),
         };
+        let nodes = [node(1, Gate::start().await?), node(2, Gate::start().await?)];
         let mut formation = Patroni {
             root,
             bin,
