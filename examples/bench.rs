@@ -22,6 +22,8 @@
 //! only the SQL level: pgbench runs the scripts in `bench/pgbench/`
 //! (pglease's functions and the same work as raw statements, alternated,
 //! `BENCH_ROUNDS` pairs, default 3) and prints their ratios;
+//! `BENCH_ONLY=flushes` only the WAL flushes of durable renewals (1,000
+//! leases held at `synchronous_commit = off`);
 //! `BENCH_ONLY=p2b` only one manager holding 100,000 leases (in a
 //! database of its own, `pglease_bench_p2b`); `BENCH_ONLY=p3` only the handover from a release to a waiter;
 //! `BENCH_ONLY=p4c` only the takeover of a session-bound lease whose
@@ -313,6 +315,7 @@ async fn main() -> Result<(), Error> {
         "p2b" => Some(many_leases().await),
         "p3" => Some(handover(&pool).await),
         "p4c" => Some(session_bound_takeover(&pool).await),
+        "flushes" => Some(renewal_flushes().await),
         _ => None,
     };
     if let Some(outcome) = part {
@@ -930,6 +933,76 @@ fn process_cpu() -> Duration {
 /// acquisitions of held names: transactions given an id, tokens drawn
 /// (the WAL of their own is nil without an id; the server's WAL meanwhile
 /// counts the renewals).
+/// What durable renewals cost: a manager holding 1,000 leases (TTL 3 s, so
+/// renewed every second) for 10 s on a database whose sessions run with
+/// `synchronous_commit = off`, as services set it for throughput. Renewals
+/// raise it to `on` for their own transaction (an acknowledged renewal must
+/// survive a crash), so each renewal statement is one WAL flush: counted
+/// with `pg_stat_wal.wal_sync` (the whole server's; nothing else runs),
+/// beside the renewal statements and the periods.
+async fn renewal_flushes() -> Result<(), Error> {
+    const NAME: &str = "pglease_bench_flushes";
+    const LEASES: usize = 1_000;
+    const TTL: Duration = Duration::from_secs(3);
+    const WINDOW: Duration = Duration::from_secs(10);
+    let pool = fresh_database(NAME, 4).await?;
+    LeaseManager::new(pool.clone()).migrate().await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "ALTER DATABASE {NAME} SET synchronous_commit = off"
+    )))
+    .execute(&pool)
+    .await?;
+    pool.close().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(server().await?.database(NAME))
+        .await?;
+    let m = LeaseManager::new(pool.clone());
+    let mut held = Vec::with_capacity(LEASES);
+    for i in 0..LEASES {
+        held.push(
+            m.hold(
+                &format!("flush-{i}"),
+                AcquireOptions::ttl(TTL).holder("bench"),
+            )
+            .await?,
+        );
+    }
+    let syncs = || async {
+        sqlx::query_scalar::<_, i64>("SELECT wal_sync FROM pg_stat_wal")
+            .fetch_one(&pool)
+            .await
+    };
+    // Let the acquisitions' own flushes pass: from the next renewal on.
+    let first = m.stats().renewal_statements;
+    while m.stats().renewal_statements == first {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (statements, renewed, synced) = (
+        m.stats().renewal_statements,
+        m.stats().leases_renewed,
+        syncs().await?,
+    );
+    tokio::time::sleep(WINDOW).await;
+    let statements = m.stats().renewal_statements - statements;
+    let renewed = m.stats().leases_renewed - renewed;
+    let synced = syncs().await? - synced;
+    let periods = WINDOW.as_secs_f64() / (TTL.as_secs_f64() / 3.0);
+    println!(
+        "durable renewals: {LEASES} leases held (TTL {TTL:?}, renewed every {:?}), {WINDOW:?} \
+         at synchronous_commit = off: {statements} renewal statements renewed {renewed} leases; \
+         {synced} WAL flushes on the server (pg_stat_wal.wal_sync), {:.1} per renewal period \
+         of about {periods:.0}; renewing each lease in a statement of its own would flush \
+         {LEASES} times per period",
+        TTL / 3,
+        synced as f64 / periods
+    );
+    drop(held);
+    m.shutdown().await?;
+    pool.close().await;
+    drop_database(NAME).await
+}
+
 async fn many_leases() -> Result<(), Error> {
     const TTL: Duration = Duration::from_secs(60);
     const NAME: &str = "pglease_bench_p2b";
