@@ -24,7 +24,7 @@ pub struct DoctorOptions {
     pub ttl: Option<Duration>,
     /// How long a failover takes, detection and promotion, as measured or
     /// configured; without it, estimated from the monitor's settings when
-    /// `monitor` is given.
+    /// `monitor` is given, else from Patroni's when `patroni` is.
     pub failover_time: Option<Duration>,
     /// pg_auto_failover's monitor (`pg_autoctl show uri --monitor`), whose
     /// `pgautofailover.*` settings give the failover time estimate.
@@ -244,7 +244,8 @@ impl LeaseManager {
     /// - `failover`: whether a failover fits the TTL: the shortest TTL
     ///   (`options.ttl`, else the shortest among the leases held now)
     ///   against the failover time (`options.failover_time`, else an
-    ///   estimate from pg_auto_failover's monitor, `options.monitor`),
+    ///   estimate from pg_auto_failover's monitor, `options.monitor`, else
+    ///   from Patroni's timing, `options.patroni`),
     ///   plus a second for pglease to find the new primary, before the
     ///   local deadline (TTL less the safety margin).
     ///

@@ -1,9 +1,12 @@
 //! Patroni for failover tests: etcd and two PostgreSQL nodes managed by
 //! Patroni (Debian's `patroni` and `etcd-server`), in a temporary
 //! directory on free ports of 127.0.0.1, run as `postgres`, with trust
-//! authentication. Patroni's defaults, asynchronous replication among
-//! them, except shortened timings ([`FAST_PATRONI`]). Clients connect with
-//! the nodes' multi-host URL ([`Patroni::url`]).
+//! authentication. Patroni's defaults, asynchronous replication and
+//! `maximum_lag_on_failover` 1 MB among them, except shortened timings
+//! ([`FAST_PATRONI`]); PostgreSQL runs with `fsync` off, as the replicated
+//! pair does (the tests crash processes, not the machine, so the operating
+//! system keeps what was written). Clients connect with the nodes'
+//! multi-host URL ([`Patroni::url`]).
 //!
 //! Each node's replication address (Patroni's `postgresql.connect_address`,
 //! which the other node streams from) is a gate in front of it, so that a
@@ -225,7 +228,8 @@ impl Patroni {
         let mut pids = vec![child.id()];
         pids.extend(descendants(child.id()));
         // Patroni starts PostgreSQL detached from itself.
-        if let Some(postmaster) = postmaster_pid(&node.dir) {
+        let postmaster = postmaster_pid(&node.dir);
+        if let Some(postmaster) = postmaster {
             pids.push(postmaster);
             pids.extend(descendants(postmaster));
         }
@@ -233,6 +237,21 @@ impl Patroni {
         signal("KILL", &pids);
         let _ = child.wait();
         node.gate.cut();
+        // Gone (or a zombie), so that nothing of it answers any more.
+        if let Some(postmaster) = postmaster {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while std::fs::read_to_string(format!("/proc/{postmaster}/stat"))
+                .is_ok_and(|stat| !stat.contains(") Z "))
+            {
+                if Instant::now() > deadline {
+                    return Err(SetupError::Server(format!(
+                        "{}'s PostgreSQL survived SIGKILL",
+                        node.name
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         Ok(())
     }
 
