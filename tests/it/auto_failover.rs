@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{create_data_table_on, held_write, renewed_without_loss, token_and_value};
+use crate::common::{
+    checks_named, create_data_table_on, held_write, renewed_without_loss, token_and_value,
+};
 use pglease::connect::Target;
 use pglease::doctor::{DoctorOptions, Verdict};
 use pglease::testing::{AutoFailover, SetupError};
@@ -57,14 +59,7 @@ async fn a_held_lease_and_acquisitions_survive_an_automatic_failover() -> Result
             .doctor_with(&DoctorOptions::new().ttl(ttl).monitor(monitor.clone()))
             .await
             .expect("doctor");
-        let of = |name: &str| -> Vec<(Verdict, String)> {
-            diagnosis
-                .checks
-                .iter()
-                .filter(|c| c.name == name)
-                .map(|c| (c.verdict, c.detail.clone()))
-                .collect()
-        };
+        let of = |name: &str| checks_named(&diagnosis, name);
         let hosts = of("host");
         assert_eq!(hosts.len(), 2, "{hosts:?}");
         assert!(hosts.iter().all(|(v, _)| *v == Verdict::Ok), "{hosts:?}");

@@ -18,10 +18,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{create_data_table_on, data_row, everything_refused, fenced_write};
+use crate::common::{
+    checks_named, create_data_table_on, data_row, everything_refused, fenced_write, told_forgotten,
+};
 use pglease::doctor::{DoctorOptions, Verdict};
 use pglease::testing::{Patroni, SetupError};
-use pglease::{AcquireOptions, Error, LeaseManager, LossReason, sqlx};
+use pglease::{AcquireOptions, Error, LeaseManager, sqlx};
 
 const CLIENTS: usize = 4;
 const NAMES: usize = 4;
@@ -178,14 +180,7 @@ async fn a_patroni_failover_that_loses_commits_never_hands_a_token_out_twice()
             )
             .await
             .expect("doctor");
-        let of = |name: &str| -> Vec<(Verdict, String)> {
-            diagnosis
-                .checks
-                .iter()
-                .filter(|c| c.name == name)
-                .map(|c| (c.verdict, c.detail.clone()))
-                .collect()
-        };
+        let of = |name: &str| checks_named(&diagnosis, name);
         let hosts = of("host");
         assert_eq!(hosts.len(), 2, "{hosts:?}");
         assert!(
@@ -281,16 +276,7 @@ async fn a_patroni_failover_that_loses_commits_never_hands_a_token_out_twice()
         ("B".to_owned(), Some(b_holds.token().get()))
     );
     // A, following the primary, learns it from its next renewal there.
-    a.faults().renew_now();
-    let reason = tokio::time::timeout(Duration::from_secs(30), held.lost())
-        .await
-        .expect("A is told within 30 s");
-    assert_eq!(
-        reason,
-        LossReason::Forgotten {
-            timeline: change.timeline
-        }
-    );
+    told_forgotten(&a, &held, change.timeline).await;
 
     // The load goes on on the new primary.
     load.wait_for(30, crashed, Duration::from_secs(30)).await;

@@ -9,10 +9,12 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use crate::common::{data_row, everything_refused, fenced_write, migrate_with_data_table};
+use crate::common::{
+    data_row, everything_refused, fenced_write, migrate_with_data_table, told_forgotten,
+};
 use pglease::history::Event;
 use pglease::testing::{Replicated, SetupError, Standby};
-use pglease::{AcquireOptions, Error, LeaseManager, LossReason, sqlx};
+use pglease::{AcquireOptions, Error, LeaseManager, sqlx};
 
 fn ttl(secs: u64) -> AcquireOptions {
     AcquireOptions::ttl(Duration::from_secs(secs))
@@ -131,16 +133,7 @@ async fn a_failover_to_an_asynchronous_standby_never_hands_a_token_out_twice()
     );
 
     // A, following the primary, learns it from its next renewal there.
-    a.faults().renew_now();
-    let reason = tokio::time::timeout(Duration::from_secs(30), held.lost())
-        .await
-        .expect("A is told within 30 s");
-    assert_eq!(
-        reason,
-        LossReason::Forgotten {
-            timeline: change.timeline
-        }
-    );
+    told_forgotten(&a, &held, change.timeline).await;
     // The change is in every lease's history, and in doctor.
     let history = b.history("victim", None).await.expect("history");
     let event = history

@@ -5,25 +5,16 @@
 //! TTL, and stops it (exit 4) before the database's expiry when the
 //! failover does not fit.
 
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use pglease::LeaseManager;
 
-use crate::common::{stop_recorder, stopped_at};
+use crate::common::{pglease_on, stop_recorder, stopped_at};
 use pglease::testing::{AutoFailover, SetupError};
 
 const BIN: &str = env!("CARGO_BIN_EXE_pglease");
-
-fn pglease(url: &str, args: &[&str]) -> Output {
-    std::process::Command::new(BIN)
-        .args(args)
-        .env("DATABASE_URL", url)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run pglease")
-}
 
 fn spawn(url: &str, args: &[&str]) -> tokio::process::Child {
     tokio::process::Command::new(BIN)
@@ -78,7 +69,7 @@ async fn run_rides_out_a_failover_that_fits_and_stops_before_the_expiry_when_not
         &["status"],
         &["status", "once"],
     ] {
-        let out = pglease(&url, args);
+        let out = pglease_on(&url, args);
         assert_eq!(
             out.status.code(),
             Some(0),
@@ -87,7 +78,7 @@ async fn run_rides_out_a_failover_that_fits_and_stops_before_the_expiry_when_not
         );
     }
     // Doctor answers for every host (its verdict is its own test's).
-    let doctor = pglease(&url, &["doctor"]);
+    let doctor = pglease_on(&url, &["doctor"]);
     let said = String::from_utf8_lossy(&doctor.stdout);
     for index in 0..2 {
         let host = format!("127.0.0.1:{}", formation.node(index).port());
@@ -99,7 +90,7 @@ async fn run_rides_out_a_failover_that_fits_and_stops_before_the_expiry_when_not
         formation.monitor_options().get_port()
     );
     for (ttl, verdict, said) in [("30s", "ok", "fits"), ("4s", "warning", "does not fit")] {
-        let out = pglease(&url, &["doctor", "--monitor", &monitor, "--ttl", ttl]);
+        let out = pglease_on(&url, &["doctor", "--monitor", &monitor, "--ttl", ttl]);
         let stdout = String::from_utf8_lossy(&out.stdout);
         let line = stdout
             .lines()
@@ -111,7 +102,7 @@ async fn run_rides_out_a_failover_that_fits_and_stops_before_the_expiry_when_not
         );
         eprintln!("doctor --monitor --ttl {ttl}:\n{stdout}");
     }
-    let bad = pglease(&url, &["doctor", "--monitor", "redis://127.0.0.1:1"]);
+    let bad = pglease_on(&url, &["doctor", "--monitor", "redis://127.0.0.1:1"]);
     assert_eq!(bad.status.code(), Some(2));
 
     // A failover that fits the TTL: the command goes on, under the same

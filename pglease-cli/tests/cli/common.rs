@@ -128,3 +128,14 @@ pub fn stopped_at(path: &Path) -> chrono::DateTime<chrono::Utc> {
     let _ = std::fs::remove_file(path);
     chrono::DateTime::from_timestamp_nanos(nanos)
 }
+
+/// `pglease ARGS...` with `DATABASE_URL` set to `url` (a formation's
+/// multi-host URL), run to its end.
+pub fn pglease_on(url: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("DATABASE_URL", url)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run pglease")
+}

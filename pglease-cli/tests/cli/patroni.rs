@@ -6,22 +6,9 @@
 //! acquisition, `renew` and `release` under its token exit 4 saying the
 //! database failed over, and `doctor` shows the change of timeline.
 
-use std::process::{Output, Stdio};
-
 use pglease::testing::{Patroni, SetupError};
 
-use crate::common::{code, stderr, stdout};
-
-const BIN: &str = env!("CARGO_BIN_EXE_pglease");
-
-fn pglease(url: &str, args: &[&str]) -> Output {
-    std::process::Command::new(BIN)
-        .args(args)
-        .env("DATABASE_URL", url)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run pglease")
-}
+use crate::common::{code, pglease_on, stderr, stdout};
 
 /// The line of check `name` in `doctor`'s output.
 fn check<'a>(out: &'a str, name: &str) -> &'a str {
@@ -34,13 +21,13 @@ async fn doctor_reads_patroni_and_a_lost_acquisition_exits_4_with_its_reason()
 -> Result<(), SetupError> {
     let formation = Patroni::start().await?;
     let url = formation.url();
-    let migrated = pglease(&url, &["migrate"]);
+    let migrated = pglease_on(&url, &["migrate"]);
     assert_eq!(code(&migrated), 0, "{}", stderr(&migrated));
     let old = formation.leader().await?;
     let rest = formation.node(old).rest_url();
 
     // Patroni's ttl 5 s + loop_wait 1 s + 1 s to promote = 7 s.
-    let fits = pglease(&url, &["doctor", "--patroni", &rest, "--ttl", "30s"]);
+    let fits = pglease_on(&url, &["doctor", "--patroni", &rest, "--ttl", "30s"]);
     let out = stdout(&fits);
     let failover = check(&out, "failover");
     assert!(
@@ -49,10 +36,10 @@ async fn doctor_reads_patroni_and_a_lost_acquisition_exits_4_with_its_reason()
     );
     // The standby is asynchronous: a warning, so exit 1.
     assert_eq!(code(&fits), 1, "{out}{}", stderr(&fits));
-    let short = pglease(&url, &["doctor", "--patroni", &rest, "--ttl", "4s"]);
+    let short = pglease_on(&url, &["doctor", "--patroni", &rest, "--ttl", "4s"]);
     let out = stdout(&short);
     assert!(check(&out, "failover").starts_with("warning"), "{out}");
-    let unreadable = pglease(
+    let unreadable = pglease_on(
         &url,
         &["doctor", "--patroni", "http://127.0.0.1:1", "--ttl", "30s"],
     );
@@ -66,13 +53,13 @@ async fn doctor_reads_patroni_and_a_lost_acquisition_exits_4_with_its_reason()
         "{}",
         stdout(&unreadable)
     );
-    let tls = pglease(&url, &["doctor", "--patroni", "https://127.0.0.1:8008"]);
+    let tls = pglease_on(&url, &["doctor", "--patroni", "https://127.0.0.1:8008"]);
     assert_eq!(code(&tls), 2);
     assert!(stderr(&tls).contains("plain HTTP"), "{}", stderr(&tls));
 
     // An acquisition the standby never receives.
     formation.hold_stream(old);
-    let acquired = pglease(&url, &["acquire", "victim", "--ttl", "1h", "--json"]);
+    let acquired = pglease_on(&url, &["acquire", "victim", "--ttl", "1h", "--json"]);
     assert_eq!(code(&acquired), 0, "{}", stderr(&acquired));
     let token =
         serde_json::from_slice::<serde_json::Value>(&acquired.stdout).expect("JSON")["token"]
@@ -85,7 +72,7 @@ async fn doctor_reads_patroni_and_a_lost_acquisition_exits_4_with_its_reason()
         &["renew", "victim", "--token", &token, "--ttl", "1m"][..],
         &["release", "victim", "--token", &token],
     ] {
-        let refused = pglease(&url, args);
+        let refused = pglease_on(&url, args);
         assert_eq!(code(&refused), 4, "{args:?}: {}", stderr(&refused));
         assert!(
             stderr(&refused).contains("failed over or was restored"),
@@ -93,10 +80,10 @@ async fn doctor_reads_patroni_and_a_lost_acquisition_exits_4_with_its_reason()
             stderr(&refused)
         );
     }
-    let taken = pglease(&url, &["acquire", "victim", "--ttl", "1m", "--json"]);
+    let taken = pglease_on(&url, &["acquire", "victim", "--ttl", "1m", "--json"]);
     assert_eq!(code(&taken), 0, "{}", stderr(&taken));
     let rest = formation.node(new).rest_url();
-    let after = stdout(&pglease(&url, &["doctor", "--patroni", &rest]));
+    let after = stdout(&pglease_on(&url, &["doctor", "--patroni", &rest]));
     assert!(
         check(&after, "timeline").contains("tokens continue above"),
         "{after}"

@@ -342,3 +342,27 @@ pub async fn everything_refused(leases: &LeaseManager, stale: &pglease::Fence, t
         "{said}"
     );
 }
+
+/// `held`, on a manager that follows the primary, is told by its next
+/// renewal there (made at once) that the server forgot its acquisition,
+/// within 30 s.
+pub async fn told_forgotten(manager: &LeaseManager, held: &pglease::HeldLease, timeline: i64) {
+    manager.faults().renew_now();
+    let reason = tokio::time::timeout(std::time::Duration::from_secs(30), held.lost())
+        .await
+        .expect("told within 30 s");
+    assert_eq!(reason, pglease::LossReason::Forgotten { timeline });
+}
+
+/// The (verdict, detail) of every check named `name` in `diagnosis`.
+pub fn checks_named(
+    diagnosis: &pglease::doctor::Diagnosis,
+    name: &str,
+) -> Vec<(pglease::doctor::Verdict, String)> {
+    diagnosis
+        .checks
+        .iter()
+        .filter(|c| c.name == name)
+        .map(|c| (c.verdict, c.detail.clone()))
+        .collect()
+}
