@@ -1,5 +1,5 @@
 //! `pglease doctor`: is this server fit for leases (schema, durability,
-//! synchronous standbys, takeover privilege; with several hosts, each
+//! standbys and timelines, takeover privilege; with several hosts, each
 //! host and whether a failover fits the TTL)?
 
 use std::process::ExitCode;
@@ -12,6 +12,7 @@ use pglease::doctor::{DoctorOptions, PatroniTiming, Verdict};
 use serde_json::json;
 
 use crate::exit::{self, Outcome};
+use crate::output::out;
 
 /// Where the failover time comes from: given, pg_auto_failover's monitor,
 /// or Patroni's REST API.
@@ -20,7 +21,6 @@ pub(crate) struct FailoverFrom {
     pub(crate) monitor: Option<String>,
     pub(crate) patroni: Option<String>,
 }
-use crate::output::out;
 
 /// `pglease doctor`: every check, one line each (or one JSON object); exit
 /// 0 only when all are ok, 1 otherwise.
