@@ -89,7 +89,7 @@ pub(crate) enum Command {
         /// With several hosts: Patroni's REST API (`http://HOST:8008`, its
         /// `restapi.connect_address`), whose `GET /config` gives ttl and
         /// loop_wait, and so the failover time.
-        #[arg(long, value_parser = Checked(patroni))]
+        #[arg(long, value_parser = Checked(patroni), conflicts_with = "monitor")]
         patroni: Option<String>,
     },
     /// Acquire a lease (exit 3 if it is held).

@@ -27,9 +27,11 @@ use super::replicated::{descendants, postmaster_pid, signal};
 use crate::doctor::PatroniTiming;
 use crate::provision::host::{self, ServerUser};
 
-/// The timings a [`Patroni`] formation runs with: `ttl` 5 s, `loop_wait`
+/// The timings a [`Patroni`] formation asks for: `ttl` 5 s, `loop_wait`
 /// 1 s, `retry_timeout` 2 s (Patroni's defaults are 30 s, 10 s and 10 s).
-/// A crashed leader is replaced in about 5 s on one machine.
+/// A crashed leader is replaced in about 5 s on one machine. Patroni 3.2
+/// and later raise `ttl` to 20 s and `retry_timeout` to 3 s at least:
+/// [`Patroni::timing`] says what the formation runs with.
 pub const FAST_PATRONI: PatroniTiming = PatroniTiming {
     ttl: Duration::from_secs(5),
     loop_wait: Duration::from_secs(1),
@@ -79,7 +81,7 @@ impl PatroniNode {
 ///
 /// let formation = Patroni::start().await?;
 /// let manager = pglease::LeaseManager::connect(&formation.url()).await.unwrap();
-/// let old = formation.leader().await?;
+/// let old = formation.primary().await?;
 /// formation.hold_stream(old); // the standby receives nothing more
 /// // ... commits on the primary that the standby will never have ...
 /// formation.crash(old)?;
@@ -96,6 +98,7 @@ pub struct Patroni {
     etcd_port: u16,
     etcd_process: Mutex<Option<Child>>,
     nodes: [PatroniNode; 2],
+    timing: PatroniTiming,
 }
 
 impl Patroni {
@@ -124,6 +127,9 @@ impl Patroni {
         )?;
         let bin = host::find_bindir(&["pg_basebackup"])?;
         let user = ServerUser::find()?;
+        // The gates first: a failure there leaves no directory behind.
+        let gates = [Gate::start().await?, Gate::start().await?];
+        let timing = timing_of(&patroni);
         let root = host::scratch_dir("patroni", &user)?;
         let node = |n: u32, gate: Gate| PatroniNode {
             name: format!("node{n}"),
@@ -133,7 +139,8 @@ impl Patroni {
             gate,
             patroni: Mutex::new(None),
         };
-        let nodes = [node(1, Gate::start().await?), node(2, Gate::start().await?)];
+        let [first, second] = gates;
+        let nodes = [node(1, first), node(2, second)];
         let mut formation = Patroni {
             root,
             bin,
@@ -143,6 +150,7 @@ impl Patroni {
             etcd_port: 0,
             etcd_process: Mutex::new(None),
             nodes,
+            timing,
         };
         // From here on, a failure stops and removes everything (Drop).
         formation.start_etcd().await?;
@@ -174,13 +182,19 @@ impl Patroni {
     }
 
     /// Node `index` (0 or 1).
+    ///
+    /// # Panics
+    ///
+    /// If `index` is not 0 or 1 (so do the other methods taking one).
     pub fn node(&self, index: usize) -> &PatroniNode {
         &self.nodes[index]
     }
 
-    /// The timings the formation runs with ([`FAST_PATRONI`]).
+    /// The timings the formation runs with: [`FAST_PATRONI`], or what
+    /// Patroni makes of them (3.2 and later raise `ttl` to 20 s and
+    /// `retry_timeout` to 3 s at least).
     pub fn timing(&self) -> PatroniTiming {
-        FAST_PATRONI
+        self.timing
     }
 
     /// The node that accepts writes now (Patroni's leader).
@@ -188,7 +202,11 @@ impl Patroni {
     /// # Errors
     ///
     /// [`SetupError::Server`] if neither does.
-    pub async fn leader(&self) -> Result<usize, SetupError> {
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn primary(&self) -> Result<usize, SetupError> {
         for index in 0..2 {
             if self.writable(index).await {
                 return Ok(index);
@@ -251,6 +269,10 @@ impl Patroni {
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
+            // A dead server's pid file, so that dropping the formation
+            // neither waits for a zombie nor signals a process that reused
+            // the id.
+            let _ = std::fs::remove_file(node.dir.join("postmaster.pid"));
         }
         Ok(())
     }
@@ -262,6 +284,14 @@ impl Patroni {
     ///
     /// [`SetupError::Server`] after 60 s, with the end of its Patroni's
     /// log.
+    ///
+    /// # Panics
+    ///
+    /// If `old` is not 0 or 1.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
     pub async fn wait_for_failover(&self, old: usize) -> Result<usize, SetupError> {
         let new = 1 - old;
         self.wait_writable(new, Duration::from_secs(60)).await?;
@@ -313,7 +343,7 @@ impl Patroni {
     fn write_config(&self, index: usize) -> Result<(), SetupError> {
         let node = &self.nodes[index];
         let root = self.root.display();
-        let t = FAST_PATRONI;
+        let t = self.timing;
         let config = format!(
             "scope: pglease\n\
              name: {name}\n\
@@ -590,6 +620,30 @@ async fn try_pool(options: &PgConnectOptions) -> Result<PgPool, sqlx::Error> {
         .acquire_timeout(Duration::from_secs(2))
         .connect_with(options.clone())
         .await
+}
+
+/// What Patroni at `program` makes of [`FAST_PATRONI`]: from 3.2 on it
+/// raises `ttl` to 20 s and `retry_timeout` to 3 s at least.
+fn timing_of(program: &std::path::Path) -> PatroniTiming {
+    let version = std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+        .unwrap_or_default();
+    // "patroni 3.0.2"
+    let mut numbers = version
+        .split_whitespace()
+        .last()
+        .unwrap_or_default()
+        .split('.')
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    let mut timing = FAST_PATRONI;
+    if (major, minor) >= (3, 2) {
+        timing.ttl = timing.ttl.max(Duration::from_secs(20));
+        timing.retry_timeout = timing.retry_timeout.max(Duration::from_secs(3));
+    }
+    timing
 }
 
 /// `program` on the `PATH` or in `/usr/bin`.

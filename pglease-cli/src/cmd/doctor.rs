@@ -35,7 +35,8 @@ pub(crate) async fn doctor(
     options.failover_time = failover.time;
     // Checked when the arguments were parsed.
     options.monitor = failover.monitor.and_then(|m| Target::parse(&m).ok());
-    if let Some(url) = failover.patroni {
+    // Asked only when the failover time is not given.
+    if let Some(url) = failover.patroni.filter(|_| failover.time.is_none()) {
         match patroni_timing(url.clone()).await {
             Ok(timing) => options.patroni = Some(timing),
             // The other checks go on; the failover check says it cannot
@@ -90,6 +91,13 @@ async fn patroni_timing(url: String) -> Result<PatroniTiming, String> {
     .map_err(|e| e.to_string())??;
     let config: serde_json::Value =
         serde_json::from_str(&body).map_err(|e| format!("not JSON: {e}"))?;
+    // An object; a setting it leaves out has Patroni's default.
+    if !config.is_object() {
+        return Err(format!(
+            "not Patroni's dynamic configuration: {}",
+            body.chars().take(80).collect::<String>()
+        ));
+    }
     let seconds = |key: &str, default: Duration| -> Result<Duration, String> {
         match config.get(key) {
             None | Some(serde_json::Value::Null) => Ok(default),
