@@ -73,7 +73,7 @@ impl PatroniTiming {
     /// sees it gone at its next loop (up to `loop_wait` later), asks the
     /// other members' REST APIs how far they are (2 s at most for a dead
     /// host), and promotes (about a second). (Measured with `ttl` 5 s and
-    /// `loop_wait` 1 s, the old primary's processes killed: 4.6 to 5.5 s,
+    /// `loop_wait` 1 s, the old primary's processes killed: 4.5 to 5.5 s,
     /// against this 9 s.) The settings are taken as given: Patroni 3.2
     /// and later raise a `ttl` below 20 s to 20 s.
     pub fn failover_estimate(&self) -> Duration {

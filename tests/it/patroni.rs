@@ -218,6 +218,13 @@ async fn a_patroni_failover_that_loses_commits_never_hands_a_token_out_twice()
 
     formation.hold_stream(old);
     let held_since = Instant::now();
+    // The standby has the fence sequence logged up to 32 values past the
+    // last one drawn before the hold (PostgreSQL logs sequences ahead): a
+    // token in that range, lost, cannot be told from a stale one once the
+    // name is acquired again (both are refused; docs/design.md,
+    // "Timelines"). A's acquisition comes after 40 more, as in the issue's
+    // reproduction, so that its refusals must name the change.
+    load.wait_for(40, held_since, Duration::from_secs(30)).await;
     let held = a
         .hold("victim", ttl(20).holder("A"))
         .await
@@ -226,7 +233,6 @@ async fn a_patroni_failover_that_loses_commits_never_hands_a_token_out_twice()
     fenced_write(&a, "victim", stale.token(), "A")
         .await
         .expect("A's write on the old primary");
-    load.wait_for(30, held_since, Duration::from_secs(30)).await;
     let received: String = sqlx::query_scalar("SELECT pg_last_wal_receive_lsn()::text")
         .fetch_one(&standby)
         .await
