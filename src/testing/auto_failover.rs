@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use super::SetupError;
-use super::replicated::{descendants, signal};
+use super::replicated::{descendants, find_program, kill_tree, lock, signal};
 use crate::provision::host::{self, ServerUser};
 
 /// The failover timeouts an [`AutoFailover`] runs with (pg_auto_failover's
@@ -551,11 +551,7 @@ impl Drop for AutoFailover {
             .chain(std::iter::once(&self.monitor))
         {
             if let Some(mut child) = lock(slot).take() {
-                let pid = child.id();
-                let mut pids = vec![pid];
-                pids.extend(descendants(pid));
-                signal("KILL", &pids);
-                let _ = child.wait();
+                kill_tree(&mut child);
             }
         }
         for dir in self
@@ -581,24 +577,15 @@ impl Drop for AutoFailover {
 }
 
 fn find_autoctl() -> Result<PathBuf, SetupError> {
-    let mut candidates: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|path| std::env::split_paths(&path).collect())
+    let versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|dirs| dirs.flatten().map(|d| d.path().join("bin")).collect())
         .unwrap_or_default();
-    candidates.push(PathBuf::from("/usr/bin"));
-    if let Ok(dirs) = std::fs::read_dir("/usr/lib/postgresql") {
-        candidates.extend(dirs.flatten().map(|d| d.path().join("bin")));
-    }
-    candidates
-        .into_iter()
-        .map(|dir| dir.join("pg_autoctl"))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            SetupError::Unavailable(
-                "pg_autoctl (pg_auto_failover) is not installed: `apt-get install \
-                 postgresql-15-auto-failover` (the package for the server's major version)"
-                    .to_owned(),
-            )
-        })
+    find_program(
+        "pg_autoctl",
+        &versions,
+        "pg_autoctl (pg_auto_failover) is not installed: `apt-get install \
+         postgresql-15-auto-failover` (the package for the server's major version)",
+    )
 }
 
 /// The monitor's extension (`pgautofailover`), which pg_autoctl needs
@@ -625,10 +612,4 @@ fn monitor_extension(bin: &Path) -> Result<(), SetupError> {
 
 fn path(p: &Path) -> &str {
     p.to_str().unwrap_or_default()
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -23,7 +23,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
 use super::SetupError;
-use super::replicated::{descendants, postmaster_pid, signal};
+use super::replicated::{descendants, find_program, kill_tree, lock, postmaster_pid, signal};
 use crate::doctor::PatroniTiming;
 use crate::provision::host::{self, ServerUser};
 
@@ -119,10 +119,12 @@ impl Patroni {
     pub async fn start() -> Result<Patroni, SetupError> {
         let patroni = find_program(
             "patroni",
+            &[],
             "Patroni is not installed: `apt-get install patroni` (Debian's package)",
         )?;
         let etcd = find_program(
             "etcd",
+            &[],
             "etcd is not installed: `apt-get install etcd-server` (Debian's package)",
         )?;
         let bin = host::find_bindir(&["pg_basebackup"])?;
@@ -487,10 +489,7 @@ impl Drop for Patroni {
             .chain(std::iter::once(&self.etcd_process))
         {
             if let Some(mut child) = lock(slot).take() {
-                let mut pids = vec![child.id()];
-                pids.extend(descendants(child.id()));
-                signal("KILL", &pids);
-                let _ = child.wait();
+                kill_tree(&mut child);
             }
         }
         for node in &self.nodes {
@@ -644,23 +643,4 @@ fn timing_of(program: &std::path::Path) -> PatroniTiming {
         timing.retry_timeout = timing.retry_timeout.max(Duration::from_secs(3));
     }
     timing
-}
-
-/// `program` on the `PATH` or in `/usr/bin`.
-fn find_program(program: &str, missing: &str) -> Result<PathBuf, SetupError> {
-    let mut candidates: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|path| std::env::split_paths(&path).collect())
-        .unwrap_or_default();
-    candidates.push(PathBuf::from("/usr/bin"));
-    candidates
-        .into_iter()
-        .map(|dir| dir.join(program))
-        .find(|p| p.is_file())
-        .ok_or_else(|| SetupError::Unavailable(missing.to_owned()))
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -641,6 +641,33 @@ pub(super) fn descendants(pid: u32) -> Vec<u32> {
     found
 }
 
+/// Kills `child` and every process under it, and reaps it.
+pub(super) fn kill_tree(child: &mut std::process::Child) {
+    let mut pids = vec![child.id()];
+    pids.extend(descendants(child.id()));
+    signal("KILL", &pids);
+    let _ = child.wait();
+}
+
+/// `program` on the `PATH`, in `/usr/bin` or in one of `more` directories;
+/// `SetupError::Unavailable(missing)` if none has it.
+pub(super) fn find_program(
+    program: &str,
+    more: &[PathBuf],
+    missing: &str,
+) -> Result<PathBuf, SetupError> {
+    let mut candidates: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).collect())
+        .unwrap_or_default();
+    candidates.push(PathBuf::from("/usr/bin"));
+    candidates.extend_from_slice(more);
+    candidates
+        .into_iter()
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+        .ok_or_else(|| SetupError::Unavailable(missing.to_owned()))
+}
+
 /// Reads the one value `query` answers on `pool` every 20 ms until `done`
 /// accepts it; an error after 30 s, saying what it waited for and the last
 /// value read.
@@ -750,7 +777,7 @@ impl Drop for Endpoint {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

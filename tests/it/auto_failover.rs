@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    checks_named, create_data_table_on, held_write, renewed_without_loss, token_and_value,
+    checks_named, held_write, migrated_on_formation, renewed_without_loss, token_and_value,
 };
 use pglease::connect::Target;
 use pglease::doctor::{DoctorOptions, Verdict};
@@ -38,16 +38,8 @@ const APP: &str = "pglease-under-test";
 async fn a_held_lease_and_acquisitions_survive_an_automatic_failover() -> Result<(), SetupError> {
     let formation = AutoFailover::start().await?;
     let url = format!("{}&application_name={APP}", formation.url());
-    let leases = LeaseManager::connect(&url)
-        .await
-        .expect("connect with the URL");
-    leases.migrate().await.expect("migrate");
-    create_data_table_on(leases.pool()).await;
     let old = formation.primary().await?;
-    assert_eq!(
-        leases.current_host(),
-        Some(format!("127.0.0.1:{}", formation.node(old).port()))
-    );
+    let leases = migrated_on_formation(&url, formation.node(old).port()).await;
     // Doctor looks at both hosts, knows pg_auto_failover's timing from its
     // monitor, and checks it against the TTL.
     let monitor = Target::from(formation.monitor_options());

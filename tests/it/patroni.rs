@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    checks_named, create_data_table_on, data_row, everything_refused, fenced_write, told_forgotten,
+    checks_named, data_row, everything_refused, fenced_write, migrated_on_formation, told_forgotten,
 };
 use pglease::doctor::{DoctorOptions, Verdict};
 use pglease::testing::{Patroni, SetupError};
@@ -146,16 +146,8 @@ impl Load {
 /// manager on its multi-host URL; the leader's index.
 async fn formation() -> Result<(Patroni, LeaseManager, usize), SetupError> {
     let formation = Patroni::start().await?;
-    let leases = LeaseManager::connect(&formation.url())
-        .await
-        .expect("connect with the multi-host URL");
-    leases.migrate().await.expect("migrate");
-    create_data_table_on(leases.pool()).await;
     let old = formation.primary().await?;
-    assert_eq!(
-        leases.current_host(),
-        Some(format!("127.0.0.1:{}", formation.node(old).port()))
-    );
+    let leases = migrated_on_formation(&formation.url(), formation.node(old).port()).await;
     Ok((formation, leases, old))
 }
 

@@ -366,3 +366,19 @@ pub fn checks_named(
         .map(|c| (c.verdict, c.detail.clone()))
         .collect()
 }
+
+/// A manager on a formation's multi-host `url` whose primary listens on
+/// `primary_port`: connected there, the schema migrated and the data
+/// table made.
+pub async fn migrated_on_formation(url: &str, primary_port: u16) -> LeaseManager {
+    let leases = LeaseManager::connect(url)
+        .await
+        .expect("connect with the multi-host URL");
+    leases.migrate().await.expect("migrate");
+    create_data_table_on(leases.pool()).await;
+    assert_eq!(
+        leases.current_host(),
+        Some(format!("127.0.0.1:{primary_port}"))
+    );
+    leases
+}
