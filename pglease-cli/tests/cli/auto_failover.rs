@@ -120,7 +120,22 @@ async fn run_rides_out_a_failover_that_fits_and_stops_before_the_expiry_when_not
         &url,
         &["run", "job", "--ttl", "15s", "--", "sh", "-c", &script],
     );
-    let (token, expires_before) = until_held(&url, "job").await;
+    let (token, first_expiry) = until_held(&url, "job").await;
+    // Crash a second before a renewal is due (TTL 15 s: renewed every 5 s),
+    // so that the failover (about 5 s) spans it and `run` must say so: a
+    // crash just after a renewal can be over, the new primary found, before
+    // the next one is sent, and then nothing fails.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let expires_before = loop {
+        if let Some((_, expires)) = lease(&url, "job").await
+            && expires > first_expiry
+        {
+            break expires;
+        }
+        assert!(Instant::now() < deadline, "job not renewed within 20 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(4)).await;
     let old = formation.primary().await?;
     formation.crash(old)?;
     let crashed = Instant::now();
