@@ -43,6 +43,14 @@ pub(crate) fn reconnect(failures: u32) -> Duration {
     )
 }
 
+/// Between an observer's tries to have its name subscribed again after
+/// the listener was refused (`pglease.observe` found its key held for
+/// 2 s, on the connection every waiter and observer shares): from 1 s up
+/// to a minute. The observer polls meanwhile.
+pub(crate) fn resubscribe(failures: u32) -> Duration {
+    backoff(Duration::from_secs(1), failures, Duration::from_secs(60))
+}
+
 /// A spread of up to a tenth of `base` (at most 25 ms), added to a wait
 /// for an expiry so that many waiters do not arrive at the same instant.
 pub(crate) fn spread(base: Duration) -> Duration {

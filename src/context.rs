@@ -2,8 +2,8 @@
 //! share. The tasks hold this, not the manager, so that dropping the last
 //! manager handle (and the last held lease) stops them.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use sqlx::postgres::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
@@ -11,6 +11,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::connect::Follow;
 use crate::lease::Fence;
+use crate::notify::Listener;
 use crate::options::ManagerOptions;
 use crate::sql;
 
@@ -35,6 +36,9 @@ pub(crate) struct Context {
     /// With several hosts (or attributes to check): which host the pool
     /// uses, and the watch task's trouble signal.
     pub(crate) follow: Option<Arc<Follow>>,
+    /// The one listening connection, shared by waiters, observers and
+    /// electors; started by the first of them that needs it.
+    listener: OnceLock<Listener>,
     shut_down: AtomicBool,
     /// Faults a test has switched on (`pglease::testing::Faults`).
     #[cfg(feature = "testing")]
@@ -65,6 +69,7 @@ impl Context {
             background: TaskTracker::new(),
             session: tokio::sync::Mutex::new(None),
             follow,
+            listener: OnceLock::new(),
             shut_down: AtomicBool::new(false),
             #[cfg(feature = "testing")]
             faults: FaultFlags::default(),
@@ -77,6 +82,22 @@ impl Context {
         if let Some(follow) = &self.follow {
             follow.report_trouble();
         }
+    }
+
+    /// The manager's listening connection, started (or started again, if
+    /// the runtime it ran on has ended) by this call.
+    pub(crate) fn listener(&self) -> &Listener {
+        let listener = self
+            .listener
+            .get_or_init(|| Listener::new(self.pool.clone(), self.stop.clone()));
+        listener.ensure_running();
+        listener
+    }
+
+    /// Whether the manager is listening right now (false if it never
+    /// started to).
+    pub(crate) fn is_listening(&self) -> bool {
+        self.listener.get().is_some_and(Listener::is_listening)
     }
 
     /// Whether `shutdown` has begun: no new acquisitions.

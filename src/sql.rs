@@ -308,6 +308,11 @@ pub(crate) fn observe(name: &str) -> String {
     )
 }
 
+/// On the listening connection: undo one `observe`.
+pub(crate) fn unobserve(name: &str) -> String {
+    format!("SELECT pglease.unobserve({})", Text(name))
+}
+
 /// Ask the holder of `name` to step down; the token asked, or NULL.
 pub(crate) fn request_step_down(name: &str, by: &str) -> String {
     format!(

@@ -36,15 +36,17 @@ pub struct ManagerStats {
     pub acquire_attempts: u64,
     /// Acquirers waiting for a lease right now.
     pub waiting: usize,
-    /// Whether this manager is listening for releases right now.
+    /// Whether this manager's listening connection (shared by its waiters,
+    /// observers and electors) is connected right now.
     pub listening: bool,
 }
 
 /// Entry point: acquires, holds, renews, releases and inspects leases, and
 /// opens fenced transactions, through a [`PgPool`].
 ///
-/// Cheap to clone: clones share one renewal task and one release listener,
-/// which stop when the last clone (and the last [`HeldLease`](crate::HeldLease))
+/// Cheap to clone: clones share one renewal task and one listening
+/// connection (for all their waiters, observers and electors), which stop
+/// when the last clone (and the last [`HeldLease`](crate::HeldLease))
 /// is dropped, or at [`LeaseManager::shutdown`]. Apart from that optional
 /// listener it uses no session state that outlives a transaction, and it
 /// sends no prepared statements, so it works through a transaction-pooling

@@ -1,12 +1,12 @@
-//! The observing task: follows the notifications on a connection of its
-//! own while it can listen (see `crate::notify`), reads the lease when its
-//! known expiry passes or at each poll, and reconnects with backoff.
+//! The observing task: hears the lease's changes through the manager's
+//! listening connection (`crate::notify`) while it is subscribed there,
+//! reads the lease when its known expiry passes or at each poll, and
+//! subscribes again after a gap.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::PgListener;
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -15,15 +15,12 @@ use super::tracker::Tracker;
 use crate::backoff;
 use crate::context::Context;
 use crate::db;
-use crate::error::{Error, Result};
-use crate::notify;
-use crate::schema::CHANGE_CHANNEL;
-use crate::sql;
-use sqlx::Row;
+use crate::notify::{Listening, Subscription, Topic};
 
-/// How long one statement on the observing connection may take before the
-/// connection is given up and opened again.
-const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an observer waits for the listener to connect and subscribe
+/// its name (`pglease.observe` alone may wait 2 s for its key) before it
+/// reads the lease instead.
+const CONFIRM: Duration = Duration::from_secs(5);
 
 /// Sends `changes`; false once the observer is gone.
 async fn report(send: &mpsc::Sender<Change>, changes: Vec<Change>) -> bool {
@@ -35,139 +32,170 @@ async fn report(send: &mpsc::Sender<Change>, changes: Vec<Change>) -> bool {
     true
 }
 
-/// How the observer reaches the database for notifications.
+/// An observer's subscription to its name's changes on the manager's
+/// listening connection.
+struct Subscribed {
+    /// Every name the listener forwards a change notification for, and
+    /// `None` after a gap.
+    changes: broadcast::Receiver<Option<String>>,
+    listening: watch::Receiver<Listening>,
+    subscription: Subscription,
+}
+
+/// How the observer hears of changes: through the listener, or not at all
+/// (it polls).
 pub(super) struct Link {
-    /// Whose connect options the observer uses, read at each (re)connect.
-    pool: sqlx::postgres::PgPool,
-    /// Whether to listen at all (false: poll).
-    listen: bool,
-    /// Whether the probe for a transaction pooler has run.
-    probed: bool,
-    pub(super) failures: u32,
+    subscribed: Option<Subscribed>,
+    /// Whether the listener has confirmed the subscription since the last
+    /// gap: every change committed since then is notified.
+    pub(super) heard: bool,
+    /// Confirmations failed in a row (the key held by another session, a
+    /// listener that cannot connect), for the backoff between tries.
+    failures: u32,
+    /// When to ask the listener to subscribe the name again.
+    retry_at: Instant,
 }
 
 impl Link {
-    pub(super) fn new(context: &Context) -> Link {
+    /// Subscribes to the changes of `name`, unless the manager does not
+    /// listen (then the observer polls).
+    pub(super) fn new(context: &Context, name: &str) -> Link {
+        let subscribed = context.options.get_notify().then(|| {
+            let listener = context.listener();
+            // Receivers first: no gap after this can go unseen.
+            let changes = listener.changes.subscribe();
+            let listening = listener.listening.subscribe();
+            Subscribed {
+                changes,
+                listening,
+                subscription: listener.subscribe(Topic::Changes, name),
+            }
+        });
         Link {
-            pool: context.pool.clone(),
-            listen: context.options.get_notify(),
-            probed: false,
+            subscribed,
+            heard: false,
             failures: 0,
+            retry_at: Instant::now(),
         }
     }
 
-    /// A connection that listens for the changes of `name`, with the key
-    /// their notifications carry, or `None` if the observer polls.
-    pub(super) async fn connect(&mut self, name: &str) -> Result<Option<(PgListener, String)>> {
-        if !self.listen {
-            return Ok(None);
-        }
-        let probe = !self.probed;
-        self.probed = true;
-        let options = (*self.pool.connect_options())
-            .clone()
-            .application_name("pglease observer");
-        let Some(mut listener) =
-            notify::listen(&options, CHANGE_CHANNEL, probe, STATEMENT_TIMEOUT).await?
-        else {
-            tracing::warn!(
-                name,
-                "the connection goes through a transaction pooler: the observer polls"
-            );
-            self.listen = false;
-            return Ok(None);
+    /// Whether the observer should ask to be heard now.
+    fn due(&self) -> bool {
+        self.subscribed.is_some() && !self.heard && Instant::now() >= self.retry_at
+    }
+
+    /// Waits (up to `CONFIRM`) for the listener to be connected and
+    /// subscribed to the name; sets `heard`. After a failure the next try
+    /// waits a backoff: a refused `pglease.observe` holds the shared
+    /// connection for 2 s.
+    pub(super) async fn confirm(&mut self) -> bool {
+        let Some(subscribed) = self.subscribed.as_mut() else {
+            return false;
         };
-        let observed = tokio::time::timeout(
-            STATEMENT_TIMEOUT,
-            sql::query(sql::observe(name)).fetch_one(&mut listener),
-        )
-        .await
-        .map_err(|_| Error::Timeout {
-            operation: "observe",
-            after: Some(STATEMENT_TIMEOUT),
-        })?;
-        match observed
-            .and_then(|row| Ok((row.try_get::<bool, _>(0)?, row.try_get::<String, _>(1)?)))
-        {
-            Ok((true, key)) => {
+        let until = Instant::now() + CONFIRM;
+        loop {
+            let listening = *subscribed.listening.borrow_and_update();
+            match listening {
+                Listening::Yes => {}
+                Listening::Never => {
+                    // A transaction pooler: poll from now on.
+                    self.subscribed = None;
+                    self.heard = false;
+                    return false;
+                }
+                Listening::No => {
+                    tokio::select! {
+                        changed = subscribed.listening.changed() => if changed.is_err() { return false },
+                        () = tokio::time::sleep_until(until) => {
+                            self.failed();
+                            return false;
+                        }
+                    }
+                    continue;
+                }
+            }
+            if !subscribed.subscription.confirmed(true, until).await {
+                self.failed();
+                return false;
+            }
+            // What was forwarded before now is covered by the read that
+            // follows; but a gap among it means that the confirmation may
+            // have come from a connection since lost: confirm again.
+            let mut gap = false;
+            loop {
+                match subscribed.changes.try_recv() {
+                    Ok(Some(_)) => {}
+                    Err(
+                        broadcast::error::TryRecvError::Empty
+                        | broadcast::error::TryRecvError::Closed,
+                    ) => break,
+                    Ok(None) | Err(broadcast::error::TryRecvError::Lagged(_)) => gap = true,
+                }
+            }
+            if !gap {
+                self.heard = true;
                 self.failures = 0;
-                Ok(Some((listener, key)))
+                return true;
             }
-            Ok((false, _)) => {
-                // Another session holds the observer key (the WARNING in
-                // the server's log names it): read instead, and try again
-                // at the next reconnection.
-                tracing::warn!(
-                    name,
-                    "pglease.observe could not take its key within 2 s (held by another session); \
-                     the observer reads the lease instead"
-                );
-                self.failures = self.failures.saturating_add(1);
-                Ok(None)
-            }
-            Err(sqlx::Error::Database(error)) => {
-                tracing::warn!(name, %error, "pglease.observe failed (is the schema migrated?); the observer polls");
-                self.listen = false;
-                Ok(None)
-            }
-            Err(error) => Err(Error::from(error)),
         }
+    }
+
+    fn failed(&mut self) {
+        self.failures = self.failures.saturating_add(1);
+        self.retry_at = Instant::now() + backoff::resubscribe(self.failures);
     }
 }
 
-/// The observing task: follows the notifications while it can listen,
-/// reads the lease when its known expiry passes or at each poll, and
-/// reconnects with backoff.
+/// What woke an observer that was not told of its name's changes.
+enum Woken {
+    /// Time to read (a poll, or the known expiry).
+    Read,
+    /// The listener connected again: ask to be heard, then read.
+    Connected,
+    Stopped,
+}
+
+/// The observing task: follows the notifications while it is heard, reads
+/// the lease when its known expiry passes or at each poll, and asks to be
+/// heard again after a gap.
 pub(super) async fn observe(
     context: Arc<Context>,
     name: String,
     mut tracker: Tracker,
     mut link: Link,
-    mut listener: Option<(PgListener, String)>,
     send: mpsc::Sender<Change>,
     stop: CancellationToken,
 ) {
     loop {
-        if let Some((listener, key)) = listener.as_mut() {
-            if !follow(&context, &name, key, &mut tracker, listener, &send, &stop).await {
+        if link.heard {
+            if !follow(&context, &name, &mut tracker, &mut link, &send, &stop).await {
                 return;
             }
-            tracing::debug!(name, "observer lost its connection; reconnecting");
+            tracing::debug!(
+                name,
+                "the observer may have missed changes; reading the lease"
+            );
         } else {
-            // Polling, or waiting to reconnect.
-            let pause = if link.listen {
-                backoff::reconnect(link.failures)
-            } else {
-                context.options.get_max_poll_interval()
-            };
-            let now = Instant::now();
-            let wake = tracker.deadline.map_or(now + pause, |d| {
-                (d + Duration::from_millis(1)).min(now + pause)
-            });
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = send.closed() => return,
-                () = tokio::time::sleep_until(wake) => {}
+            match pause(&context, &tracker, &mut link, &send, &stop).await {
+                Woken::Stopped => return,
+                Woken::Connected => link.retry_at = Instant::now(),
+                Woken::Read => {}
             }
         }
-        let gap = listener.take().is_some() || link.listen;
-        let connect = link.connect(&name);
-        listener = tokio::select! {
-            () = stop.cancelled() => return,
-            connected = connect => match connected {
-                Ok(listener) => listener,
-                Err(error) => {
-                    link.failures = link.failures.saturating_add(1);
-                    tracing::debug!(name, %error, "cannot listen for changes; reading instead");
-                    None
-                }
-            },
-        };
-        // Whatever happened while nobody listened: read it now.
+        // After a gap, or at a poll: ask to be heard again when it is due.
+        let mut gap = false;
+        if link.due() {
+            let confirm = link.confirm();
+            tokio::select! {
+                () = stop.cancelled() => return,
+                heard = confirm => gap = heard,
+            }
+        }
+        // Whatever happened while nobody told us: read it now.
         let at = Instant::now();
         match db::inspect(&context.pool, &name).await {
             Ok(status) => {
-                let changes = if gap && listener.is_some() {
+                let changes = if gap {
                     tracker.set(status.clone(), at);
                     vec![Change::Current(status)]
                 } else {
@@ -178,26 +206,69 @@ pub(super) async fn observe(
                 }
             }
             Err(error) => {
-                link.failures = link.failures.saturating_add(1);
                 tracing::debug!(name, %error, "cannot read the observed lease");
-                listener = None;
+                link.heard = false;
+                link.failed();
             }
         }
     }
 }
 
-/// Reads the lease at each notification of `key` heard on `listener`, and
-/// when its known expiry passes, and reports what changed, until the
-/// connection fails (true) or the observer stops (false).
+/// Waits, while not heard, for the next poll, the known expiry, or the
+/// listener to connect again.
+async fn pause(
+    context: &Context,
+    tracker: &Tracker,
+    link: &mut Link,
+    send: &mpsc::Sender<Change>,
+    stop: &CancellationToken,
+) -> Woken {
+    let pause = context.options.get_max_poll_interval();
+    let now = Instant::now();
+    let wake = tracker.deadline.map_or(now + pause, |d| {
+        (d + Duration::from_millis(1)).min(now + pause)
+    });
+    let listening = link.subscribed.as_mut().map(|s| &mut s.listening);
+    tokio::select! {
+        () = stop.cancelled() => Woken::Stopped,
+        () = send.closed() => Woken::Stopped,
+        () = tokio::time::sleep_until(wake) => Woken::Read,
+        () = connected(listening) => Woken::Connected,
+    }
+}
+
+/// Resolves when the listener connects (again) after this call.
+async fn connected(listening: Option<&mut watch::Receiver<Listening>>) {
+    let Some(listening) = listening else {
+        return std::future::pending().await;
+    };
+    listening.borrow_and_update();
+    loop {
+        if listening.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        if *listening.borrow_and_update() == Listening::Yes {
+            return;
+        }
+    }
+}
+
+/// Reads the lease at each notification for its name, and when its known
+/// expiry passes, and reports what changed, until a gap (true: the
+/// listener lost its connection or this observer fell behind) or the
+/// observer stops (false).
 async fn follow(
     context: &Context,
     name: &str,
-    key: &str,
     tracker: &mut Tracker,
-    listener: &mut PgListener,
+    link: &mut Link,
     send: &mpsc::Sender<Change>,
     stop: &CancellationToken,
 ) -> bool {
+    let Some(subscribed) = link.subscribed.as_mut() else {
+        link.heard = false;
+        return true;
+    };
     loop {
         let expiry = tracker.deadline.map(|d| d + Duration::from_millis(1));
         tokio::select! {
@@ -218,23 +289,37 @@ async fn follow(
                     }
                 }
             }
-            received = listener.try_recv() => {
-                let notification = match received {
-                    Ok(Some(notification)) => notification,
-                    Ok(None) | Err(_) => return true,
-                };
-                // A hint, from anyone who can NOTIFY: believe only what
-                // the read shows.
-                if notification.payload() != key {
-                    continue;
+            received = subscribed.changes.recv() => {
+                match received {
+                    // A hint, from anyone who can NOTIFY: believe only what
+                    // the read shows.
+                    Ok(Some(changed)) if changed == name => {}
+                    Ok(Some(_)) => continue,
+                    // The listener lost its connection or connected again,
+                    // or this observer fell behind: it may have missed
+                    // changes.
+                    Ok(None) | Err(_) => {
+                        link.heard = false;
+                        return true;
+                    }
                 }
                 // One read stands for every notification already here.
-                while listener.next_buffered().is_some() {}
+                loop {
+                    match subscribed.changes.try_recv() {
+                        Ok(Some(_)) => {}
+                        Err(broadcast::error::TryRecvError::Empty) => break,
+                        Ok(None) | Err(_) => {
+                            link.heard = false;
+                            return true;
+                        }
+                    }
+                }
                 let at = Instant::now();
                 let changes = match db::inspect(&context.pool, name).await {
                     Ok(status) => tracker.read(status, at),
                     Err(error) => {
                         tracing::debug!(name, %error, "cannot read the observed lease");
+                        link.heard = false;
                         return true;
                     }
                 };

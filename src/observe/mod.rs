@@ -1,8 +1,10 @@
 //! Observation of one lease: its state now, then every change (acquired,
 //! value published, step-down requested, released, expired) in order.
 //!
-//! Changes are heard of as notifications on a connection of the observer's
-//! own (`pglease.observe`, see migrations/0001_schema.sql). A notification
+//! Changes are heard of as notifications on the manager's one listening
+//! connection, which every observer, elector and waiter of the manager
+//! shares (`crate::notify`): it subscribes each observed name there once
+//! (`pglease.observe`, see migrations/0001_schema.sql). A notification
 //! is only a hint, which anyone who can connect may send: it carries the
 //! name's key and nothing else, and the observer reads the lease through
 //! pglease and reports what the read shows. Changes that commit between
@@ -16,7 +18,7 @@
 //!
 //! Here the public surface; `tracker.rs` turns what is read into changes
 //! (no I/O, unit-tested), and `link.rs` is the observing task and its
-//! connection.
+//! subscription.
 //!
 //! [`ManagerOptions::notify`]: crate::ManagerOptions::notify
 //! [`ManagerOptions::max_poll_interval`]: crate::ManagerOptions::max_poll_interval
@@ -89,9 +91,11 @@ pub enum Change {
 }
 
 /// The changes of one lease, in order: made by [`LeaseManager::observe`].
-/// Observing costs one connection of its own (outside the manager's pool)
-/// while notifications are available, and one read per expiry or poll.
-/// Dropped, it stops and closes its connection.
+/// Observing shares the manager's one listening connection with every
+/// other observer, elector and waiter of the manager (one subscription
+/// per name, however many observe it), and costs one read per change,
+/// expiry or poll. Dropped, it stops, and the name is unsubscribed once
+/// nobody else of the manager observes it.
 #[derive(Debug)]
 pub struct Observer {
     name: String,
@@ -115,17 +119,10 @@ impl LeaseManager {
     pub async fn observe(&self, name: &str) -> Result<Observer> {
         check_text("name", name)?;
         let context = Arc::clone(self.context());
-        let mut link = Link::new(&context);
-        // Listening before the first read: every change committed after
+        // Subscribed before the first read: every change committed after
         // that read is heard.
-        let listener = match link.connect(name).await {
-            Ok(listener) => listener,
-            Err(error) => {
-                tracing::debug!(name, %error, "cannot listen for changes; reading instead");
-                link.failures = 1;
-                None
-            }
-        };
+        let mut link = Link::new(&context, name);
+        link.confirm().await;
         let status = db::inspect(&context.pool, name).await?;
         let (send, changes) = mpsc::channel(BACKLOG);
         let stop = context.stop.child_token();
@@ -136,7 +133,6 @@ impl LeaseManager {
             name.to_owned(),
             tracker,
             link,
-            listener,
             send,
             stop.clone(),
         ));

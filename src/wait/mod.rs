@@ -1,16 +1,13 @@
 //! Acquisition: one statement per attempt, and, for an acquirer allowed to
 //! wait, a retry when the holder releases (heard through the manager's
-//! listener, `listener.rs`, for names watched with `pglease.watch`,
-//! `watches.rs`), otherwise when the holder's lease expires, with jitter;
-//! polling with backoff only when no listener is available.
-
-mod listener;
-mod watches;
+//! listening connection, `crate::notify`, for names watched with
+//! `pglease.watch`), otherwise when the holder's lease expires, with
+//! jitter; polling with backoff only when no listener is available.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -20,18 +17,20 @@ use sqlx::{Connection, Row};
 use tokio::sync::{broadcast, oneshot, watch};
 use tokio::time::Instant;
 
-pub(crate) use listener::Listener;
-use watches::Watching;
-
 use crate::backoff;
 use crate::context::Context;
 use crate::db;
 use crate::error::{Error, Result};
 use crate::lease::{Lease, ttl_duration};
+use crate::notify::{Listener, Listening, Subscription, Topic};
 use crate::options::AcquireOptions;
 use crate::sql;
 use crate::telemetry;
 use crate::token::Token;
+
+/// How long a waiter waits for the listener to confirm a watch before it
+/// falls back to polling for that round.
+const WATCH_CONFIRM: Duration = Duration::from_secs(1);
 
 /// The outcome of one acquisition statement.
 pub(crate) enum Attempt {
@@ -316,33 +315,21 @@ async fn attempt_detached(
     delivery.outcome.take().unwrap_or(Err(Error::ShutDown))
 }
 
-/// Acquiring for one manager: its context, and its listener for
-/// releases, started by the first acquirer that has to wait.
+/// Acquiring for one manager. Waiters hear releases through the
+/// manager's listening connection (`Context::listener`), started by the
+/// first acquirer that has to wait.
 pub(crate) struct Acquirer {
     context: Arc<Context>,
-    listener: OnceLock<Listener>,
 }
 
 impl Acquirer {
     pub(crate) fn new(context: Arc<Context>) -> Acquirer {
-        Acquirer {
-            context,
-            listener: OnceLock::new(),
-        }
+        Acquirer { context }
     }
 
     /// Whether the manager is listening for releases right now.
     pub(crate) fn is_listening(&self) -> bool {
-        self.listener.get().is_some_and(Listener::is_listening)
-    }
-
-    fn listener(&self) -> &Listener {
-        let context = &self.context;
-        let listener = self
-            .listener
-            .get_or_init(|| Listener::new(context.pool.clone(), context.stop.clone()));
-        listener.ensure_running();
-        listener
+        self.context.is_listening()
     }
 
     /// Acquires `name` as `how` says (see `LeaseManager::acquire`); returns
@@ -375,7 +362,7 @@ impl Acquirer {
         let mut polls: u32 = 0;
         // Releases are notified only for names a session watches: watched
         // on the listening connection after the first failed attempt.
-        let mut watching: Option<Watching> = None;
+        let mut watching: Option<Subscription> = None;
         let mut watched = false;
         // The session-bound holder whose session's end last woke us: if
         // the lease is still its, the session is in its last microseconds
@@ -453,15 +440,17 @@ impl Acquirer {
             // A counted lease's slots are released under their own names:
             // its waiters poll.
             if listener.is_none() && context.options.get_notify() && how.get_limit().is_none() {
-                let started = self.listener();
+                let started = context.listener();
                 releases = Some(started.releases.subscribe());
                 listening = Some(started.listening.subscribe());
                 listener = Some(started);
             }
             if let Some(listener) = listener.filter(|_| !watched && !pinned) {
-                let watching = watching.get_or_insert_with(|| listener.watch(name));
+                let watching =
+                    watching.get_or_insert_with(|| listener.subscribe(Topic::Releases, name));
+                let until = (Instant::now() + WATCH_CONFIRM).min(deadline);
                 let confirmed = tokio::select! {
-                    confirmed = watching.confirmed(listener.is_listening(), deadline) => confirmed,
+                    confirmed = watching.confirmed(listener.is_listening(), until) => confirmed,
                     () = context.stop.cancelled() => return Err(Error::ShutDown),
                 };
                 if confirmed {
@@ -477,7 +466,9 @@ impl Acquirer {
                 (expires_at - checked_at).to_std().unwrap_or_default() + Duration::from_millis(1);
             // Read (and mark seen) the listener's state whether or not this
             // waiter is watched, so that an old change does not wake it.
-            let connected = listening.as_mut().is_some_and(|w| *w.borrow_and_update());
+            let connected = listening
+                .as_mut()
+                .is_some_and(|w| *w.borrow_and_update() == Listening::Yes);
             let heard = watched && connected;
             // A session-bound holder's end wakes us too (blocking in the
             // server), unless it just did.
@@ -576,7 +567,7 @@ async fn next_release(
     }
 }
 
-async fn listening_changed(listening: &mut Option<watch::Receiver<bool>>) {
+async fn listening_changed(listening: &mut Option<watch::Receiver<Listening>>) {
     match listening {
         Some(receiver) => {
             if receiver.changed().await.is_err() {

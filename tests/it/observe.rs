@@ -4,7 +4,9 @@
 //! listening connection is dropped it reports the latest state, then goes
 //! on change by change; through polling (no notifications) it reports the
 //! changes it can tell apart and the current state otherwise. Step-down
-//! requests are shown in the status view and reported.
+//! requests are shown in the status view and reported. A manager's
+//! observers, electors and waiters share one listening connection: a
+//! thousand observers cost one server session, not a thousand.
 
 use std::time::Duration;
 
@@ -193,11 +195,11 @@ async fn observers_see_every_change_in_order() {
     }
 }
 
-/// The observer's listening connection, as `pg_stat_activity` shows it.
+/// The manager's listening connection, as `pg_stat_activity` shows it.
 async fn observer_pids(db: &TestDb) -> Vec<i32> {
     sqlx::query_scalar(
         "SELECT pid FROM pg_stat_activity \
-          WHERE application_name = 'pglease observer' AND datname = current_database()",
+          WHERE application_name = 'pglease listener' AND datname = current_database()",
     )
     .fetch_all(db.pool())
     .await
@@ -240,7 +242,7 @@ async fn after_a_dropped_connection_the_latest_state_is_reported() {
     poll_until("the observer to reconnect and wait", BOUND, || async {
         sqlx::query_scalar::<_, bool>(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
-              WHERE application_name = 'pglease observer' AND state = 'active' \
+              WHERE application_name = 'pglease listener' AND state = 'active' \
                 AND query LIKE '%pglease.observe(%' AND datname = current_database())",
         )
         .fetch_one(db.pool())
@@ -352,8 +354,150 @@ async fn nothing_is_notified_while_nobody_observes() {
     assert_eq!(first.payload(), "marker");
 }
 
+/// How many distinct keys of `space` (the first half of pglease's
+/// two-part advisory keys: 1886154594 observers, 1886156641 waiters)
+/// session `pid` holds.
+async fn keys_held(db: &TestDb, pid: i32, space: i64) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(DISTINCT objid) FROM pg_locks \
+          WHERE locktype = 'advisory' AND objsubid = 2 AND granted \
+            AND pid = $1 AND classid = $2::bigint::oid",
+    )
+    .bind(pid)
+    .bind(space)
+    .fetch_one(db.pool())
+    .await
+    .expect("read pg_locks")
+}
+
+async fn observers_electors_and_waiters_share_one_listening_connection() {
+    const OBSERVERS: usize = 1000;
+    const NAMES: usize = 500;
+    let db = TestDb::new().await;
+    let manager = db.manager_with("shared", ManagerOptions::default()).await;
+    let holder = db.manager();
+    let busy = holder
+        .acquire("busy", AcquireOptions::ttl(Duration::from_secs(60)))
+        .await
+        .expect("acquire busy");
+
+    // A waiter, two electors and a thousand observers (two per name).
+    let waiting = {
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            manager
+                .acquire(
+                    "busy",
+                    AcquireOptions::ttl(Duration::from_secs(30)).wait(Duration::from_secs(60)),
+                )
+                .await
+        })
+    };
+    let electors: Vec<_> = ["leader-a", "leader-b"]
+        .into_iter()
+        .map(|name| {
+            let elector = std::sync::Arc::new(
+                manager
+                    .elector(name, AcquireOptions::ttl(Duration::from_secs(30)))
+                    .expect("elector"),
+            );
+            let run = {
+                let elector = std::sync::Arc::clone(&elector);
+                tokio::spawn(async move { elector.run(async |_| {}).await })
+            };
+            (elector, run)
+        })
+        .collect();
+    let mut observers = Vec::with_capacity(OBSERVERS);
+    for i in 0..OBSERVERS {
+        let mut observer = manager
+            .observe(&format!("n{}", i % NAMES))
+            .await
+            .expect("observe");
+        expect(&mut observer, "the first state", |c| {
+            matches!(c, Change::Current(_))
+        })
+        .await;
+        observers.push(observer);
+    }
+    for (elector, _) in &electors {
+        poll_until("each elector to lead", BOUND, || async {
+            elector.is_leader()
+        })
+        .await;
+    }
+
+    // One listening session, holding every name's key once.
+    let pids = observer_pids(&db).await;
+    assert_eq!(pids.len(), 1, "one listening connection: {pids:?}");
+    let names: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT hashtext(n)) FROM (SELECT 'n' || g AS n FROM generate_series(0, $1 - 1) g \
+          UNION ALL VALUES ('leader-a'), ('leader-b')) AS names",
+    )
+    .bind(NAMES as i32)
+    .fetch_one(db.pool())
+    .await
+    .expect("count the keys");
+    poll_until("the waiter's watch", BOUND, || async {
+        keys_held(&db, pids[0], 1_886_156_641).await == 1
+    })
+    .await;
+    assert_eq!(keys_held(&db, pids[0], 1_886_154_594).await, names);
+    let sessions: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+          WHERE datname = current_database() AND application_name = 'shared'",
+    )
+    .fetch_one(db.pool())
+    .await
+    .expect("count the pool's sessions");
+    assert!(
+        sessions <= 4,
+        "the manager's pool has at most 4 sessions: {sessions}"
+    );
+
+    // Everyone is still told: the waiter gets the released lease, and the
+    // observers of a name see it change hands.
+    assert!(holder.release(busy).await.expect("release busy"));
+    let taken = tokio::time::timeout(BOUND, waiting)
+        .await
+        .expect("the waiter acquires within the bound")
+        .expect("waiter task")
+        .expect("the waiter acquires");
+    let n7 = holder
+        .acquire(
+            "n7",
+            AcquireOptions::ttl(Duration::from_secs(30)).holder("h7"),
+        )
+        .await
+        .expect("acquire n7");
+    for observer in observers.iter_mut().filter(|o| o.name() == "n7") {
+        expect(observer, "n7 acquired", |c| {
+            matches!(c, Change::Acquired { token, holder, .. } if *token == n7.token() && holder == "h7")
+        })
+        .await;
+    }
+
+    // Dropped, the observers' names are unsubscribed; the electors' stay.
+    drop(observers);
+    poll_until("the observers' keys to go", BOUND, || async {
+        keys_held(&db, pids[0], 1_886_154_594).await == 2
+    })
+    .await;
+    assert_eq!(observer_pids(&db).await, pids, "the same listening session");
+    for (elector, run) in electors {
+        elector.resign();
+        tokio::time::timeout(BOUND, run)
+            .await
+            .expect("the elector stops")
+            .expect("elector task")
+            .expect("run");
+    }
+    drop(taken);
+}
+
 tests![
     observers_see_every_change_in_order(2),
+    observers_electors_and_waiters_share_one_listening_connection(2),
     after_a_dropped_connection_the_latest_state_is_reported(2),
     without_notifications_the_observer_polls(2),
     nothing_is_notified_while_nobody_observes(2),
