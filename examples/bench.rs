@@ -20,8 +20,10 @@
 //! the status of 100,000 leases with and without filters; `BENCH_ONLY=p1`
 //! only the main table (each operation beside raw SQL); `BENCH_ONLY=sql`
 //! only the SQL level: pgbench runs the scripts in `bench/pgbench/`
-//! (pglease's functions and the same work as raw statements, alternated,
-//! `BENCH_ROUNDS` pairs, default 3) and prints their ratios;
+//! (pglease's functions beside the minimal hand-made statements that give
+//! the same guarantee, alternated, `BENCH_ROUNDS` pairs, default 3;
+//! `BENCH_SQL_PAIRS=raw_cycle,raw_write` only the pairs with those
+//! baselines) and prints their ratios;
 //! `BENCH_ONLY=flushes` only the WAL flushes of durable renewals (1,000
 //! leases held at `synchronous_commit = off`);
 //! `BENCH_ONLY=p2b` only one manager holding 100,000 leases (in a
@@ -1875,28 +1877,93 @@ async fn sql_level(secs: f64) -> Result<(), Error> {
         "| operation | clients | names | raw tps (median) | pglease tps (median) | ratio per pair | median |\n\
          |---|---:|---:|---:|---:|---|---:|"
     );
-    let ops = [
-        ("acquire + release", "cycle"),
-        ("renew", "renew"),
-        ("failed acquire", "failed"),
+    // Each pair: what it measures, the raw baseline's script, pglease's,
+    // whether the history records (pglease.set_history), and whether a
+    // waiter watches every cycle name (a session that LISTENs on both
+    // channels and watches them, draining what it hears).
+    let pairs = [
         (
-            "guarded write, one statement (vs unguarded UPDATE)",
-            "write",
+            "acquire + release, history off, nobody watching (raw cycle)",
+            "raw_cycle",
+            "lease_cycle",
+            false,
+            false,
         ),
-        ("fenced transaction (vs BEGIN; UPDATE; COMMIT)", "fenced"),
+        (
+            "acquire + release, default history (raw cycle + the same history rows)",
+            "raw_cycle_history",
+            "lease_cycle",
+            true,
+            false,
+        ),
+        (
+            "acquire + release, a waiter watching (raw cycle + history rows + pg_notify)",
+            "raw_cycle_notify",
+            "lease_cycle",
+            true,
+            true,
+        ),
+        (
+            "renew (raw token-checked UPDATE)",
+            "raw_renew",
+            "lease_renew",
+            true,
+            false,
+        ),
+        (
+            "failed acquire (raw UPDATE that matches nothing)",
+            "raw_failed",
+            "lease_failed",
+            true,
+            false,
+        ),
+        (
+            "guarded write, one statement (minimal guard: FOR KEY SHARE + token + clock)",
+            "raw_write",
+            "lease_write",
+            true,
+            false,
+        ),
+        (
+            "fenced transaction (minimal guard: FOR KEY SHARE + token + clock)",
+            "raw_fenced",
+            "lease_fenced",
+            true,
+            false,
+        ),
     ];
-    for (label, script) in ops {
+    // BENCH_SQL_PAIRS=raw_cycle,raw_write: only the pairs with those raw
+    // scripts.
+    let wanted = std::env::var("BENCH_SQL_PAIRS").unwrap_or_default();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await?;
+    for (label, raw_script, lease_script, history, watched) in pairs {
+        if !wanted.is_empty() && !wanted.split(',').any(|w| w == raw_script) {
+            continue;
+        }
+        let retention = if history { "30 days" } else { "0" };
+        sqlx::query("SELECT pglease.set_history($1::interval)")
+            .bind(retention)
+            .execute(&pool)
+            .await?;
+        let watcher = if watched {
+            Some(watch_cycle_names(&url).await?)
+        } else {
+            None
+        };
         for clients in [1usize, 8] {
             for names in [1u32, 1000] {
                 let mut raw = Vec::new();
                 let mut lease = Vec::new();
                 let mut ratios = Vec::new();
                 for _ in 0..rounds {
-                    let run = |side: &str| {
+                    let run = |script: &str| {
                         pgbench_tps(
                             &pgbench,
                             &url,
-                            &dir.join(format!("{side}_{script}.sql")),
+                            &dir.join(format!("{script}.sql")),
                             clients,
                             names,
                             secs,
@@ -1904,8 +1971,8 @@ async fn sql_level(secs: f64) -> Result<(), Error> {
                             offsets[1],
                         )
                     };
-                    let r = run("raw")?;
-                    let l = run("lease")?;
+                    let r = run(raw_script)?;
+                    let l = run(lease_script)?;
                     ratios.push(l / r);
                     raw.push(r);
                     lease.push(l);
@@ -1920,8 +1987,32 @@ async fn sql_level(secs: f64) -> Result<(), Error> {
                 );
             }
         }
+        if let Some(watcher) = watcher {
+            watcher.abort();
+        }
     }
+    pool.close().await;
     drop_database("pglease_bench_sql").await
+}
+
+/// A waiter's session for the SQL-level benchmark: LISTENs on pglease's
+/// release channel and the raw baseline's, watches every cycle name, and
+/// drains what it hears until aborted.
+async fn watch_cycle_names(url: &str) -> Result<tokio::task::JoinHandle<()>, Error> {
+    let mut listener = sqlx::postgres::PgListener::connect(url).await?;
+    listener
+        .listen_all(["pglease_release", "raw_release"])
+        .await?;
+    let watched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE pglease.watch('cycle-' || g)) \
+           FROM generate_series(1, 1000) AS g",
+    )
+    .fetch_one(&mut listener)
+    .await?;
+    assert_eq!(watched, 1000, "every cycle name watched");
+    Ok(tokio::spawn(async move {
+        while let Ok(Some(_)) = listener.try_recv().await {}
+    }))
 }
 
 /// The middle value (the mean of the two middle ones for an even count).

@@ -13,6 +13,12 @@ CREATE TABLE raw_leases (name text PRIMARY KEY, holder text, token bigint NOT NU
 INSERT INTO raw_leases SELECT 'cycle-' || g, NULL, 0, '-infinity' FROM generate_series(1, 1000) g;
 INSERT INTO raw_leases SELECT 'held-' || g, 'bench', nextval('raw_seq'), now() + interval '1 day'
   FROM generate_series(1, 1000) g ORDER BY g;
+-- The history a home-made lease table would keep: pglease._history's
+-- columns and index.
+CREATE TABLE raw_history (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, name text,
+                          token bigint NOT NULL, event text NOT NULL, holder text,
+                          at timestamptz NOT NULL, renewals integer, detail text, role name);
+CREATE INDEX raw_history_name ON raw_history (name, id);
 CREATE TABLE data (id int PRIMARY KEY, value bigint NOT NULL);
 INSERT INTO data SELECT g, 0 FROM generate_series(1, 1000) g;
 -- Each name's row exists in pglease.leases (created by a first
