@@ -893,11 +893,16 @@ REVOKE ALL ON FUNCTION pglease._end_fenced(text) FROM PUBLIC;
 -- Called by acquire only, once FOR UPDATE SKIP LOCKED has found the row
 -- locked by someone else. GONE_TOKEN, if not NULL, is a token whose
 -- session-bound holder's session has ended: that term counts as ended.
--- Returns NULL when this transaction holds FOR UPDATE on the row and the
--- lease has ended; '' when the lease is held (valid); otherwise why it
--- cannot be taken within the grace. See the top of this file.
-CREATE FUNCTION pglease._take_over(name text, gone_token bigint)
-RETURNS text
+-- NOTE is NULL when this transaction holds FOR UPDATE on the row and the
+-- lease has ended; '' when the lease is held (valid), by HELD_BY until
+-- HELD_UNTIL (bound to session HELD_SESSION, if any) as decided at
+-- DECIDED_AT, which acquire reports as it is (the holder may release
+-- before acquire could read the row again, and a lease reported free
+-- but not acquired would look pinned); otherwise why it cannot be taken
+-- within the grace. See the top of this file.
+CREATE FUNCTION pglease._take_over(name text, gone_token bigint, OUT note text,
+                                   OUT held_by text, OUT held_until timestamptz,
+                                   OUT held_session integer, OUT decided_at timestamptz)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -905,35 +910,37 @@ DECLARE
     -- TAKEOVER_GRACE: how long each stage may wait for locks to go.
     give_up    timestamptz := clock_timestamp() + interval '1 second';
     ended_them boolean := false;
-    cur_holder text;
-    cur_expiry timestamptz;
     cur_token  bigint;
-    note       text;
 BEGIN
     LOOP
-        SELECT l.holder, l.expires_at, l.token INTO cur_holder, cur_expiry, cur_token
+        SELECT l.holder, l.expires_at, l.token, l.session_pid
+          INTO held_by, held_until, cur_token, held_session
           FROM pglease.leases AS l WHERE l.name = _take_over.name FOR NO KEY UPDATE SKIP LOCKED;
         IF FOUND THEN
             -- Nobody can renew, release or acquire the lease now: decide.
-            IF cur_holder IS NOT NULL AND clock_timestamp() < cur_expiry
+            decided_at := clock_timestamp();
+            IF held_by IS NOT NULL AND decided_at < held_until
                AND cur_token IS DISTINCT FROM gone_token THEN
-                RETURN '';
+                note := '';
+                RETURN;
             END IF;
             -- It has ended: the transactions still fenced on it are stale.
             LOOP
                 PERFORM 1 FROM pglease.leases AS l
                  WHERE l.name = _take_over.name FOR UPDATE SKIP LOCKED;
                 IF FOUND THEN
-                    RETURN NULL;
+                    note := NULL;
+                    RETURN;
                 END IF;
                 note := pglease._end_fenced(_take_over.name);
                 IF note IS NOT NULL THEN
-                    RETURN note;
+                    RETURN;
                 END IF;
                 IF clock_timestamp() >= give_up THEN
-                    RETURN 'its row is still locked after 1 s by a transaction that pglease '
-                           'cannot end: one that locked the row without pglease.assert_held, '
-                           'a prepared transaction, or a session that does not exit';
+                    note := 'its row is still locked after 1 s by a transaction that pglease '
+                            'cannot end: one that locked the row without pglease.assert_held, '
+                            'a prepared transaction, or a session that does not exit';
+                    RETURN;
                 END IF;
                 PERFORM pg_sleep(0.002);
             END LOOP;
@@ -941,24 +948,28 @@ BEGIN
         -- An acquisition, renewal or release of the lease has not committed
         -- yet (usually a matter of milliseconds). Meanwhile, a lease that
         -- is valid on its committed row is simply held.
-        SELECT l.holder, l.expires_at, l.token INTO cur_holder, cur_expiry, cur_token
+        SELECT l.holder, l.expires_at, l.token, l.session_pid
+          INTO held_by, held_until, cur_token, held_session
           FROM pglease.leases AS l WHERE l.name = _take_over.name;
-        IF cur_holder IS NOT NULL AND clock_timestamp() < cur_expiry
+        decided_at := clock_timestamp();
+        IF held_by IS NOT NULL AND decided_at < held_until
            AND cur_token IS DISTINCT FROM gone_token THEN
-            RETURN '';
+            note := '';
+            RETURN;
         END IF;
         IF clock_timestamp() >= give_up THEN
             IF ended_them THEN
-                RETURN 'its row has been locked for over 1 s by an acquisition, renewal or '
-                       'release of it that has not committed (a transaction left open: call '
-                       'acquire, renew and release in transactions of their own)';
+                note := 'its row has been locked for over 1 s by an acquisition, renewal or '
+                        'release of it that has not committed (a transaction left open: call '
+                        'acquire, renew and release in transactions of their own)';
+                RETURN;
             END IF;
             -- Ended on its committed row for the whole grace: a fenced
             -- transaction that renewed or released the lease itself and
             -- froze holds the row so. End the fenced ones; wait once more.
             note := pglease._end_fenced(_take_over.name);
             IF note IS NOT NULL THEN
-                RETURN note;
+                RETURN;
             END IF;
             ended_them := true;
             give_up := clock_timestamp() + interval '1 second';
@@ -1121,22 +1132,26 @@ BEGIN
               INTO cur_holder, cur_expiry, cur_token, cur_pid
               FROM pglease.leases AS l WHERE l.name = acquire.name FOR UPDATE SKIP LOCKED;
             IF NOT FOUND THEN
-                note := pglease._take_over(acquire.name, gone_token);
-                -- Either way, the committed row: locked by this transaction if
-                -- taken; otherwise it says who holds the lease, or, if the lease
-                -- has ended (expires_at <= checked_at, or holder NULL), that a
-                -- transaction that could not be ended pins it, and note says why.
+                SELECT o.note, o.held_by, o.held_until, o.held_session, o.decided_at
+                  INTO note, cur_holder, cur_expiry, cur_pid, t
+                  FROM pglease._take_over(acquire.name, gone_token) AS o;
+                IF note = '' THEN
+                    -- Held, as decided (see _take_over).
+                    RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL)::pglease.acquisition;
+                END IF;
+                -- The committed row: locked by this transaction if taken;
+                -- otherwise the lease has ended (expires_at <= checked_at, or
+                -- holder NULL), a transaction that could not be ended pins
+                -- it, and note says why.
                 SELECT l.holder, l.expires_at, l.token, l.session_pid
                   INTO cur_holder, cur_expiry, cur_token, cur_pid
                   FROM pglease.leases AS l WHERE l.name = acquire.name;
                 IF note IS NOT NULL THEN
-                    IF note <> '' THEN
-                        -- For the server's log (the caller gets it in the answer).
-                        RAISE WARNING USING MESSAGE = format('pglease: lease %L has ended, but %s',
-                                                             acquire.name, note);
-                    END IF;
+                    -- For the server's log (the caller gets it in the answer).
+                    RAISE WARNING USING MESSAGE = format('pglease: lease %L has ended, but %s',
+                                                         acquire.name, note);
                     RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(),
-                               nullif(note, ''), cur_pid, NULL)::pglease.acquisition;
+                               note, cur_pid, NULL)::pglease.acquisition;
                 END IF;
             END IF;
             -- Decide on the latest row version and a clock read after the lock.

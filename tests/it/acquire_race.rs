@@ -136,10 +136,58 @@ async fn racing_first_acquisitions_of_new_names_never_deadlock() {
     }
 }
 
+/// Contenders that acquire and release one name as fast as they can: an
+/// attempt that loses to another's acquisition is told the lease is held,
+/// never that it has ended but is pinned (the winner may have released it
+/// again by the time the loser's answer is written); every token is issued
+/// once; the lease ends free.
+async fn contenders_cycling_on_one_name_are_told_held_never_pinned() {
+    const ATTEMPTS: usize = 250;
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let tasks: Vec<_> = (0..RACERS)
+        .map(|i| {
+            let m = m.clone();
+            tokio::spawn(async move {
+                let mut tokens = Vec::new();
+                for _ in 0..ATTEMPTS {
+                    match m
+                        .acquire(
+                            "cycled",
+                            AcquireOptions::ttl(LONG_TTL).holder(format!("worker-{i}")),
+                        )
+                        .await
+                    {
+                        Ok(lease) => {
+                            tokens.push(lease.token().get());
+                            assert!(m.release(&lease).await.expect("release"), "released");
+                        }
+                        Err(Error::Held { .. }) => {}
+                        Err(e) => panic!("worker {i}: unexpected error {e}"),
+                    }
+                }
+                tokens
+            })
+        })
+        .collect();
+    let mut tokens = Vec::new();
+    for task in tasks {
+        tokens.extend(task.await.expect("contender task"));
+    }
+    let issued = tokens.len();
+    assert!(issued > 0, "nobody acquired");
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), issued, "a token was issued twice");
+    let status = m.inspect("cycled").await.expect("inspect");
+    assert_eq!(status.holder, None, "the lease ends free");
+}
+
 const LONG_TTL: Duration = Duration::from_secs(600);
 
 tests![
     racing_acquirers_have_one_winner_per_round_and_increasing_tokens(4),
     failed_attempts_on_a_held_lease_issue_no_token(4),
     racing_first_acquisitions_of_new_names_never_deadlock(4),
+    contenders_cycling_on_one_name_are_told_held_never_pinned(4),
 ];
