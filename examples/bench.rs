@@ -18,16 +18,19 @@
 //! `BENCH_ONLY=elect` only leader election and the change trigger;
 //! `BENCH_ONLY=history` only the history's cost; `BENCH_ONLY=status` only
 //! the status of 100,000 leases with and without filters; `BENCH_ONLY=p1`
-//! only the main table (each operation beside raw SQL); `BENCH_ONLY=sql`
+//! only the main table (each operation beside the baselines of
+//! `bench/pgbench/`, through sqlx, in `pglease_bench_p1`); `BENCH_ONLY=sql`
 //! only the SQL level: pgbench runs the scripts in `bench/pgbench/`
 //! (pglease's functions beside the minimal hand-made statements that give
 //! the same guarantee, alternated, `BENCH_ROUNDS` pairs, default 3;
 //! `BENCH_SQL_PAIRS=raw_cycle,raw_write` only the pairs with those
-//! baselines) and prints their ratios;
+//! baselines, `uncommon` the uncommon paths beside the common one) and
+//! prints their ratios;
 //! `BENCH_ONLY=flushes` only the WAL flushes of durable renewals (1,000
 //! leases held at `synchronous_commit = off`);
 //! `BENCH_ONLY=p2b` only one manager holding 100,000 leases (in a
 //! database of its own, `pglease_bench_p2b`); `BENCH_ONLY=p3` only the handover from a release to a waiter;
+//! `BENCH_ONLY=p4` only the takeover after a holder dies or freezes;
 //! `BENCH_ONLY=p4c` only the takeover of a session-bound lease whose
 //! holder's session ended, beside an advisory lock's.
 
@@ -73,11 +76,6 @@ async fn rate(clients: usize, secs: f64, op: Op) -> f64 {
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
-/// (raw ops/s, library ops/s), alternating the two twice.
-async fn pair(clients: usize, secs: f64, raw: Op, lib: Op) -> (f64, f64) {
-    alternate(clients, secs, 2, raw, lib).await
-}
-
 /// Mean ops/s of `a` and of `b`, each run `rounds` times for `secs` / 2,
 /// alternately.
 async fn alternate(clients: usize, secs: f64, rounds: u32, a: Op, b: Op) -> (f64, f64) {
@@ -96,21 +94,6 @@ where
     Fut: Future<Output = Result<(), Error>> + Send + 'static,
 {
     Arc::new(move |c| Box::pin(f(c)) as BoxFut)
-}
-
-/// The unguarded write every guarded write is compared with.
-fn raw_update(pool: &PgPool) -> Op {
-    let pool = pool.clone();
-    op(move |c| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query(RAW_UPDATE)
-                .bind(c as i32)
-                .execute(&pool)
-                .await?;
-            Ok(())
-        }
-    })
 }
 
 /// The server to benchmark, found as the tests find theirs
@@ -137,29 +120,6 @@ fn kit<T>(what: &str, started: Result<T, SetupError>) -> Result<Option<T>, Error
         }
         Err(e) => Err(Error::Database(sqlx::Error::Configuration(Box::new(e)))),
     }
-}
-
-/// Acquire and release a lease with bare statements on `raw_leases`.
-fn raw_cycle(pool: &PgPool, release: &'static str) -> Op {
-    let pool = pool.clone();
-    op(move |c| {
-        let pool = pool.clone();
-        async move {
-            let name = format!("cycle-{c}");
-            let token: i64 = sqlx::query_scalar(RAW_ACQUIRE)
-                .bind(&name)
-                .bind("bench")
-                .bind(LONG)
-                .fetch_one(&pool)
-                .await?;
-            sqlx::query(release)
-                .bind(&name)
-                .bind(token)
-                .execute(&pool)
-                .await?;
-            Ok(())
-        }
-    })
 }
 
 /// Acquire and release a lease through the library.
@@ -265,7 +225,8 @@ async fn setup() -> Result<PgPool, Error> {
     Ok(pool)
 }
 
-const RAW_UPDATE: &str = "UPDATE data SET value = value + 1 WHERE id = $1";
+// The baselines of `bench/pgbench/` (`raw_*.sql`), with the scripts'
+// variables as parameters: $1 the name, $2 the holder or the token.
 const RAW_ACQUIRE: &str = "UPDATE raw_leases SET holder = $2, token = nextval('raw_seq'), \
      expires_at = clock_timestamp() + $3 \
      WHERE name = $1 AND (holder IS NULL OR expires_at <= clock_timestamp()) RETURNING token";
@@ -274,10 +235,37 @@ const RAW_RENEW: &str = "UPDATE raw_leases SET expires_at = clock_timestamp() + 
      RETURNING expires_at";
 const RAW_RELEASE: &str = "UPDATE raw_leases SET holder = NULL \
      WHERE name = $1 AND token = $2 AND holder IS NOT NULL AND clock_timestamp() < expires_at";
-/// The raw release plus the notification pglease.release sends.
-const RAW_RELEASE_NOTIFY: &str = "WITH r AS (UPDATE raw_leases SET holder = NULL \
+/// `raw_cycle_history.sql`'s acquisition: the history row in the same statement.
+const RAW_ACQUIRE_HISTORY: &str = "WITH a AS (UPDATE raw_leases SET holder = $2, \
+     token = nextval('raw_seq'), expires_at = clock_timestamp() + $3 \
+     WHERE name = $1 AND (holder IS NULL OR expires_at <= clock_timestamp()) \
+     RETURNING name, token, holder), \
+     h AS (INSERT INTO raw_history (name, token, event, holder, at, role) \
+     SELECT name, token, 'acquired', holder, clock_timestamp(), session_user FROM a) \
+     SELECT token FROM a";
+/// `raw_cycle_history.sql`'s release: the history row in the same statement.
+const RAW_RELEASE_HISTORY: &str = "WITH r AS (UPDATE raw_leases SET holder = NULL \
      WHERE name = $1 AND token = $2 AND holder IS NOT NULL AND clock_timestamp() < expires_at \
-     RETURNING name) SELECT pg_notify('bench_release', name) FROM r";
+     RETURNING name, token), \
+     h AS (INSERT INTO raw_history (name, token, event, holder, at, role) \
+     SELECT name, token, 'released', 'bench', clock_timestamp(), session_user FROM r) \
+     SELECT count(*) FROM r";
+/// `raw_cycle_notify.sql`'s release: the history row and the notification.
+const RAW_RELEASE_HISTORY_NOTIFY: &str = "WITH r AS (UPDATE raw_leases SET holder = NULL \
+     WHERE name = $1 AND token = $2 AND holder IS NOT NULL AND clock_timestamp() < expires_at \
+     RETURNING name, token), \
+     h AS (INSERT INTO raw_history (name, token, event, holder, at, role) \
+     SELECT name, token, 'released', 'bench', clock_timestamp(), session_user FROM r) \
+     SELECT pg_notify('raw_release', hashtext(name)::text) FROM r";
+/// The minimal guard (`raw_fenced.sql`): the seed's check on the lease
+/// row, locked `FOR KEY SHARE` until commit.
+const RAW_GUARD: &str = "SELECT 1 FROM raw_leases \
+     WHERE name = $1 AND token = $2 AND clock_timestamp() < expires_at FOR KEY SHARE";
+/// The minimal guarded write in one statement (`raw_write.sql`).
+const RAW_GUARDED_UPDATE: &str = "WITH fence AS (SELECT 1 FROM raw_leases \
+     WHERE name = $1 AND token = $2 AND clock_timestamp() < expires_at FOR KEY SHARE) \
+     UPDATE data SET value = value + 1 FROM fence WHERE id = $3";
+const RAW_UPDATE: &str = "UPDATE data SET value = value + 1 WHERE id = $1";
 const GUARDED_UPDATE: &str = "WITH fence AS (SELECT pglease.assert_held($1, $2)) \
      UPDATE data SET value = value + 1 FROM fence WHERE id = $3";
 
@@ -316,6 +304,7 @@ async fn main() -> Result<(), Error> {
         "fenced" => Some(fenced_round_trips(&pool, &m, &tokens, secs).await.map(drop)),
         "p2b" => Some(many_leases().await),
         "p3" => Some(handover(&pool).await),
+        "p4" => Some(takeover(&pool).await),
         "p4c" => Some(session_bound_takeover(&pool).await),
         "flushes" => Some(renewal_flushes().await),
         _ => None,
@@ -326,140 +315,8 @@ async fn main() -> Result<(), Error> {
         return outcome;
     }
 
-    println!("pglease benchmark: {secs} s per measurement, raw and library alternated");
-    println!("raw SQL: the same statement on a bare lease table (raw_leases) or data table\n");
-    let select1 = rate(1, secs / 2.0, {
-        let pool = pool.clone();
-        op(move |_| {
-            let pool = pool.clone();
-            async move {
-                sqlx::query("SELECT 1").execute(&pool).await?;
-                Ok(())
-            }
-        })
-    })
-    .await;
-    println!("round-trip baseline: SELECT 1 at 1 client: {select1:.0}/s\n");
-    println!(
-        "| operation | clients | raw SQL ops/s | pglease ops/s | ratio |\n|---|---:|---:|---:|---:|"
-    );
-    for clients in [1usize, 8] {
-        let rows: Vec<(&str, Op, Op)> = vec![
-            (
-                "acquire + release",
-                raw_cycle(&pool, RAW_RELEASE),
-                lib_cycle(&m),
-            ),
-            (
-                "acquire + release (raw release also NOTIFYs)",
-                raw_cycle(&pool, RAW_RELEASE_NOTIFY),
-                lib_cycle(&m),
-            ),
-            (
-                "renew",
-                {
-                    let pool = pool.clone();
-                    op(move |c| {
-                        let pool = pool.clone();
-                        async move {
-                            let name = format!("held-{c}");
-                            let token = c as i64 + 1;
-                            sqlx::query(RAW_RENEW)
-                                .bind(&name)
-                                .bind(token)
-                                .bind(LONG)
-                                .fetch_one(&pool)
-                                .await?;
-                            Ok(())
-                        }
-                    })
-                },
-                lib_renew(&m, &tokens),
-            ),
-            (
-                "guarded write, one statement (vs unguarded UPDATE)",
-                raw_update(&pool),
-                {
-                    let pool = pool.clone();
-                    let tokens = tokens.clone();
-                    op(move |c| {
-                        let pool = pool.clone();
-                        let token = tokens[c].token();
-                        async move {
-                            sqlx::query(GUARDED_UPDATE)
-                                .bind(format!("held-{c}"))
-                                .bind(token)
-                                .bind(c as i32)
-                                .execute(&pool)
-                                .await?;
-                            Ok(())
-                        }
-                    })
-                },
-            ),
-            (
-                "fenced transaction (vs BEGIN; UPDATE; COMMIT)",
-                {
-                    let pool = pool.clone();
-                    op(move |c| {
-                        let pool = pool.clone();
-                        async move {
-                            let mut tx = pool.begin().await?;
-                            sqlx::query(RAW_UPDATE)
-                                .bind(c as i32)
-                                .execute(&mut *tx)
-                                .await?;
-                            tx.commit().await?;
-                            Ok(())
-                        }
-                    })
-                },
-                lib_fenced(&m, &tokens, true),
-            ),
-            (
-                "failed acquire on a held lease",
-                {
-                    let pool = pool.clone();
-                    op(move |c| {
-                        let pool = pool.clone();
-                        async move {
-                            let got: Option<i64> = sqlx::query_scalar(RAW_ACQUIRE)
-                                .bind("held-0")
-                                .bind(format!("other-{c}"))
-                                .bind(LONG)
-                                .fetch_optional(&pool)
-                                .await?;
-                            assert!(got.is_none(), "raw acquire of a held lease");
-                            Ok(())
-                        }
-                    })
-                },
-                {
-                    let m = m.clone();
-                    op(move |c| {
-                        let m = m.clone();
-                        async move {
-                            match m
-                                .acquire(
-                                    "held-0",
-                                    AcquireOptions::ttl(LONG).holder(format!("other-{c}")),
-                                )
-                                .await
-                            {
-                                Err(Error::Held { .. }) => Ok(()),
-                                Err(e) => Err(e),
-                                Ok(_) => panic!("acquired a held lease"),
-                            }
-                        }
-                    })
-                },
-            ),
-        ];
-        for (label, raw, lib) in rows {
-            let (r, l) = pair(clients, secs, raw, lib).await;
-            println!("| {label} | {clients} | {r:.0} | {l:.0} | {:.2} |", l / r);
-        }
-    }
+    println!("pglease benchmark: {secs} s per measurement, raw and library alternated\n");
+    library_level(secs).await?;
     if only == "p1" {
         pool.close().await;
         return drop_database("pglease_bench").await;
@@ -1825,6 +1682,353 @@ async fn auto_failover() -> Result<(), Error> {
     Ok(())
 }
 
+/// A name's number in 1..=`names` for the next operation, spread over
+/// the names as pgbench's `random(1, :names)` spreads them.
+fn pick(names: usize) -> usize {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    // splitmix64's finaliser over a counter: cheap, and no dependency.
+    let mut x = NEXT
+        .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 31;
+    1 + (x % names as u64) as usize
+}
+
+/// P1 through the library: the pairs `BENCH_ONLY=sql` runs with pgbench
+/// (`bench/pgbench/`: the same set-up, the same baselines, sent through
+/// sqlx), each library operation beside its minimal hand-made statements,
+/// alternated, at 1 and 8 clients on 1 and 1,000 names, in a database of
+/// its own (`pglease_bench_p1`). Prints each pair's ratio (library / raw)
+/// and their median.
+async fn library_level(secs: f64) -> Result<(), Error> {
+    const DB: &str = "pglease_bench_p1";
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let pool = fresh_database(DB, 8).await?;
+    let m = LeaseManager::new(pool.clone());
+    m.migrate().await?;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/pgbench");
+    let setup = std::fs::read_to_string(dir.join("setup.sql"))
+        .map_err(|e| Error::Database(sqlx::Error::Io(e)))?;
+    sqlx::raw_sql(AssertSqlSafe(setup)).execute(&pool).await?;
+    // The set-up acquired held-N in SQL; the library's operations need
+    // its own handles, so it takes them again.
+    sqlx::query(
+        "SELECT count(pglease.release(name, token)) FROM pglease.leases WHERE name LIKE 'held-%'",
+    )
+    .execute(&pool)
+    .await?;
+    let mut held = Vec::new();
+    for n in 1..=1000 {
+        held.push(
+            m.acquire(
+                &format!("held-{n}"),
+                AcquireOptions::ttl(LONG).holder("bench"),
+            )
+            .await?,
+        );
+    }
+    let held = Arc::new(held);
+    let (low, high): (i64, i64) = sqlx::query_as(
+        "SELECT min(token - substr(name, 6)::bigint), max(token - substr(name, 6)::bigint) \
+         FROM raw_leases WHERE name LIKE 'held-%'",
+    )
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!(
+        low, high,
+        "tokens of raw_leases' held leases are not consecutive"
+    );
+    let raw_offset = low;
+    let url = found().await?.url(DB);
+
+    // The raw cycle: take the name if free, release it if taken.
+    let raw_cycle = |acquire: &'static str, release: &'static str, names: usize| {
+        let pool = pool.clone();
+        op(move |_| {
+            let pool = pool.clone();
+            async move {
+                let name = format!("cycle-{}", pick(names));
+                let token: Option<i64> = sqlx::query_scalar(acquire)
+                    .bind(&name)
+                    .bind("bench")
+                    .bind(LONG)
+                    .fetch_optional(&pool)
+                    .await?;
+                if let Some(token) = token {
+                    sqlx::query(release)
+                        .bind(&name)
+                        .bind(token)
+                        .execute(&pool)
+                        .await?;
+                }
+                Ok(())
+            }
+        })
+    };
+    let lib_cycle = |names: usize| {
+        let m = m.clone();
+        op(move |_| {
+            let m = m.clone();
+            async move {
+                let name = format!("cycle-{}", pick(names));
+                match m
+                    .acquire(&name, AcquireOptions::ttl(LONG).holder("bench"))
+                    .await
+                {
+                    Ok(lease) => {
+                        m.release(&lease).await?;
+                        Ok(())
+                    }
+                    Err(Error::Held { .. }) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        })
+    };
+    println!(
+        "P1 through the library (sqlx; the baselines of bench/pgbench, {rounds} pairs \
+         alternated, raw first, {secs} s each): library ops/s / raw ops/s\n"
+    );
+    println!(
+        "| operation | clients | names | raw ops/s (median) | pglease ops/s (median) | ratio per pair | median |\n\
+         |---|---:|---:|---:|---:|---|---:|"
+    );
+    type Row<'a> = (&'a str, bool, bool, Box<dyn Fn(usize) -> (Op, Op) + 'a>);
+    let rows: Vec<Row> = vec![
+        (
+            "acquire + release, history off, nobody watching (raw cycle)",
+            false,
+            false,
+            Box::new(|names| (raw_cycle(RAW_ACQUIRE, RAW_RELEASE, names), lib_cycle(names))),
+        ),
+        (
+            "acquire + release, default history (raw cycle + the same history rows)",
+            true,
+            false,
+            Box::new(|names| {
+                (
+                    raw_cycle(RAW_ACQUIRE_HISTORY, RAW_RELEASE_HISTORY, names),
+                    lib_cycle(names),
+                )
+            }),
+        ),
+        (
+            "acquire + release, a waiter watching (raw cycle + history rows + pg_notify)",
+            true,
+            true,
+            Box::new(|names| {
+                (
+                    raw_cycle(RAW_ACQUIRE_HISTORY, RAW_RELEASE_HISTORY_NOTIFY, names),
+                    lib_cycle(names),
+                )
+            }),
+        ),
+        (
+            "renew (raw token-checked UPDATE)",
+            true,
+            false,
+            Box::new(|names| {
+                let raw = {
+                    let pool = pool.clone();
+                    op(move |_| {
+                        let pool = pool.clone();
+                        async move {
+                            let n = pick(names);
+                            sqlx::query(RAW_RENEW)
+                                .bind(format!("held-{n}"))
+                                .bind(n as i64 + raw_offset)
+                                .bind(LONG)
+                                .execute(&pool)
+                                .await?;
+                            Ok(())
+                        }
+                    })
+                };
+                let lib = {
+                    let (m, held) = (m.clone(), held.clone());
+                    op(move |_| {
+                        let (m, held) = (m.clone(), held.clone());
+                        async move {
+                            m.renew(&held[pick(names) - 1], LONG).await?;
+                            Ok(())
+                        }
+                    })
+                };
+                (raw, lib)
+            }),
+        ),
+        (
+            "failed acquire (raw UPDATE that matches nothing)",
+            true,
+            false,
+            Box::new(|names| {
+                let raw = {
+                    let pool = pool.clone();
+                    op(move |_| {
+                        let pool = pool.clone();
+                        async move {
+                            let got: Option<i64> = sqlx::query_scalar(RAW_ACQUIRE)
+                                .bind(format!("held-{}", pick(names)))
+                                .bind("other")
+                                .bind(LONG)
+                                .fetch_optional(&pool)
+                                .await?;
+                            assert!(got.is_none(), "raw acquire of a held lease");
+                            Ok(())
+                        }
+                    })
+                };
+                let lib = {
+                    let m = m.clone();
+                    op(move |_| {
+                        let m = m.clone();
+                        async move {
+                            let name = format!("held-{}", pick(names));
+                            match m
+                                .acquire(&name, AcquireOptions::ttl(LONG).holder("other"))
+                                .await
+                            {
+                                Err(Error::Held { .. }) => Ok(()),
+                                Err(e) => Err(e),
+                                Ok(_) => panic!("acquired a held lease"),
+                            }
+                        }
+                    })
+                };
+                (raw, lib)
+            }),
+        ),
+        (
+            "guarded write, one statement (minimal guard: FOR KEY SHARE + token + clock)",
+            true,
+            false,
+            Box::new(|names| {
+                let raw = {
+                    let pool = pool.clone();
+                    op(move |_| {
+                        let pool = pool.clone();
+                        async move {
+                            let n = pick(names);
+                            sqlx::query(RAW_GUARDED_UPDATE)
+                                .bind(format!("held-{n}"))
+                                .bind(n as i64 + raw_offset)
+                                .bind(n as i32)
+                                .execute(&pool)
+                                .await?;
+                            Ok(())
+                        }
+                    })
+                };
+                let lib = {
+                    let (pool, held) = (pool.clone(), held.clone());
+                    op(move |_| {
+                        let (pool, held) = (pool.clone(), held.clone());
+                        async move {
+                            let n = pick(names);
+                            sqlx::query(GUARDED_UPDATE)
+                                .bind(format!("held-{n}"))
+                                .bind(held[n - 1].token())
+                                .bind(n as i32)
+                                .execute(&pool)
+                                .await?;
+                            Ok(())
+                        }
+                    })
+                };
+                (raw, lib)
+            }),
+        ),
+        (
+            "fenced transaction (minimal guard: FOR KEY SHARE + token + clock)",
+            true,
+            false,
+            Box::new(|names| {
+                let raw = {
+                    let pool = pool.clone();
+                    op(move |_| {
+                        let pool = pool.clone();
+                        async move {
+                            let n = pick(names);
+                            let mut tx = pool.begin().await?;
+                            sqlx::query(RAW_GUARD)
+                                .bind(format!("held-{n}"))
+                                .bind(n as i64 + raw_offset)
+                                .fetch_one(&mut *tx)
+                                .await?;
+                            sqlx::query(RAW_UPDATE)
+                                .bind(n as i32)
+                                .execute(&mut *tx)
+                                .await?;
+                            tx.commit().await?;
+                            Ok(())
+                        }
+                    })
+                };
+                let lib = {
+                    let (m, held) = (m.clone(), held.clone());
+                    op(move |_| {
+                        let (m, held) = (m.clone(), held.clone());
+                        async move {
+                            let n = pick(names);
+                            let mut tx = m.begin_fenced(&held[n - 1]).await?;
+                            sqlx::query(RAW_UPDATE)
+                                .bind(n as i32)
+                                .execute(&mut *tx)
+                                .await?;
+                            tx.commit().await?;
+                            Ok(())
+                        }
+                    })
+                };
+                (raw, lib)
+            }),
+        ),
+    ];
+    for (label, history, watched, make) in rows {
+        let retention = if history { "30 days" } else { "0" };
+        sqlx::query("SELECT pglease.set_history($1::interval)")
+            .bind(retention)
+            .execute(&pool)
+            .await?;
+        let watcher = if watched {
+            Some(watch_cycle_names(&url).await?)
+        } else {
+            None
+        };
+        for clients in [1usize, 8] {
+            for names in [1usize, 1000] {
+                let (raw_op, lib_op) = make(names);
+                let (mut raw, mut lib, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+                for _ in 0..rounds {
+                    let r = rate(clients, secs, raw_op.clone()).await;
+                    let l = rate(clients, secs, lib_op.clone()).await;
+                    ratios.push(l / r);
+                    raw.push(r);
+                    lib.push(l);
+                }
+                let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+                println!(
+                    "| {label} | {clients} | {names} | {:.0} | {:.0} | {} | {:.2} |",
+                    median_f64(&mut raw),
+                    median_f64(&mut lib),
+                    each.join(", "),
+                    median_f64(&mut ratios)
+                );
+            }
+        }
+        if let Some(watcher) = watcher {
+            watcher.abort();
+        }
+    }
+    pool.close().await;
+    drop_database(DB).await
+}
+
 /// The SQL-level benchmark (P1 at the SQL level): each script pair of
 /// `bench/pgbench/` (`raw_*.sql`, `lease_*.sql`) run by pgbench, alternated,
 /// at 1 and 8 clients on 1 and 1,000 names, with prepared statements on
@@ -1991,8 +2195,107 @@ async fn sql_level(secs: f64) -> Result<(), Error> {
             watcher.abort();
         }
     }
+    if wanted.is_empty() || wanted.split(',').any(|w| w == "uncommon") {
+        uncommon_paths(&pool, &pgbench, &dir, &url, secs, rounds, &offsets).await?;
+    }
     pool.close().await;
     drop_database("pglease_bench_sql").await
+}
+
+/// The uncommon paths (`bench/pgbench/uncommon_*.sql`), each alternated
+/// with the common acquire + release (`lease_cycle.sql`) at one client on
+/// 1,000 names, default history: what each costs beside the usual case.
+async fn uncommon_paths(
+    pool: &PgPool,
+    pgbench: &std::path::Path,
+    dir: &std::path::Path,
+    url: &str,
+    secs: f64,
+    rounds: usize,
+    offsets: &[i64],
+) -> Result<(), Error> {
+    sqlx::query("SELECT pglease.set_history('30 days'::interval)")
+        .execute(pool)
+        .await?;
+    println!(
+        "\nUncommon paths, one client, 1,000 names, default history: each script's tps \
+         beside acquire + release of a free name (lease_cycle), alternated\n"
+    );
+    println!(
+        "| path | calls per transaction | lease_cycle tps (median) | path tps (median) | ratio per pair | median |\n\
+         |---|---:|---:|---:|---|---:|"
+    );
+    // (what, script, calls per transaction, before, after)
+    let paths = [
+        (
+            "first acquisition of a name (creates its row)",
+            "uncommon_create",
+            2,
+            None,
+            None,
+        ),
+        (
+            "session-bound acquire + release",
+            "uncommon_session",
+            2,
+            None,
+            None,
+        ),
+        (
+            "acquire + release of a name a grant covers (checked on the second try)",
+            "uncommon_granted",
+            2,
+            Some("SELECT pglease.grant_names('cycle-', current_user)"),
+            Some("SELECT pglease.revoke_names('cycle-', current_user)"),
+        ),
+        (
+            "acquire of a name whose term expired unreleased (records the expiry)",
+            "uncommon_expired",
+            1,
+            Some(
+                "SELECT count((pglease.acquire('expiring-' || g, 'bench', \
+                 interval '1 millisecond')).token) FROM generate_series(1, 1000) AS g",
+            ),
+            None,
+        ),
+    ];
+    for (what, script, calls, before, after) in paths {
+        if let Some(sql) = before {
+            sqlx::query(sql).execute(pool).await?;
+        }
+        let (mut common, mut path, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let run = |script: &str| {
+                pgbench_tps(
+                    pgbench,
+                    url,
+                    &dir.join(format!("{script}.sql")),
+                    1,
+                    1000,
+                    secs,
+                    offsets[0],
+                    offsets[1],
+                )
+            };
+            let c = run("lease_cycle")?;
+            let p = run(script)?;
+            ratios.push(p / c);
+            common.push(c);
+            path.push(p);
+        }
+        if let Some(sql) = after {
+            sqlx::query(sql).execute(pool).await?;
+        }
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "| {what} | {calls} | {:.0} | {:.0} | {} | {:.2} |",
+            median_f64(&mut common),
+            median_f64(&mut path),
+            each.join(", "),
+            median_f64(&mut ratios)
+        );
+    }
+    Ok(())
 }
 
 /// A waiter's session for the SQL-level benchmark: LISTENs on pglease's
