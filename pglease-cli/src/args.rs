@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use pglease::Token;
 
 use crate::output::human;
@@ -69,55 +69,9 @@ pub(crate) enum Command {
     },
     /// Check the server for what leases rely on (exit 1 if something is
     /// wrong).
-    Doctor {
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
-        /// With several hosts: the shortest TTL your leases use, to check a
-        /// failover against (default: the shortest among the leases held
-        /// now).
-        #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
-        ttl: Option<Duration>,
-        /// With several hosts: how long a failover takes (detection and
-        /// promotion), as measured.
-        #[arg(long, value_parser = Checked(pause), allow_hyphen_values = true)]
-        failover_time: Option<Duration>,
-        /// With several hosts: pg_auto_failover's monitor URL (`pg_autoctl
-        /// show uri --monitor`), whose settings give the failover time.
-        #[arg(long, value_parser = Checked(monitor))]
-        monitor: Option<String>,
-        /// With several hosts: Patroni's REST API (`http://HOST:8008`, its
-        /// `restapi.connect_address`), whose `GET /config` gives ttl and
-        /// loop_wait, and so the failover time.
-        #[arg(long, value_parser = Checked(patroni), conflicts_with = "monitor")]
-        patroni: Option<String>,
-    },
+    Doctor(DoctorArgs),
     /// Acquire a lease (exit 3 if it is held).
-    Acquire {
-        /// The lease name.
-        #[arg(value_parser = Checked(text))]
-        name: String,
-        /// How long the lease lasts unless renewed (e.g. 30s, 5m).
-        #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
-        ttl: Duration,
-        /// Who holds it (default: "HOST (pglease acquire)": this process
-        /// exits at once, so its id would name nobody).
-        #[arg(long, value_parser = Checked(text))]
-        holder: Option<String>,
-        /// Wait this long for the current holder to release it.
-        #[arg(long, default_value = "0s", value_parser = Checked(wait), allow_hyphen_values = true)]
-        wait: Duration,
-        /// Publish this value with the lease (at most 8 KiB), for anyone to
-        /// read in `status`.
-        #[arg(long, value_parser = Checked(value))]
-        value: Option<String>,
-        /// A counted lease: one of N slots NAME#k (the output names it).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
-        limit: Option<u32>,
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
+    Acquire(AcquireArgs),
     /// Extend a lease held under TOKEN (exit 4 if it is lost).
     Renew {
         /// The lease name.
@@ -146,68 +100,9 @@ pub(crate) enum Command {
         json: bool,
     },
     /// Show one lease (exit 3 if it is not held), or all of them.
-    Status {
-        /// The lease name (all leases without it).
-        #[arg(value_parser = Checked(text))]
-        name: Option<String>,
-        /// Print JSON (an object for one name, an array for all).
-        #[arg(long)]
-        json: bool,
-        /// Only leases held now.
-        #[arg(long, conflicts_with_all = ["expired", "name"])]
-        held: bool,
-        /// Only leases that expired (ended without a release).
-        #[arg(long, conflicts_with = "name")]
-        expired: bool,
-        /// Only names that start with this.
-        #[arg(long, conflicts_with = "name")]
-        prefix: Option<String>,
-        /// At most this many leases (by name).
-        #[arg(long, conflicts_with = "name")]
-        limit: Option<usize>,
-    },
+    Status(StatusArgs),
     /// Hold a lease while CMD runs: renew it, stop CMD if it is lost.
-    Run {
-        /// The lease name.
-        #[arg(value_parser = Checked(text))]
-        name: String,
-        /// Time to live; renewed every third of it while CMD runs.
-        #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
-        ttl: Duration,
-        /// Wait this long for the current holder (default: do not wait).
-        #[arg(long, default_value = "0s", value_parser = Checked(wait), allow_hyphen_values = true)]
-        wait: Duration,
-        /// Who holds it (default: host name and process id).
-        #[arg(long, value_parser = Checked(text))]
-        holder: Option<String>,
-        /// Time between SIGTERM and SIGKILL when CMD must stop.
-        #[arg(long, default_value = "10s", value_parser = Checked(grace), allow_hyphen_values = true)]
-        grace: Duration,
-        /// A counted lease: up to N runs of NAME at once, each holding a
-        /// slot NAME#k of its own (PGLEASE_NAME is the slot).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
-        limit: Option<u32>,
-        /// Stop CMD after this long (SIGTERM, SIGKILL after --grace) and
-        /// exit 124, like timeout(1).
-        #[arg(long, value_parser = Checked(run_timeout), allow_hyphen_values = true)]
-        timeout: Option<Duration>,
-        /// Keep the lease at least this long after acquiring it: if CMD
-        /// finishes sooner, the lease expires then instead of being
-        /// released, so that the same job started elsewhere meanwhile
-        /// exits 3 (at most 7 days).
-        #[arg(long, value_parser = Checked(min_hold), allow_hyphen_values = true)]
-        min_hold: Option<Duration>,
-        /// Bind the lease to this process's database session: when the
-        /// process dies (even by SIGKILL) or its connection ends, the next
-        /// acquirer takes the lease at once instead of after the TTL. A
-        /// connection that drops also loses the lease (CMD is stopped,
-        /// exit 4).
-        #[arg(long, conflicts_with = "min_hold")]
-        session_bound: bool,
-        /// The command and its arguments.
-        #[arg(required = true, last = true)]
-        cmd: Vec<String>,
-    },
+    Run(RunArgs),
     /// NAME's recorded transitions, oldest first: acquired, released,
     /// expired, evicted, force_released, value, step_down_requested.
     History {
@@ -268,34 +163,7 @@ pub(crate) enum Command {
     /// Campaign for NAME and run CMD while leading: stop it when
     /// leadership is lost or the leader is asked to step down, and
     /// campaign again.
-    Elect {
-        /// The lease name.
-        #[arg(value_parser = Checked(text))]
-        name: String,
-        /// Time to live of each term; renewed every third of it.
-        #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
-        ttl: Duration,
-        /// Publish this value with each term (an address, say); CMD gets
-        /// it as PGLEASE_VALUE.
-        #[arg(long, value_parser = Checked(value))]
-        value: Option<String>,
-        /// Who campaigns (default: host name and process id).
-        #[arg(long, value_parser = Checked(text))]
-        holder: Option<String>,
-        /// Time between SIGTERM and SIGKILL when CMD must stop.
-        #[arg(long, default_value = "10s", value_parser = Checked(grace), allow_hyphen_values = true)]
-        grace: Duration,
-        /// How many times a failed CMD is started again (over all terms)
-        /// before elect resigns and exits with its status.
-        #[arg(long, default_value_t = 3)]
-        max_restarts: u32,
-        /// The pause before a failed CMD is started again.
-        #[arg(long, default_value = "1s", value_parser = Checked(pause), allow_hyphen_values = true)]
-        restart_delay: Duration,
-        /// The command and its arguments.
-        #[arg(required = true, last = true)]
-        cmd: Vec<String>,
-    },
+    Elect(ElectArgs),
     /// Print a completion script for SHELL (bash, zsh, fish, elvish,
     /// powershell) to stdout.
     Completions {
@@ -314,18 +182,170 @@ pub(crate) enum Command {
     Demo,
 }
 
+// `pglease doctor`'s arguments.
+#[derive(Args, Debug)]
+pub(crate) struct DoctorArgs {
+    /// Print one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// With several hosts: the shortest TTL your leases use, to check a
+    /// failover against (default: the shortest among the leases held
+    /// now).
+    #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
+    pub(crate) ttl: Option<Duration>,
+    /// With several hosts: how long a failover takes (detection and
+    /// promotion), as measured.
+    #[arg(long, value_parser = Checked(pause), allow_hyphen_values = true)]
+    pub(crate) failover_time: Option<Duration>,
+    /// With several hosts: pg_auto_failover's monitor URL (`pg_autoctl
+    /// show uri --monitor`), whose settings give the failover time.
+    #[arg(long, value_parser = Checked(monitor))]
+    pub(crate) monitor: Option<String>,
+    /// With several hosts: Patroni's REST API (`http://HOST:8008`, its
+    /// `restapi.connect_address`), whose `GET /config` gives ttl and
+    /// loop_wait, and so the failover time.
+    #[arg(long, value_parser = Checked(patroni), conflicts_with = "monitor")]
+    pub(crate) patroni: Option<String>,
+}
+
+// `pglease acquire`'s arguments.
+#[derive(Args, Debug)]
+pub(crate) struct AcquireArgs {
+    /// The lease name.
+    #[arg(value_parser = Checked(text))]
+    pub(crate) name: String,
+    /// How long the lease lasts unless renewed (e.g. 30s, 5m).
+    #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
+    pub(crate) ttl: Duration,
+    /// Who holds it (default: "HOST (pglease acquire)": this process
+    /// exits at once, so its id would name nobody).
+    #[arg(long, value_parser = Checked(text))]
+    pub(crate) holder: Option<String>,
+    /// Wait this long for the current holder to release it.
+    #[arg(long, default_value = "0s", value_parser = Checked(wait), allow_hyphen_values = true)]
+    pub(crate) wait: Duration,
+    /// Publish this value with the lease (at most 8 KiB), for anyone to
+    /// read in `status`.
+    #[arg(long, value_parser = Checked(value))]
+    pub(crate) value: Option<String>,
+    /// A counted lease: one of N slots NAME#k (the output names it).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) limit: Option<u32>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+// `pglease status`'s arguments.
+#[derive(Args, Debug)]
+pub(crate) struct StatusArgs {
+    /// The lease name (all leases without it).
+    #[arg(value_parser = Checked(text))]
+    pub(crate) name: Option<String>,
+    /// Print JSON (an object for one name, an array for all).
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Only leases held now.
+    #[arg(long, conflicts_with_all = ["expired", "name"])]
+    pub(crate) held: bool,
+    /// Only leases that expired (ended without a release).
+    #[arg(long, conflicts_with = "name")]
+    pub(crate) expired: bool,
+    /// Only names that start with this.
+    #[arg(long, conflicts_with = "name")]
+    pub(crate) prefix: Option<String>,
+    /// At most this many leases (by name).
+    #[arg(long, conflicts_with = "name")]
+    pub(crate) limit: Option<usize>,
+}
+
+// `pglease run`'s arguments.
+#[derive(Args, Debug)]
+pub(crate) struct RunArgs {
+    /// The lease name.
+    #[arg(value_parser = Checked(text))]
+    pub(crate) name: String,
+    /// Time to live; renewed every third of it while CMD runs.
+    #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
+    pub(crate) ttl: Duration,
+    /// Wait this long for the current holder (default: do not wait).
+    #[arg(long, default_value = "0s", value_parser = Checked(wait), allow_hyphen_values = true)]
+    pub(crate) wait: Duration,
+    /// Who holds it (default: host name and process id).
+    #[arg(long, value_parser = Checked(text))]
+    pub(crate) holder: Option<String>,
+    /// Time between SIGTERM and SIGKILL when CMD must stop.
+    #[arg(long, default_value = "10s", value_parser = Checked(grace), allow_hyphen_values = true)]
+    pub(crate) grace: Duration,
+    /// A counted lease: up to N runs of NAME at once, each holding a
+    /// slot NAME#k of its own (PGLEASE_NAME is the slot).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) limit: Option<u32>,
+    /// Stop CMD after this long (SIGTERM, SIGKILL after --grace) and
+    /// exit 124, like timeout(1).
+    #[arg(long, value_parser = Checked(run_timeout), allow_hyphen_values = true)]
+    pub(crate) timeout: Option<Duration>,
+    /// Keep the lease at least this long after acquiring it: if CMD
+    /// finishes sooner, the lease expires then instead of being
+    /// released, so that the same job started elsewhere meanwhile
+    /// exits 3 (at most 7 days).
+    #[arg(long, value_parser = Checked(min_hold), allow_hyphen_values = true)]
+    pub(crate) min_hold: Option<Duration>,
+    /// Bind the lease to this process's database session: when the
+    /// process dies (even by SIGKILL) or its connection ends, the next
+    /// acquirer takes the lease at once instead of after the TTL. A
+    /// connection that drops also loses the lease (CMD is stopped,
+    /// exit 4).
+    #[arg(long, conflicts_with = "min_hold")]
+    pub(crate) session_bound: bool,
+    /// The command and its arguments.
+    #[arg(required = true, last = true)]
+    pub(crate) cmd: Vec<String>,
+}
+
+// `pglease elect`'s arguments.
+#[derive(Args, Debug)]
+pub(crate) struct ElectArgs {
+    /// The lease name.
+    #[arg(value_parser = Checked(text))]
+    pub(crate) name: String,
+    /// Time to live of each term; renewed every third of it.
+    #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
+    pub(crate) ttl: Duration,
+    /// Publish this value with each term (an address, say); CMD gets
+    /// it as PGLEASE_VALUE.
+    #[arg(long, value_parser = Checked(value))]
+    pub(crate) value: Option<String>,
+    /// Who campaigns (default: host name and process id).
+    #[arg(long, value_parser = Checked(text))]
+    pub(crate) holder: Option<String>,
+    /// Time between SIGTERM and SIGKILL when CMD must stop.
+    #[arg(long, default_value = "10s", value_parser = Checked(grace), allow_hyphen_values = true)]
+    pub(crate) grace: Duration,
+    /// How many times a failed CMD is started again (over all terms)
+    /// before elect resigns and exits with its status.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) max_restarts: u32,
+    /// The pause before a failed CMD is started again.
+    #[arg(long, default_value = "1s", value_parser = Checked(pause), allow_hyphen_values = true)]
+    pub(crate) restart_delay: Duration,
+    /// The command and its arguments.
+    #[arg(required = true, last = true)]
+    pub(crate) cmd: Vec<String>,
+}
+
 impl Command {
     /// Whether the command was asked for JSON output.
     pub(crate) fn wants_json(&self) -> bool {
         match self {
-            Command::Doctor { json, .. }
+            Command::Doctor(DoctorArgs { json, .. })
+            | Command::Acquire(AcquireArgs { json, .. })
+            | Command::Status(StatusArgs { json, .. })
             | Command::Migrate { json }
             | Command::ForceRelease { json, .. }
             | Command::StepDown { json, .. }
-            | Command::Acquire { json, .. }
             | Command::Renew { json, .. }
             | Command::Release { json, .. }
-            | Command::Status { json, .. }
             | Command::History { json, .. }
             | Command::Leader { json, .. } => *json,
             _ => false,

@@ -13,7 +13,7 @@ mod output;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
-use pglease::{AcquireOptions, Fence, LeaseManager, ListFilter};
+use pglease::{AcquireOptions, Fence, LeaseManager};
 
 use args::{Cli, Command};
 use output::{json_failure, note, out};
@@ -78,42 +78,10 @@ async fn dispatch(
     manager: &LeaseManager,
     database_url: Option<&str>,
 ) -> exit::Outcome {
-    let or_default = |holder: Option<String>| holder.unwrap_or_else(AcquireOptions::default_holder);
     match command {
         Command::Migrate { json } => cmd::migrate::migrate(manager, json).await,
-        Command::Doctor {
-            json,
-            ttl,
-            failover_time,
-            monitor,
-            patroni,
-        } => {
-            let failover = cmd::doctor::FailoverFrom {
-                time: failover_time,
-                monitor,
-                patroni,
-            };
-            cmd::doctor::doctor(manager, json, ttl, failover).await
-        }
-        Command::Acquire {
-            name,
-            ttl,
-            holder,
-            wait,
-            value,
-            limit,
-            json,
-        } => {
-            let args = cmd::acquire::AcquireArgs {
-                name,
-                ttl,
-                holder,
-                wait,
-                value,
-                limit,
-            };
-            cmd::acquire::acquire(manager, args, json).await
-        }
+        Command::Doctor(args) => cmd::doctor::doctor(manager, args).await,
+        Command::Acquire(args) => cmd::acquire::acquire(manager, args).await,
         Command::Renew {
             name,
             token,
@@ -124,55 +92,8 @@ async fn dispatch(
             Ok(fence) => cmd::release::release(manager, &fence, json).await,
             Err(e) => Err((e, "release")),
         },
-        Command::Status {
-            name,
-            json,
-            held,
-            expired,
-            prefix,
-            limit,
-        } => {
-            let mut filter = ListFilter::default();
-            if held {
-                filter = filter.held();
-            }
-            if expired {
-                filter = filter.expired();
-            }
-            if let Some(prefix) = prefix {
-                filter = filter.prefix(prefix);
-            }
-            if let Some(limit) = limit {
-                filter = filter.limit(limit);
-            }
-            cmd::status::status(manager, name.as_deref(), json, &filter).await
-        }
-        Command::Run {
-            name,
-            ttl,
-            wait,
-            holder,
-            grace,
-            limit,
-            timeout,
-            min_hold,
-            session_bound,
-            cmd,
-        } => {
-            let args = cmd::run::RunArgs {
-                name,
-                holder: or_default(holder),
-                ttl,
-                wait,
-                grace,
-                timeout,
-                min_hold,
-                limit,
-                session_bound,
-                cmd,
-            };
-            cmd::run::run(manager, database_url, args).await
-        }
+        Command::Status(args) => cmd::status::status(manager, args).await,
+        Command::Run(args) => cmd::run::run(manager, database_url, args).await,
         Command::History { name, since, json } => {
             cmd::history::history(manager, &name, since, json).await
         }
@@ -182,30 +103,15 @@ async fn dispatch(
         Command::Leader { name, json } => cmd::leader::leader(manager, &name, json).await,
         Command::Observe { name } => cmd::observe::observe(manager, &name).await,
         Command::StepDown { name, by, json } => {
-            cmd::step_down::step_down(manager, &name, &or_default(by), json).await
+            cmd::step_down::step_down(
+                manager,
+                &name,
+                &by.unwrap_or_else(AcquireOptions::default_holder),
+                json,
+            )
+            .await
         }
-        Command::Elect {
-            name,
-            ttl,
-            value,
-            holder,
-            grace,
-            max_restarts,
-            restart_delay,
-            cmd,
-        } => {
-            let args = cmd::elect::ElectArgs {
-                name,
-                ttl,
-                holder: or_default(holder),
-                value,
-                grace,
-                max_restarts,
-                restart_delay,
-                cmd,
-            };
-            cmd::elect::elect(manager, database_url, args).await
-        }
+        Command::Elect(args) => cmd::elect::elect(manager, database_url, args).await,
         Command::Demo | Command::Completions { .. } | Command::Man { .. } => {
             unreachable!("answered before connecting")
         }

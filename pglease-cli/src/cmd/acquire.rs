@@ -6,20 +6,11 @@ use std::time::Duration;
 use pglease::{AcquireOptions, Error, Lease, LeaseManager};
 
 use super::{announced, not_acquired};
+use crate::args::AcquireArgs;
 use crate::exit::Outcome;
 use crate::output::{lease_json, out};
 
-/// What `acquire` is told on the command line.
-pub(crate) struct AcquireArgs {
-    pub(crate) name: String,
-    pub(crate) ttl: Duration,
-    pub(crate) holder: Option<String>,
-    pub(crate) wait: Duration,
-    pub(crate) value: Option<String>,
-    pub(crate) limit: Option<u32>,
-}
-
-pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs, json: bool) -> Outcome {
+pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs) -> Outcome {
     let AcquireArgs {
         name,
         ttl,
@@ -27,6 +18,7 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs, json: boo
         wait,
         value,
         limit,
+        json,
     } = args;
     let name = name.as_str();
     let holder = holder.unwrap_or_else(acquire_holder);

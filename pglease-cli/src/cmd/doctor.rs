@@ -11,32 +11,29 @@ use pglease::connect::Target;
 use pglease::doctor::{DoctorOptions, PatroniTiming, Verdict};
 use serde_json::json;
 
+use crate::args::DoctorArgs;
 use crate::exit::{self, Outcome};
 use crate::output::out;
 
-/// Where the failover time comes from: given, pg_auto_failover's monitor,
-/// or Patroni's REST API.
-pub(crate) struct FailoverFrom {
-    pub(crate) time: Option<Duration>,
-    pub(crate) monitor: Option<String>,
-    pub(crate) patroni: Option<String>,
-}
-
 /// `pglease doctor`: every check, one line each (or one JSON object); exit
 /// 0 only when all are ok, 1 otherwise.
-pub(crate) async fn doctor(
-    manager: &LeaseManager,
-    json: bool,
-    ttl: Option<Duration>,
-    failover: FailoverFrom,
-) -> Outcome {
+pub(crate) async fn doctor(manager: &LeaseManager, args: DoctorArgs) -> Outcome {
+    // The failover time: given, from pg_auto_failover's monitor, or from
+    // Patroni's REST API.
+    let DoctorArgs {
+        json,
+        ttl,
+        failover_time,
+        monitor,
+        patroni,
+    } = args;
     let mut options = DoctorOptions::new();
     options.ttl = ttl;
-    options.failover_time = failover.time;
+    options.failover_time = failover_time;
     // Checked when the arguments were parsed.
-    options.monitor = failover.monitor.and_then(|m| Target::parse(&m).ok());
+    options.monitor = monitor.and_then(|m| Target::parse(&m).ok());
     // Asked only when the failover time is not given.
-    if let Some(url) = failover.patroni.filter(|_| failover.time.is_none()) {
+    if let Some(url) = patroni.filter(|_| failover_time.is_none()) {
         match patroni_timing(url.clone()).await {
             Ok(timing) => options.patroni = Some(timing),
             // The other checks go on; the failover check says it cannot

@@ -14,26 +14,17 @@ use pglease::{AcquireOptions, HeldLease, LeaseManager, Token};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::args::ElectArgs;
 use crate::child::{Child, Group, LeaseEnv, StopSignals, signalled, status_number};
 use crate::exit::{self, Outcome};
 use crate::output::{human, note};
-
-/// What `elect` is told on the command line.
-pub(crate) struct ElectArgs {
-    pub(crate) name: String,
-    pub(crate) ttl: Duration,
-    pub(crate) holder: String,
-    pub(crate) value: Option<String>,
-    pub(crate) grace: Duration,
-    pub(crate) max_restarts: u32,
-    pub(crate) restart_delay: Duration,
-    pub(crate) cmd: Vec<String>,
-}
 
 /// What the terms of one `elect` share.
 struct Shared {
     elector: Elector,
     args: ElectArgs,
+    /// Who campaigns (`--holder`, or the host name and process id).
+    holder: String,
     database_url: Option<String>,
     /// Cancelled on a signal: the leader stops CMD and `elect` resigns.
     stopping: CancellationToken,
@@ -57,7 +48,11 @@ pub(crate) async fn elect(
     let Some(mut signals) = StopSignals::watch() else {
         return Ok(ExitCode::from(exit::DATABASE));
     };
-    let mut how = AcquireOptions::ttl(args.ttl).holder(&args.holder);
+    let holder = args
+        .holder
+        .clone()
+        .unwrap_or_else(AcquireOptions::default_holder);
+    let mut how = AcquireOptions::ttl(args.ttl).holder(&holder);
     if let Some(value) = &args.value {
         how = how.value(value);
     }
@@ -66,6 +61,7 @@ pub(crate) async fn elect(
     let shared = Arc::new(Shared {
         elector,
         args,
+        holder,
         database_url: database_url.map(str::to_owned),
         stopping: CancellationToken::new(),
         finished: watch::Sender::new(None),
@@ -225,7 +221,7 @@ impl Running {
         let lease = LeaseEnv {
             name: &args.name,
             token,
-            holder: &args.holder,
+            holder: &shared.holder,
             value: args.value.as_deref(),
             database_url: shared.database_url.as_deref(),
         };

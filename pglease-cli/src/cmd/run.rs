@@ -9,23 +9,10 @@ use pglease::{AcquireOptions, Error, HeldLease, LeaseManager, LossReason};
 use tokio::time::Instant;
 
 use super::{announced, not_acquired};
+use crate::args::RunArgs;
 use crate::child::{Child, Forwarding, LeaseEnv, StopSignals, signalled, status_number};
 use crate::exit::{self, Outcome};
 use crate::output::{human, note};
-
-/// What `run` is told on the command line, each duration with its role.
-pub(crate) struct RunArgs {
-    pub(crate) name: String,
-    pub(crate) holder: String,
-    pub(crate) ttl: Duration,
-    pub(crate) wait: Duration,
-    pub(crate) grace: Duration,
-    pub(crate) timeout: Option<Duration>,
-    pub(crate) min_hold: Option<Duration>,
-    pub(crate) limit: Option<u32>,
-    pub(crate) session_bound: bool,
-    pub(crate) cmd: Vec<String>,
-}
 
 /// Why CMD is being stopped.
 enum Stopping {
@@ -50,6 +37,7 @@ pub(crate) async fn run(
         session_bound,
         cmd,
     } = args;
+    let holder = holder.unwrap_or_else(AcquireOptions::default_holder);
     // Signals are watched from the start, so that none is lost while
     // waiting for the lease.
     let Some(mut signals) = StopSignals::watch() else {

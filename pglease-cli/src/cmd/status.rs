@@ -6,22 +6,40 @@ use chrono::{DateTime, Utc};
 use pglease::{LeaseManager, ListFilter};
 
 use super::simple_scalar;
+use crate::args::StatusArgs;
 use crate::exit::{self, Outcome};
 use crate::output::{note, out, printable, short, status_json};
 
 /// `pglease status [NAME]`: one lease (exit 3 if it is not held), or the
 /// leases the filters keep, with a summary line on stderr.
-pub(crate) async fn status(
-    manager: &LeaseManager,
-    name: Option<&str>,
-    json: bool,
-    filter: &ListFilter,
-) -> Outcome {
+pub(crate) async fn status(manager: &LeaseManager, args: StatusArgs) -> Outcome {
+    let StatusArgs {
+        name,
+        json,
+        held,
+        expired,
+        prefix,
+        limit,
+    } = args;
+    let name = name.as_deref();
+    let mut filter = ListFilter::default();
+    if held {
+        filter = filter.held();
+    }
+    if expired {
+        filter = filter.expired();
+    }
+    if let Some(prefix) = prefix {
+        filter = filter.prefix(prefix);
+    }
+    if let Some(limit) = limit {
+        filter = filter.limit(limit);
+    }
     let leases = match name {
         Some(name) => vec![manager.inspect(name).await.map_err(|e| (e, "status"))?],
         // Filtered and limited in the database.
         None => manager
-            .list_matching(filter)
+            .list_matching(&filter)
             .await
             .map_err(|e| (e, "status"))?,
     };
