@@ -1,14 +1,42 @@
 -- pglease: leases with fencing tokens, enforced by PostgreSQL.
 --
--- The whole schema, in the order a reader learns it: the vocabulary and
--- the rules every function keeps (this header); limits, tables and the
--- status view; taking, keeping and giving up leases (acquire, renew,
--- renew_many, release, watch); fencing, the database as the enforcement
--- point (assert_held, protect, advance); timelines, a server that forgot
--- commits (failover to an asynchronous standby, restore from backup); a
--- value per lease (proclaim); changes notified to observers, and step-down
--- requests; the history and the break-glass release (force_release);
--- counted leases (acquire_counted). Every object is created once, here.
+-- The whole schema, in the order a reader learns it. Every object is
+-- created once, here. Search for "-- N. " (a part's banner) to jump.
+--
+--  0. The rules every function keeps (this header): VOCABULARY, CLOCK,
+--     LOCKS, SESSION-BOUND LEASES, DURABILITY, PRIVILEGES, AUTHORITY,
+--     NO TRIGGERS.
+--  1. Limits, tables, input checks, authority and the status view:
+--     _max_text_bytes, _max_ttl_seconds, _max_value_bytes,
+--     _timeline_margin, _max_slots; fence_seq, lease_id_seq; leases,
+--     fences, _history, _history_config, name_grants, _protected,
+--     _timelines, _checked, _timeline_config, _carried, _creators; types
+--     acquisition, counted_acquisition; _check_text, _check_token,
+--     _check_ttl; is_admin, _may_act, _may_use_name, _refuse_name,
+--     _refuse_owner, _refuse_foreign, grant_names, revoke_names;
+--     _session_gone, view status.
+--  2. Taking, keeping and giving up leases: _marker, _fenced_pids,
+--     _key_holders, _end_fenced, _take_over, acquire, renew, renew_many,
+--     _watch_key, watch, unwatch, release, can_end_stale_transactions.
+--  3. Fencing, the database as the enforcement point: assert_held, view
+--     fenced, _guard, _check_may_alter, _bind, protect, unprotect, view
+--     protected, advance.
+--  4. Timelines, a server that forgot commits (failover to an
+--     asynchronous standby, restore from backup): _refuse_standby,
+--     server_timeline, _forgotten, forgotten_in, _timeline_checked, view
+--     timelines, restored, set_grant_delay, view grant_delay.
+--  5. A value per lease: proclaim.
+--  6. Changes notified to observers, and step-down requests: observe,
+--     unobserve, request_step_down.
+--  7. The history, and the break-glass release that fences: view
+--     history, set_history, view history_settings, _record,
+--     _purge_history, _changed (the observers' notification, called with
+--     _record), force_release.
+--  8. Counted leases: acquire_counted.
+--  9. The security posture, for `pglease doctor`: audit.
+-- =====================================================================
+-- 0. THE RULES EVERY FUNCTION KEEPS
+-- =====================================================================
 --
 -- VOCABULARY. A lease has a name (the resource), a holder (who), a token
 -- (which acquisition: the fence) and an expires_at (until when). A lease is
@@ -114,6 +142,14 @@ CREATE SCHEMA IF NOT EXISTS pglease;
 
 COMMENT ON SCHEMA pglease IS
     'Leases with fencing tokens enforced by PostgreSQL (see the pglease README).';
+
+-- =====================================================================
+-- 1. LIMITS, TABLES, INPUT CHECKS, AUTHORITY AND THE STATUS VIEW
+--
+-- What every later part relies on: the bounds on inputs, the tables and
+-- the types the functions return, the input checks and authority tests
+-- the functions share, and the status view.
+-- =====================================================================
 
 ------------------------------------------------------------------------
 -- Limits, named once. They are inlined and folded to constants wherever
@@ -726,7 +762,7 @@ COMMENT ON COLUMN pglease.leases.step_down_by IS
     'at step_down_at.';
 
 -- =====================================================================
--- TAKING, KEEPING AND GIVING UP LEASES
+-- 2. TAKING, KEEPING AND GIVING UP LEASES
 --
 -- acquire, renew, renew_many and release are each one statement from the
 -- client, so their cost is the server's work inside the call: they test
@@ -1602,7 +1638,7 @@ COMMENT ON FUNCTION pglease.can_end_stale_transactions() IS
     'stale fenced transactions (of superusers: only if it is a superuser).';
 
 -- =====================================================================
--- FENCING: THE DATABASE AS THE ENFORCEMENT POINT
+-- 3. FENCING: THE DATABASE AS THE ENFORCEMENT POINT
 --
 -- A transaction that writes under a lease declares it with
 -- assert_held(name, token): the check is made on the database clock, and
@@ -2073,7 +2109,7 @@ COMMENT ON FUNCTION pglease.advance(text, bigint) IS
     'drawn before it is accepted only while its lease is held under it.';
 
 -- =====================================================================
--- TIMELINES: A SERVER THAT FORGOT COMMITS
+-- 4. TIMELINES: A SERVER THAT FORGOT COMMITS
 --
 -- A server that was promoted (a failover to an asynchronous standby) or
 -- that recovered from a backup continues on a new timeline, and may have
@@ -2438,7 +2474,7 @@ COMMENT ON VIEW pglease.grant_delay IS
     'The grant delay after a change of timeline (pglease.set_grant_delay).';
 
 -- =====================================================================
--- A VALUE PER LEASE
+-- 5. A VALUE PER LEASE
 --
 -- The holder of a lease may publish a small value with it (its address,
 -- say, so that others find the leader): set at acquisition (the library
@@ -2514,7 +2550,7 @@ COMMENT ON FUNCTION pglease.proclaim(text, bigint, text) IS
     'nothing, if the lease is lost (stale token, released, expired).';
 
 -- =====================================================================
--- CHANGES, NOTIFIED TO OBSERVERS; STEP-DOWN REQUESTS
+-- 6. CHANGES, NOTIFIED TO OBSERVERS; STEP-DOWN REQUESTS
 --
 -- OBSERVERS. A session that observes a name (pglease.observe, on a
 -- connection that LISTENs on channel pglease_change) is notified of every
@@ -2665,7 +2701,7 @@ COMMENT ON FUNCTION pglease.request_step_down(text, text) IS
     'the lease.';
 
 -- =====================================================================
--- THE HISTORY, AND A BREAK-GLASS RELEASE THAT FENCES
+-- 7. THE HISTORY, AND A BREAK-GLASS RELEASE THAT FENCES
 --
 -- HISTORY. Every transition of a lease is recorded in pglease.history
 -- (the table pglease._history), with its token, holder, database time and
@@ -2957,7 +2993,7 @@ COMMENT ON FUNCTION pglease.force_release(text, text) IS
     'NULL if nobody held the lease.';
 
 -- =====================================================================
--- COUNTED LEASES: A NAME THAT UP TO N HOLDERS MAY HOLD AT ONCE
+-- 8. COUNTED LEASES: A NAME THAT UP TO N HOLDERS MAY HOLD AT ONCE
 --
 -- SLOTS. Slot k (1 to N) of counted lease NAME is the ordinary lease named
 -- NAME || '#' || k: acquire_counted tries the slots in order and acquires
@@ -3036,7 +3072,7 @@ COMMENT ON FUNCTION pglease.acquire_counted(text, integer, text, interval, boole
     'name with the token for renew, release and assert_held.';
 
 -- =====================================================================
--- THE SECURITY POSTURE, FOR `pglease doctor`
+-- 9. THE SECURITY POSTURE, FOR `pglease doctor`
 -- =====================================================================
 
 -- One row per finding: level ('ok', 'warn' or 'info'), topic, and a
