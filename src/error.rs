@@ -425,8 +425,10 @@ impl Error {
     }
 }
 
-/// The arguments the SQL functions name (in the error's COLUMN field).
-const ARGUMENTS: [&str; 19] = [
+/// The arguments the SQL functions name (in the error's COLUMN field;
+/// checked against the schema by a unit test below). renew_many names an
+/// element's argument (name, token, ttl), or `names` for the arrays.
+const ARGUMENTS: [&str; 17] = [
     "name",
     "holder",
     "ttl",
@@ -434,8 +436,6 @@ const ARGUMENTS: [&str; 19] = [
     "resource",
     "tbl",
     "names",
-    "tokens",
-    "ttls",
     "value",
     "requested_by",
     "reason",
@@ -537,3 +537,42 @@ fn not_held(detail: Option<&str>) -> Error {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::ARGUMENTS;
+    use std::collections::BTreeSet;
+
+    /// Every argument name the schema's functions put in an error's COLUMN
+    /// field: the literal ones (`COLUMN = 'ttl'`) and those passed to the
+    /// text check (`_check_text('name', ...)`), which raises with
+    /// `COLUMN = argument`.
+    fn schema_arguments() -> BTreeSet<String> {
+        let schema = include_str!("../migrations/0001_schema.sql");
+        let mut found = BTreeSet::new();
+        for marker in ["COLUMN = '", "pglease._check_text('"] {
+            for (at, _) in schema.match_indices(marker) {
+                let rest = &schema[at + marker.len()..];
+                let end = rest.find('\'').expect("a closing quote");
+                found.insert(rest[..end].to_owned());
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn the_argument_names_are_the_schemas() {
+        let schema = schema_arguments();
+        let ours: BTreeSet<String> = ARGUMENTS.iter().map(|a| (*a).to_owned()).collect();
+        let missing: Vec<_> = schema.difference(&ours).collect();
+        assert!(
+            missing.is_empty(),
+            "raised by the schema, not in ARGUMENTS: {missing:?}"
+        );
+        let never: Vec<_> = ours.difference(&schema).collect();
+        assert!(
+            never.is_empty(),
+            "in ARGUMENTS, raised by no function: {never:?}"
+        );
+    }
+}

@@ -236,6 +236,36 @@ impl std::str::FromStr for Token {
 mod tests {
     use super::*;
 
+    /// The schema, whose functions check the same limits again.
+    const SCHEMA: &str = include_str!("../migrations/0001_schema.sql");
+
+    /// The constant a schema limit function returns (`CREATE FUNCTION
+    /// pglease.NAME() ... AS $$ SELECT N $$`).
+    fn schema_limit(function: &str) -> u64 {
+        let start = SCHEMA
+            .find(&format!("CREATE FUNCTION pglease.{function}()"))
+            .unwrap_or_else(|| panic!("{function} is not in the schema"));
+        let body = &SCHEMA[start..];
+        let select = body.find("SELECT ").expect("a SELECT") + "SELECT ".len();
+        let digits: String = body[select..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().expect("a number")
+    }
+
+    #[test]
+    fn the_limits_are_the_schemas() {
+        assert_eq!(schema_limit("_max_text_bytes"), MAX_NAME_BYTES as u64);
+        assert_eq!(schema_limit("_max_ttl_seconds"), MAX_TTL.as_secs());
+        assert_eq!(schema_limit("_max_value_bytes"), MAX_VALUE_BYTES as u64);
+        assert_eq!(schema_limit("_max_slots"), u64::from(MAX_SLOTS));
+        // force_release tests its reason against the number itself.
+        let reason = format!("octet_length(force_release.reason) BETWEEN 1 AND {MAX_REASON_BYTES}");
+        assert!(SCHEMA.contains(&reason), "force_release's reason limit");
+        assert!(SCHEMA.contains(&format!("the limit is {MAX_REASON_BYTES} bytes")));
+    }
+
     #[test]
     fn tokens_start_at_one_and_parse_from_text() {
         assert!(Token::new(0).is_err());
