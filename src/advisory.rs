@@ -282,7 +282,10 @@ impl LeaseManager {
                 }))
             }
             // lock_not_available: still held after max_wait.
-            Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55P03") => {
+            Err(e)
+                if e.as_database_error().and_then(|d| d.code()).as_deref()
+                    == Some(crate::sqlstate::LOCK_NOT_AVAILABLE) =>
+            {
                 tx.rollback().await?;
                 drop(conn.finish());
                 Ok(None)

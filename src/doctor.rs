@@ -486,7 +486,7 @@ impl LeaseManager {
                 if error
                     .as_database_error()
                     .and_then(|e| e.code())
-                    .is_some_and(|code| code == "42501") =>
+                    .is_some_and(|code| code == crate::sqlstate::NOT_PERMITTED) =>
             {
                 return Ok(Check::new(
                     "schema",

@@ -88,9 +88,7 @@ enum Ended {
 /// Whether a campaign's error is one that retrying cannot mend: the
 /// schema is missing or out of date, or the role may not use it.
 fn permanent(error: &Error) -> bool {
-    error
-        .sqlstate()
-        .is_some_and(|code| code.starts_with("42") || code == "3F000")
+    error.sqlstate().is_some_and(crate::sqlstate::is_permanent)
 }
 
 /// Marks the elector stopped and forgets its term when `run` returns or

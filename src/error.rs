@@ -380,7 +380,7 @@ impl std::fmt::Display for DatabaseText<'_> {
                     // A standby, or a primary that refuses writes: pglease
                     // cannot work there, and the server's message does not
                     // say what to do.
-                    Some(code) if code == "25006" => write!(
+                    Some(code) if code == crate::sqlstate::READ_ONLY => write!(
                         f,
                         "database error {code}: {message} (the server is read-only: a standby? \
                          List the primary's hosts with target_session_attrs=read-write, the \

@@ -53,11 +53,10 @@ pub(crate) fn fail(e: &Error, what: &str) -> u8 {
             LOST
         }
         Error::Database(db)
-            if matches!(
-                db.as_database_error().and_then(|d| d.code()).as_deref(),
-                // undefined function, undefined table, invalid schema name
-                Some("42883" | "42P01" | "3F000")
-            ) =>
+            if db
+                .as_database_error()
+                .and_then(|d| d.code())
+                .is_some_and(|code| pglease::sqlstate::is_schema_missing(&code)) =>
         {
             eprintln!(
                 "pglease: {what} failed: the pglease schema is missing or out of date in this \

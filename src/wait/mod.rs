@@ -254,7 +254,8 @@ async fn session_ended(context: &Context, pid: i32) {
                 .await
             {
                 Ok(_) => return sqlx::Result::Ok(()),
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {}
+                Err(sqlx::Error::Database(e))
+                    if e.code().as_deref() == Some(crate::sqlstate::LOCK_NOT_AVAILABLE) => {}
                 Err(error) => return Err(error),
             }
         }

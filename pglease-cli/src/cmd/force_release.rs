@@ -32,7 +32,7 @@ pub(crate) async fn force_release(
             eprintln!("pglease: nobody holds {name:?}: nothing to force");
             Ok(ExitCode::from(exit::NOT_ACQUIRED))
         }
-        Err(e) if e.sqlstate() == Some("42501") => {
+        Err(e) if e.sqlstate() == Some(pglease::sqlstate::NOT_PERMITTED) => {
             let role = manager.pool().connect_options().get_username().to_owned();
             let message = format!(
                 "role {role:?} may not force leases ({e}); force-release is for pglease \
