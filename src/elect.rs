@@ -475,9 +475,7 @@ impl Elector {
     }
 
     fn lock_held(&self) -> std::sync::MutexGuard<'_, Option<HeldLease>> {
-        self.held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.held)
     }
 
     fn forget_term(&self) {

@@ -14,6 +14,7 @@ mod options;
 pub mod schema;
 mod sql;
 pub mod sqlstate;
+mod sync;
 pub mod telemetry;
 mod token;
 // The runtime a manager shares with its tasks: its context (with the test

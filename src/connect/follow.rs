@@ -64,10 +64,7 @@ impl Follow {
     /// For `before_acquire`: whether a connection of age `age` was opened
     /// after the last switch (else it may be on the old primary).
     pub(crate) fn is_current(&self, age: Duration) -> bool {
-        let switched = *self
-            .switched
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let switched = *crate::sync::lock(&self.switched);
         match (switched, Instant::now().checked_sub(age)) {
             (Some(switched), Some(opened)) => opened >= switched,
             _ => true,
@@ -160,10 +157,7 @@ impl Follow {
             return;
         }
         pool.set_connect_options(self.target.host_options(index));
-        *self
-            .switched
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+        *crate::sync::lock(&self.switched) = Some(Instant::now());
         tracing::warn!(
             from = %self.target.host(before),
             to = %self.target.host(index),

@@ -180,9 +180,7 @@ impl Registry {
 
     fn entries(&self) -> MutexGuard<'_, HashMap<Key, Entry>> {
         // The map stays consistent even if a holder panicked: recover it.
-        self.entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.entries)
     }
 
     /// Leases held right now.
@@ -191,15 +189,11 @@ impl Registry {
     }
 
     fn pending(&self) -> MutexGuard<'_, Pending> {
-        self.pending
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.pending)
     }
 
     fn planned(&self) -> MutexGuard<'_, Option<Instant>> {
-        self.planned
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.planned)
     }
 
     /// Starts renewing `state`, first at `renew_at`; whether the renewal

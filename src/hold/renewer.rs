@@ -29,10 +29,7 @@ type InFlight = Pin<Box<dyn Future<Output = Outcome> + Send>>;
 /// Starts the renewal task, or starts it again if the runtime it ran on
 /// has ended, and, if `wake`, wakes it to look at a new lease.
 pub(crate) fn ensure_running(context: &Arc<Context>, registry: &Arc<Registry>, wake: bool) {
-    let mut task = registry
-        .task
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut task = crate::sync::lock(&registry.task);
     if task.as_ref().is_none_or(|task| task.is_finished()) {
         *task = Some(tokio::spawn(run(Arc::clone(context), Arc::clone(registry))));
     }

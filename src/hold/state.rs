@@ -72,9 +72,7 @@ impl HeldState {
     }
 
     fn renewal(&self) -> MutexGuard<'_, RenewalStatus> {
-        self.renewal
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.renewal)
     }
 
     /// When the loss fires: a little before the deadline, so that a timer

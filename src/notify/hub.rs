@@ -78,10 +78,7 @@ impl Listener {
     /// on has ended (it stops by itself only when the manager stops, or
     /// when it finds a transaction pooler).
     pub(crate) fn ensure_running(&self) {
-        let mut task = self
-            .task
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut task = crate::sync::lock(&self.task);
         let never = *self.listening.borrow() == Listening::Never;
         if !self.stop.is_cancelled() && !never && task.as_ref().is_none_or(|t| t.is_finished()) {
             self.listening.send_replace(Listening::No);

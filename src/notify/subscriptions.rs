@@ -121,9 +121,7 @@ impl Subscriptions {
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<(Topic, String), Entry>> {
-        self.entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.entries)
     }
 
     /// The names subscribed to `topic` whose notifications with `payload`

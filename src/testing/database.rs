@@ -161,10 +161,7 @@ impl TestDatabase {
             .map(|role| format!("DROP ROLE IF EXISTS {role}"))
             .collect();
         self.execute(&leftovers).await;
-        self.roles
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .extend(roles.iter().map(|role| (*role).to_owned()));
+        crate::sync::lock(&self.roles).extend(roles.iter().map(|role| (*role).to_owned()));
     }
 
     /// A connection of its own, outside the pool.
@@ -384,12 +381,7 @@ impl Drop for TestDatabase {
         // Drop cannot await: a thread with a runtime of its own, joined, so
         // that the database is gone when the test ends.
         let admin = self.server.options.clone();
-        let roles = std::mem::take(
-            &mut *self
-                .roles
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
+        let roles = std::mem::take(&mut *crate::sync::lock(&self.roles));
         let statements: Vec<String> = std::iter::once(format!(
             "DROP DATABASE IF EXISTS {} WITH (FORCE)",
             self.name
