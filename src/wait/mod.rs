@@ -2,7 +2,10 @@
 //! wait, a retry when the holder releases (heard through the manager's
 //! listening connection, `crate::notify`, for names watched with
 //! `pglease.watch`), otherwise when the holder's lease expires, with
-//! jitter; polling with backoff only when no listener is available.
+//! jitter; polling with backoff only when no listener is available. The
+//! choice between two attempts is `plan.rs`'s, clock-free.
+
+mod plan;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,7 +20,6 @@ use sqlx::{Connection, Row};
 use tokio::sync::{broadcast, oneshot, watch};
 use tokio::time::Instant;
 
-use crate::backoff;
 use crate::context::Context;
 use crate::db;
 use crate::error::{Error, Result};
@@ -360,17 +362,15 @@ impl Acquirer {
         let _waiting = Waiting(&context.counters.waiting);
         // The previous holder's expiry as last seen, for the takeover delay.
         let mut seen_expiry: Option<DateTime<Utc>> = None;
-        let mut polls: u32 = 0;
+        // The backoffs' steps (see plan.rs).
+        let mut counts = plan::Counts::default();
         // Releases are notified only for names a session watches: watched
         // on the listening connection after the first failed attempt.
         let mut watching: Option<Subscription> = None;
         let mut watched = false;
-        // The session-bound holder whose session's end last woke us: if
-        // the lease is still its, the session is in its last microseconds
-        // (its locks go before its entry in pg_stat_activity), or someone
-        // else holds its key; poll rather than block on it again.
+        // The session-bound holder whose session's end last woke us (see
+        // plan.rs).
         let mut woken_by: Option<i32> = None;
-        let mut exit_polls: u32 = 0;
         // The wait in the server for that holder's session to end, kept
         // from one nap to the next while the holder stays the same.
         let mut session_wait: Option<(i32, SessionWait<'_>)> = None;
@@ -461,68 +461,35 @@ impl Acquirer {
                     continue;
                 }
             }
-            // Database time left on the holder's lease, as a duration on
-            // this machine's clock (no clocks are compared).
-            let until_expiry =
-                (expires_at - checked_at).to_std().unwrap_or_default() + Duration::from_millis(1);
             // Read (and mark seen) the listener's state whether or not this
             // waiter is watched, so that an old change does not wake it.
             let connected = listening
                 .as_mut()
                 .is_some_and(|w| *w.borrow_and_update() == Listening::Yes);
-            let heard = watched && connected;
-            // A session-bound holder's end wakes us too (blocking in the
-            // server), unless it just did.
-            let ending = holder_session.filter(|_| !pinned);
-            // A few quick polls (its exit takes microseconds); a holder
-            // still there after them does not hold its key (another
-            // session took it): wait for it as for an unbound one.
-            let racing_exit = ending.is_some() && ending == woken_by && exit_polls < 8;
-            let block_on = ending.filter(|_| ending != woken_by);
-            if session_wait.as_ref().map(|(pid, _)| *pid) != block_on {
-                session_wait = block_on.map(|pid| {
+            let seen = plan::Seen {
+                expires_at,
+                checked_at,
+                delayed_until,
+                pinned,
+                holder_session,
+                woken_by,
+                heard: watched && connected,
+            };
+            let plan = plan::plan(&seen, &mut counts);
+            if session_wait.as_ref().map(|(pid, _)| *pid) != plan.block_on {
+                session_wait = plan.block_on.map(|pid| {
                     let wait: SessionWait<'_> = Box::pin(session_ended(context, pid));
                     (pid, wait)
                 });
             }
-            let nap = if let Some(until) = delayed_until {
-                // No grant before the delay ends (database time left, as a
-                // duration here), spread so that waiters do not all return
-                // at once.
-                let left =
-                    (until - checked_at).to_std().unwrap_or_default() + Duration::from_millis(1);
-                left + backoff::spread(left)
-            } else if racing_exit {
-                exit_polls = exit_polls.saturating_add(1);
-                backoff::backoff(
-                    Duration::from_millis(1),
-                    exit_polls,
-                    Duration::from_millis(50),
-                )
-                .min(until_expiry)
-            } else if pinned {
-                // Ended but pinned by a transaction the database could not
-                // end: no release or expiry will announce when it lets go.
-                polls = polls.saturating_add(1);
-                backoff::poll(polls, context.options.get_max_poll_interval())
-            } else if heard && !racing_exit {
-                // A release wakes us; otherwise try again when it expires,
-                // spread a little so that many waiters do not arrive at once.
-                until_expiry + backoff::spread(until_expiry)
-            } else {
-                polls = polls.saturating_add(1);
-                until_expiry.min(backoff::poll(
-                    polls,
-                    context.options.get_max_poll_interval(),
-                ))
-            };
+            let nap = plan.nap.duration(context.options.get_max_poll_interval());
             let wake = (now + nap).min(deadline);
             loop {
                 tokio::select! {
                     () = tokio::time::sleep_until(wake) => break,
                     () = session_over(&mut session_wait) => {
                         woken_by = session_wait.take().map(|(pid, _)| pid);
-                        exit_polls = 0;
+                        counts.exit_polls = 0;
                         break;
                     }
                     () = context.stop.cancelled() => return Err(Error::ShutDown),
