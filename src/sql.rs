@@ -381,6 +381,17 @@ pub(crate) const SCHEMA_VERSION: &str =
 /// Whether the owner of the functions may end stale fenced sessions.
 pub(crate) const CAN_END_STALE: &str = "SELECT pglease.can_end_stale_transactions()";
 
+/// The role that owns the functions (the one `CAN_END_STALE` is about).
+pub(crate) const FUNCTIONS_OWNER: &str = "SELECT r.rolname::text FROM pg_catalog.pg_proc AS p \
+       JOIN pg_catalog.pg_roles AS r ON r.oid = p.proowner \
+      WHERE p.oid = 'pglease.acquire(text, text, interval, boolean)'::pg_catalog.regprocedure";
+
+/// The database server's clock, as every lease decision reads it.
+pub(crate) const DATABASE_TIME: &str = "SELECT clock_timestamp()";
+
+/// How many lease names the database knows (held or not).
+pub(crate) const COUNT_LEASES: &str = "SELECT count(*) FROM pglease.status";
+
 #[cfg(test)]
 mod tests {
     use super::*;

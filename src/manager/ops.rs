@@ -37,6 +37,59 @@ impl LeaseManager {
         Ok(can.unwrap_or(false))
     }
 
+    /// The role that owns the `pglease` functions: the one
+    /// [`can_end_stale_transactions`](Self::can_end_stale_transactions)
+    /// is about (`GRANT pg_signal_backend TO` it to allow takeovers from
+    /// holders frozen inside fenced transactions).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] if the schema is missing or the database fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn functions_owner(&self) -> Result<String> {
+        let row = sql::query(sql::FUNCTIONS_OWNER)
+            .fetch_one(self.pool())
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+
+    /// The database server's clock now (`clock_timestamp()`): the clock
+    /// every lease decision is made on. Compare a lease's times with it,
+    /// never with this machine's clock.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] if the database fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn database_time(&self) -> Result<DateTime<Utc>> {
+        let row = sql::query(sql::DATABASE_TIME)
+            .fetch_one(self.pool())
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+
+    /// How many lease names the database knows, held or not (the rows
+    /// of the `pglease.status` view).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] if the schema is missing or the database fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn count_leases(&self) -> Result<u64> {
+        let row = sql::query(sql::COUNT_LEASES).fetch_one(self.pool()).await?;
+        let count: i64 = row.try_get(0)?;
+        Ok(u64::try_from(count).unwrap_or_default())
+    }
+
     /// Extends the lease to database-now + `ttl`, and returns the new
     /// expiry (database clock). Renewal is keyed on (name, token), so a
     /// retry after a lost answer succeeds while the lease is still valid.

@@ -54,4 +54,40 @@ async fn filters_run_in_the_database_and_take_prefixes_literally() {
     ));
 }
 
-tests![filters_run_in_the_database_and_take_prefixes_literally,];
+/// The facts the command line asks for instead of sending SQL of its
+/// own: the database's clock (the one leases are decided on), how many
+/// lease names there are, and the role that owns the functions.
+async fn the_database_clock_the_lease_count_and_the_functions_owner() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    assert_eq!(m.count_leases().await.expect("count"), 0);
+    let before = m.database_time().await.expect("database time");
+    let lease = m
+        .acquire("counted-1", AcquireOptions::ttl(Duration::from_secs(60)))
+        .await
+        .expect("acquire");
+    let after = m.database_time().await.expect("database time");
+    assert!(
+        before <= lease.acquired_at() && lease.acquired_at() <= after,
+        "{before} <= {} <= {after}",
+        lease.acquired_at()
+    );
+    m.release(&lease).await.expect("release");
+    m.acquire("counted-2", AcquireOptions::ttl(Duration::from_secs(60)))
+        .await
+        .expect("acquire");
+    // Released or held, each name is a row.
+    assert_eq!(m.count_leases().await.expect("count"), 2);
+    let owner: String = sqlx::query_scalar(
+        "SELECT pg_get_userbyid(nspowner)::text FROM pg_namespace WHERE nspname = 'pglease'",
+    )
+    .fetch_one(m.pool())
+    .await
+    .expect("schema owner");
+    assert_eq!(m.functions_owner().await.expect("owner"), owner);
+}
+
+tests![
+    filters_run_in_the_database_and_take_prefixes_literally,
+    the_database_clock_the_lease_count_and_the_functions_owner,
+];

@@ -7,7 +7,6 @@ use pglease::LeaseManager;
 use pglease::history::Transition;
 use serde_json::json;
 
-use super::simple_scalar;
 use crate::exit::Outcome;
 use crate::output::{note, out, printable};
 
@@ -22,10 +21,7 @@ pub(crate) async fn history(
     // this machine's clock against a database timestamp.
     let since = match since {
         Some(ago) => {
-            let now: chrono::DateTime<chrono::Utc> =
-                simple_scalar(manager, "SELECT clock_timestamp()")
-                    .await
-                    .map_err(|e| (e, "history"))?;
+            let now = manager.database_time().await.map_err(|e| (e, "history"))?;
             let ago = chrono::Duration::from_std(ago).unwrap_or(chrono::Duration::MAX);
             Some(now.checked_sub_signed(ago).unwrap_or_default())
         }

@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use pglease::LeaseManager;
 use serde_json::json;
 
-use super::simple_scalar;
 use crate::exit::Outcome;
 use crate::output::{note, out};
 
@@ -43,13 +42,10 @@ pub(crate) async fn migrate(manager: &LeaseManager, json: bool) -> Outcome {
         .await
         .map_err(|e| (e, "migrate"))?;
     if !can_end {
-        let owner: String = simple_scalar(
-            manager,
-            "SELECT r.rolname::text FROM pg_proc AS p JOIN pg_roles AS r ON r.oid = p.proowner \
-              WHERE p.oid = 'pglease.acquire(text, text, interval, boolean)'::regprocedure",
-        )
-        .await
-        .map_err(|e| (e, "migrate"))?;
+        let owner = manager
+            .functions_owner()
+            .await
+            .map_err(|e| (e, "migrate"))?;
         eprintln!(
             "pglease: note: role {owner:?}, which owns the pglease functions, is neither a \
              superuser nor a member of pg_signal_backend. An expired lease whose holder froze \

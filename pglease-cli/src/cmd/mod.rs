@@ -20,7 +20,7 @@ pub(crate) mod step_down;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pglease::{Error, HeldLease, LeaseManager, RenewalHealth};
+use pglease::{Error, HeldLease, RenewalHealth};
 
 use crate::exit::{self, Outcome};
 use crate::output::{human, note};
@@ -121,18 +121,4 @@ pub(crate) fn not_acquired(e: Error, what: &'static str) -> Outcome {
         e => return Err((e, what)),
     }
     Ok(exit::conflict())
-}
-
-/// The one value `statement` answers, sent as a simple query like the
-/// library's own statements, so that it also works through a transaction
-/// pooler without prepared-statement support.
-pub(crate) async fn simple_scalar<T>(
-    manager: &LeaseManager,
-    statement: &'static str,
-) -> Result<T, Error>
-where
-    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
-{
-    let row = sqlx::raw_sql(statement).fetch_one(manager.pool()).await?;
-    Ok(sqlx::Row::try_get(&row, 0)?)
 }

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 use chrono::{DateTime, Utc};
 use pglease::{LeaseManager, ListFilter};
 
-use super::simple_scalar;
 use crate::args::StatusArgs;
 use crate::exit::{self, Outcome};
 use crate::output::{note, out, printable, short, status_json};
@@ -55,9 +54,7 @@ pub(crate) async fn status(manager: &LeaseManager, args: StatusArgs) -> Outcome 
         out!("{value}");
         return Ok(code);
     }
-    let now: DateTime<Utc> = simple_scalar(manager, "SELECT clock_timestamp()")
-        .await
-        .map_err(|e| (e, "status"))?;
+    let now: DateTime<Utc> = manager.database_time().await.map_err(|e| (e, "status"))?;
     let names: Vec<String> = leases.iter().map(|s| printable(&s.name)).collect();
     let width = names
         .iter()
@@ -95,9 +92,7 @@ pub(crate) async fn status(manager: &LeaseManager, args: StatusArgs) -> Outcome 
         );
     }
     if name.is_none() && !crate::output::quiet() {
-        let total: i64 = simple_scalar(manager, "SELECT count(*) FROM pglease.status")
-            .await
-            .map_err(|e| (e, "status"))?;
+        let total = manager.count_leases().await.map_err(|e| (e, "status"))?;
         let held = leases.iter().filter(|s| s.held).count();
         let released = leases.iter().filter(|s| s.holder.is_none()).count();
         let expired = leases.len() - held - released;
