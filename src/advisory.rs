@@ -21,6 +21,7 @@ use sqlx::{Connection, PgConnection, Postgres, Transaction};
 use crate::error::{Error, Result};
 use crate::limits::check_text;
 use crate::manager::LeaseManager;
+use crate::sql;
 
 /// The advisory-lock key for `name` (64-bit FNV-1a of its UTF-8 bytes).
 ///
@@ -59,12 +60,6 @@ impl std::fmt::Debug for SessionLock {
     }
 }
 
-/// Whether session `pid` (the caller's own) holds advisory key `$1`.
-const SESSION_HOLDS: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
-     AND pid = pg_backend_pid() AND granted AND objsubid = 1 \
-     AND classid = (($1::bigint >> 32) & 4294967295)::oid \
-     AND objid = ($1::bigint & 4294967295)::oid)";
-
 impl SessionLock {
     /// The lock name.
     pub fn name(&self) -> &str {
@@ -95,7 +90,7 @@ impl SessionLock {
         let Some(conn) = self.conn.as_deref_mut() else {
             return Ok(false);
         };
-        let held: bool = sqlx::query_scalar(SESSION_HOLDS)
+        let held: bool = sqlx::query_scalar(sql::ADVISORY_SESSION_HOLDS)
             .bind(self.key)
             .fetch_one(conn)
             .await?;
@@ -113,11 +108,11 @@ impl SessionLock {
         // the connection drops every advisory lock it holds (it holds only
         // this one) before it goes back to the pool.
         let unlocked = async {
-            let released: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+            let released: bool = sqlx::query_scalar(sql::ADVISORY_UNLOCK)
                 .bind(self.key)
                 .fetch_one(&mut *conn)
                 .await?;
-            sqlx::query("SELECT pg_advisory_unlock_all()")
+            sqlx::query(sql::ADVISORY_UNLOCK_ALL)
                 .execute(&mut *conn)
                 .await?;
             Ok::<_, sqlx::Error>(released)
@@ -232,11 +227,10 @@ impl LeaseManager {
         check_text("name", name)?;
         let key = key(name);
         let mut conn = Unfinished(Some(self.pool().acquire().await?));
-        let (locked, pid): (bool, i32) =
-            sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")
-                .bind(key)
-                .fetch_one(conn.get())
-                .await?;
+        let (locked, pid): (bool, i32) = sqlx::query_as(sql::ADVISORY_TRY_LOCK)
+            .bind(key)
+            .fetch_one(conn.get())
+            .await?;
         let conn = conn.finish();
         Ok(locked.then(|| SessionLock {
             conn: Some(conn),
@@ -261,16 +255,14 @@ impl LeaseManager {
         // The timeout is set for this transaction only; the session lock
         // taken inside it outlives the commit.
         let mut tx = conn.get().begin().await?;
-        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+        sqlx::query(sql::LOCAL_LOCK_TIMEOUT)
             .bind(&timeout_ms)
             .execute(&mut *tx)
             .await?;
-        let outcome = sqlx::query_scalar::<_, i32>(
-            "SELECT pg_backend_pid() FROM (SELECT pg_advisory_lock($1)) AS locked",
-        )
-        .bind(key)
-        .fetch_one(&mut *tx)
-        .await;
+        let outcome = sqlx::query_scalar::<_, i32>(sql::ADVISORY_LOCK)
+            .bind(key)
+            .fetch_one(&mut *tx)
+            .await;
         match outcome {
             Ok(pid) => {
                 tx.commit().await?;
@@ -301,7 +293,7 @@ impl LeaseManager {
         check_text("name", name)?;
         let key = key(name);
         let mut tx = self.pool().begin().await?;
-        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+        let locked: bool = sqlx::query_scalar(sql::ADVISORY_TRY_XACT_LOCK)
             .bind(key)
             .fetch_one(&mut *tx)
             .await?;

@@ -182,16 +182,6 @@ impl Diagnosis {
     }
 }
 
-/// Server facts, read in one statement.
-const FACTS: &str = "SELECT current_setting('server_version_num')::integer AS version, \
-     current_setting('fsync') AS fsync, current_setting('full_page_writes') AS fpw, \
-     current_setting('synchronous_standby_names') AS sync_names, \
-     pg_is_in_recovery() AS recovering, \
-     (SELECT count(*) FROM pg_stat_replication) AS standbys, \
-     (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')) AS sync, \
-     (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL) AS hidden, \
-     to_regclass('pglease._pglease_migrations') IS NOT NULL AS migrated";
-
 impl LeaseManager {
     /// Checks the server this manager uses for what leases rely on, and
     /// explains each finding:
@@ -272,7 +262,7 @@ impl LeaseManager {
     }
 
     async fn doctor_here(&self) -> Result<Diagnosis> {
-        let facts = sql::query(FACTS).fetch_one(self.pool()).await?;
+        let facts = sql::query(sql::DOCTOR_FACTS).fetch_one(self.pool()).await?;
         let version: i32 = facts.try_get("version")?;
         let fsync: String = facts.try_get("fsync")?;
         let fpw: String = facts.try_get("fpw")?;
@@ -400,10 +390,7 @@ impl LeaseManager {
     }
 
     async fn security_checks(&self) -> Result<Vec<Check>> {
-        let rows = match sql::query("SELECT level, topic, message FROM pglease.audit()")
-            .fetch_all(self.pool())
-            .await
-        {
+        let rows = match sql::query(sql::AUDIT).fetch_all(self.pool()).await {
             Ok(rows) => rows,
             Err(error) if error.as_database_error().and_then(|e| e.code()).is_some() => {
                 return Ok(vec![Check::new(
@@ -652,16 +639,6 @@ struct HostFacts {
     standbys: Vec<(String, String)>,
 }
 
-const HOST_FACTS: &str = "SELECT pg_is_in_recovery() AS recovering, \
-     current_setting('transaction_read_only') = 'on' AS read_only, \
-     current_setting('synchronous_standby_names') AS sync_names, \
-     coalesce((SELECT status = 'streaming' FROM pg_stat_wal_receiver), false) AS streaming, \
-     coalesce((SELECT substring(conninfo FROM 'application_name=([^ ]+)') \
-                 FROM pg_stat_wal_receiver), \
-              nullif(current_setting('cluster_name'), ''), 'walreceiver') AS application_name, \
-     coalesce((SELECT string_agg(application_name || '=' || coalesce(sync_state, '?'), ' ') \
-                 FROM pg_stat_replication), '') AS standbys";
-
 /// What host `index` of `any` (a target whose attributes are `any`: every
 /// server answers) says of itself, or why it cannot be asked.
 async fn host_facts(any: &Target, index: usize) -> std::result::Result<HostFacts, String> {
@@ -670,7 +647,7 @@ async fn host_facts(any: &Target, index: usize) -> std::result::Result<HostFacts
         Ok(Err(why)) => return Err(why),
         Err(error) => return Err(error.to_string()),
     };
-    let row = sqlx::raw_sql(HOST_FACTS)
+    let row = sql::query(sql::HOST_FACTS)
         .fetch_one(&mut connection)
         .await
         .map_err(|e| Error::from(e).to_string())?;
@@ -903,14 +880,10 @@ impl LeaseManager {
         let (ttl, ttl_from) = match options.ttl {
             Some(ttl) => (Some(ttl), "as given".to_owned()),
             None => {
-                let shortest = sql::query(
-                    "SELECT (extract(epoch FROM min(expires_at - coalesce(renewed_at, \
-                     acquired_at))) * 1000000)::bigint FROM pglease.leases \
-                     WHERE holder IS NOT NULL AND expires_at > now()",
-                )
-                .fetch_one(self.pool())
-                .await
-                .and_then(|row| row.try_get::<Option<i64>, _>(0));
+                let shortest = sql::query(sql::SHORTEST_HELD_TTL)
+                    .fetch_one(self.pool())
+                    .await
+                    .and_then(|row| row.try_get::<Option<i64>, _>(0));
                 match shortest {
                     Ok(micros) => (
                         micros
@@ -1020,11 +993,10 @@ async fn monitor_estimate(monitor: &Target) -> std::result::Result<Duration, Str
         .connect(PER_HOST_TIMEOUT)
         .await
         .map_err(|e| format!("unknown: the monitor cannot be read ({e})"))?;
-    let rows =
-        sqlx::raw_sql("SELECT name, setting FROM pg_settings WHERE name LIKE 'pgautofailover.%'")
-            .fetch_all(&mut connection)
-            .await
-            .map_err(|e| format!("unknown: the monitor cannot be read ({})", Error::from(e)))?;
+    let rows = sql::query(sql::AUTO_FAILOVER_SETTINGS)
+        .fetch_all(&mut connection)
+        .await
+        .map_err(|e| format!("unknown: the monitor cannot be read ({})", Error::from(e)))?;
     let _ = sqlx::Connection::close(connection).await;
     let setting = |name: &str| -> std::result::Result<u64, String> {
         rows.iter()

@@ -16,7 +16,7 @@ use sqlx::{Connection, PgConnection, Row};
 
 use crate::error::{Error, Result};
 use crate::manager::LeaseManager;
-use crate::schema::{MIGRATIONS_TABLE, Migrated};
+use crate::schema::Migrated;
 use crate::sql;
 
 /// The transaction-level advisory lock that serialises migrators of one
@@ -28,21 +28,6 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 /// The latest migration this version has.
 pub(crate) fn latest_version() -> i64 {
     MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
-}
-
-/// Take the lock, then make sure the schema and the record exist, and read
-/// the record (one round trip).
-fn prepare() -> String {
-    format!(
-        "BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); \
-         CREATE SCHEMA IF NOT EXISTS pglease; \
-         CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ( \
-             version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
-             installed_on TIMESTAMPTZ NOT NULL DEFAULT now(), success BOOLEAN NOT NULL, \
-             checksum BYTEA NOT NULL, execution_time BIGINT NOT NULL); \
-         SELECT version, encode(checksum, 'hex') AS checksum, success \
-           FROM {MIGRATIONS_TABLE} ORDER BY version"
-    )
 }
 
 /// What to apply, given the recorded migrations (version, hex checksum,
@@ -100,12 +85,11 @@ async fn apply(conn: &mut PgConnection, missing: &[i64]) -> Result<()> {
             .await
             .map_err(|e| Error::Migrate(MigrateError::ExecuteMigration(e, migration.version)))?;
         let nanos = i64::try_from(started.elapsed().as_nanos()).unwrap_or(i64::MAX);
-        sql::query(format!(
-            "INSERT INTO {MIGRATIONS_TABLE} (version, description, success, checksum, execution_time) \
-             VALUES ({}, {}, true, decode('{}', 'hex'), {nanos})",
+        sql::query(sql::record_migration(
             migration.version,
-            sql::text(&migration.description),
-            hex(&migration.checksum),
+            &migration.description,
+            &hex(&migration.checksum),
+            nanos,
         ))
         .execute(&mut *conn)
         .await?;
@@ -145,7 +129,7 @@ impl LeaseManager {
         let outcome = migrate_on(&mut conn).await;
         if outcome.is_err() {
             // Roll back now rather than when the server notices the close.
-            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut conn).await;
+            let _ = sql::query(sql::ROLLBACK).execute(&mut conn).await;
         }
         let _ = conn.close().await;
         outcome
@@ -153,7 +137,9 @@ impl LeaseManager {
 }
 
 async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
-    let rows = sql::query(prepare()).fetch_all(&mut *conn).await?;
+    let rows = sql::query(sql::migration_prepare(MIGRATION_LOCK))
+        .fetch_all(&mut *conn)
+        .await?;
     // The lock's statement answers one row of one column; the record's
     // rows have three.
     let recorded = rows
@@ -165,7 +151,7 @@ async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
     if !missing.is_empty() {
         apply(conn, &missing).await?;
     }
-    sqlx::raw_sql("COMMIT").execute(&mut *conn).await?;
+    sql::query(sql::COMMIT).execute(&mut *conn).await?;
     Ok(Migrated {
         applied: missing,
         latest: latest_version(),

@@ -17,6 +17,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
 use sqlx::{AssertSqlSafe, RawSql};
 
+use crate::schema::MIGRATIONS_TABLE;
 use crate::token::Token;
 
 /// A statement built by this module, ready to send.
@@ -391,6 +392,132 @@ pub(crate) const DATABASE_TIME: &str = "SELECT clock_timestamp()";
 
 /// How many lease names the database knows (held or not).
 pub(crate) const COUNT_LEASES: &str = "SELECT count(*) FROM pglease.status";
+
+// The doctor's facts.
+
+/// The doctor's server facts, read in one statement.
+pub(crate) const DOCTOR_FACTS: &str = "SELECT current_setting('server_version_num')::integer AS version, \
+     current_setting('fsync') AS fsync, current_setting('full_page_writes') AS fpw, \
+     current_setting('synchronous_standby_names') AS sync_names, \
+     pg_is_in_recovery() AS recovering, \
+     (SELECT count(*) FROM pg_stat_replication) AS standbys, \
+     (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')) AS sync, \
+     (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL) AS hidden, \
+     to_regclass('pglease._pglease_migrations') IS NOT NULL AS migrated";
+
+/// The security posture (`pglease.audit()`).
+pub(crate) const AUDIT: &str = "SELECT level, topic, message FROM pglease.audit()";
+
+/// What one host of several says of itself (the doctor's topology).
+pub(crate) const HOST_FACTS: &str = "SELECT pg_is_in_recovery() AS recovering, \
+     current_setting('transaction_read_only') = 'on' AS read_only, \
+     current_setting('synchronous_standby_names') AS sync_names, \
+     coalesce((SELECT status = 'streaming' FROM pg_stat_wal_receiver), false) AS streaming, \
+     coalesce((SELECT substring(conninfo FROM 'application_name=([^ ]+)') \
+                 FROM pg_stat_wal_receiver), \
+              nullif(current_setting('cluster_name'), ''), 'walreceiver') AS application_name, \
+     coalesce((SELECT string_agg(application_name || '=' || coalesce(sync_state, '?'), ' ') \
+                 FROM pg_stat_replication), '') AS standbys";
+
+/// The shortest TTL among the leases held now, in microseconds (the
+/// doctor's failover check, when no TTL is given).
+pub(crate) const SHORTEST_HELD_TTL: &str = "SELECT (extract(epoch FROM min(expires_at - coalesce(renewed_at, \
+     acquired_at))) * 1000000)::bigint FROM pglease.leases \
+     WHERE holder IS NOT NULL AND expires_at > now()";
+
+/// pg_auto_failover's settings, on its monitor.
+pub(crate) const AUTO_FAILOVER_SETTINGS: &str =
+    "SELECT name, setting FROM pg_settings WHERE name LIKE 'pgautofailover.%'";
+
+// Advisory locks (`crate::advisory`, the unfenced comparison), prepared,
+// key `$1`.
+
+/// Whether the caller's own session holds advisory key `$1`.
+pub(crate) const ADVISORY_SESSION_HOLDS: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+     AND pid = pg_backend_pid() AND granted AND objsubid = 1 \
+     AND classid = (($1::bigint >> 32) & 4294967295)::oid \
+     AND objid = ($1::bigint & 4294967295)::oid)";
+
+/// Releases one hold of session lock `$1`; whether it was held.
+pub(crate) const ADVISORY_UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
+
+/// Releases every session lock the connection holds.
+pub(crate) const ADVISORY_UNLOCK_ALL: &str = "SELECT pg_advisory_unlock_all()";
+
+/// Tries session lock `$1`; whether taken, and the session's process id.
+pub(crate) const ADVISORY_TRY_LOCK: &str = "SELECT pg_try_advisory_lock($1), pg_backend_pid()";
+
+/// `lock_timeout` for this transaction only, `$1` in milliseconds.
+pub(crate) const LOCAL_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
+
+/// Waits for session lock `$1`; the session's process id.
+pub(crate) const ADVISORY_LOCK: &str =
+    "SELECT pg_backend_pid() FROM (SELECT pg_advisory_lock($1)) AS locked";
+
+/// Tries transaction lock `$1`; whether taken.
+pub(crate) const ADVISORY_TRY_XACT_LOCK: &str = "SELECT pg_try_advisory_xact_lock($1)";
+
+// Migrations (`crate::migrate`), on a connection of their own.
+
+/// The migration's start: take the lock `lock`, then make sure the schema and the record exist, and read
+/// the record (one round trip).
+pub(crate) fn migration_prepare(lock: i64) -> String {
+    format!(
+        "BEGIN; SELECT pg_advisory_xact_lock({lock}); \
+         CREATE SCHEMA IF NOT EXISTS pglease; \
+         CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ( \
+             version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
+             installed_on TIMESTAMPTZ NOT NULL DEFAULT now(), success BOOLEAN NOT NULL, \
+             checksum BYTEA NOT NULL, execution_time BIGINT NOT NULL); \
+         SELECT version, encode(checksum, 'hex') AS checksum, success \
+           FROM {MIGRATIONS_TABLE} ORDER BY version"
+    )
+}
+
+/// Records migration `version` as applied (in the migration's transaction).
+pub(crate) fn record_migration(
+    version: i64,
+    description: &str,
+    checksum_hex: &str,
+    nanos: i64,
+) -> String {
+    format!(
+        "INSERT INTO {MIGRATIONS_TABLE} (version, description, success, checksum, execution_time) \
+         VALUES ({version}, {}, true, decode({}, 'hex'), {nanos})",
+        Text(description),
+        Text(checksum_hex),
+    )
+}
+
+/// Ends the migration's transaction.
+pub(crate) const COMMIT: &str = "COMMIT";
+
+/// Abandons the transaction in progress (a migration's, a fenced one
+/// that failed to open, a probe's).
+pub(crate) const ROLLBACK: &str = "ROLLBACK";
+
+// Connecting (`crate::connect`).
+
+/// Run on every new connection of [`pool_options`]: if the client goes
+/// away while a statement of its own still runs or waits in the server (an
+/// acquisition held up behind a lock when the process is killed), the
+/// server notices within a second and abandons the statement, instead of
+/// completing it and holding a lease for nobody until it expires. The
+/// setting exists from PostgreSQL 14; older servers skip it.
+pub(crate) const ABANDON_WHEN_GONE: &str = "SELECT set_config('client_connection_check_interval', '1000', false) \
+     WHERE current_setting('server_version_num')::integer >= 140000";
+
+/// The session's process id.
+pub(crate) const BACKEND_PID: &str = "SELECT pg_backend_pid()";
+
+/// A transaction begun, and the session's process id (the pooler probe:
+/// does a second connection keep its server session?).
+pub(crate) const BEGIN_BACKEND_PID: &str = "BEGIN; SELECT pg_backend_pid()";
+
+/// Whether the server is a standby, and whether it refuses writes
+/// (`target_session_attrs`).
+pub(crate) const RECOVERY_AND_READ_ONLY: &str =
+    "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'";
 
 #[cfg(test)]
 mod tests {

@@ -15,19 +15,11 @@ use sqlx::{ConnectOptions, Connection, PgConnection};
 
 use crate::error::{Error, Result};
 use crate::limits::Human;
+use crate::sql;
 
 pub(crate) use follow::Follow;
 pub use follow::{PER_HOST_TIMEOUT, WATCH_PERIOD};
 pub use target::{SessionAttrs, Target};
-
-/// Run on every new connection of [`pool_options`]: if the client goes
-/// away while a statement of its own still runs or waits in the server (an
-/// acquisition held up behind a lock when the process is killed), the
-/// server notices within a second and abandons the statement, instead of
-/// completing it and holding a lease for nobody until it expires. The
-/// setting exists from PostgreSQL 14; older servers skip it.
-const ABANDON_WHEN_GONE: &str = "SELECT set_config('client_connection_check_interval', '1000', false) \
-     WHERE current_setting('server_version_num')::integer >= 140000";
 
 /// How long [`LeaseManager::connect`](crate::LeaseManager::connect) waits
 /// for a server that does not answer.
@@ -47,11 +39,11 @@ pub fn pool_options() -> PgPoolOptions {
         .after_connect(|connection, _| Box::pin(abandon_when_gone(connection)))
 }
 
-/// Sets [`ABANDON_WHEN_GONE`] where the server allows it. On platforms
+/// Sets [`sql::ABANDON_WHEN_GONE`] where the server allows it. On platforms
 /// without the support the server refuses any value but 0: the connection
 /// is then used without it rather than refused.
 async fn abandon_when_gone(connection: &mut PgConnection) -> sqlx::Result<()> {
-    if let Err(error) = sqlx::raw_sql(ABANDON_WHEN_GONE).execute(connection).await {
+    if let Err(error) = sql::query(sql::ABANDON_WHEN_GONE).execute(connection).await {
         if error.as_database_error().is_none() {
             return Err(error);
         }
@@ -191,7 +183,6 @@ pub(crate) async fn sessions_shared(options: &PgConnectOptions) -> Result<bool> 
 const PROBE_TRIALS: usize = 3;
 
 async fn one_trial(first: &mut PgConnection, second: &mut PgConnection) -> Result<bool> {
-    const PID: &str = "SELECT pg_backend_pid()";
     async fn pid(conn: &mut PgConnection, statement: &'static str) -> sqlx::Result<i32> {
         let rows = sqlx::raw_sql(statement).fetch_all(conn).await?;
         match rows.last() {
@@ -199,10 +190,10 @@ async fn one_trial(first: &mut PgConnection, second: &mut PgConnection) -> Resul
             None => Err(sqlx::Error::RowNotFound),
         }
     }
-    let before = pid(first, PID).await?;
-    let other = pid(second, "BEGIN; SELECT pg_backend_pid()").await?;
-    let after = tokio::time::timeout(PROBE_WAIT, pid(first, PID)).await;
-    sqlx::raw_sql("ROLLBACK").execute(&mut *second).await?;
+    let before = pid(first, sql::BACKEND_PID).await?;
+    let other = pid(second, sql::BEGIN_BACKEND_PID).await?;
+    let after = tokio::time::timeout(PROBE_WAIT, pid(first, sql::BACKEND_PID)).await;
+    sql::query(sql::ROLLBACK).execute(&mut *second).await?;
     Ok(match after {
         Ok(after) => other == before || after? != before,
         // Waiting for a server session: the first has none of its own.

@@ -11,6 +11,7 @@ use sqlx::{ConnectOptions, Connection, PgConnection, Row};
 
 use crate::error::{Error, Result};
 use crate::limits::Human;
+use crate::sql;
 
 /// Which server of a [`Target`]'s hosts a connection may use, as libpq's
 /// `target_session_attrs`. pglease writes on every operation, so only the
@@ -378,11 +379,9 @@ pub(crate) async fn refusal(
     if attrs == SessionAttrs::Any {
         return Ok(None);
     }
-    let row = sqlx::raw_sql(
-        "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
-    )
-    .fetch_one(&mut *connection)
-    .await?;
+    let row = sql::query(sql::RECOVERY_AND_READ_ONLY)
+        .fetch_one(&mut *connection)
+        .await?;
     let (recovery, read_only): (bool, bool) = (row.try_get(0)?, row.try_get(1)?);
     Ok(match attrs {
         SessionAttrs::Primary | SessionAttrs::ReadWrite if recovery => {

@@ -212,7 +212,7 @@ pub(crate) async fn begin(pool: &PgPool, fence: &Fence) -> Result<FencedTransact
             failed: None,
         }),
         Err(error) => {
-            if sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_ok() {
+            if sql::query(sql::ROLLBACK).execute(&mut *conn).await.is_ok() {
                 drop(opening.finish());
             }
             Err(error.into())
