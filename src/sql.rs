@@ -10,6 +10,11 @@
 //! pooler may split. The simple protocol is one message and one answer,
 //! on any server and any pooler version. Values come back in text format,
 //! which sqlx decodes for every type used here.
+//!
+//! The exception is the advisory-lock comparison (`crate::advisory`),
+//! whose statements bind the key as `$1` and are prepared: session
+//! advisory locks need a session of their own anyway, which no
+//! transaction pooler keeps.
 
 use std::fmt::{self, Display, Write};
 
