@@ -9,7 +9,7 @@ use sqlx::Row;
 use crate::connect::{PER_HOST_TIMEOUT, SessionAttrs, Target};
 use crate::error::{Error, Result};
 use crate::history::TimelineChange;
-use crate::limits::Human;
+use crate::human::Human;
 use crate::manager::LeaseManager;
 use crate::sql;
 use crate::sqlstate::NOT_PERMITTED;

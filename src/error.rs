@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgDatabaseError;
 
-use crate::limits::Human;
+use crate::human::Human;
 use crate::sqlstate::{INVALID_INPUT, NOT_DECLARED, NOT_HELD, NOT_PERMITTED};
 use crate::token::Token;
 

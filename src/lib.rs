@@ -5,18 +5,24 @@
 // The modules, in layers: each uses only those above it (and, within a
 // layer, those before it).
 //
-// Values, no I/O:
+// Values, no I/O. Leaves, which use no other module (`token` holds the
+// type; its checked constructors are in `limits`, which the error type
+// does not use):
 mod backoff;
-mod error;
-mod lease;
-pub mod limits;
-mod options;
+mod human;
 pub mod schema;
-mod sql;
 pub mod sqlstate;
 mod sync;
-pub mod telemetry;
 mod token;
+// The error type:
+mod error;
+// The checks on inputs:
+pub mod limits;
+// What is checked, and said:
+mod lease;
+mod options;
+mod sql;
+pub mod telemetry;
 // The runtime a manager shares with its tasks: its context (with the test
 // kit's fault flags), connections, the one LISTEN connection, statements:
 pub mod connect;

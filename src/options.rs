@@ -9,8 +9,9 @@ use std::time::Duration;
 use sqlx::postgres::types::PgInterval;
 
 use crate::error::{Error, Result};
+use crate::human::Human;
 use crate::lease::interval;
-use crate::limits::{Human, MAX_NAME_BYTES, check_limit, check_text, check_value};
+use crate::limits::{MAX_NAME_BYTES, check_limit, check_text, check_value};
 
 /// How to acquire a lease: for how long (the TTL, required), for whom
 /// (default: this host and process), and how long to wait for the current

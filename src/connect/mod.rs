@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection};
 
 use crate::error::{Error, Result};
-use crate::limits::Human;
+use crate::human::Human;
 use crate::sql;
 
 pub(crate) use follow::Follow;

@@ -10,7 +10,7 @@ use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::{ConnectOptions, Connection, PgConnection, Row};
 
 use crate::error::{Error, Result};
-use crate::limits::Human;
+use crate::human::Human;
 use crate::sql;
 
 /// Which server of a [`Target`]'s hosts a connection may use, as libpq's
