@@ -1682,6 +1682,63 @@ async fn auto_failover() -> Result<(), Error> {
     Ok(())
 }
 
+// Each pair: what it measures, the raw baseline's script, pglease's,
+// whether the history records (pglease.set_history), and whether a
+// waiter watches every cycle name (a session that LISTENs on both
+// channels and watches them, draining what it hears).
+// The library level (`library_level`) runs the same pairs through sqlx.
+const P1_PAIRS: [(&str, &str, &str, bool, bool); 7] = [
+    (
+        "acquire + release, history off, nobody watching (raw cycle)",
+        "raw_cycle",
+        "lease_cycle",
+        false,
+        false,
+    ),
+    (
+        "acquire + release, default history (raw cycle + the same history rows)",
+        "raw_cycle_history",
+        "lease_cycle",
+        true,
+        false,
+    ),
+    (
+        "acquire + release, a waiter watching (raw cycle + history rows + pg_notify)",
+        "raw_cycle_notify",
+        "lease_cycle",
+        true,
+        true,
+    ),
+    (
+        "renew (raw token-checked UPDATE)",
+        "raw_renew",
+        "lease_renew",
+        true,
+        false,
+    ),
+    (
+        "failed acquire (raw UPDATE that matches nothing)",
+        "raw_failed",
+        "lease_failed",
+        true,
+        false,
+    ),
+    (
+        "guarded write, one statement (minimal guard: FOR KEY SHARE + token + clock)",
+        "raw_write",
+        "lease_write",
+        true,
+        false,
+    ),
+    (
+        "fenced transaction (minimal guard: FOR KEY SHARE + token + clock)",
+        "raw_fenced",
+        "lease_fenced",
+        true,
+        false,
+    ),
+];
+
 /// A name's number in 1..=`names` for the next operation, spread over
 /// the names as pgbench's `random(1, :names)` spreads them.
 fn pick(names: usize) -> usize {
@@ -1798,18 +1855,16 @@ async fn library_level(secs: f64) -> Result<(), Error> {
         "| operation | clients | names | raw ops/s (median) | pglease ops/s (median) | ratio per pair | median |\n\
          |---|---:|---:|---:|---:|---|---:|"
     );
-    type Row<'a> = (&'a str, bool, bool, Box<dyn Fn(usize) -> (Op, Op) + 'a>);
+    // Each baseline's operations, raw and through the library, for a
+    // number of names.
+    type Row<'a> = (&'a str, Box<dyn Fn(usize) -> (Op, Op) + 'a>);
     let rows: Vec<Row> = vec![
         (
-            "acquire + release, history off, nobody watching (raw cycle)",
-            false,
-            false,
+            "raw_cycle",
             Box::new(|names| (raw_cycle(RAW_ACQUIRE, RAW_RELEASE, names), lib_cycle(names))),
         ),
         (
-            "acquire + release, default history (raw cycle + the same history rows)",
-            true,
-            false,
+            "raw_cycle_history",
             Box::new(|names| {
                 (
                     raw_cycle(RAW_ACQUIRE_HISTORY, RAW_RELEASE_HISTORY, names),
@@ -1818,9 +1873,7 @@ async fn library_level(secs: f64) -> Result<(), Error> {
             }),
         ),
         (
-            "acquire + release, a waiter watching (raw cycle + history rows + pg_notify)",
-            true,
-            true,
+            "raw_cycle_notify",
             Box::new(|names| {
                 (
                     raw_cycle(RAW_ACQUIRE_HISTORY, RAW_RELEASE_HISTORY_NOTIFY, names),
@@ -1829,9 +1882,7 @@ async fn library_level(secs: f64) -> Result<(), Error> {
             }),
         ),
         (
-            "renew (raw token-checked UPDATE)",
-            true,
-            false,
+            "raw_renew",
             Box::new(|names| {
                 let raw = {
                     let pool = pool.clone();
@@ -1863,9 +1914,7 @@ async fn library_level(secs: f64) -> Result<(), Error> {
             }),
         ),
         (
-            "failed acquire (raw UPDATE that matches nothing)",
-            true,
-            false,
+            "raw_failed",
             Box::new(|names| {
                 let raw = {
                     let pool = pool.clone();
@@ -1904,9 +1953,7 @@ async fn library_level(secs: f64) -> Result<(), Error> {
             }),
         ),
         (
-            "guarded write, one statement (minimal guard: FOR KEY SHARE + token + clock)",
-            true,
-            false,
+            "raw_write",
             Box::new(|names| {
                 let raw = {
                     let pool = pool.clone();
@@ -1944,9 +1991,7 @@ async fn library_level(secs: f64) -> Result<(), Error> {
             }),
         ),
         (
-            "fenced transaction (minimal guard: FOR KEY SHARE + token + clock)",
-            true,
-            false,
+            "raw_fenced",
             Box::new(|names| {
                 let raw = {
                     let pool = pool.clone();
@@ -1989,7 +2034,11 @@ async fn library_level(secs: f64) -> Result<(), Error> {
             }),
         ),
     ];
-    for (label, history, watched, make) in rows {
+    for &(label, raw_script, _, history, watched) in &P1_PAIRS {
+        let (_, make) = rows
+            .iter()
+            .find(|(raw, _)| *raw == raw_script)
+            .expect("the library's operations for every pair");
         let retention = if history { "30 days" } else { "0" };
         sqlx::query("SELECT pglease.set_history($1::interval)")
             .bind(retention)
@@ -2081,61 +2130,6 @@ async fn sql_level(secs: f64) -> Result<(), Error> {
         "| operation | clients | names | raw tps (median) | pglease tps (median) | ratio per pair | median |\n\
          |---|---:|---:|---:|---:|---|---:|"
     );
-    // Each pair: what it measures, the raw baseline's script, pglease's,
-    // whether the history records (pglease.set_history), and whether a
-    // waiter watches every cycle name (a session that LISTENs on both
-    // channels and watches them, draining what it hears).
-    let pairs = [
-        (
-            "acquire + release, history off, nobody watching (raw cycle)",
-            "raw_cycle",
-            "lease_cycle",
-            false,
-            false,
-        ),
-        (
-            "acquire + release, default history (raw cycle + the same history rows)",
-            "raw_cycle_history",
-            "lease_cycle",
-            true,
-            false,
-        ),
-        (
-            "acquire + release, a waiter watching (raw cycle + history rows + pg_notify)",
-            "raw_cycle_notify",
-            "lease_cycle",
-            true,
-            true,
-        ),
-        (
-            "renew (raw token-checked UPDATE)",
-            "raw_renew",
-            "lease_renew",
-            true,
-            false,
-        ),
-        (
-            "failed acquire (raw UPDATE that matches nothing)",
-            "raw_failed",
-            "lease_failed",
-            true,
-            false,
-        ),
-        (
-            "guarded write, one statement (minimal guard: FOR KEY SHARE + token + clock)",
-            "raw_write",
-            "lease_write",
-            true,
-            false,
-        ),
-        (
-            "fenced transaction (minimal guard: FOR KEY SHARE + token + clock)",
-            "raw_fenced",
-            "lease_fenced",
-            true,
-            false,
-        ),
-    ];
     // BENCH_SQL_PAIRS=raw_cycle,raw_write: only the pairs with those raw
     // scripts.
     let wanted = std::env::var("BENCH_SQL_PAIRS").unwrap_or_default();
@@ -2143,7 +2137,7 @@ async fn sql_level(secs: f64) -> Result<(), Error> {
         .max_connections(1)
         .connect(&url)
         .await?;
-    for (label, raw_script, lease_script, history, watched) in pairs {
+    for &(label, raw_script, lease_script, history, watched) in &P1_PAIRS {
         if !wanted.is_empty() && !wanted.split(',').any(|w| w == raw_script) {
             continue;
         }
