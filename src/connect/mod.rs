@@ -5,6 +5,7 @@
 //! follows the primary through a failover.
 
 mod follow;
+mod parse;
 mod target;
 
 use std::sync::Arc;
