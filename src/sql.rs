@@ -503,7 +503,7 @@ pub(crate) const ROLLBACK: &str = "ROLLBACK";
 
 // Connecting (`crate::connect`).
 
-/// Run on every new connection of [`pool_options`]: if the client goes
+/// Run on every new connection of `connect::pool_options`: if the client goes
 /// away while a statement of its own still runs or waits in the server (an
 /// acquisition held up behind a lock when the process is killed), the
 /// server notices within a second and abandons the statement, instead of
