@@ -548,7 +548,7 @@ mod tests {
     /// text check (`_check_text('name', ...)`), which raises with
     /// `COLUMN = argument`.
     fn schema_arguments() -> BTreeSet<String> {
-        let schema = include_str!("../migrations/0001_schema.sql");
+        let schema = crate::schema::SOURCE;
         let mut found = BTreeSet::new();
         for marker in ["COLUMN = '", "pglease._check_text('"] {
             for (at, _) in schema.match_indices(marker) {

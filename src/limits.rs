@@ -200,7 +200,7 @@ mod tests {
     use super::*;
 
     /// The schema, whose functions check the same limits again.
-    const SCHEMA: &str = include_str!("../migrations/0001_schema.sql");
+    const SCHEMA: &str = crate::schema::SOURCE;
 
     /// The constant a schema limit function returns (`CREATE FUNCTION
     /// pglease.NAME() ... AS $$ SELECT N $$`).

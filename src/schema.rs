@@ -5,6 +5,11 @@
 //! anyone who can connect can send one, so pglease reads the lease before
 //! it believes anything.
 
+/// The schema's one migration, for the unit tests that check the facts
+/// both sides state (limits, argument names) against it.
+#[cfg(test)]
+pub(crate) const SOURCE: &str = include_str!("../migrations/0001_schema.sql");
+
 /// Where `pglease` records which of its migrations are applied: its own
 /// table in its own schema, so it never clashes with the host
 /// application's `_sqlx_migrations`.

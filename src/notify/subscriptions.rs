@@ -261,10 +261,10 @@ pub(crate) struct Subscription {
 }
 
 impl Subscription {
-    /// Whether the notifications of the name come now. Unless `wait` is
-    /// set, answers false at once when the manager is not `listening`;
-    /// otherwise waits until `until` for the listener to subscribe the
-    /// name. A subscription refused earlier is asked for again.
+    /// Whether the notifications of the name come now. When the manager
+    /// is not `listening`, answers false at once; otherwise waits until
+    /// `until` for the listener to subscribe the name. A subscription
+    /// refused earlier is asked for again either way.
     pub(crate) async fn confirmed(&self, listening: bool, until: Instant) -> bool {
         let mut changes = self.subscriptions.changes.subscribe();
         let key = (self.topic, self.name.clone());
