@@ -275,7 +275,7 @@ impl LeaseManager {
             }
             // lock_not_available: still held after max_wait.
             Err(e)
-                if e.as_database_error().and_then(|d| d.code()).as_deref()
+                if crate::sqlstate::of(&e).as_deref()
                     == Some(crate::sqlstate::LOCK_NOT_AVAILABLE) =>
             {
                 tx.rollback().await?;

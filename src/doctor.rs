@@ -308,7 +308,7 @@ impl LeaseManager {
         let timeline = if migrated {
             match self.timeline_facts().await {
                 Ok(facts) => Some(Ok(facts)),
-                Err(e) if e.sqlstate() == Some(NOT_PERMITTED) => Some(Err(e)),
+                Err(e @ Error::NotPermitted { .. }) => Some(Err(e)),
                 Err(e) => return Err(e),
             }
         } else {
@@ -392,7 +392,7 @@ impl LeaseManager {
     async fn security_checks(&self) -> Result<Vec<Check>> {
         let rows = match sql::query(sql::AUDIT).fetch_all(self.pool()).await {
             Ok(rows) => rows,
-            Err(error) if error.as_database_error().and_then(|e| e.code()).is_some() => {
+            Err(error) if crate::sqlstate::of(&error).is_some() => {
                 return Ok(vec![Check::new(
                     "security",
                     Verdict::Warning,
@@ -469,12 +469,7 @@ impl LeaseManager {
         {
             Ok(applied) => applied,
             // An application role may not read the migrations table.
-            Err(error)
-                if error
-                    .as_database_error()
-                    .and_then(|e| e.code())
-                    .is_some_and(|code| code == crate::sqlstate::NOT_PERMITTED) =>
-            {
+            Err(error) if crate::sqlstate::of(&error).as_deref() == Some(NOT_PERMITTED) => {
                 return Ok(Check::new(
                     "schema",
                     Verdict::Warning,

@@ -156,10 +156,11 @@ impl Elector {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`] at once when the campaign's statement fails
-    /// with SQLSTATE class 42 (an undefined function or table: the schema
-    /// is not migrated; a missing privilege) or 3F000 (no `pglease`
-    /// schema).
+    /// At once, [`Error::SchemaMissing`] when the schema is not migrated,
+    /// [`Error::NotPermitted`] when the role may not campaign, and
+    /// [`Error::Database`] for another error of SQLSTATE class 42 (see
+    /// [`sqlstate::is_permanent`](crate::sqlstate::is_permanent)); other
+    /// errors are retried.
     ///
     /// # Cancel safety
     ///

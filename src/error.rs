@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgDatabaseError;
 
 use crate::human::Human;
-use crate::sqlstate::{INVALID_INPUT, NOT_DECLARED, NOT_HELD, NOT_PERMITTED};
+use crate::sqlstate::{Class, NOT_DECLARED, NOT_HELD, NOT_PERMITTED};
 use crate::token::Token;
 
 /// Why a held lease is no longer to be trusted.
@@ -237,13 +237,31 @@ pub enum Error {
 
     /// The database refused an operation this session's role may not make
     /// (SQLSTATE `42501`): acting under a lease another role acquired,
-    /// acquiring a name granted to other roles, or an administrator's
-    /// operation. Nothing was changed.
+    /// acquiring a name granted to other roles, an administrator's
+    /// operation, or a function the role may not execute. Nothing was
+    /// changed.
     #[error("{message}")]
     NotPermitted {
-        /// The database's explanation, naming the role and the lease.
+        /// The database's explanation, naming the role and the lease or
+        /// the function.
         message: String,
     },
+
+    /// The `pglease` schema is missing from this database, or older than
+    /// this version (SQLSTATE `3F000`, `42883` or `42P01` naming the
+    /// schema or an object in it): run the migration
+    /// ([`LeaseManager::migrate`](crate::LeaseManager::migrate), or
+    /// `pglease migrate`). Retrying does not help; nothing was changed.
+    #[error("the pglease schema is missing or out of date in this database ({})", DatabaseText(.0))]
+    SchemaMissing(#[source] sqlx::Error),
+
+    /// The server refuses writes (SQLSTATE `25006`): a standby, or a
+    /// primary in read-only mode. With several hosts, list the primary's
+    /// with `target_session_attrs=read-write` (the default then); after a
+    /// failover, connecting again finds the new primary. Nothing was
+    /// changed.
+    #[error("{}", DatabaseText(.0))]
+    ReadOnly(#[source] sqlx::Error),
 
     /// The lease is lost: a renewal found it no longer valid, or a held
     /// lease's local deadline passed without a confirmed renewal. Stop
@@ -409,7 +427,7 @@ impl Error {
             Error::NotHeld { .. } => Some(NOT_HELD),
             Error::NotDeclared { .. } => Some(NOT_DECLARED),
             Error::NotPermitted { .. } => Some(NOT_PERMITTED),
-            Error::Database(e) => e
+            Error::Database(e) | Error::SchemaMissing(e) | Error::ReadOnly(e) => e
                 .as_database_error()
                 .and_then(|d| d.try_downcast_ref::<PgDatabaseError>())
                 .map(PgDatabaseError::code),
@@ -458,25 +476,21 @@ impl From<sqlx::Error> for Error {
         else {
             return Error::Database(e);
         };
-        match db.code() {
-            NOT_HELD => not_held(db.detail()),
-            NOT_DECLARED => Error::NotDeclared {
-                message: db.message().trim_start_matches("pglease: ").to_owned(),
-            },
-            NOT_PERMITTED if db.message().starts_with("pglease: ") => Error::NotPermitted {
-                message: db.message().trim_start_matches("pglease: ").to_owned(),
-            },
-            INVALID_INPUT if db.message().starts_with("pglease: ") => {
-                let argument = db
+        let message = || db.message().trim_start_matches("pglease: ").to_owned();
+        match crate::sqlstate::classify(db.code(), db.message()) {
+            Class::NotHeld => not_held(db.detail()),
+            Class::NotDeclared => Error::NotDeclared { message: message() },
+            Class::NotPermitted => Error::NotPermitted { message: message() },
+            Class::InvalidInput => Error::InvalidInput {
+                argument: db
                     .column()
                     .and_then(|c| ARGUMENTS.into_iter().find(|a| *a == c))
-                    .unwrap_or("argument");
-                Error::InvalidInput {
-                    argument,
-                    reason: db.message().trim_start_matches("pglease: ").to_owned(),
-                }
-            }
-            _ => Error::Database(e),
+                    .unwrap_or("argument"),
+                reason: message(),
+            },
+            Class::SchemaMissing => Error::SchemaMissing(e),
+            Class::ReadOnly => Error::ReadOnly(e),
+            Class::Other => Error::Database(e),
         }
     }
 }

@@ -148,8 +148,9 @@ impl LeaseManager {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`](crate::Error::Database), also when the role may
-    /// not read `pglease.timelines`.
+    /// [`Error::NotPermitted`](crate::Error::NotPermitted) when the role
+    /// may not read `pglease.timelines`; [`Error::Database`](crate::Error::Database)
+    /// if the database fails.
     ///
     /// # Cancel safety
     ///
@@ -185,8 +186,9 @@ impl LeaseManager {
     /// # Errors
     ///
     /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a bad name
-    /// (nothing sent); [`Error::Database`](crate::Error::Database), also
-    /// when the role may not read `pglease.history`.
+    /// (nothing sent); [`Error::NotPermitted`](crate::Error::NotPermitted)
+    /// when the role may not read `pglease.history`;
+    /// [`Error::Database`](crate::Error::Database) if the database fails.
     ///
     /// # Cancel safety
     ///
@@ -233,9 +235,11 @@ impl LeaseManager {
     ///
     /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a bad name
     /// or an empty or over-long reason (nothing sent);
-    /// [`Error::Database`](crate::Error::Database): SQLSTATE 42501 for a
-    /// role not granted the function, 55P03 when the holder's fenced
-    /// transactions cannot be ended (the message says why).
+    /// [`Error::NotPermitted`](crate::Error::NotPermitted) for a role that
+    /// is not an administrator (see docs/design.md, "Roles and grants");
+    /// [`Error::Database`](crate::Error::Database) with SQLSTATE 55P03 when
+    /// the holder's fenced transactions cannot be ended (the message says
+    /// why).
     ///
     /// # Cancel safety
     ///

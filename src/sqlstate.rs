@@ -42,12 +42,6 @@ pub const UNDEFINED_TABLE: &str = "42P01";
 /// `invalid_schema_name` (see [`UNDEFINED_FUNCTION`]).
 pub const INVALID_SCHEMA_NAME: &str = "3F000";
 
-/// Whether `code` says the `pglease` schema is missing or out of date in
-/// the database (run the migration).
-pub fn is_schema_missing(code: &str) -> bool {
-    [UNDEFINED_FUNCTION, UNDEFINED_TABLE, INVALID_SCHEMA_NAME].contains(&code)
-}
-
 /// Whether retrying cannot mend what `code` reports: the schema is
 /// missing or out of date, or the role may not use it (class 42, syntax
 /// error or access rule violation, and [`INVALID_SCHEMA_NAME`]).
@@ -55,16 +49,87 @@ pub fn is_permanent(code: &str) -> bool {
     code.starts_with("42") || code == INVALID_SCHEMA_NAME
 }
 
+/// Whether `code` ends the server session: class `57P` (operator
+/// intervention: `57P01` admin shutdown, which `pg_terminate_backend`
+/// gives, `57P02` crash shutdown, `57P03` cannot connect now) or class `08`
+/// (connection exceptions).
+pub(crate) fn ends_session(code: &str) -> bool {
+    code.starts_with("57P") || code.starts_with("08")
+}
+
+/// The SQLSTATE of a server's answer, if `error` is one.
+pub(crate) fn of(error: &sqlx::Error) -> Option<std::borrow::Cow<'_, str>> {
+    error.as_database_error().and_then(|db| db.code())
+}
+
+/// What a server error means to pglease: the one classification of
+/// SQLSTATEs behind [`Error`](crate::Error)'s variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// [`NOT_HELD`].
+    NotHeld,
+    /// [`NOT_DECLARED`].
+    NotDeclared,
+    /// [`NOT_PERMITTED`], from a pglease function or from the server (a
+    /// role without `EXECUTE` on a function, say).
+    NotPermitted,
+    /// [`INVALID_INPUT`] raised by a pglease function (its message starts
+    /// with `pglease: `); the server's own stays a database error.
+    InvalidInput,
+    /// [`UNDEFINED_FUNCTION`], [`UNDEFINED_TABLE`] or
+    /// [`INVALID_SCHEMA_NAME`] naming the `pglease` schema or an object in
+    /// it: the schema is missing or older than this version. The same
+    /// codes naming a caller's table (`protect('no_such_table')`) are not.
+    SchemaMissing,
+    /// [`READ_ONLY`].
+    ReadOnly,
+    /// Anything else: a database error.
+    Other,
+}
+
+/// Classifies a server error by its SQLSTATE and message.
+pub(crate) fn classify(code: &str, message: &str) -> Class {
+    match code {
+        NOT_HELD => Class::NotHeld,
+        NOT_DECLARED => Class::NotDeclared,
+        NOT_PERMITTED => Class::NotPermitted,
+        INVALID_INPUT if message.starts_with("pglease: ") => Class::InvalidInput,
+        READ_ONLY => Class::ReadOnly,
+        UNDEFINED_FUNCTION | UNDEFINED_TABLE | INVALID_SCHEMA_NAME if names_the_schema(message) => {
+            Class::SchemaMissing
+        }
+        _ => Class::Other,
+    }
+}
+
+/// Whether a server's message names the `pglease` schema (`schema
+/// "pglease" does not exist`) or an object in it (`function
+/// pglease.acquire(...)`, `relation "pglease.leases"`), not a name that
+/// merely ends in `pglease`.
+fn names_the_schema(message: &str) -> bool {
+    message.contains("\"pglease\"")
+        || message.match_indices("pglease.").any(|(at, _)| {
+            !message[..at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_')
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn classes() {
-        for code in [UNDEFINED_FUNCTION, UNDEFINED_TABLE, INVALID_SCHEMA_NAME] {
-            assert!(is_schema_missing(code) && is_permanent(code), "{code}");
+    fn permanence() {
+        for code in [
+            UNDEFINED_FUNCTION,
+            UNDEFINED_TABLE,
+            INVALID_SCHEMA_NAME,
+            NOT_PERMITTED,
+        ] {
+            assert!(is_permanent(code), "{code}");
         }
-        assert!(is_permanent(NOT_PERMITTED) && !is_schema_missing(NOT_PERMITTED));
         for code in [
             READ_ONLY,
             LOCK_NOT_AVAILABLE,
@@ -72,7 +137,84 @@ mod tests {
             NOT_HELD,
             "40001",
         ] {
-            assert!(!is_permanent(code) && !is_schema_missing(code), "{code}");
+            assert!(!is_permanent(code), "{code}");
         }
+    }
+
+    #[test]
+    fn session_ends() {
+        for code in ["57P01", "57P02", "57P03", "08006", "08003"] {
+            assert!(ends_session(code), "{code}");
+        }
+        for code in ["57014", READ_ONLY, NOT_PERMITTED, "40001"] {
+            assert!(!ends_session(code), "{code}");
+        }
+    }
+
+    #[test]
+    fn the_schema_missing_is_told_from_a_callers_missing_table() {
+        for (code, message) in [
+            (INVALID_SCHEMA_NAME, r#"schema "pglease" does not exist"#),
+            (
+                UNDEFINED_FUNCTION,
+                "function pglease.acquire(text, text, interval) does not exist",
+            ),
+            (
+                UNDEFINED_TABLE,
+                r#"relation "pglease.leases" does not exist"#,
+            ),
+        ] {
+            assert_eq!(classify(code, message), Class::SchemaMissing, "{message}");
+        }
+        for (code, message) in [
+            (
+                UNDEFINED_TABLE,
+                r#"relation "no_such_table" does not exist"#,
+            ),
+            (
+                UNDEFINED_TABLE,
+                r#"relation "app.mypglease.x" does not exist"#,
+            ),
+            (UNDEFINED_FUNCTION, "function my_pglease.f() does not exist"),
+            (INVALID_SCHEMA_NAME, r#"schema "pglease2" does not exist"#),
+        ] {
+            assert_eq!(classify(code, message), Class::Other, "{message}");
+        }
+    }
+
+    #[test]
+    fn the_functions_codes_and_the_servers() {
+        assert_eq!(classify(NOT_HELD, "pglease: x"), Class::NotHeld);
+        assert_eq!(classify(NOT_DECLARED, "pglease: x"), Class::NotDeclared);
+        assert_eq!(
+            classify(NOT_PERMITTED, "pglease: role may not"),
+            Class::NotPermitted
+        );
+        assert_eq!(
+            classify(
+                NOT_PERMITTED,
+                "permission denied for function force_release"
+            ),
+            Class::NotPermitted
+        );
+        assert_eq!(
+            classify(INVALID_INPUT, "pglease: bad ttl"),
+            Class::InvalidInput
+        );
+        assert_eq!(
+            classify(INVALID_INPUT, "invalid value for parameter"),
+            Class::Other
+        );
+        assert_eq!(
+            classify(
+                READ_ONLY,
+                "cannot execute UPDATE in a read-only transaction"
+            ),
+            Class::ReadOnly
+        );
+        assert_eq!(
+            classify(LOCK_NOT_AVAILABLE, "canceling statement"),
+            Class::Other
+        );
     }
 }

@@ -51,7 +51,7 @@ pub(crate) async fn connect(target: &Target, timeout: Duration) -> Result<LeaseM
         .map_err(|e| {
             // The server answered and refused (a role, a password or a
             // database that does not exist), or it could not be reached.
-            let answered = matches!(&e, Error::Database(db) if db.as_database_error().is_some());
+            let answered = e.sqlstate().is_some();
             let next = if answered {
                 "Check the user, password and database name in --database-url or DATABASE_URL \
                  (or PGUSER, PGPASSWORD, PGDATABASE)."

@@ -52,16 +52,8 @@ pub(crate) fn fail(e: &Error, what: &str) -> u8 {
             eprintln!("pglease: {what}: {e}; acquire it again for a new token");
             LOST
         }
-        Error::Database(db)
-            if db
-                .as_database_error()
-                .and_then(|d| d.code())
-                .is_some_and(|code| pglease::sqlstate::is_schema_missing(&code)) =>
-        {
-            eprintln!(
-                "pglease: {what} failed: the pglease schema is missing or out of date in this \
-                 database ({e}); run `pglease migrate` first"
-            );
+        Error::SchemaMissing(_) => {
+            eprintln!("pglease: {what} failed: {e}; run `pglease migrate` first");
             DATABASE
         }
         _ => {

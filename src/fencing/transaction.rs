@@ -221,16 +221,12 @@ pub(crate) async fn begin(pool: &PgPool, fence: &Fence) -> Result<FencedTransact
 }
 
 /// Whether `error` says the connection or its session is gone: an I/O
-/// error, or the server ending the session (`57P01` admin shutdown, which
-/// `pg_terminate_backend` gives; `57P02`, `57P03`; class `08`, connection
-/// exceptions).
+/// error, or the server ending the session
+/// ([`ends_session`](crate::sqlstate::ends_session)).
 fn session_gone(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|code| code.starts_with("57P") || code.starts_with("08")),
-        _ => false,
+        _ => crate::sqlstate::of(error).is_some_and(|code| crate::sqlstate::ends_session(&code)),
     }
 }
 

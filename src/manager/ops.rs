@@ -24,7 +24,8 @@ impl LeaseManager {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`] if the schema is missing or the database fails.
+    /// [`Error::SchemaMissing`] if the schema is missing;
+    /// [`Error::Database`] if the database fails.
     ///
     /// # Cancel safety
     ///
@@ -44,7 +45,8 @@ impl LeaseManager {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`] if the schema is missing or the database fails.
+    /// [`Error::SchemaMissing`] if the schema is missing;
+    /// [`Error::Database`] if the database fails.
     ///
     /// # Cancel safety
     ///
@@ -79,7 +81,8 @@ impl LeaseManager {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`] if the schema is missing or the database fails.
+    /// [`Error::SchemaMissing`] if the schema is missing;
+    /// [`Error::Database`] if the database fails.
     ///
     /// # Cancel safety
     ///

@@ -108,8 +108,8 @@ impl std::fmt::Debug for SetupError {
 ///
 /// # Errors
 ///
-/// [`Error::InvalidInput`] for a bad name; [`Error::Database`] with
-/// SQLSTATE `42501` for a role that may not update `pglease.leases` (an
+/// [`Error::InvalidInput`] for a bad name; [`Error::NotPermitted`]
+/// (SQLSTATE `42501`) for a role that may not update `pglease.leases` (an
 /// application role never may).
 ///
 /// # Cancel safety

@@ -256,8 +256,9 @@ async fn session_ended(context: &Context, pid: i32) {
                 .await
             {
                 Ok(_) => return sqlx::Result::Ok(()),
-                Err(sqlx::Error::Database(e))
-                    if e.code().as_deref() == Some(crate::sqlstate::LOCK_NOT_AVAILABLE) => {}
+                Err(e)
+                    if crate::sqlstate::of(&e).as_deref()
+                        == Some(crate::sqlstate::LOCK_NOT_AVAILABLE) => {}
                 Err(error) => return Err(error),
             }
         }

@@ -350,7 +350,10 @@ async fn a_campaign_without_the_schema_fails_at_once() {
         .await
         .expect("run returns instead of retrying");
     match ran {
-        Err(error) => assert_eq!(error.sqlstate(), Some("3F000"), "{error}"),
+        Err(error) => {
+            assert!(matches!(error, Error::SchemaMissing(_)), "{error:?}");
+            assert_eq!(error.sqlstate(), Some("3F000"), "{error}");
+        }
         Ok(()) => panic!("a campaign without the schema succeeded"),
     }
     assert_eq!(elector.leadership(), Leadership::Stopped);

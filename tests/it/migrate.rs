@@ -260,6 +260,42 @@ async fn acquisition_and_renewal_force_synchronous_commit() {
     tx.commit().await.expect("commit");
 }
 
+/// Without the schema, or with the schema but not its functions, an
+/// operation fails as `SchemaMissing` (3F000, then 42883), saying to
+/// migrate, and changes nothing; a caller's own missing table stays a
+/// database error (see `protect`'s test).
+async fn an_unmigrated_database_is_told_as_the_schema_missing() {
+    let db = TestDb::empty().await;
+    let m = db.manager();
+    let options = AcquireOptions::ttl(Duration::from_secs(5));
+    let no_schema = m
+        .acquire("job", options.clone())
+        .await
+        .expect_err("no schema");
+    assert!(
+        matches!(no_schema, Error::SchemaMissing(_)),
+        "{no_schema:?}"
+    );
+    assert_eq!(no_schema.sqlstate(), Some("3F000"));
+    let said = no_schema.to_string();
+    assert!(said.contains("schema is missing or out of date"), "{said}");
+    db.execute(&["CREATE SCHEMA pglease".to_owned()]).await;
+    let no_function = m.acquire("job", options).await.expect_err("no function");
+    assert!(
+        matches!(no_function, Error::SchemaMissing(_)),
+        "{no_function:?}"
+    );
+    assert_eq!(no_function.sqlstate(), Some("42883"));
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = 'pglease'",
+    )
+    .fetch_one(db.pool())
+    .await
+    .expect("count");
+    assert_eq!(tables, 0, "nothing was created");
+}
+
 async fn synchronous_commit(conn: &mut sqlx::PgConnection) -> String {
     sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
         .fetch_one(conn)
@@ -274,4 +310,5 @@ tests![
     failed_migration_leaves_no_lock_on_the_pool,
     a_schema_from_another_history_or_a_newer_version_is_refused_with_what_to_do,
     acquisition_and_renewal_force_synchronous_commit,
+    an_unmigrated_database_is_told_as_the_schema_missing,
 ];

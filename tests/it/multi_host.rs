@@ -10,7 +10,7 @@ use crate::common::{
     token_and_value,
 };
 use pglease::testing::{Replicated, SetupError, Standby};
-use pglease::{AcquireOptions, LeaseManager};
+use pglease::{AcquireOptions, Error, LeaseManager};
 
 fn url(ports: &[u16], query: &str) -> String {
     let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
@@ -57,6 +57,7 @@ async fn the_primary_is_chosen_whatever_the_order() -> Result<(), SetupError> {
         .acquire("job", AcquireOptions::ttl(Duration::from_secs(5)))
         .await
         .expect_err("a standby takes no acquisition");
+    assert!(matches!(refused, Error::ReadOnly(_)), "{refused:?}");
     let said = refused.to_string();
     assert!(
         said.contains("25006") && said.contains("read-only"),

@@ -258,6 +258,10 @@ async fn an_application_role_cannot_expire_leases() {
         .await
         .expect("connect as the role");
     let refused = expire_now(&app, "job").await;
+    assert!(
+        matches!(refused, Err(Error::NotPermitted { .. })),
+        "{refused:?}"
+    );
     assert_eq!(
         refused.as_ref().err().and_then(Error::sqlstate),
         Some("42501"),

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use pglease::LeaseManager;
+use pglease::{Error, LeaseManager};
 use serde_json::json;
 
 use crate::exit::{self, Outcome};
@@ -32,7 +32,7 @@ pub(crate) async fn force_release(
             eprintln!("pglease: nobody holds {name:?}: nothing to force");
             Ok(ExitCode::from(exit::NOT_ACQUIRED))
         }
-        Err(e) if e.sqlstate() == Some(pglease::sqlstate::NOT_PERMITTED) => {
+        Err(e @ Error::NotPermitted { .. }) => {
             let role = manager.pool().connect_options().get_username().to_owned();
             let message = format!(
                 "role {role:?} may not force leases ({e}); force-release is for pglease \

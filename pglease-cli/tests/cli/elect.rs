@@ -330,7 +330,12 @@ async fn elect_without_the_schema_exits_5_and_a_bad_requester_exits_2() {
     let db = crate::common::empty_db().await;
     let out = pglease(&db, &["elect", "svc", "--ttl", "5s", "--", "true"]);
     assert_eq!(code(&out), 5, "{}", stderr(&out));
-    assert!(stderr(&out).contains("pglease migrate"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("schema is missing or out of date")
+            && stderr(&out).contains("run `pglease migrate` first"),
+        "{}",
+        stderr(&out)
+    );
     let out = pglease(&db, &["step-down", "svc", "--by", ""]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("--by"), "{}", stderr(&out));

@@ -40,6 +40,34 @@ async fn force_release_stops_a_running_holder_and_the_history_says_why() {
         .as_i64()
         .expect("a token");
 
+    // Authority: an application role, even granted EXECUTE, may not force;
+    // it is told the grant to ask for and the lease stays held.
+    let app = format!("app_{}", db.name());
+    db.scratch_roles(&[&app]).await;
+    db.execute(&[
+        format!("CREATE ROLE {app} LOGIN"),
+        format!("GRANT USAGE ON SCHEMA pglease TO {app}"),
+        format!("GRANT EXECUTE ON FUNCTION pglease.force_release(text, text) TO {app}"),
+    ])
+    .await;
+    let out = std::process::Command::new(crate::common::BIN)
+        .args(["--database-url", &db.url_for(&app, "unused")])
+        .args(["force-release", "job", "--reason", "not mine"])
+        .output()
+        .expect("run pglease");
+    assert_eq!(code(&out), 5, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("may not force leases")
+            && stderr(&out).contains(&format!("GRANT pglease_admin TO \"{app}\"")),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        json(&pglease(&db, &["status", "job", "--json"]))["token"].as_i64(),
+        Some(token),
+        "a refused force changed nothing"
+    );
+
     let out = pglease(&db, &["force-release", "job", "--reason", "INC-7: stuck"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let forced = std::time::Instant::now();
