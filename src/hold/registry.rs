@@ -252,33 +252,7 @@ impl Registry {
         if can_send && let Some(plan) = self.plan_pending(&mut entries, now) {
             return plan;
         }
-        let mut given_up = Vec::new();
-        entries.retain(|_, entry| {
-            let state = &entry.state;
-            let reason = match state.loss() {
-                // Fired by the holder's own check of the deadline.
-                Some(reason) => reason,
-                None if now >= state.fire_at() => {
-                    let reason = match state.deadline_reason(now) {
-                        // Not renewed because the statement before hangs.
-                        LossReason::Expired if !can_send => LossReason::Unreachable {
-                            error: Arc::new(Error::Timeout {
-                                operation: "renewal statement (sent for other leases)",
-                                after: None,
-                            }),
-                        },
-                        reason => reason,
-                    };
-                    state.fire(reason.clone(), now);
-                    reason
-                }
-                None => return true,
-            };
-            if matches!(reason, LossReason::Expired | LossReason::Unreachable { .. }) {
-                given_up.push(Arc::clone(state));
-            }
-            false
-        });
+        let given_up = fire_losses(&mut entries, now, can_send);
 
         let mut wake: Option<Instant> = None;
         let mut wake_at = |at: Instant| wake = Some(wake.map_or(at, |w| w.min(at)));
@@ -518,4 +492,43 @@ impl Registry {
         self.applied.send_modify(|n| *n = n.wrapping_add(1));
         applied
     }
+}
+
+/// At `now`: fires the losses whose deadline has come, and drops the
+/// leases lost (fired here or by their holder's own check). Returns those
+/// given up on (expired, or unreachable: a statement in flight, which
+/// `can_send` false says, kept the renewal from being sent).
+fn fire_losses(
+    entries: &mut HashMap<Key, Entry>,
+    now: Instant,
+    can_send: bool,
+) -> Vec<Arc<HeldState>> {
+    let mut given_up = Vec::new();
+    entries.retain(|_, entry| {
+        let state = &entry.state;
+        let reason = match state.loss() {
+            // Fired by the holder's own check of the deadline.
+            Some(reason) => reason,
+            None if now >= state.fire_at() => {
+                let reason = match state.deadline_reason(now) {
+                    // Not renewed because the statement before hangs.
+                    LossReason::Expired if !can_send => LossReason::Unreachable {
+                        error: Arc::new(Error::Timeout {
+                            operation: "renewal statement (sent for other leases)",
+                            after: None,
+                        }),
+                    },
+                    reason => reason,
+                };
+                state.fire(reason.clone(), now);
+                reason
+            }
+            None => return true,
+        };
+        if matches!(reason, LossReason::Expired | LossReason::Unreachable { .. }) {
+            given_up.push(Arc::clone(state));
+        }
+        false
+    });
+    given_up
 }
