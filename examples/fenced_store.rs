@@ -104,7 +104,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The same rule kept in the database, for resources that can reach it.
     let resource = format!("store-{}", std::process::id());
     println!(
-        "pglease.advance: B's token {} accepted = {}, A's token {} accepted = {}",
+        "pglease.admit: B's token {} accepted = {}, A's token {} accepted = {}",
         b.token(),
         leases.admit(&resource, b.token()).await?,
         a.token(),

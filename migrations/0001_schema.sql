@@ -20,12 +20,12 @@
 --     _watch_key, watch, unwatch, release, can_end_stale_transactions.
 --  3. Fencing, the database as the enforcement point: assert_held, view
 --     fenced, _guard, _check_may_alter, _bind, protect, unprotect, view
---     protected, advance.
+--     protected, admit.
 --  4. Timelines, a server that forgot commits (failover to an
 --     asynchronous standby, restore from backup): _refuse_standby,
 --     server_timeline, _forgotten, forgotten_in, _timeline_checked, view
 --     timelines, restored, set_grant_delay, view grant_delay.
---  5. A value per lease: proclaim.
+--  5. A value per lease: set_value.
 --  6. Changes notified to observers, and step-down requests: observe,
 --     unobserve, request_step_down.
 --  7. The history, and the break-glass release that fences: view
@@ -89,12 +89,12 @@
 --
 -- DURABILITY. What the database acknowledged, it keeps, whatever
 -- synchronous_commit the server or the session has: acquire, renew,
--- renew_many, advance and force_release raise synchronous_commit to 'on'
+-- renew_many, admit and force_release raise synchronous_commit to 'on'
 -- for their own transaction when it is weaker. With asynchronous commit a
 -- crash could roll back both the lease row and the sequence and issue the
 -- same token twice, or roll back a renewal and end a lease earlier than
 -- its holder was told (with a synchronous standby, 'on' also waits for
--- the standby). release and proclaim keep the caller's setting: losing
+-- the standby). release and set_value keep the caller's setting: losing
 -- one in a crash makes a lease last longer than its holder believes, or
 -- loses a value, but never shortens a validity that was acknowledged or
 -- reissues a token. A server that forgets commits by design (a promoted
@@ -111,7 +111,7 @@
 -- SET ROLE does not change it (a session can always RESET ROLE, so SET
 -- ROLE is no boundary), and a pooler that logs in as each client's own
 -- role (PgBouncer's default) keeps it. An acquisition records it
--- (leases.role); renew, renew_many, release, proclaim and assert_held
+-- (leases.role); renew, renew_many, release, set_value and assert_held
 -- (and so protected writes) under the lease's token succeed only when
 -- session_user is that role or a member of it (pg_has_role ... MEMBER),
 -- or an administrator; anyone else gets SQLSTATE 42501 and nothing
@@ -156,7 +156,7 @@ COMMENT ON SCHEMA pglease IS
 -- they are used, so they cost nothing per call.
 ------------------------------------------------------------------------
 
--- name, holder and advance's resource: 1 to this many bytes of UTF-8.
+-- name, holder and admit's resource: 1 to this many bytes of UTF-8.
 CREATE FUNCTION pglease._max_text_bytes()
 RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -245,7 +245,7 @@ CREATE TABLE pglease.leases (
     -- The secret from which fenced transactions derive their marker (see
     -- assert_held); never shown outside pglease.
     secret      bytea       NOT NULL DEFAULT uuid_send(gen_random_uuid()),
-    -- The value the holder of token value_token published (proclaim). It
+    -- The value the holder of token value_token published (set_value). It
     -- belongs to that acquisition: the next one starts without it, at no
     -- cost to an acquisition that sets none.
     value       pglease.value_text,
@@ -289,7 +289,7 @@ CREATE TABLE pglease.fences (
 );
 
 COMMENT ON TABLE pglease.fences IS
-    'High-water mark of accepted tokens per separate resource (pglease.advance).';
+    'High-water mark of accepted tokens per separate resource (pglease.admit).';
 
 -- Every transition of every lease (see HISTORY below), read through the
 -- view pglease.history.
@@ -389,8 +389,8 @@ CREATE TABLE pglease._timeline_config (
 INSERT INTO pglease._timeline_config DEFAULT VALUES;
 
 -- The tokens of the leases that were valid when the latest change was
--- found, by name (see advance): the only tokens drawn before it that
--- advance still accepts, while their lease stays valid.
+-- found, by name (see admit): the only tokens drawn before it that
+-- admit still accepts, while their lease stays valid.
 CREATE TABLE pglease._carried (
     token bigint NOT NULL PRIMARY KEY,
     name  text   NOT NULL
@@ -755,7 +755,7 @@ COMMENT ON VIEW pglease.status IS
     'acquisition''s renewals.';
 
 COMMENT ON COLUMN pglease.leases.value IS
-    'The value published by the holder of token value_token (pglease.proclaim).';
+    'The value published by the holder of token value_token (pglease.set_value).';
 
 COMMENT ON COLUMN pglease.leases.step_down_by IS
     'Who asked the holder of token step_down_token to step down (pglease.request_step_down), '
@@ -1645,7 +1645,7 @@ COMMENT ON FUNCTION pglease.can_end_stale_transactions() IS
 -- the lock it takes keeps any other acquisition from committing until the
 -- transaction ends, so a write checked under a valid token cannot be
 -- overtaken by a new holder. protect(tbl, name) makes a table demand that
--- declaration from every writer. advance(resource, token) is the fence for
+-- declaration from every writer. admit(resource, token) is the fence for
 -- a resource that keeps its own high-water mark instead.
 -- =====================================================================
 
@@ -2020,10 +2020,10 @@ COMMENT ON VIEW pglease.protected IS
     'trigger was dropped, disabled or replaced (then the table is not protected).';
 
 ------------------------------------------------------------------------
--- advance(resource, token): separate-resource fencing.
+-- admit(resource, token): separate-resource fencing.
 ------------------------------------------------------------------------
 
-CREATE FUNCTION pglease.advance(resource text, token bigint)
+CREATE FUNCTION pglease.admit(resource text, token bigint)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -2035,17 +2035,17 @@ DECLARE
     accepted      boolean;
     here          pglease._checked;
 BEGIN
-    checked := pglease._check_text('resource', advance.resource);
-    checked_token := pglease._check_token(advance.token);
-    IF advance.token <= 0 THEN
+    checked := pglease._check_text('resource', admit.resource);
+    checked_token := pglease._check_token(admit.token);
+    IF admit.token <= 0 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'token',
-            MESSAGE = format('pglease: token must be positive, got %s', advance.token);
+            MESSAGE = format('pglease: token must be positive, got %s', admit.token);
     END IF;
 
     -- Tokens are judged against a fence that has moved past a change of
     -- timeline, if there was one (see TIMELINES).
     IF pg_is_in_recovery() THEN
-        PERFORM pglease._refuse_standby('advance a high-water mark');
+        PERFORM pglease._refuse_standby('admit a token to a high-water mark');
     END IF;
     SELECT * INTO here FROM pglease._checked;
     IF NOT FOUND THEN
@@ -2058,11 +2058,11 @@ BEGIN
     END IF;
 
     -- A token never issued would raise the mark above every real one.
-    IF advance.token > (SELECT CASE WHEN q.is_called THEN q.last_value ELSE 0 END
+    IF admit.token > (SELECT CASE WHEN q.is_called THEN q.last_value ELSE 0 END
                           FROM pglease.fence_seq AS q) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'token',
             MESSAGE = format('pglease: token %s has never been issued (the latest token issued '
-                             'is %s)', advance.token,
+                             'is %s)', admit.token,
                              (SELECT CASE WHEN q.is_called THEN q.last_value ELSE 0 END
                                 FROM pglease.fence_seq AS q));
     END IF;
@@ -2070,20 +2070,20 @@ BEGIN
     -- A token drawn before the latest change of timeline is accepted only
     -- while its lease, valid at the change, is held under it: the mark
     -- itself may have gone back (see HIGH-WATER MARKS).
-    IF advance.token <= here.floor
+    IF admit.token <= here.floor
        AND NOT EXISTS (SELECT 1 FROM pglease._carried AS c
                          JOIN pglease.leases AS l ON l.name = c.name
-                        WHERE c.token = advance.token AND l.token = advance.token
+                        WHERE c.token = admit.token AND l.token = admit.token
                           AND l.holder IS NOT NULL AND clock_timestamp() < l.expires_at) THEN
         RETURN false;
     END IF;
 
     -- Read-only answers when nothing would change.
-    SELECT f.token INTO highest FROM pglease.fences AS f WHERE f.resource = advance.resource;
-    IF FOUND AND highest > advance.token THEN
+    SELECT f.token INTO highest FROM pglease.fences AS f WHERE f.resource = admit.resource;
+    IF FOUND AND highest > admit.token THEN
         RETURN false;
     END IF;
-    IF FOUND AND highest = advance.token THEN
+    IF FOUND AND highest = admit.token THEN
         RETURN true;
     END IF;
 
@@ -2093,7 +2093,7 @@ BEGIN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
     INSERT INTO pglease.fences AS f (resource, token, advanced_at)
-    VALUES (advance.resource, advance.token, clock_timestamp())
+    VALUES (admit.resource, admit.token, clock_timestamp())
     ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
         SET token = excluded.token, advanced_at = excluded.advanced_at
         WHERE f.token <= excluded.token
@@ -2102,7 +2102,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION pglease.advance(text, bigint) IS
+COMMENT ON FUNCTION pglease.admit(text, bigint) IS
     'Separate-resource fencing: accept TOKEN for RESOURCE iff it is >= the highest '
     'token accepted so far, and record it. Returns true if accepted; a token never '
     'issued is an error (22023). After a change of timeline (pglease.timelines), a token '
@@ -2120,7 +2120,7 @@ COMMENT ON FUNCTION pglease.advance(text, bigint) IS
 -- holder's.
 --
 -- FINDING THE CHANGE. Before it draws a token, acquire (and force_release,
--- and advance before it judges one) needs the row of pglease._checked, an
+-- and admit before it judges one) needs the row of pglease._checked, an
 -- unlogged table that PostgreSQL empties in crash recovery and at the end
 -- of archive recovery, and that no base backup holds. The first of them
 -- after such a start makes the check (_timeline_checked): it reads the
@@ -2151,16 +2151,16 @@ COMMENT ON FUNCTION pglease.advance(text, bigint) IS
 -- again after the change, above seen) is refused like any stale token,
 -- with a reason of its own: assert_held's LE001 says reason=forgotten and
 -- the timeline, renew_many says forgotten_in, and forgotten_in(name,
--- token) says it for renew, release and proclaim, which answer only NULL
+-- token) says it for renew, release and set_value, which answer only NULL
 -- or false. What cannot be told apart: a lost token among the 32 values
 -- logged ahead, or one whose transaction was overtaken in the WAL by a
 -- later token's, on a name acquired again since, reads as stale. Either
 -- way it is refused.
 --
 -- HIGH-WATER MARKS. pglease.fences may have lost marks too. After a change,
--- advance accepts a token drawn before it only while that token's lease,
+-- admit accepts a token drawn before it only while that token's lease,
 -- valid when the change was found (pglease._carried), is still held under
--- it: a stale holder whose successor's advance the server forgot cannot
+-- it: a stale holder whose successor's admission the server forgot cannot
 -- slip in under a mark that went back. Tokens drawn after the change are
 -- above every old one. A resource that keeps its own mark needs nothing.
 --
@@ -2279,7 +2279,7 @@ $$;
 COMMENT ON FUNCTION pglease.forgotten_in(text, bigint) IS
     'The timeline whose change (a failover or a restore) made this server forget the '
     'acquisition of lease NAME under TOKEN, or NULL if it did not: why a renewal, release '
-    'or proclaim under that token changed nothing.';
+    'or set_value under that token changed nothing.';
 
 -- This server's row of pglease._checked, made first if it is missing (see
 -- FINDING THE CHANGE and MOVING THE FENCE). With DECLARED (a reason, from
@@ -2478,7 +2478,7 @@ COMMENT ON VIEW pglease.grant_delay IS
 --
 -- The holder of a lease may publish a small value with it (its address,
 -- say, so that others find the leader): set at acquisition (the library
--- sends acquire and proclaim in one statement) or later under the token,
+-- sends acquire and set_value in one statement) or later under the token,
 -- read by anyone through the status view. A value belongs to the
 -- acquisition that set it (value_token): the next acquisition starts
 -- without one, at no cost to an acquisition that sets none, and a value
@@ -2486,13 +2486,13 @@ COMMENT ON VIEW pglease.grant_delay IS
 -- =====================================================================
 
 ------------------------------------------------------------------------
--- proclaim(name, token, value): publish a value under a valid token.
+-- set_value(name, token, value): publish a value under a valid token.
 ------------------------------------------------------------------------
 
 -- Like renew, keyed on (name, token) and decided with clock_timestamp() at
 -- the row update, so a stale holder cannot publish over its successor.
 -- NULL clears the value.
-CREATE FUNCTION pglease.proclaim(name text, token bigint, value text)
+CREATE FUNCTION pglease.set_value(name text, token bigint, value text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -2501,50 +2501,50 @@ DECLARE
     checked text;
     done    record;
 BEGIN
-    IF NOT coalesce(octet_length(proclaim.name) BETWEEN 1 AND pglease._max_text_bytes()
-                    AND proclaim.token IS NOT NULL, false) THEN
-        checked := pglease._check_text('name', proclaim.name);
-        PERFORM pglease._check_token(proclaim.token);
+    IF NOT coalesce(octet_length(set_value.name) BETWEEN 1 AND pglease._max_text_bytes()
+                    AND set_value.token IS NOT NULL, false) THEN
+        checked := pglease._check_text('name', set_value.name);
+        PERFORM pglease._check_token(set_value.token);
     END IF;
-    IF octet_length(proclaim.value) > pglease._max_value_bytes() THEN
+    IF octet_length(set_value.value) > pglease._max_value_bytes() THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'value',
             MESSAGE = format('pglease: value is %s bytes long; the limit is %s bytes of UTF-8',
-                             octet_length(proclaim.value), pglease._max_value_bytes());
+                             octet_length(set_value.value), pglease._max_value_bytes());
     END IF;
 
     -- Whether it changes anything, from the row as this statement found it.
     UPDATE pglease.leases AS l
-       SET value = proclaim.value,
-           value_token = proclaim.token,
-           value_changes = CASE WHEN l.value_token = proclaim.token
+       SET value = set_value.value,
+           value_token = set_value.token,
+           value_changes = CASE WHEN l.value_token = set_value.token
                                 THEN l.value_changes + 1 ELSE 1 END
       FROM pglease.leases AS o
-     WHERE l.name = proclaim.name
-       AND o.name = proclaim.name
-       AND l.token = proclaim.token
+     WHERE l.name = set_value.name
+       AND o.name = set_value.name
+       AND l.token = set_value.token
        AND l.holder IS NOT NULL
        AND clock_timestamp() < l.expires_at
        AND (l.role = session_user OR pglease._may_act(l.role))
     RETURNING o.value IS DISTINCT FROM l.value OR o.value_token IS DISTINCT FROM l.value_token
               AS changed, l.holder, l.value_changes INTO done;
     IF NOT FOUND THEN
-        PERFORM pglease._refuse_foreign(proclaim.name, proclaim.token, 'publish a value under');
+        PERFORM pglease._refuse_foreign(set_value.name, set_value.token, 'publish a value under');
         RETURN false; -- stale token, released, expired or unknown
     END IF;
     IF done.changed THEN
         -- The history: the first 16 values of a term, their first 1,000
         -- characters.
         IF done.value_changes <= 16 THEN
-            PERFORM pglease._record(proclaim.name, proclaim.token, 'value', done.holder,
-                                    clock_timestamp(), NULL, left(proclaim.value, 1000));
+            PERFORM pglease._record(set_value.name, set_value.token, 'value', done.holder,
+                                    clock_timestamp(), NULL, left(set_value.value, 1000));
         END IF;
-        PERFORM pglease._changed(proclaim.name);
+        PERFORM pglease._changed(set_value.name);
     END IF;
     RETURN true;
 END
 $$;
 
-COMMENT ON FUNCTION pglease.proclaim(text, bigint, text) IS
+COMMENT ON FUNCTION pglease.set_value(text, bigint, text) IS
     'Publish VALUE (at most 8 KiB; NULL clears it) with lease NAME held under '
     'TOKEN, readable by anyone in pglease.status. Returns false, changing '
     'nothing, if the lease is lost (stale token, released, expired).';
@@ -2999,7 +2999,7 @@ COMMENT ON FUNCTION pglease.force_release(text, text) IS
 -- NAME || '#' || k: acquire_counted tries the slots in order and acquires
 -- the first that is free or ended, with acquire itself. So each holder has
 -- its own token and expiry, and everything else is what a lease has:
--- renew, release, proclaim, assert_held and protected tables by the
+-- renew, release, set_value, assert_held and protected tables by the
 -- slot's name and token, bounded takeover of an ended slot (also from a
 -- frozen holder inside a fenced transaction), history and observation.
 -- The slots are visible as such in pglease.status.

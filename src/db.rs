@@ -28,10 +28,10 @@ pub(crate) async fn renew(pool: &PgPool, fence: &Fence, ttl: PgInterval) -> Resu
 
 /// Publishes `value` (or clears it) under a valid token; [`Error::Lost`]
 /// with the reason if the token is no longer valid.
-#[tracing::instrument(name = "pglease.proclaim", level = "debug", skip_all,
+#[tracing::instrument(name = "pglease.set_value", level = "debug", skip_all,
                       fields(name = fence.name(), token = fence.token().get()))]
-pub(crate) async fn proclaim(pool: &PgPool, fence: &Fence, value: Option<&str>) -> Result<()> {
-    let row = sql::query(sql::proclaim(fence.name(), fence.token(), value))
+pub(crate) async fn set_value(pool: &PgPool, fence: &Fence, value: Option<&str>) -> Result<()> {
+    let row = sql::query(sql::set_value(fence.name(), fence.token(), value))
         .fetch_one(pool)
         .await?;
     if row.try_get(0)? {

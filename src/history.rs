@@ -131,7 +131,7 @@ pub struct TimelineChange {
     /// Every token drawn after the change is greater than this.
     pub floor: i64,
     /// When the change was found (database clock): at the first
-    /// acquisition, forced release or `advance` after it.
+    /// acquisition, forced release or `admit` after it.
     pub at: DateTime<Utc>,
     /// The end of the grant delay after it, if one was set
     /// (`pglease.set_grant_delay`): no lease is granted before.

@@ -101,7 +101,7 @@ fn array<T>(items: &[T], element: impl Fn(&T) -> String, ty: &str) -> String {
 /// row lock); read-only when the lease is held; ends the sessions still
 /// fenced on an ended lease; answers within about 2 s, with a note saying
 /// why an ended lease could not be taken.
-/// With a value, `proclaim` runs in the same statement (one round trip,
+/// With a value, `set_value` runs in the same statement (one round trip,
 /// one commit) once the acquisition has succeeded; a failed one stays
 /// read-only. Session-bound: bound to the session that sends it.
 pub(crate) fn acquire(
@@ -145,7 +145,7 @@ pub(crate) fn acquire(
             "WITH a AS MATERIALIZED (SELECT * FROM {acquire}) \
              SELECT token, expires_at, holder, checked_at, note, {slot} AS slot_name, \
                     holder_session, delayed_until, \
-                    CASE WHEN token IS NOT NULL THEN pglease.proclaim({slot}, token, {}) END \
+                    CASE WHEN token IS NOT NULL THEN pglease.set_value({slot}, token, {}) END \
                FROM a",
             Text(value)
         ),
@@ -154,9 +154,9 @@ pub(crate) fn acquire(
 
 /// Publish (or, with `None`, clear) the value of a valid lease; false when
 /// lost.
-pub(crate) fn proclaim(name: &str, token: Token, value: Option<&str>) -> String {
+pub(crate) fn set_value(name: &str, token: Token, value: Option<&str>) -> String {
     format!(
-        "SELECT pglease.proclaim({}, {}::bigint, {})",
+        "SELECT pglease.set_value({}, {}::bigint, {})",
         Text(name),
         token.get(),
         value.map_or_else(|| "NULL".to_owned(), text)
@@ -241,9 +241,9 @@ pub(crate) fn begin_fenced(name: &str, token: Token) -> String {
 }
 
 /// Separate-resource fencing: accept iff the token is the highest seen.
-pub(crate) fn advance(resource: &str, token: Token) -> String {
+pub(crate) fn admit(resource: &str, token: Token) -> String {
     format!(
-        "SELECT pglease.advance({}, {}::bigint)",
+        "SELECT pglease.admit({}, {}::bigint)",
         Text(resource),
         token.get()
     )
@@ -268,7 +268,7 @@ pub(crate) fn inspect(name: &str) -> String {
 }
 
 /// Why a fence may no longer be accepted (the failure path of renew,
-/// release and proclaim): the status view's row for its lease (every
+/// release and set_value): the status view's row for its lease (every
 /// column NULL for a name never acquired), and the timeline whose change
 /// made the database forget the acquisition, if one did.
 pub(crate) fn check(name: &str, token: Token) -> String {

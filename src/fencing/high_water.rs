@@ -1,6 +1,6 @@
 //! Fencing for resources outside the leases' database: the resource keeps
 //! the highest token it has accepted and refuses any lower one (the
-//! article's separate-resource model). `pglease.advance` keeps that mark in
+//! article's separate-resource model). `pglease.admit` keeps that mark in
 //! the database; [`HighWaterMark`] keeps it in the resource's own process.
 //!
 //! What this model cannot detect: a holder whose lease has expired but
@@ -34,7 +34,7 @@ impl HighWaterMark {
     }
 
     /// Accepts `token` iff it is at least the highest seen, and records it:
-    /// the same rule as `pglease.advance`. Safe to call from many threads.
+    /// the same rule as `pglease.admit`. Safe to call from many threads.
     pub fn admit(&self, token: Token) -> bool {
         let token = token.get();
         self.highest

@@ -3,7 +3,7 @@
 //! it commits (`transaction.rs`: [`FencedTransaction`], [`assert_held`]),
 //! and, for a resource outside the leases' database, the highest token it
 //! has accepted (`high_water.rs`: [`HighWaterMark`]; in the database,
-//! `pglease.advance` through [`LeaseManager::admit`](crate::LeaseManager::admit)).
+//! `pglease.admit` through [`LeaseManager::admit`](crate::LeaseManager::admit)).
 
 mod high_water;
 mod transaction;

@@ -144,7 +144,7 @@ impl LeaseManager {
         if let Some(value) = value {
             check_value(value)?;
         }
-        db::proclaim(self.pool(), lease.as_ref(), value).await
+        db::set_value(self.pool(), lease.as_ref(), value).await
     }
 
     /// Asks the current holder of `name` to step down, on behalf of `by`
@@ -319,10 +319,10 @@ impl LeaseManager {
     ///
     /// Dropped in flight, the mark may or may not have moved: call it again
     /// with the same token (a token equal to the highest is accepted).
-    #[tracing::instrument(name = "pglease.advance", level = "debug", skip(self), fields(token = token.get()))]
+    #[tracing::instrument(name = "pglease.admit", level = "debug", skip(self), fields(token = token.get()))]
     pub async fn admit(&self, resource: &str, token: Token) -> Result<bool> {
         check_text("resource", resource)?;
-        let row = sql::query(sql::advance(resource, token))
+        let row = sql::query(sql::admit(resource, token))
             .fetch_one(self.pool())
             .await?;
         Ok(row.try_get(0)?)

@@ -37,7 +37,7 @@ async fn library_rejects_bad_input_before_touching_the_database() {
         .acquire("ok", AcquireOptions::ttl(TTL).holder("A"))
         .await
         .expect("acquire");
-    m.admit("res", lease.token()).await.expect("advance");
+    m.admit("res", lease.token()).await.expect("admit");
     let before = db.state().await;
 
     for (what, bad) in bad_names() {
@@ -197,7 +197,7 @@ async fn sql_functions_reject_bad_input_with_22023() {
         .acquire("ok", AcquireOptions::ttl(TTL).holder("A"))
         .await
         .expect("acquire");
-    m.admit("res", lease.token()).await.expect("advance");
+    m.admit("res", lease.token()).await.expect("admit");
     let before = db.state().await;
 
     let calls = [
@@ -230,12 +230,12 @@ async fn sql_functions_reject_bad_input_with_22023() {
         "SELECT pglease.observe('')",
         "SELECT pglease.assert_held(NULL, 1)",
         "SELECT pglease.assert_held('ok', NULL)",
-        "SELECT pglease.advance(NULL, 1)",
-        "SELECT pglease.advance('', 1)",
-        "SELECT pglease.advance(repeat('r', 256), 1)",
-        "SELECT pglease.advance('res', NULL)",
-        "SELECT pglease.advance('res', 0)",
-        "SELECT pglease.advance('res', -7)",
+        "SELECT pglease.admit(NULL, 1)",
+        "SELECT pglease.admit('', 1)",
+        "SELECT pglease.admit(repeat('r', 256), 1)",
+        "SELECT pglease.admit('res', NULL)",
+        "SELECT pglease.admit('res', 0)",
+        "SELECT pglease.admit('res', -7)",
         // A bad element anywhere rejects the whole batch, valid ones included.
         "SELECT * FROM pglease.renew_many(NULL, '{1}', '{1s}')",
         "SELECT * FROM pglease.renew_many('{ok}', NULL, '{1s}')",
@@ -267,8 +267,8 @@ async fn database_errors_name_their_argument() {
         ("SELECT * FROM pglease.acquire('', 'A', '1s')", "name"),
         ("SELECT * FROM pglease.acquire('x', '', '1s')", "holder"),
         ("SELECT pglease.renew('x', NULL, '1s')", "token"),
-        ("SELECT pglease.advance(repeat('r', 256), 1)", "resource"),
-        ("SELECT pglease.advance('r', 0)", "token"),
+        ("SELECT pglease.admit(repeat('r', 256), 1)", "resource"),
+        ("SELECT pglease.admit('r', 0)", "token"),
         (
             "SELECT * FROM pglease.renew_many('{ok,x}', '{1,1}', '{1s,0s}')",
             "ttl",

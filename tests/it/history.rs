@@ -37,7 +37,7 @@ async fn every_transition_is_recorded_in_order() {
         )
         .await
         .expect("acquire a");
-    m.set_value(&a, Some("v2")).await.expect("proclaim");
+    m.set_value(&a, Some("v2")).await.expect("set_value");
     for _ in 0..3 {
         m.renew(&a, Duration::from_secs(30)).await.expect("renew");
     }

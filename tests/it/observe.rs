@@ -74,7 +74,7 @@ async fn observers_see_every_change_in_order() {
     manager
         .set_value(&a, Some("10.0.0.1:81"))
         .await
-        .expect("proclaim");
+        .expect("set_value");
     expect(&mut observer, "the new value", |c| {
         matches!(c, Change::ValueChanged { token, value: Some(v) } if *token == t && v == "10.0.0.1:81")
     })
@@ -143,12 +143,12 @@ async fn observers_see_every_change_in_order() {
 
     // A value too long for a notification is read from the table.
     let long = "x".repeat(8000);
-    sqlx::query("SELECT pglease.proclaim('obs', $1, $2)")
+    sqlx::query("SELECT pglease.set_value('obs', $1, $2)")
         .bind(d)
         .bind(&long)
         .execute(db.pool())
         .await
-        .expect("proclaim a long value through SQL");
+        .expect("set_value a long value through SQL");
     expect(&mut observer, "the long value", |ch| {
         matches!(ch, Change::ValueChanged { token, value: Some(v) } if *token == d && *v == long)
     })

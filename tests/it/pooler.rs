@@ -77,12 +77,12 @@ async fn lease_operations_from_many_tasks_share_a_few_server_sessions() -> Resul
     assert!(
         m.admit("resource", crate::common::token(5))
             .await
-            .expect("advance")
+            .expect("admit")
     );
     assert!(
         !m.admit("resource", crate::common::token(4))
             .await
-            .expect("advance")
+            .expect("admit")
     );
     Ok(())
 }

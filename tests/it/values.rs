@@ -26,7 +26,7 @@ async fn a_value_is_published_changed_and_cleared_by_its_holder() {
 
     m.set_value(&lease, Some("10.0.0.7:9090"))
         .await
-        .expect("proclaim");
+        .expect("set_value");
     assert_eq!(
         m.inspect("leader").await.expect("inspect").value.as_deref(),
         Some("10.0.0.7:9090")
@@ -146,21 +146,21 @@ async fn the_sql_interface_publishes_and_bounds_values_too() {
         .fetch_one(db.pool())
         .await
         .expect("acquire");
-    let published: bool = sqlx::query_scalar("SELECT pglease.proclaim('job', $1, 'from sql')")
+    let published: bool = sqlx::query_scalar("SELECT pglease.set_value('job', $1, 'from sql')")
         .bind(token)
         .fetch_one(db.pool())
         .await
-        .expect("proclaim");
+        .expect("set_value");
     assert!(published);
     let read = db.manager().inspect("job").await.expect("inspect");
     assert_eq!(read.value.as_deref(), Some("from sql"));
-    let stale: bool = sqlx::query_scalar("SELECT pglease.proclaim('job', $1, 'x')")
+    let stale: bool = sqlx::query_scalar("SELECT pglease.set_value('job', $1, 'x')")
         .bind(token + 1)
         .fetch_one(db.pool())
         .await
-        .expect("proclaim under another token");
+        .expect("set_value under another token");
     assert!(!stale);
-    let error = sqlx::query("SELECT pglease.proclaim('job', $1, repeat('x', 8193))")
+    let error = sqlx::query("SELECT pglease.set_value('job', $1, repeat('x', 8193))")
         .bind(token)
         .execute(db.pool())
         .await

@@ -1025,7 +1025,7 @@ async fn doctor_exits_0_when_all_is_well_and_1_otherwise() {
 async fn leader_escapes_control_characters() {
     let db = crate::common::new_db().await;
     sqlx::query(
-        "SELECT pglease.proclaim('svc', a.token, E'10.0.0.1:80\\nevil\\ttoken 1\\t6.6.6.6:66') \
+        "SELECT pglease.set_value('svc', a.token, E'10.0.0.1:80\\nevil\\ttoken 1\\t6.6.6.6:66') \
            FROM pglease.acquire('svc', E'replica-A\\tfake', '1 min') AS a",
     )
     .execute(db.pool())

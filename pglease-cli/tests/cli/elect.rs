@@ -137,11 +137,11 @@ async fn leader_observe_and_step_down_commands_and_the_value_round_trip() {
     // A value set in SQL is read by the command line and by Rust.
     let token: i64 = sqlx::query_scalar(
         "SELECT a.token FROM pglease.acquire('svc', 'sql-holder', '30s') AS a, \
-                LATERAL pglease.proclaim('svc', a.token, '10.1.1.1:5000') AS p",
+                LATERAL pglease.set_value('svc', a.token, '10.1.1.1:5000') AS p",
     )
     .fetch_one(db.pool())
     .await
-    .expect("acquire and proclaim in SQL");
+    .expect("acquire and set_value in SQL");
     let out = pglease(&db, &["leader", "svc"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(

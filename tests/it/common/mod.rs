@@ -328,7 +328,7 @@ pub async fn everything_refused(leases: &LeaseManager, stale: &pglease::Fence, t
         !leases
             .admit("store", stale.token())
             .await
-            .expect("advance under the stale token"),
+            .expect("admit under the stale token"),
         "a high-water mark accepted a token the server forgot"
     );
     // The message says what happened, for people.
