@@ -8,7 +8,7 @@ use sqlx::postgres::PgDatabaseError;
 
 use crate::human::Human;
 use crate::sqlstate::{Class, NOT_DECLARED, NOT_HELD, NOT_PERMITTED};
-use crate::token::Token;
+use crate::token::{InvalidToken, Token};
 
 /// Why a held lease is no longer to be trusted.
 #[derive(Debug, Clone)]
@@ -492,6 +492,13 @@ impl From<sqlx::Error> for Error {
             Class::ReadOnly => Error::ReadOnly(e),
             Class::Other => Error::Database(e),
         }
+    }
+}
+
+impl From<InvalidToken> for Error {
+    /// [`Error::InvalidInput`] for argument `token`, with the same message.
+    fn from(e: InvalidToken) -> Self {
+        Error::invalid("token", e.reason())
     }
 }
 

@@ -5,9 +5,8 @@
 // The modules, in layers: each uses only those above it (and, within a
 // layer, those before it).
 //
-// Values, no I/O. Leaves, which use no other module (`token` holds the
-// type; its checked constructors are in `limits`, which the error type
-// does not use):
+// Values, no I/O. Leaves, which use no other module (`token`'s checked
+// constructors fail with its own `InvalidToken`, which `error` takes in):
 mod backoff;
 mod human;
 pub mod schema;
@@ -58,7 +57,7 @@ pub use manager::{LeaseManager, ManagerStats};
 pub use options::{AcquireOptions, ManagerOptions};
 #[cfg(feature = "signal")]
 pub use signal::shutdown_signal;
-pub use token::Token;
+pub use token::{InvalidToken, Token};
 
 /// The `sqlx` this crate is built with: use its `PgPool`, `PgConnection`
 /// and `Transaction` with pglease (a different major version of sqlx in

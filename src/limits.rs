@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::human::Human;
-use crate::token::Token;
 
 /// Longest lease name, holder or resource, in bytes of UTF-8 (the SQL
 /// functions' limit too).
@@ -162,39 +161,6 @@ pub(crate) fn check_duration(argument: &'static str, duration: Duration) -> Resu
         .map_err(|_| Error::invalid(argument, format!("{} is too large", Human(duration))))
 }
 
-// Tokens are issued from 1 upwards, so zero or less was never issued and
-// can only be a mistake: the checked ways to make one from outside.
-impl Token {
-    /// A token read from elsewhere (a database row, `PGLEASE_TOKEN`, a
-    /// message). Tokens start at 1.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] (argument `token`) for zero or less, which
-    /// was never issued and can only be a mistake.
-    pub fn new(token: i64) -> Result<Token> {
-        if token <= 0 {
-            return Err(Error::invalid(
-                "token",
-                format!("must be positive, got {token}"),
-            ));
-        }
-        Ok(Token::issued(token))
-    }
-}
-
-impl std::str::FromStr for Token {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Token> {
-        let token: i64 = s
-            .trim()
-            .parse()
-            .map_err(|e| Error::invalid("token", format!("{s:?} is not a whole number ({e})")))?;
-        Token::new(token)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,19 +193,6 @@ mod tests {
         let reason = format!("octet_length(force_release.reason) BETWEEN 1 AND {MAX_REASON_BYTES}");
         assert!(SCHEMA.contains(&reason), "force_release's reason limit");
         assert!(SCHEMA.contains(&format!("the limit is {MAX_REASON_BYTES} bytes")));
-    }
-
-    #[test]
-    fn tokens_start_at_one_and_parse_from_text() {
-        assert!(Token::new(0).is_err());
-        assert_eq!(" 7 ".parse::<Token>().expect("token").get(), 7);
-        assert!(matches!(
-            "x".parse::<Token>(),
-            Err(Error::InvalidInput {
-                argument: "token",
-                ..
-            })
-        ));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The fencing token: which acquisition of a lease. A leaf of the crate:
-//! its checked constructors (`Token::new`, `FromStr`) live with the other
-//! checks, in `limits.rs`, so that the error type can name tokens without
-//! a circle.
+//! its checked constructors fail with [`InvalidToken`], its own error,
+//! which the crate's error type takes in (`?` makes it
+//! `Error::InvalidInput` for argument `token`), so that the error type can
+//! name tokens without a circle.
 
 /// A fencing token: which acquisition of a lease. Every acquisition of a
 /// name gets a token greater than all tokens issued before for that name;
@@ -27,6 +28,61 @@ impl Token {
         (self.0 > 1).then(|| Token(self.0 - 1))
     }
 }
+
+// Tokens are issued from 1 upwards, so zero or less was never issued and
+// can only be a mistake: the checked ways to make one from outside.
+impl Token {
+    /// A token read from elsewhere (a database row, `PGLEASE_TOKEN`, a
+    /// message). Tokens start at 1.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidToken`] for zero or less, which was never issued and can
+    /// only be a mistake (with `?` in a function that returns
+    /// [`pglease::Result`](crate::Result), it becomes
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for argument
+    /// `token`).
+    pub fn new(token: i64) -> Result<Token, InvalidToken> {
+        if token <= 0 {
+            return Err(InvalidToken(format!("must be positive, got {token}")));
+        }
+        Ok(Token(token))
+    }
+}
+
+impl std::str::FromStr for Token {
+    type Err = InvalidToken;
+
+    /// A token from its decimal text, spaces around it ignored.
+    fn from_str(s: &str) -> Result<Token, InvalidToken> {
+        let token: i64 = s
+            .trim()
+            .parse()
+            .map_err(|e| InvalidToken(format!("{s:?} is not a whole number ({e})")))?;
+        Token::new(token)
+    }
+}
+
+/// A token that cannot have been issued: zero or less, or text that is
+/// not a whole number ([`Token::new`], [`Token`]'s `FromStr`). It reads
+/// as `invalid token: ` and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidToken(String);
+
+impl InvalidToken {
+    /// Why the token was rejected.
+    pub fn reason(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for InvalidToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid token: {}", self.0)
+    }
+}
+
+impl std::error::Error for InvalidToken {}
 
 impl std::fmt::Display for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -85,5 +141,21 @@ mod tests {
         assert!(token > 4);
         assert_eq!(i64::from(token), 5);
         assert_eq!(token.to_string(), "5");
+    }
+
+    #[test]
+    fn tokens_start_at_one_and_parse_from_text() {
+        assert_eq!(
+            Token::new(0),
+            Err(InvalidToken("must be positive, got 0".to_owned()))
+        );
+        assert!(Token::new(-1).is_err());
+        assert_eq!(" 7 ".parse::<Token>().expect("token").get(), 7);
+        let text = "x".parse::<Token>().expect_err("not a number");
+        assert!(
+            text.reason().starts_with("\"x\" is not a whole number"),
+            "{text}"
+        );
+        assert!(text.to_string().starts_with("invalid token: "), "{text}");
     }
 }

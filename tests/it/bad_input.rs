@@ -91,9 +91,18 @@ async fn library_rejects_bad_input_before_touching_the_database() {
             "ttl",
         );
     }
-    assert_invalid("zero token", Token::new(0), "token");
-    assert_invalid("negative token", Token::new(-1), "token");
-    assert_invalid("not a number", "12a".parse::<Token>(), "token");
+    // Token's own error (InvalidToken) becomes InvalidInput through `?`.
+    assert_invalid("zero token", Token::new(0).map_err(Error::from), "token");
+    assert_invalid(
+        "negative token",
+        Token::new(-1).map_err(Error::from),
+        "token",
+    );
+    assert_invalid(
+        "not a number",
+        "12a".parse::<Token>().map_err(Error::from),
+        "token",
+    );
 
     assert_eq!(
         db.state().await,
