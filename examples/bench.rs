@@ -41,8 +41,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pglease::elect::{Elector, Leadership};
-use pglease::testing::{AutoFailover, Endpoint, PgBouncer, Replicated, SetupError, Standby};
 use pglease::{AcquireOptions, Error, Lease, LeaseManager, ListFilter, ManagerOptions};
+use pglease_formations::{AutoFailover, Endpoint, PgBouncer, Replicated, SetupError, Standby};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgPool};
 
@@ -1539,7 +1539,7 @@ async fn failover() -> Result<(), Error> {
     auto_failover().await
 }
 
-/// Under pg_auto_failover (`pglease::testing::AutoFailover`, its
+/// Under pg_auto_failover (`pglease_formations::AutoFailover`, its
 /// shortened timeouts): one formation, the primary crashed in each round
 /// (keeper and every PostgreSQL process stopped, then killed) while a
 /// manager on the formation's multi-host URL holds a lease (TTL 15 s,

@@ -1,12 +1,11 @@
 //! A check of the server a manager uses, for what leases rely on: the
 //! schema, durable commits, where a failover would go, the privilege that
 //! bounds takeovers, and what the server version provides.
-//!
-//! Two halves: [`facts`] reads (each statement from `crate::sql`) and
-//! judges nothing; [`verdicts`] turns facts into [`Check`]s, pure and
-//! unit-tested. A new check is a fact read in `facts.rs`, a verdict in
-//! `verdicts.rs` with its unit test, and a line in [`LeaseManager::doctor`]'s
-//! list below.
+
+// Two halves: `facts` reads (each statement from `crate::sql`) and judges
+// nothing; `verdicts` turns facts into `Check`s, pure and unit-tested. A
+// new check is a fact read in facts.rs, a verdict in verdicts.rs with its
+// unit test, and a line in `LeaseManager::doctor`'s list below.
 
 use std::time::Duration;
 
@@ -63,7 +62,7 @@ impl PatroniTiming {
     };
 
     /// These settings.
-    pub fn new(ttl: Duration, loop_wait: Duration, retry_timeout: Duration) -> PatroniTiming {
+    pub const fn new(ttl: Duration, loop_wait: Duration, retry_timeout: Duration) -> PatroniTiming {
         PatroniTiming {
             ttl,
             loop_wait,

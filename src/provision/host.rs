@@ -1,8 +1,9 @@
 //! What every throwaway server shares ([`TempCluster`](super::TempCluster),
-//! and the test kit's replicated pair and PgBouncer): finding the server
-//! binaries, running a program as the `postgres` user when this process
-//! is root (PostgreSQL and PgBouncer refuse to run as root), and free
-//! ports of 127.0.0.1.
+//! and any server a test starts from the installed packages, as pglease's
+//! own formations do): finding the server binaries, running a program as
+//! the `postgres` user when this process is root (PostgreSQL and PgBouncer
+//! refuse to run as root), scratch directories, and free ports of
+//! 127.0.0.1.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -13,14 +14,18 @@ use super::cluster::{BINDIR_VARIABLE, ClusterError};
 /// How this process runs the servers' programs: directly, or through
 /// `runuser -u postgres --` when it is root.
 #[derive(Debug, Clone)]
-pub(crate) struct ServerUser {
+pub struct ServerUser {
     prefix: Vec<String>,
 }
 
 impl ServerUser {
     /// Directly, unless this process is root; then as `postgres`, which
     /// must exist.
-    pub(crate) fn find() -> Result<ServerUser, ClusterError> {
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError`] when running as root without a `postgres` user.
+    pub fn find() -> Result<ServerUser, ClusterError> {
         let uid = output(Command::new("id").arg("-u"))?;
         if uid.trim() != "0" {
             return Ok(ServerUser { prefix: Vec::new() });
@@ -40,13 +45,13 @@ impl ServerUser {
 
     /// The words that go before a program to run it as the server's user
     /// (none unless root).
-    pub(crate) fn prefix(&self) -> &[String] {
+    pub fn prefix(&self) -> &[String] {
         &self.prefix
     }
 
     /// `program` as a command run as the server's user, from `/` (a
     /// directory that user may enter).
-    pub(crate) fn command(&self, program: &Path) -> Command {
+    pub fn command(&self, program: &Path) -> Command {
         let mut command = match self.prefix.split_first() {
             Some((runner, args)) => {
                 let mut command = Command::new(runner);
@@ -60,7 +65,11 @@ impl ServerUser {
     }
 
     /// Gives `path` to the server's user (nothing to do unless root).
-    pub(crate) fn give(&self, path: &Path) -> Result<(), ClusterError> {
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError`] if `chown` fails.
+    pub fn give(&self, path: &Path) -> Result<(), ClusterError> {
         if self.prefix.is_empty() {
             return Ok(());
         }
@@ -77,8 +86,12 @@ impl ServerUser {
     }
 }
 
-/// Runs `command`; its standard output, or an error with what it printed.
-pub(crate) fn output(command: &mut Command) -> Result<String, ClusterError> {
+/// Runs `command`; its standard output.
+///
+/// # Errors
+///
+/// [`ClusterError`] with what it printed, if it cannot start or fails.
+pub fn output(command: &mut Command) -> Result<String, ClusterError> {
     let program = command.get_program().to_string_lossy().into_owned();
     let out = command
         .stdin(Stdio::null())
@@ -97,7 +110,12 @@ pub(crate) fn output(command: &mut Command) -> Result<String, ClusterError> {
 
 /// The directory holding `initdb`, `postgres`, `pg_ctl` and the other
 /// `programs`.
-pub(crate) fn find_bindir(programs: &[&str]) -> Result<PathBuf, ClusterError> {
+///
+/// # Errors
+///
+/// [`ClusterError`] (missing: [`ClusterError::is_missing`]) saying where
+/// it looked and how to install them.
+pub fn find_bindir(programs: &[&str]) -> Result<PathBuf, ClusterError> {
     let needed: Vec<&str> = ["initdb", "postgres", "pg_ctl"]
         .iter()
         .chain(programs)
@@ -160,7 +178,7 @@ pub(crate) fn find_bindir(programs: &[&str]) -> Result<PathBuf, ClusterError> {
 
 /// Connect options for the `postgres` database as user `postgres` of a
 /// throwaway server on `port` of 127.0.0.1 (trust authentication).
-pub(crate) fn local_options(port: u16) -> sqlx::postgres::PgConnectOptions {
+pub fn local_options(port: u16) -> sqlx::postgres::PgConnectOptions {
     sqlx::postgres::PgConnectOptions::new()
         .host("127.0.0.1")
         .port(port)
@@ -169,7 +187,11 @@ pub(crate) fn local_options(port: u16) -> sqlx::postgres::PgConnectOptions {
 }
 
 /// A port of 127.0.0.1 that nothing listens on right now.
-pub(crate) fn free_port() -> Result<u16, ClusterError> {
+///
+/// # Errors
+///
+/// [`ClusterError`] if no port can be bound.
+pub fn free_port() -> Result<u16, ClusterError> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -179,7 +201,11 @@ pub(crate) fn free_port() -> Result<u16, ClusterError> {
 /// A new directory for a server under the system's temporary directory,
 /// named `pglease-KIND-PID-N-NANOS` (unique also across runs that reuse a
 /// process id), given to the server's user.
-pub(crate) fn scratch_dir(kind: &str, user: &ServerUser) -> Result<PathBuf, ClusterError> {
+///
+/// # Errors
+///
+/// [`ClusterError`] if it cannot be made or given.
+pub fn scratch_dir(kind: &str, user: &ServerUser) -> Result<PathBuf, ClusterError> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let root = std::env::temp_dir().join(format!(

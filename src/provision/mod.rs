@@ -15,7 +15,7 @@
 //! Behind the feature `provision` (also part of `testing`).
 
 mod cluster;
-pub(crate) mod host;
+pub mod host;
 
 use std::fmt;
 use std::str::FromStr;

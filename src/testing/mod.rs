@@ -23,14 +23,8 @@
 //!
 //! See the README's "Testing your service" and `examples/worker_test.rs`.
 
-mod auto_failover;
 mod database;
 mod faults;
-#[cfg(feature = "harness")]
-pub mod harness;
-mod patroni;
-mod pgbouncer;
-mod replicated;
 
 use std::future::Future;
 use std::time::Duration;
@@ -44,12 +38,8 @@ use crate::manager::LeaseManager;
 use crate::options::AcquireOptions;
 use crate::provision::{ClusterError, NoServer};
 
-pub use auto_failover::{AutoFailover, AutoNode, FAST, Timeouts};
 pub use database::TestDatabase;
 pub use faults::Faults;
-pub use patroni::{FAST_PATRONI, Patroni, PatroniNode};
-pub use pgbouncer::{PgBouncer, PgBouncerBuilder};
-pub use replicated::{Backup, Endpoint, Node, Replicated, Restored, Standby};
 
 /// Why a [`TestDatabase`] could not be made. Its `Debug` is its message,
 /// so that `.expect()` prints it readably.
@@ -69,11 +59,12 @@ pub enum SetupError {
     },
     /// This machine lacks what the test needs (PgBouncer, the PostgreSQL
     /// server binaries, a command that restarts the server); the text says
-    /// what and how to get it. [`harness`] reports such a test as ignored,
-    /// with this text, unless [`harness::REQUIRE_ALL`] is set.
+    /// what and how to get it. A test harness should report such a test as
+    /// ignored, with this text, rather than passed (pglease's own suites
+    /// do, unless `PGLEASE_TEST_REQUIRE_ALL` is set).
     #[error("{0}")]
     Unavailable(String),
-    /// A throwaway server (a cluster, a replicated pair, PgBouncer) did not
+    /// A throwaway server (a cluster, or another server a test starts) did not
     /// start or did not do what it was asked; the text says which step and
     /// what it printed.
     #[error("{0}")]

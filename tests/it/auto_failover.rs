@@ -1,4 +1,4 @@
-//! Under a real failover manager: pg_auto_failover (`pglease::testing::AutoFailover`,
+//! Under a real failover manager: pg_auto_failover (`pglease_formations::AutoFailover`,
 //! a monitor and two nodes with its default synchronous replication and
 //! shortened timeouts), clients on the formation's multi-host URL exactly
 //! as `pg_autoctl show uri` gives it, no proxy. The primary is crashed
@@ -21,8 +21,8 @@ use crate::common::{
 };
 use pglease::connect::Target;
 use pglease::doctor::{DoctorOptions, Verdict};
-use pglease::testing::{AutoFailover, SetupError};
 use pglease::{AcquireOptions, LeaseManager, sqlx};
+use pglease_formations::{AutoFailover, SetupError};
 
 const CLIENTS: usize = 4;
 const NAMES: usize = 4;

@@ -1,4 +1,4 @@
-//! Failover: a primary with a streaming standby (`pglease::testing::Replicated`),
+//! Failover: a primary with a streaming standby (`pglease_formations::Replicated`),
 //! the primary killed hard (every process SIGKILLed) under a load of
 //! acquisitions from six clients, the standby promoted.
 //!
@@ -19,8 +19,8 @@ use crate::common::{
     token_and_value,
 };
 use pglease::doctor::Verdict;
-use pglease::testing::{Endpoint, Replicated, SetupError, Standby};
 use pglease::{AcquireOptions, Error, LeaseManager, LossReason, ManagerOptions, sqlx};
+use pglease_formations::{Endpoint, Replicated, SetupError, Standby};
 use sqlx::postgres::PgPoolOptions;
 
 const CLIENTS: usize = 6;

@@ -3,7 +3,7 @@
 //!
 //! Each module ends with `tests![...]`, the list of its tests; a test
 //! function left out of it is dead code, which the lints refuse. Tests run
-//! through `pglease::testing::harness`, so that one that cannot run here
+//! through `pglease_formations::harness`, so that one that cannot run here
 //! (no PgBouncer, no server binaries, no restart command) is reported as
 //! ignored with why, or fails with `PGLEASE_TEST_REQUIRE_ALL` set.
 
@@ -13,8 +13,8 @@
 /// only when asked (processes that another test starts).
 macro_rules! tests {
     ($($name:ident $(($workers:expr))? $($ignored:ident)?),* $(,)?) => {
-        pub(crate) fn tests() -> Vec<pglease::testing::harness::Test> {
-            use pglease::testing::harness::Test;
+        pub(crate) fn tests() -> Vec<pglease_formations::harness::Test> {
+            use pglease_formations::harness::Test;
             vec![$(
                 Test::in_module(module_path!(), stringify!($name), $name)
                     $(.threads($workers))?
@@ -63,7 +63,7 @@ mod waiting;
 mod watch;
 
 fn main() -> std::process::ExitCode {
-    pglease::testing::harness::run(
+    pglease_formations::harness::run(
         [
             acquire_race::tests(),
             advisory::tests(),

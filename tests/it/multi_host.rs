@@ -1,5 +1,5 @@
 //! Several hosts in one URL, as libpq takes them, with a primary and a
-//! standby (`pglease::testing::Replicated`) and no proxy in front: the
+//! standby (`pglease_formations::Replicated`) and no proxy in front: the
 //! primary is chosen whatever the order, a standby is never written to,
 //! and a manager follows a promotion by itself.
 
@@ -9,8 +9,8 @@ use crate::common::{
     handed_over_on_release, held_write, migrate_with_data_table, renewed_without_loss,
     token_and_value,
 };
-use pglease::testing::{Replicated, SetupError, Standby};
 use pglease::{AcquireOptions, Error, LeaseManager};
+use pglease_formations::{Replicated, SetupError, Standby};
 
 fn url(ports: &[u16], query: &str) -> String {
     let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();

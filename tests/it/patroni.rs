@@ -1,4 +1,4 @@
-//! Under Patroni (`pglease::testing::Patroni`: etcd and two nodes from
+//! Under Patroni (`pglease_formations::Patroni`: etcd and two nodes from
 //! Debian's packages, Patroni's default asynchronous replication, its
 //! timings shortened), clients on the nodes' multi-host URL, no proxy.
 //! The standby's stream is held back while the primary goes on
@@ -22,8 +22,8 @@ use crate::common::{
     checks_named, data_row, everything_refused, fenced_write, migrated_on_formation, told_forgotten,
 };
 use pglease::doctor::{DoctorOptions, Verdict};
-use pglease::testing::{Patroni, SetupError};
 use pglease::{AcquireOptions, Error, LeaseManager, sqlx};
+use pglease_formations::{Patroni, SetupError};
 
 const CLIENTS: usize = 4;
 const NAMES: usize = 4;

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use crate::common::{TestDb, create_data_table, data_value, fenced_write, poll_until};
 use pglease::observe::Change;
 use pglease::schema::MIGRATIONS_TABLE;
-use pglease::testing::{PgBouncer, SetupError};
 use pglease::{AcquireOptions, Error, LeaseManager, ManagerOptions};
+use pglease_formations::{PgBouncer, SetupError};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 /// A pool of `size` client connections through the pooler.

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::{TestDb, poll_until, sqlstate_of};
 use pglease::observe::Change;
-use pglease::testing::{PgBouncer, SetupError};
 use pglease::{AcquireOptions, Error, ManagerOptions};
+use pglease_formations::{PgBouncer, SetupError};
 use sqlx::{AssertSqlSafe, Connection};
 
 const TTL: Duration = Duration::from_secs(30);

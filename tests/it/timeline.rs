@@ -13,8 +13,8 @@ use crate::common::{
     data_row, everything_refused, fenced_write, migrate_with_data_table, told_forgotten,
 };
 use pglease::history::Event;
-use pglease::testing::{Replicated, SetupError, Standby};
 use pglease::{AcquireOptions, Error, LeaseManager, sqlx};
+use pglease_formations::{Replicated, SetupError, Standby};
 
 fn ttl(secs: u64) -> AcquireOptions {
     AcquireOptions::ttl(Duration::from_secs(secs))

@@ -9,9 +9,9 @@
 
 use std::time::Duration;
 
-use pglease::testing::harness::{Test, run};
 use pglease::testing::{SetupError, TestDatabase, poll_until};
 use pglease::{AcquireOptions, LeaseManager};
+use pglease_formations::harness::{Test, run};
 
 const BOUND: Duration = Duration::from_secs(60);
 

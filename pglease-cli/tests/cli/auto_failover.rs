@@ -1,4 +1,4 @@
-//! The command line under pg_auto_failover (`pglease::testing::AutoFailover`),
+//! The command line under pg_auto_failover (`pglease_formations::AutoFailover`),
 //! with the formation's multi-host URL in `DATABASE_URL`, as its users
 //! have it: `migrate`, `status`, `acquire`, `doctor` work with it; `run`
 //! keeps its command running across an automatic failover that fits the
@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use pglease::LeaseManager;
 
 use crate::common::{pglease_on, stop_recorder, stopped_at};
-use pglease::testing::{AutoFailover, SetupError};
+use pglease_formations::{AutoFailover, SetupError};
 
 const BIN: &str = env!("CARGO_BIN_EXE_pglease");
 

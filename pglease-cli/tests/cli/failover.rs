@@ -7,8 +7,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use pglease::testing::{Replicated, SetupError, Standby};
 use pglease::{LeaseManager, sqlx};
+use pglease_formations::{Replicated, SetupError, Standby};
 
 use crate::common::{stop_recorder, stopped_at};
 

@@ -1,7 +1,7 @@
 //! The `pglease` command line's tests, driving the binary as a user would
 //! against a real PostgreSQL: one test binary, a module per concern,
 //! `common` shared. Each module ends with `tests![...]`; tests run through
-//! `pglease::testing::harness` (see the library's `tests/it/main.rs`).
+//! `pglease_formations::harness` (see the library's `tests/it/main.rs`).
 
 /// `tests![a, b(4), c ignored]`: the module's tests, each named
 /// `module::a` and run on a tokio runtime of its own: current-thread, or
@@ -9,8 +9,8 @@
 /// only when asked.
 macro_rules! tests {
     ($($name:ident $(($workers:expr))? $($ignored:ident)?),* $(,)?) => {
-        pub(crate) fn tests() -> Vec<pglease::testing::harness::Test> {
-            use pglease::testing::harness::Test;
+        pub(crate) fn tests() -> Vec<pglease_formations::harness::Test> {
+            use pglease_formations::harness::Test;
             vec![$(
                 Test::in_module(module_path!(), stringify!($name), $name)
                     $(.threads($workers))?
@@ -34,7 +34,7 @@ mod pooler;
 mod timeline;
 
 fn main() -> std::process::ExitCode {
-    pglease::testing::harness::run(
+    pglease_formations::harness::run(
         [
             auto_failover::tests(),
             commands::tests(),

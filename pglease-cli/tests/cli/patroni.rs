@@ -1,4 +1,4 @@
-//! The command line under Patroni (`pglease::testing::Patroni`), with the
+//! The command line under Patroni (`pglease_formations::Patroni`), with the
 //! nodes' multi-host URL in `DATABASE_URL`: `doctor --patroni` reads
 //! Patroni's timing from its REST API and checks it against the TTL (an
 //! unreadable API is said, and the other checks go on; an https:// address
@@ -6,7 +6,7 @@
 //! acquisition, `renew` and `release` under its token exit 4 saying the
 //! database failed over, and `doctor` shows the change of timeline.
 
-use pglease::testing::{Patroni, SetupError};
+use pglease_formations::{Patroni, SetupError};
 
 use crate::common::{code, pglease_on, stderr, stdout};
 

@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use crate::common::TestDb;
-use pglease::testing::{PgBouncer, SetupError};
+use pglease_formations::{PgBouncer, SetupError};
 
 const BIN: &str = env!("CARGO_BIN_EXE_pglease");
 

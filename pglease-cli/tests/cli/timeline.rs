@@ -9,8 +9,8 @@
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use pglease::testing::{Replicated, SetupError, Standby};
 use pglease::{LeaseManager, sqlx};
+use pglease_formations::{Replicated, SetupError, Standby};
 
 use crate::common::{code, stderr, stdout, stop_recorder, stopped_at};
 

@@ -16,10 +16,10 @@
 //!
 //! ```no_run
 //! use pglease::testing::SetupError;
-//! use pglease::testing::harness::{Test, run};
+//! use pglease_formations::harness::{Test, run};
 //!
 //! async fn leases_survive_a_pooler() -> Result<(), SetupError> {
-//!     let bouncer = pglease::testing::PgBouncer::builder()
+//!     let bouncer = pglease_formations::PgBouncer::builder()
 //!         .start(&pglease::provision::server().await?.options)?;
 //!     // ...
 //!     Ok(())
@@ -40,7 +40,7 @@ use std::process::ExitCode;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
-use super::SetupError;
+use crate::SetupError;
 
 /// The environment variable that makes every test mandatory: with it set
 /// (to anything), a test that cannot run where it is fails.

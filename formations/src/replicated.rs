@@ -1,6 +1,6 @@
 //! A replicated PostgreSQL for failover tests: a primary and a streaming
 //! standby made from the installed server binaries (`initdb`, `pg_ctl`,
-//! `pg_basebackup`, found as [`TempCluster`](crate::provision::TempCluster)
+//! `pg_basebackup`, found as [`TempCluster`](pglease::provision::TempCluster)
 //! finds them), in a temporary directory, on free ports of 127.0.0.1, with
 //! trust authentication; and [`Endpoint`], a stable address in front of
 //! them that a test re-points, as a virtual IP or a proxy would be.
@@ -12,8 +12,11 @@ use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use super::SetupError;
-use crate::provision::host::{self, ServerUser};
+use nix::sys::signal::Signal;
+
+use crate::SetupError;
+use crate::process::{children, lock, postmaster_pid, signal};
+use pglease::provision::host::{self, ServerUser};
 
 /// How the standby of a [`Replicated`] pair acknowledges commits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,24 +72,12 @@ impl Node {
     }
 }
 
-/// The process id in `dir/postmaster.pid` (a running server's data
-/// directory), if any.
-pub(super) fn postmaster_pid(dir: &Path) -> Option<u32> {
-    std::fs::read_to_string(dir.join("postmaster.pid"))
-        .ok()?
-        .lines()
-        .next()?
-        .trim()
-        .parse()
-        .ok()
-}
-
 /// A primary and a standby streaming from it, stopped and deleted when
 /// dropped (also after a failed assertion).
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), pglease::testing::SetupError> {
-/// use pglease::testing::{Replicated, Standby};
+/// use pglease_formations::{Replicated, Standby};
 ///
 /// let pair = Replicated::start(Standby::Synchronous).await?;
 /// // ... acquire through pair.primary().options() ...
@@ -288,9 +279,9 @@ impl Replicated {
         let Some(pid) = self.primary.postmaster() else {
             return Err(SetupError::Server("the primary is not running".to_owned()));
         };
-        signal("STOP", &[pid]);
-        signal("KILL", &children(pid));
-        signal("KILL", &[pid]);
+        signal(Signal::SIGSTOP, &[pid]);
+        signal(Signal::SIGKILL, &children(pid));
+        signal(Signal::SIGKILL, &[pid]);
         // Gone (or a zombie), so that nothing of it answers any more.
         let deadline = Instant::now() + Duration::from_secs(10);
         while Path::new(&format!("/proc/{pid}")).exists()
@@ -598,76 +589,6 @@ fn append(path: &Path, text: &str) -> Result<(), SetupError> {
         .map_err(|e| SetupError::Server(format!("write {}: {e}", path.display())))
 }
 
-/// Sends `SIGNAL` to `pids` (`kill -SIGNAL`); a process already gone is
-/// nothing to report.
-pub(super) fn signal(signal: &str, pids: &[u32]) {
-    if pids.is_empty() {
-        return;
-    }
-    let _ = std::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .args(pids.iter().map(u32::to_string))
-        .stderr(std::process::Stdio::null())
-        .status();
-}
-
-/// The processes whose parent is `pid`.
-pub(super) fn children(pid: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|entry| {
-            let child: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
-            // "pid (comm) state ppid ...": comm may hold spaces, so split
-            // after its closing parenthesis.
-            let rest = &stat[stat.rfind(')')? + 1..];
-            let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
-            (ppid == pid).then_some(child)
-        })
-        .collect()
-}
-
-/// The processes whose parent is `pid`, and theirs.
-pub(super) fn descendants(pid: u32) -> Vec<u32> {
-    let mut found = children(pid);
-    let mut i = 0;
-    while i < found.len() {
-        let more = children(found[i]);
-        found.extend(more);
-        i += 1;
-    }
-    found
-}
-
-/// Kills `child` and every process under it, and reaps it.
-pub(super) fn kill_tree(child: &mut std::process::Child) {
-    let mut pids = vec![child.id()];
-    pids.extend(descendants(child.id()));
-    signal("KILL", &pids);
-    let _ = child.wait();
-}
-
-/// `program` on the `PATH`, in `/usr/bin` or in one of `more` directories;
-/// `SetupError::Unavailable(missing)` if none has it.
-pub(super) fn find_program(
-    program: &str,
-    more: &[PathBuf],
-    missing: &str,
-) -> Result<PathBuf, SetupError> {
-    let mut candidates: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|path| std::env::split_paths(&path).collect())
-        .unwrap_or_default();
-    candidates.push(PathBuf::from("/usr/bin"));
-    candidates.extend_from_slice(more);
-    candidates
-        .into_iter()
-        .map(|dir| dir.join(program))
-        .find(|p| p.is_file())
-        .ok_or_else(|| SetupError::Unavailable(missing.to_owned()))
-}
-
 /// Reads the one value `query` answers on `pool` every 20 ms until `done`
 /// accepts it; an error after 30 s, saying what it waited for and the last
 /// value read.
@@ -776,5 +697,3 @@ impl Drop for Endpoint {
         lock(&self.connections).abort_all();
     }
 }
-
-pub(super) use crate::sync::lock;

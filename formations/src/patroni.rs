@@ -22,21 +22,23 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
-use super::SetupError;
-use super::replicated::{descendants, find_program, kill_tree, lock, postmaster_pid, signal};
-use crate::doctor::PatroniTiming;
-use crate::provision::host::{self, ServerUser};
+use nix::sys::signal::Signal;
+
+use crate::SetupError;
+use crate::process::{descendants, find_program, kill_tree, lock, postmaster_pid, signal};
+use pglease::doctor::PatroniTiming;
+use pglease::provision::host::{self, ServerUser};
 
 /// The timings a [`Patroni`] formation asks for: `ttl` 5 s, `loop_wait`
 /// 1 s, `retry_timeout` 2 s (Patroni's defaults are 30 s, 10 s and 10 s).
 /// A crashed leader is replaced in about 5 s on one machine. Patroni 3.2
 /// and later raise `ttl` to 20 s and `retry_timeout` to 3 s at least:
 /// [`Patroni::timing`] says what the formation runs with.
-pub const FAST_PATRONI: PatroniTiming = PatroniTiming {
-    ttl: Duration::from_secs(5),
-    loop_wait: Duration::from_secs(1),
-    retry_timeout: Duration::from_secs(2),
-};
+pub const FAST_PATRONI: PatroniTiming = PatroniTiming::new(
+    Duration::from_secs(5),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+);
 
 /// One PostgreSQL node of a [`Patroni`] formation, with its Patroni.
 #[derive(Debug)]
@@ -77,7 +79,7 @@ impl PatroniNode {
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), pglease::testing::SetupError> {
-/// use pglease::testing::Patroni;
+/// use pglease_formations::Patroni;
 ///
 /// let formation = Patroni::start().await?;
 /// let manager = pglease::LeaseManager::connect(&formation.url()).await.unwrap();
@@ -253,8 +255,8 @@ impl Patroni {
             pids.push(postmaster);
             pids.extend(descendants(postmaster));
         }
-        signal("STOP", &pids);
-        signal("KILL", &pids);
+        signal(Signal::SIGSTOP, &pids);
+        signal(Signal::SIGKILL, &pids);
         let _ = child.wait();
         node.gate.cut();
         // Gone (or a zombie), so that nothing of it answers any more.

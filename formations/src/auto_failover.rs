@@ -14,9 +14,11 @@ use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use super::SetupError;
-use super::replicated::{descendants, find_program, kill_tree, lock, signal};
-use crate::provision::host::{self, ServerUser};
+use nix::sys::signal::Signal;
+
+use crate::SetupError;
+use crate::process::{descendants, find_program, kill_tree, lock, signal};
+use pglease::provision::host::{self, ServerUser};
 
 /// The failover timeouts an [`AutoFailover`] runs with (pg_auto_failover's
 /// defaults in brackets). The monitor's
@@ -86,7 +88,7 @@ impl AutoNode {
 
     /// The postmaster's process id, from `postmaster.pid`.
     fn postmaster(&self) -> Option<u32> {
-        super::replicated::postmaster_pid(&self.dir)
+        crate::process::postmaster_pid(&self.dir)
     }
 }
 
@@ -95,7 +97,7 @@ impl AutoNode {
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), pglease::testing::SetupError> {
-/// use pglease::testing::AutoFailover;
+/// use pglease_formations::AutoFailover;
 ///
 /// let formation = AutoFailover::start().await?;
 /// let manager = pglease::LeaseManager::connect(&formation.url()).await.unwrap();
@@ -240,8 +242,8 @@ impl AutoFailover {
             pids.push(postmaster);
             pids.extend(descendants(postmaster));
         }
-        signal("STOP", &pids);
-        signal("KILL", &pids);
+        signal(Signal::SIGSTOP, &pids);
+        signal(Signal::SIGKILL, &pids);
         let _ = child.wait();
         Ok(())
     }

@@ -10,15 +10,15 @@ use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgConnectOptions;
 
-use super::SetupError;
-use crate::provision::host::{self, ServerUser};
+use crate::SetupError;
+use pglease::provision::host::{self, ServerUser};
 
 /// A running PgBouncer with `pool_mode = transaction`, `auth_type =
 /// trust`, every database of one server behind it.
 ///
 /// ```no_run
 /// # async fn f(server: sqlx::postgres::PgConnectOptions) -> Result<(), pglease::testing::SetupError> {
-/// use pglease::testing::PgBouncer;
+/// use pglease_formations::PgBouncer;
 ///
 /// let bouncer = PgBouncer::builder().start(&server)?;
 /// let through = bouncer.options(&server); // same user and database, via PgBouncer
@@ -207,11 +207,7 @@ fn write(path: &Path, text: &str, user: &ServerUser) -> Result<(), SetupError> {
 impl Drop for PgBouncer {
     fn drop(&mut self) {
         // SIGTERM (runuser forwards it), on which PgBouncer exits at once.
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .stderr(Stdio::null())
-            .status();
+        crate::process::signal(nix::sys::signal::Signal::SIGTERM, &[self.child.id()]);
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -1,0 +1,33 @@
+//! pglease's own test formations, for its suites, examples and benchmark
+//! (not published): servers of their own from the installed packages,
+//! each returning [`SetupError::Unavailable`] where the machine lacks what
+//! it needs, and the harness that reports such a test as ignored.
+//!
+//! - [`PgBouncer`]: transaction mode in front of a server.
+//! - [`Replicated`]: a primary and a streaming standby (`crash_primary`,
+//!   `promote`, an [`Endpoint`] to re-point, backups and restores).
+//! - [`AutoFailover`]: pg_auto_failover's monitor and two nodes.
+//! - [`Patroni`]: etcd and two Patroni nodes (`hold_stream` to make a
+//!   failover lose commits).
+//! - [`harness`]: async tests on runtimes of their own, with the standard
+//!   harness's command line, and "ignored (why)" for a test that cannot
+//!   run here.
+//!
+//! What a service's own tests need (a database per test, lease loss on
+//! demand) is `pglease::testing`, published with the library.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+mod auto_failover;
+pub mod harness;
+mod patroni;
+mod pgbouncer;
+mod process;
+mod replicated;
+
+pub use auto_failover::{AutoFailover, AutoNode, FAST, Timeouts};
+pub use patroni::{FAST_PATRONI, Patroni, PatroniNode};
+pub use pgbouncer::{PgBouncer, PgBouncerBuilder};
+pub use pglease::testing::SetupError;
+pub use replicated::{Backup, Endpoint, Node, Replicated, Restored, Standby};
