@@ -1,4 +1,4 @@
-//! Scenario (c): a release that arrives late, after the same holder has
+//! Scenario (d): a release that arrives late, after the same holder has
 //! acquired the lease again. Does the late release end the new term, so
 //! that another worker takes the lease while the holder's new term runs?
 
@@ -21,7 +21,7 @@ fn looper_options() -> pg_lease::LeaseLooperOptions {
     crate::looper::options(TTL)
 }
 
-/// Scenario (c) for `peer`, in a database of its own.
+/// Scenario (d) for `peer`, in a database of its own.
 ///
 /// # Errors
 ///

@@ -14,9 +14,12 @@
 //! (a paused process looks the same to the server) past its TTL; another
 //! worker tries to take over and writes; then the holder's commit arrives.
 //! (b) the holder's connection is killed, another worker tries to take
-//! over, then the first holder writes. (d) The holder's network freezes
-//! for 3 s while it holds: are its renewals' missing answers noticed
-//! before another worker takes over?
+//! over, then the first holder writes. (d) A release arrives late, after
+//! the same holder acquired again. (e) The holder's network freezes for
+//! 3 s while it holds: are its renewals' missing answers noticed before
+//! another worker takes over? The letters are those of `pglease demo`'s
+//! comparison; its (c), a holder that dies without releasing, is not run
+//! here.
 
 mod duplicate;
 mod looper;
@@ -86,8 +89,8 @@ pub struct Verdict {
     pub peer: Peer,
     /// The scenario's safety property was violated: a write by the old
     /// holder committed after the new holder's ((a), (b)), or two workers
-    /// held the resource at once ((c): a late release ended the holder's
-    /// new term; (d): the old one not told).
+    /// held the resource at once ((d): a late release ended the holder's
+    /// new term; (e): the old one not told).
     pub violated: bool,
     /// How long after the fault the second worker held the resource;
     /// `None` if it could not within the window (3 s).
@@ -103,9 +106,9 @@ pub enum Scenario {
     PausedCommit,
     /// (b) The holder's connection is killed.
     KilledConnection,
-    /// (c) A release arrives late, after the holder acquired again.
+    /// (d) A release arrives late, after the holder acquired again.
     LateRelease,
-    /// (d) The holder's renewals get no answer.
+    /// (e) The holder's renewals get no answer.
     SilentRenewal,
 }
 
@@ -127,10 +130,10 @@ impl Scenario {
             }
             Scenario::KilledConnection => "(b) the holder's connection is killed, then it writes",
             Scenario::LateRelease => {
-                "(c) a release arrives late, after the same holder acquired again"
+                "(d) a release arrives late, after the same holder acquired again"
             }
             Scenario::SilentRenewal => {
-                "(d) the holder's renewals get no answer (its network frozen for 3 s; TTL 1 s)"
+                "(e) the holder's renewals get no answer (its network frozen for 3 s; TTL 1 s)"
             }
         }
     }

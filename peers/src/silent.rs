@@ -1,4 +1,4 @@
-//! Scenario (d): the holder's network freezes for 3 s while it holds (its
+//! Scenario (e): the holder's network freezes for 3 s while it holds (its
 //! renewals or heartbeats get no answer; the server still sees its
 //! connections). Another worker tries to take over for those 3 s. Is the
 //! holder told it has lost the lease before the other one holds it? If
@@ -21,7 +21,7 @@ fn looper_options() -> pg_lease::LeaseLooperOptions {
     crate::looper::options(TTL)
 }
 
-/// Scenario (d) for `peer`, in a database of its own.
+/// Scenario (e) for `peer`, in a database of its own.
 ///
 /// # Errors
 ///
