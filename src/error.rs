@@ -1,4 +1,6 @@
-//! The one error type, and the single place where SQLSTATEs are mapped.
+//! The one error type. Which server error becomes which variant is
+//! decided in `sqlstate.rs` (`classify`); `From<sqlx::Error>` here builds
+//! the variant it names.
 
 use std::sync::Arc;
 use std::time::Duration;

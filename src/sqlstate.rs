@@ -21,7 +21,17 @@ pub const NOT_DECLARED: &str = "LE002";
 /// operation (see docs/design.md, "Roles and grants").
 pub const NOT_PERMITTED: &str = "42501";
 
-// The server's own SQLSTATEs that pglease reacts to.
+/// A write to a table that carries pglease's guard trigger but was never
+/// protected with `pglease.protect` (`object_not_in_prerequisite_state`).
+pub const NOT_PROTECTED: &str = "55000";
+
+/// The fence sequence has no room left to move past an old timeline's
+/// tokens (`sequence_generator_limit_exceeded`): after a failover or a
+/// restore, with tokens within `2^40` of `i64::MAX`.
+pub const FENCE_EXHAUSTED: &str = "2200H";
+
+// The server's own SQLSTATEs that pglease reacts to (the functions raise
+// READ_ONLY and LOCK_NOT_AVAILABLE too, with messages of their own).
 
 /// The server refuses writes (`read_only_sql_transaction`): a standby, or
 /// a primary in read-only mode.
@@ -119,6 +129,40 @@ fn names_the_schema(message: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every SQLSTATE this file names.
+    const NAMED: [&str; 11] = [
+        INVALID_INPUT,
+        NOT_HELD,
+        NOT_DECLARED,
+        NOT_PERMITTED,
+        NOT_PROTECTED,
+        FENCE_EXHAUSTED,
+        READ_ONLY,
+        LOCK_NOT_AVAILABLE,
+        UNDEFINED_FUNCTION,
+        UNDEFINED_TABLE,
+        INVALID_SCHEMA_NAME,
+    ];
+
+    #[test]
+    fn every_code_the_schema_raises_is_named_here() {
+        let schema = crate::schema::SOURCE;
+        let marker = "ERRCODE = '";
+        let raised: std::collections::BTreeSet<&str> = schema
+            .match_indices(marker)
+            .map(|(at, _)| {
+                let rest = &schema[at + marker.len()..];
+                &rest[..rest.find('\'').expect("a closing quote")]
+            })
+            .collect();
+        assert!(raised.len() >= 8, "read {raised:?}");
+        let unnamed: Vec<_> = raised.iter().filter(|code| !NAMED.contains(code)).collect();
+        assert!(
+            unnamed.is_empty(),
+            "raised by the schema, not named here: {unnamed:?}"
+        );
+    }
 
     #[test]
     fn permanence() {

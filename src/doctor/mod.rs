@@ -4,8 +4,13 @@
 
 // Two halves: `facts` reads (each statement from `crate::sql`) and judges
 // nothing; `verdicts` turns facts into `Check`s, pure and unit-tested. A
-// new check is a fact read in facts.rs, a verdict in verdicts.rs with its
-// unit test, and a line in `LeaseManager::doctor`'s list below.
+// new check of the server: its fact in `sql::DOCTOR_FACTS` and
+// `facts::Server`; its verdict, a pure function in verdicts.rs called
+// from `verdicts::here` in its place, with a unit test and its name in
+// the tests' `ORDER`; its name in the lists on `LeaseManager::doctor`
+// and `Check::name` below, and in docs/cli.md's table of checks. The
+// integration tests that count the checks (`it::doctor`, `cli::commands`)
+// say so when they fail.
 
 use std::time::Duration;
 
@@ -143,8 +148,9 @@ impl std::fmt::Display for Verdict {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Check {
-    /// What was checked: `schema`, `primary`, `pooler`, `durability`, `replication`,
-    /// `takeover`, `security` (one per finding), `server_version`; with
+    /// What was checked: `schema`, `primary`, `pooler`, `durability`,
+    /// `replication`, `timeline`, `takeover`, `security` (one per finding),
+    /// `server_version`; with
     /// several hosts also `host` (one per host), `promotion` (one per
     /// standby) and `failover`.
     pub name: &'static str,
