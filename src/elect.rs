@@ -91,6 +91,30 @@ fn permanent(error: &Error) -> bool {
     error.sqlstate().is_some_and(crate::sqlstate::is_permanent)
 }
 
+/// What a candidate does after a campaign that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Campaign again at once: one wait ran out.
+    Now,
+    /// Campaign again after a backoff.
+    Later,
+    /// Stop campaigning: the manager shut down.
+    Stop,
+    /// Fail the campaign: waiting will not mend the error.
+    Fail,
+}
+
+/// What a candidate does after a campaign that failed with `error`.
+fn after_failure(error: &Error) -> Retry {
+    match error {
+        Error::Held { .. } | Error::Pinned { .. } => Retry::Now,
+        Error::ShutDown => Retry::Stop,
+        // The schema or a privilege is missing.
+        error if permanent(error) => Retry::Fail,
+        _ => Retry::Later,
+    }
+}
+
 /// Marks the elector stopped and forgets its term when `run` returns or
 /// is dropped; the term's lease is then released (by `run`, or in the
 /// background when the last handle to it is dropped).
@@ -265,97 +289,116 @@ impl Elector {
         }
     }
 
-    /// The campaign loop of [`Elector::run`].
+    /// The campaign loop of [`Elector::run`]: win a term, lead it until
+    /// it ends, and again, until the candidate resigns.
     async fn campaign<F>(&self, mut work: F) -> Result<()>
     where
         F: AsyncFnMut(HeldLease),
     {
-        let mut failures: u32 = 0;
-        loop {
-            if self.resigned.is_cancelled() {
-                return Ok(());
-            }
-            self.state.send_replace(Leadership::Candidate);
-            let campaign = self.manager.hold(&self.name, self.how.clone());
-            let held = tokio::select! {
-                biased;
-                () = self.resigned.cancelled() => return Ok(()),
-                held = campaign => held,
-            };
-            let held = match held {
-                Ok(held) => {
-                    failures = 0;
-                    held
-                }
-                // One wait ran out: campaign again.
-                Err(Error::Held { .. } | Error::Pinned { .. }) => continue,
-                Err(Error::ShutDown) => return Ok(()),
-                // Waiting will not mend these: the schema or a privilege
-                // is missing.
-                Err(error) if permanent(&error) => return Err(error),
-                Err(error) => {
-                    failures = failures.saturating_add(1);
-                    tracing::warn!(name = self.name, %error, "campaign failed; retrying");
-                    tokio::select! {
-                        () = self.resigned.cancelled() => return Ok(()),
-                        () = tokio::time::sleep(backoff::reconnect(failures)) => continue,
-                    }
-                }
-            };
+        while let Some(held) = self.win().await? {
             *self.lock_held() = Some(held.clone());
             self.terms.fetch_add(1, Ordering::Relaxed);
             let token = held.token();
             self.state.send_replace(Leadership::Leading { token });
-            let ended = {
-                let mut stepping_down = self.stepping_down.subscribe();
-                let mut observed_end = self.ended.subscribe();
-                let mut ends = std::pin::pin!(async {
-                    tokio::select! {
-                        biased;
-                        () = self.resigned.cancelled() => Ended::Resigned,
-                        reason = held.lost() => Ended::Lost(reason),
-                        _ = stepping_down.wait_for(|t| *t == Some(token)) => Ended::SteppedDown,
-                        _ = observed_end.wait_for(|t| *t >= Some(token)) => Ended::Observed,
-                    }
-                });
-                tokio::select! {
-                    biased;
-                    ended = &mut ends => ended,
-                    // The work is done (or gave up, say after a refused fenced
-                    // write): the term goes on until it is lost or resigned.
-                    () = work(held.clone()) => ends.await,
-                }
-            };
+            let ended = self.lead(&held, &mut work).await;
             self.forget_term();
-            match ended {
-                Ended::Lost(reason) => {
-                    tracing::info!(name = self.name, token = %held.token(), ?reason, "leadership lost");
-                }
-                Ended::Observed => {
-                    // Somebody ended the term (an operator releasing it,
-                    // say): most likely to move leadership elsewhere.
-                    tracing::info!(name = self.name, %token, "leadership ended (observed)");
-                    self.state.send_replace(Leadership::Candidate);
-                    if self.sit_out(token).await {
-                        return Ok(());
+            if self.after_term(ended, held).await {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Campaigns until this candidate wins a term: `None` if it resigned
+    /// or the manager shut down first; an error that retrying cannot mend.
+    async fn win(&self) -> Result<Option<HeldLease>> {
+        let mut failures: u32 = 0;
+        loop {
+            if self.resigned.is_cancelled() {
+                return Ok(None);
+            }
+            self.state.send_replace(Leadership::Candidate);
+            let campaign = self.manager.hold(&self.name, self.how.clone());
+            let error = tokio::select! {
+                biased;
+                () = self.resigned.cancelled() => return Ok(None),
+                held = campaign => match held {
+                    Ok(held) => return Ok(Some(held)),
+                    Err(error) => error,
+                },
+            };
+            match after_failure(&error) {
+                Retry::Now => {}
+                Retry::Stop => return Ok(None),
+                Retry::Fail => return Err(error),
+                Retry::Later => {
+                    failures = failures.saturating_add(1);
+                    tracing::warn!(name = self.name, %error, "campaign failed; retrying");
+                    tokio::select! {
+                        () = self.resigned.cancelled() => return Ok(None),
+                        () = tokio::time::sleep(backoff::reconnect(failures)) => {}
                     }
                 }
-                Ended::Resigned => {
-                    if let Err(error) = held.release().await {
-                        tracing::warn!(name = self.name, %error, "could not release on resigning");
-                    }
-                    return Ok(());
+            }
+        }
+    }
+
+    /// Leads the term of `held` (runs `work` on it) until the term ends;
+    /// how it ended.
+    async fn lead<F>(&self, held: &HeldLease, work: &mut F) -> Ended
+    where
+        F: AsyncFnMut(HeldLease),
+    {
+        let token = held.token();
+        let mut stepping_down = self.stepping_down.subscribe();
+        let mut observed_end = self.ended.subscribe();
+        let mut ends = std::pin::pin!(async {
+            tokio::select! {
+                biased;
+                () = self.resigned.cancelled() => Ended::Resigned,
+                reason = held.lost() => Ended::Lost(reason),
+                _ = stepping_down.wait_for(|t| *t == Some(token)) => Ended::SteppedDown,
+                _ = observed_end.wait_for(|t| *t >= Some(token)) => Ended::Observed,
+            }
+        });
+        tokio::select! {
+            biased;
+            ended = &mut ends => ended,
+            // The work is done (or gave up, say after a refused fenced
+            // write): the term goes on until it is lost or resigned.
+            () = work(held.clone()) => ends.await,
+        }
+    }
+
+    /// Acts on how the term of `held` ended (releases it when resigning or
+    /// stepping down); whether the campaign is over.
+    async fn after_term(&self, ended: Ended, held: HeldLease) -> bool {
+        let token = held.token();
+        match ended {
+            Ended::Lost(reason) => {
+                tracing::info!(name = self.name, %token, ?reason, "leadership lost");
+                false
+            }
+            Ended::Observed => {
+                // Somebody ended the term (an operator releasing it,
+                // say): most likely to move leadership elsewhere.
+                tracing::info!(name = self.name, %token, "leadership ended (observed)");
+                self.state.send_replace(Leadership::Candidate);
+                self.sit_out(token).await
+            }
+            Ended::Resigned => {
+                if let Err(error) = held.release().await {
+                    tracing::warn!(name = self.name, %error, "could not release on resigning");
                 }
-                Ended::SteppedDown => {
-                    self.state.send_replace(Leadership::Candidate);
-                    if let Err(error) = held.release().await {
-                        tracing::warn!(name = self.name, %error, "could not release on stepping down");
-                    }
-                    tracing::info!(name = self.name, %token, "stepped down");
-                    if self.sit_out(token).await {
-                        return Ok(());
-                    }
+                true
+            }
+            Ended::SteppedDown => {
+                self.state.send_replace(Leadership::Candidate);
+                if let Err(error) = held.release().await {
+                    tracing::warn!(name = self.name, %error, "could not release on stepping down");
                 }
+                tracing::info!(name = self.name, %token, "stepped down");
+                self.sit_out(token).await
             }
         }
     }
@@ -475,11 +518,49 @@ impl Elector {
         &self.name
     }
 
+    /// The current term's lease, locked.
     fn lock_held(&self) -> std::sync::MutexGuard<'_, Option<HeldLease>> {
         crate::sync::lock(&self.held)
     }
 
+    /// Forgets the current term's lease (the term ended).
     fn forget_term(&self) {
         self.lock_held().take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{DateTime, Utc};
+
+    use super::*;
+
+    #[test]
+    fn a_candidate_campaigns_again_at_once_after_a_wait_ran_out() {
+        let at = DateTime::<Utc>::UNIX_EPOCH;
+        let held = Error::Held {
+            name: "leader".to_owned(),
+            holder: "other".to_owned(),
+            expires_at: at,
+        };
+        let pinned = Error::Pinned {
+            name: "leader".to_owned(),
+            holder: None,
+            ended_at: at,
+            reason: "a transaction".to_owned(),
+        };
+        assert_eq!(after_failure(&held), Retry::Now);
+        assert_eq!(after_failure(&pinned), Retry::Now);
+    }
+
+    #[test]
+    fn a_candidate_stops_on_shutdown_fails_when_not_permitted_and_backs_off_otherwise() {
+        assert_eq!(after_failure(&Error::ShutDown), Retry::Stop);
+        let refused = Error::NotPermitted {
+            message: "permission denied".to_owned(),
+        };
+        assert_eq!(after_failure(&refused), Retry::Fail);
+        let unreachable = Error::Database(sqlx::Error::PoolTimedOut);
+        assert_eq!(after_failure(&unreachable), Retry::Later);
     }
 }

@@ -65,6 +65,9 @@ impl Target {
         Target::assemble(options, hosts, ports.as_deref(), attrs.as_deref())
     }
 
+    /// The target of `hosts`, on `ports` (one for all, or one per host;
+    /// else each host's own, else `options`') with `attrs` (by default
+    /// read-write for several hosts).
     fn assemble(
         options: PgConnectOptions,
         hosts: Vec<(String, Option<u16>)>,
@@ -179,6 +182,9 @@ fn url_host(entry: &str, list: &str) -> Result<(String, Option<u16>)> {
     Ok((host, port))
 }
 
+/// A `postgres://` URL: hosts, ports and `target_session_attrs` read as
+/// libpq reads them (from the authority or the query, else from the
+/// environment), the rest as sqlx reads it.
 fn parse_url(url: &str) -> Result<Target> {
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
     if !matches!(scheme, "postgres" | "postgresql") {
@@ -197,30 +203,80 @@ fn parse_url(url: &str) -> Result<Target> {
         None => (None, authority),
     };
     let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
-    // What libpq takes from the query itself; the rest is sqlx's to read.
-    let mut query_hosts = None;
-    let mut query_addrs = None;
-    let mut query_ports = None;
-    let mut attrs = None;
-    let mut kept = Vec::new();
-    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let decoded = || {
-            percent_decode_str(&value.replace('+', " "))
-                .decode_utf8()
-                .map(|v| v.into_owned())
-                .map_err(|_| Error::invalid("url", format!("{key}= is not UTF-8 once decoded")))
-        };
-        match key {
-            "host" => query_hosts = Some(decoded()?),
-            "hostaddr" => query_addrs = Some(decoded()?),
-            "port" => query_ports = Some(decoded()?),
-            "target_session_attrs" => attrs = Some(decoded()?),
-            _ => kept.push(pair),
+    let query = Query::split(query)?;
+    let options = sqlx_options(userinfo, path, &query.kept)?;
+    let mut hosts = Vec::new();
+    if let Some(list) = query.addrs.or(query.hosts) {
+        hosts = split_hosts(&list, "host=")?;
+    } else if !hostlist.is_empty() {
+        for entry in hostlist.split(',') {
+            hosts.push(url_host(entry, hostlist)?);
         }
     }
-    // sqlx reads the rest with a placeholder host (and no socket), so that
-    // each host's options differ only in host and port.
+    let attrs = query
+        .attrs
+        .or_else(|| std::env::var("PGTARGETSESSIONATTRS").ok());
+    if hosts.is_empty()
+        && let Some(list) = std::env::var("PGHOST").ok().filter(|h| !h.is_empty())
+    {
+        // No host in the URL (`postgres:///db`): PGHOST's, as libpq does.
+        hosts = split_hosts(&list, "PGHOST")?;
+        let ports = query.ports.or_else(|| std::env::var("PGPORT").ok());
+        return Target::assemble(options, hosts, ports.as_deref(), attrs.as_deref());
+    }
+    if hosts.is_empty() {
+        // No host at all: sqlx's default, one host.
+        hosts.push(default_host(query.ports.as_deref())?);
+        return Target::assemble(options, hosts, None, attrs.as_deref());
+    }
+    Target::assemble(options, hosts, query.ports.as_deref(), attrs.as_deref())
+}
+
+/// A URL's query, split: what libpq takes from it itself, percent-decoded,
+/// and the pairs left for sqlx to read, as written.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Query<'a> {
+    /// `host=`: a host list.
+    hosts: Option<String>,
+    /// `hostaddr=`: a host list, taken before `host=`'s.
+    addrs: Option<String>,
+    /// `port=`: one port, or one per host.
+    ports: Option<String>,
+    /// `target_session_attrs=`.
+    attrs: Option<String>,
+    /// The other pairs.
+    kept: Vec<&'a str>,
+}
+
+impl Query<'_> {
+    /// Splits `query` (what follows the URL's `?`); a later pair of a key
+    /// libpq reads replaces an earlier one.
+    fn split(query: &str) -> Result<Query<'_>> {
+        let mut split = Query::default();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let decoded = || {
+                percent_decode_str(&value.replace('+', " "))
+                    .decode_utf8()
+                    .map(|v| v.into_owned())
+                    .map_err(|_| Error::invalid("url", format!("{key}= is not UTF-8 once decoded")))
+            };
+            match key {
+                "host" => split.hosts = Some(decoded()?),
+                "hostaddr" => split.addrs = Some(decoded()?),
+                "port" => split.ports = Some(decoded()?),
+                "target_session_attrs" => split.attrs = Some(decoded()?),
+                _ => split.kept.push(pair),
+            }
+        }
+        Ok(split)
+    }
+}
+
+/// What sqlx reads from a URL (user, password, database, the query's
+/// `kept` pairs), read with a placeholder host (and no socket), so that
+/// each host's options differ only in host and port.
+fn sqlx_options(userinfo: Option<&str>, path: &str, kept: &[&str]) -> Result<PgConnectOptions> {
     let mut single = format!(
         "postgres://{}",
         userinfo.map_or(String::new(), |u| format!("{u}@"))
@@ -231,40 +287,23 @@ fn parse_url(url: &str) -> Result<Target> {
         single.push('?');
         single.push_str(&kept.join("&"));
     }
-    let options: PgConnectOptions = single.parse()?;
-    let mut hosts = Vec::new();
-    if let Some(list) = query_addrs.or(query_hosts) {
-        hosts = split_hosts(&list, "host=")?;
-    } else if !hostlist.is_empty() {
-        for entry in hostlist.split(',') {
-            hosts.push(url_host(entry, hostlist)?);
-        }
-    }
-    let attrs = attrs.or_else(|| std::env::var("PGTARGETSESSIONATTRS").ok());
-    if hosts.is_empty()
-        && let Some(list) = std::env::var("PGHOST").ok().filter(|h| !h.is_empty())
-    {
-        // No host in the URL (`postgres:///db`): PGHOST's, as libpq does.
-        hosts = split_hosts(&list, "PGHOST")?;
-        let ports = query_ports.or_else(|| std::env::var("PGPORT").ok());
-        return Target::assemble(options, hosts, ports.as_deref(), attrs.as_deref());
-    }
-    if hosts.is_empty() {
-        // No host at all: sqlx's default, one host.
-        let default = PgConnectOptions::new_without_pgpass();
-        let port = query_ports.as_deref().map_or(Ok(None), |p| {
-            p.trim()
-                .parse::<u16>()
-                .map(Some)
-                .map_err(|_| Error::invalid("url", format!("port {p:?} is not a port number")))
-        })?;
-        hosts.push((
-            default.get_host().to_owned(),
-            port.or(Some(default.get_port())),
-        ));
-        return Target::assemble(options, hosts, None, attrs.as_deref());
-    }
-    Target::assemble(options, hosts, query_ports.as_deref(), attrs.as_deref())
+    Ok(single.parse()?)
+}
+
+/// sqlx's default host, for a URL that names none (nor does `PGHOST`),
+/// on the query's `port` if it gives one.
+fn default_host(port: Option<&str>) -> Result<(String, Option<u16>)> {
+    let default = PgConnectOptions::new_without_pgpass();
+    let port = port.map_or(Ok(None), |p| {
+        p.trim()
+            .parse::<u16>()
+            .map(Some)
+            .map_err(|_| Error::invalid("url", format!("port {p:?} is not a port number")))
+    })?;
+    Ok((
+        default.get_host().to_owned(),
+        port.or(Some(default.get_port())),
+    ))
 }
 
 /// libpq's `keyword=value ...` form: values may be single-quoted, with
@@ -467,6 +506,32 @@ mod tests {
                 }
                 other => panic!("{conninfo}: expected InvalidInput, got {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_query_gives_libpq_its_keys_decoded_and_keeps_the_rest_as_written() {
+        let query =
+            Query::split("sslmode=disable&host=a,b&&port=1%2C2&application_name=my+app&hostaddr")
+                .expect("split");
+        assert_eq!(
+            query,
+            Query {
+                hosts: Some("a,b".to_owned()),
+                addrs: Some(String::new()),
+                ports: Some("1,2".to_owned()),
+                attrs: None,
+                kept: vec!["sslmode=disable", "application_name=my+app"],
+            }
+        );
+        let attrs = Query::split("target_session_attrs=any&target_session_attrs=read-write")
+            .expect("split");
+        assert_eq!(attrs.attrs.as_deref(), Some("read-write"));
+        match Query::split("host=%FF") {
+            Err(e @ Error::InvalidInput { .. }) => {
+                assert!(e.to_string().contains("host= is not UTF-8"), "{e}");
+            }
+            other => panic!("expected InvalidInput, got {other:?}"),
         }
     }
 

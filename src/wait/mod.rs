@@ -29,6 +29,7 @@ use crate::options::AcquireOptions;
 use crate::sql;
 use crate::telemetry;
 use crate::token::Token;
+use plan::{Heard, Step};
 
 /// How long a waiter waits for the listener to confirm a watch before it
 /// falls back to polling for that round.
@@ -43,55 +44,78 @@ pub(crate) enum Attempt {
         /// that confirmed a late one.
         sent: Instant,
     },
-    Held {
-        /// The current or last holder (`None` once released).
-        holder: Option<String>,
-        expires_at: DateTime<Utc>,
-        /// The database time of the decision, to turn `expires_at` into a
-        /// wait without comparing clocks.
-        checked_at: DateTime<Utc>,
-        /// Why an ended lease could not be taken.
-        note: Option<String>,
-        /// The lease the answer describes: the name, or for a counted
-        /// lease the slot that expires first.
-        slot: String,
-        /// The process id of the server session a session-bound holder's
-        /// lease is bound to.
-        holder_session: Option<i32>,
-        /// Refused for the grant delay after a change of timeline: until
-        /// when (database clock).
-        delayed_until: Option<DateTime<Utc>>,
-    },
+    /// Not acquired: held, ended but pinned, or refused for a grant delay.
+    Held(Held),
 }
 
-impl Attempt {
-    /// For a lease found held: the error to report, [`Error::Pinned`] when
-    /// the lease has ended but a stale fenced transaction still holds it,
+/// What an attempt that did not acquire saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Held {
+    /// The current or last holder (`None` once released).
+    holder: Option<String>,
+    expires_at: DateTime<Utc>,
+    /// The database time of the decision, to turn `expires_at` into a
+    /// wait without comparing clocks.
+    checked_at: DateTime<Utc>,
+    /// Why an ended lease could not be taken.
+    note: Option<String>,
+    /// The lease the answer describes: the name, or for a counted lease
+    /// the slot that expires first.
+    slot: String,
+    /// The process id of the server session a session-bound holder's
+    /// lease is bound to.
+    holder_session: Option<i32>,
+    /// Refused for the grant delay after a change of timeline: until when
+    /// (database clock).
+    delayed_until: Option<DateTime<Utc>>,
+}
+
+impl Held {
+    /// Whether the lease has ended and is only pinned (see [`pinned`]).
+    fn pinned(&self) -> bool {
+        pinned(self.holder.as_deref(), self.expires_at, self.checked_at)
+    }
+
+    /// Why the lease was not acquired.
+    fn refused(&self) -> plan::Refused {
+        plan::Refused::of(self.delayed_until.is_some(), self.pinned())
+    }
+
+    /// The holder's expiry, if there is a holder (a released lease has
+    /// none): what a takeover's delay is counted from.
+    fn holder_expiry(&self) -> Option<DateTime<Utc>> {
+        self.holder.as_ref().map(|_| self.expires_at)
+    }
+
+    /// The error to report, naming the slot the answer describes (a
+    /// counted lease's, or the name): [`Error::Pinned`] when the lease has
+    /// ended but a stale fenced transaction still holds it,
     /// [`Error::GrantDelayed`] during a grant delay.
-    pub(crate) fn refusal(
-        name: &str,
-        holder: Option<String>,
-        expires_at: DateTime<Utc>,
-        checked_at: DateTime<Utc>,
-        note: Option<String>,
-        delayed_until: Option<DateTime<Utc>>,
-    ) -> Error {
+    fn refusal(self) -> Error {
+        let pinned = self.pinned();
+        let Held {
+            holder,
+            expires_at,
+            note,
+            slot: name,
+            delayed_until,
+            ..
+        } = self;
         if let Some(until) = delayed_until {
             return Error::GrantDelayed {
-                name: name.to_owned(),
+                name,
                 until,
                 reason: note.unwrap_or_else(|| "the grant delay after a failover".to_owned()),
             };
         }
-        let pinned = pinned(holder.as_deref(), expires_at, checked_at);
         match holder {
             Some(holder) if !pinned => Error::Held {
-                name: name.to_owned(),
+                name,
                 holder,
                 expires_at,
             },
             holder => Error::Pinned {
-                name: name.to_owned(),
+                name,
                 holder,
                 ended_at: expires_at,
                 reason: note.unwrap_or_else(|| {
@@ -172,14 +196,9 @@ async fn attempt(
     let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
     let Some(token) = token else {
         let delayed_until: Option<DateTime<Utc>> = row.try_get("delayed_until")?;
-        telemetry::acquire_attempt(if delayed_until.is_some() {
-            "delayed"
-        } else if pinned(current_holder.as_deref(), expires_at, checked_at) {
-            "pinned"
-        } else {
-            "held"
-        });
-        return Ok(Attempt::Held {
+        let pinned = pinned(current_holder.as_deref(), expires_at, checked_at);
+        telemetry::acquire_attempt(plan::Refused::of(delayed_until.is_some(), pinned).label());
+        return Ok(Attempt::Held(Held {
             holder: current_holder,
             expires_at,
             checked_at,
@@ -187,7 +206,7 @@ async fn attempt(
             slot: row.try_get("slot_name")?,
             holder_session: row.try_get("holder_session")?,
             delayed_until,
-        });
+        }));
     };
     telemetry::acquire_attempt("acquired");
     tracing::Span::current().record("token", token);
@@ -344,182 +363,210 @@ impl Acquirer {
         how: &AcquireOptions,
     ) -> Result<(Lease, Instant)> {
         let ttl = how.check(name)?;
-        let max_wait = how.get_wait();
         let context = &self.context;
         if context.is_shut_down() {
             return Err(Error::ShutDown);
         }
         let start = Instant::now();
         let deadline = start
-            .checked_add(max_wait)
+            .checked_add(how.get_wait())
             .unwrap_or(start + Duration::from_secs(86400 * 365));
-        // The release listener starts only once an attempt has failed and
-        // there is time to wait: a release committed before the name is
-        // watched is caught by the attempt made after the watch.
-        let mut listener: Option<&Listener> = None;
-        let (mut releases, mut listening) = (None, None);
         context.counters.waiting.fetch_add(1, Ordering::Relaxed);
         telemetry::waiting(1.0);
         let _waiting = Waiting(&context.counters.waiting);
-        // The previous holder's expiry as last seen, for the takeover delay.
-        let mut seen_expiry: Option<DateTime<Utc>> = None;
-        // The backoffs' steps (see plan.rs).
-        let mut counts = plan::Counts::default();
-        // Releases are notified only for names a session watches: watched
-        // on the listening connection after the first failed attempt.
-        let mut watching: Option<Subscription> = None;
-        let mut watched = false;
-        // The session-bound holder whose session's end last woke us (see
-        // plan.rs).
-        let mut woken_by: Option<i32> = None;
-        // The wait in the server for that holder's session to end, kept
-        // from one nap to the next while the holder stays the same.
-        let mut session_wait: Option<(i32, SessionWait<'_>)> = None;
+        let mut waiter = Waiter::new(context, name, deadline);
         loop {
-            let (current, expires_at, checked_at, note, slot, holder_session, delayed_until) =
-                match attempt_detached(context, name, ttl, how).await {
-                    Ok(Attempt::Acquired { lease, sent }) => {
-                        telemetry::acquisition("acquired", Some(start.elapsed()));
-                        if let Some(expired) = seen_expiry {
-                            // Taken over after the holder seen last expired
-                            // (not after a release, which ends it sooner).
-                            if let Ok(delay) = (lease.acquired_at() - expired).to_std() {
-                                telemetry::takeover_delay(delay);
-                            }
-                        }
-                        return Ok((lease, sent));
-                    }
-                    Ok(Attempt::Held {
-                        holder,
-                        expires_at,
-                        checked_at,
-                        note,
-                        slot,
-                        holder_session,
-                        delayed_until,
-                    }) => (
-                        holder,
-                        expires_at,
-                        checked_at,
-                        note,
-                        slot,
-                        holder_session,
-                        delayed_until,
-                    ),
-                    // Acquired so late that it was lost before its
-                    // confirming renewal: another attempt, while allowed.
-                    Err(Error::Lost { .. }) if Instant::now() < deadline => continue,
-                    Err(error) => {
-                        telemetry::acquisition("error", None);
-                        return Err(error);
-                    }
-                };
-            seen_expiry = current.as_ref().map(|_| expires_at);
-            let pinned = pinned(current.as_deref(), expires_at, checked_at);
+            let outcome = attempt_detached(context, name, ttl, how).await;
             let now = Instant::now();
-            if now >= deadline {
-                telemetry::acquisition(
-                    match (delayed_until, pinned) {
-                        (Some(_), _) => "delayed",
-                        (None, true) => "pinned",
-                        (None, false) => "held",
-                    },
-                    None,
-                );
-                // A counted lease's refusal names the slot it describes.
-                return Err(Attempt::refusal(
-                    &slot,
-                    current,
-                    expires_at,
-                    checked_at,
-                    note,
-                    delayed_until,
-                ));
-            }
+            let held = match plan::step(outcome, now >= deadline) {
+                Step::Take { lease, sent } => {
+                    waiter.took(&lease, start);
+                    return Ok((lease, sent));
+                }
+                Step::Retry => continue,
+                Step::Wait(held) => held,
+                Step::Refuse(held) => {
+                    telemetry::acquisition(held.refused().label(), None);
+                    return Err(held.refusal());
+                }
+                Step::Fail(error) => {
+                    telemetry::acquisition("error", None);
+                    return Err(error);
+                }
+            };
+            waiter.seen_expiry = held.holder_expiry();
             if context.is_shut_down() {
                 return Err(Error::ShutDown);
             }
-            // A counted lease's slots are released under their own names:
-            // its waiters poll.
-            if listener.is_none() && context.options.get_notify() && how.get_limit().is_none() {
-                let started = context.listener();
-                releases = Some(started.releases.subscribe());
-                listening = Some(started.listening.subscribe());
-                listener = Some(started);
+            // The release listener starts only once an attempt has failed
+            // and there is time to wait: a release committed before the
+            // name is watched is caught by the attempt made after the watch.
+            waiter.listen(how.get_limit().is_some());
+            if waiter.watch(held.pinned()).await? {
+                // A release that committed before the watch took hold
+                // notified nobody: look again now that one would.
+                continue;
             }
-            if let Some(listener) = listener.filter(|_| !watched && !pinned) {
-                let watching =
-                    watching.get_or_insert_with(|| listener.subscribe(Topic::Releases, name));
-                let until = (Instant::now() + WATCH_CONFIRM).min(deadline);
-                let confirmed = tokio::select! {
-                    confirmed = watching.confirmed(listener.is_listening(), until) => confirmed,
-                    () = context.stop.cancelled() => return Err(Error::ShutDown),
-                };
-                if confirmed {
-                    // A release that committed before the watch took hold
-                    // notified nobody: look again now that one would.
-                    watched = true;
-                    continue;
-                }
-            }
-            // Read (and mark seen) the listener's state whether or not this
-            // waiter is watched, so that an old change does not wake it.
-            let connected = listening
-                .as_mut()
-                .is_some_and(|w| *w.borrow_and_update() == Listening::Yes);
-            let seen = plan::Seen {
-                expires_at,
-                checked_at,
-                delayed_until,
-                pinned,
-                holder_session,
-                woken_by,
-                heard: watched && connected,
-            };
-            let plan = plan::plan(&seen, &mut counts);
-            if session_wait.as_ref().map(|(pid, _)| *pid) != plan.block_on {
-                session_wait = plan.block_on.map(|pid| {
-                    let wait: SessionWait<'_> = Box::pin(session_ended(context, pid));
-                    (pid, wait)
-                });
-            }
+            let plan = waiter.plan(&held);
             let nap = plan.nap.duration(context.options.get_max_poll_interval());
-            let wake = (now + nap).min(deadline);
-            loop {
-                tokio::select! {
-                    () = tokio::time::sleep_until(wake) => break,
-                    () = session_over(&mut session_wait) => {
-                        woken_by = session_wait.take().map(|(pid, _)| pid);
-                        counts.exit_polls = 0;
-                        break;
+            waiter.nap((now + nap).min(deadline)).await?;
+        }
+    }
+}
+
+/// One acquisition's state from one attempt to the next: how it hears of
+/// a release or of the holder's end, and what its plan needs to know.
+struct Waiter<'a> {
+    context: &'a Arc<Context>,
+    name: &'a str,
+    deadline: Instant,
+    /// The manager's release listener, once this waiter started it.
+    listener: Option<&'a Listener>,
+    /// Names whose release the listener heard (`None` in a message: it
+    /// connected again).
+    releases: Option<broadcast::Receiver<Option<String>>>,
+    /// Whether the listener is connected.
+    listening: Option<watch::Receiver<Listening>>,
+    /// The previous holder's expiry as last seen, for the takeover delay.
+    seen_expiry: Option<DateTime<Utc>>,
+    /// The backoffs' steps (see plan.rs).
+    counts: plan::Counts,
+    /// Releases are notified only for names a session watches: watched
+    /// on the listening connection after the first failed attempt.
+    watching: Option<Subscription>,
+    /// Whether that watch took hold (a release would be heard).
+    watched: bool,
+    /// The session-bound holder whose session's end last woke us (see
+    /// plan.rs).
+    woken_by: Option<i32>,
+    /// The wait in the server for that holder's session to end, kept from
+    /// one nap to the next while the holder stays the same.
+    session_wait: Option<(i32, SessionWait<'a>)>,
+}
+
+impl<'a> Waiter<'a> {
+    /// A waiter for `name` until `deadline`, not yet listening.
+    fn new(context: &'a Arc<Context>, name: &'a str, deadline: Instant) -> Waiter<'a> {
+        Waiter {
+            context,
+            name,
+            deadline,
+            listener: None,
+            releases: None,
+            listening: None,
+            seen_expiry: None,
+            counts: plan::Counts::default(),
+            watching: None,
+            watched: false,
+            woken_by: None,
+            session_wait: None,
+        }
+    }
+
+    /// Counts an acquisition that began at `start`, and its takeover delay.
+    fn took(&self, lease: &Lease, start: Instant) {
+        telemetry::acquisition("acquired", Some(start.elapsed()));
+        if let Some(delay) = plan::takeover_delay(self.seen_expiry, lease.acquired_at()) {
+            telemetry::takeover_delay(delay);
+        }
+    }
+
+    /// Starts the manager's release listener for this waiter, unless it
+    /// has already or the manager does not listen. A `counted` lease's
+    /// slots are released under their own names: its waiters poll.
+    fn listen(&mut self, counted: bool) {
+        if self.listener.is_none() && self.context.options.get_notify() && !counted {
+            let started = self.context.listener();
+            self.releases = Some(started.releases.subscribe());
+            self.listening = Some(started.listening.subscribe());
+            self.listener = Some(started);
+        }
+    }
+
+    /// Watches the name for releases, if listening and it is not watched
+    /// yet (nor `pinned`: no release would announce that lease's end);
+    /// whether a watch took hold now, confirmed within [`WATCH_CONFIRM`].
+    async fn watch(&mut self, pinned: bool) -> Result<bool> {
+        let Some(listener) = self.listener.filter(|_| !self.watched && !pinned) else {
+            return Ok(false);
+        };
+        let watching = self
+            .watching
+            .get_or_insert_with(|| listener.subscribe(Topic::Releases, self.name));
+        let until = (Instant::now() + WATCH_CONFIRM).min(self.deadline);
+        let confirmed = tokio::select! {
+            confirmed = watching.confirmed(listener.is_listening(), until) => confirmed,
+            () = self.context.stop.cancelled() => return Err(Error::ShutDown),
+        };
+        self.watched = confirmed;
+        Ok(confirmed)
+    }
+
+    /// The plan for the nap after `held`; starts (or keeps, or drops) the
+    /// wait in the server for the holder's session that it blocks on.
+    fn plan(&mut self, held: &Held) -> plan::Plan {
+        // Read (and mark seen) the listener's state whether or not this
+        // waiter is watched, so that an old change does not wake it.
+        let connected = self
+            .listening
+            .as_mut()
+            .is_some_and(|w| *w.borrow_and_update() == Listening::Yes);
+        let seen = plan::Seen {
+            expires_at: held.expires_at,
+            checked_at: held.checked_at,
+            delayed_until: held.delayed_until,
+            pinned: held.pinned(),
+            holder_session: held.holder_session,
+            woken_by: self.woken_by,
+            heard: self.watched && connected,
+        };
+        let plan = plan::plan(&seen, &mut self.counts);
+        if self.session_wait.as_ref().map(|(pid, _)| *pid) != plan.block_on {
+            let context = self.context;
+            self.session_wait = plan.block_on.map(|pid| {
+                let wait: SessionWait<'a> = Box::pin(session_ended(context, pid));
+                (pid, wait)
+            });
+        }
+        plan
+    }
+
+    /// Naps until `wake`, or until sooner: the name's release, the end of
+    /// the holder's session blocked on, or a change in what the listener
+    /// hears (then the name is watched again).
+    async fn nap(&mut self, wake: Instant) -> Result<()> {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(wake) => return Ok(()),
+                () = session_over(&mut self.session_wait) => {
+                    self.woken_by = self.session_wait.take().map(|(pid, _)| pid);
+                    self.counts.exit_polls = 0;
+                    return Ok(());
+                }
+                () = self.context.stop.cancelled() => return Err(Error::ShutDown),
+                released = next_release(&mut self.releases) => match plan::heard(&released, self.name) {
+                    Heard::Other => continue,
+                    Heard::This => return Ok(()),
+                    Heard::Rewatch => {
+                        self.watched = false;
+                        return Ok(());
                     }
-                    () = context.stop.cancelled() => return Err(Error::ShutDown),
-                    released = next_release(&mut releases) => match released {
-                        Ok(Some(released)) if released != name => continue,
-                        Err(broadcast::error::RecvError::Closed) => {
-                            releases = None;
-                            break;
-                        }
-                        // The listener connected again (its watches are
-                        // new), or this waiter lagged and may have missed
-                        // that: watch again.
-                        Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                            watched = false;
-                            break;
-                        }
-                        // This name: try now.
-                        Ok(Some(_)) => break,
-                    },
-                    () = listening_changed(&mut listening) => {
-                        watched = false;
-                        break;
+                    Heard::Closed => {
+                        self.releases = None;
+                        return Ok(());
                     }
+                },
+                () = listening_changed(&mut self.listening) => {
+                    self.watched = false;
+                    return Ok(());
                 }
             }
         }
     }
 }
 
+/// Resolves when the wait in the server for a holder's session does;
+/// never without one.
 async fn session_over(wait: &mut Option<(i32, SessionWait<'_>)>) {
     match wait {
         Some((_, wait)) => wait.as_mut().await,
@@ -527,6 +574,7 @@ async fn session_over(wait: &mut Option<(i32, SessionWait<'_>)>) {
     }
 }
 
+/// The listener's next message about releases; never without a listener.
 async fn next_release(
     releases: &mut Option<broadcast::Receiver<Option<String>>>,
 ) -> std::result::Result<Option<String>, broadcast::error::RecvError> {
@@ -536,6 +584,8 @@ async fn next_release(
     }
 }
 
+/// Resolves when whether the listener is connected changes (or it is
+/// gone, then not again); never without a listener.
 async fn listening_changed(listening: &mut Option<watch::Receiver<Listening>>) {
     match listening {
         Some(receiver) => {

@@ -1,14 +1,116 @@
-//! The waiter's decision between two attempts, clock-free: from what the
-//! last attempt saw (on the database's clock) and what woke the waiter
-//! before, how long to nap and on which holder's session to block. The
-//! loop in `mod.rs` carries it out (timers, the listener, the server-side
-//! wait) and draws the jitter.
+//! The waiter's decisions, clock-free: what to do with an attempt's
+//! outcome; between two attempts, from what the last one saw (on the
+//! database's clock) and what woke the waiter before, how long to nap and
+//! on which holder's session to block; and what a message from the
+//! release listener means to it. The loop in `mod.rs` carries them out
+//! (timers, the listener, the server-side wait) and draws the jitter.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
 
+use super::{Attempt, Held};
 use crate::backoff;
+use crate::error::{Error, Result};
+use crate::lease::Lease;
+
+/// Why an attempt did not acquire, as telemetry counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// Refused for the grant delay after a failover.
+    Delayed,
+    /// Ended, but pinned by a transaction the database could not end.
+    Pinned,
+    /// Held by another holder.
+    Held,
+}
+
+impl Refused {
+    /// The refusal, given whether a grant delay refused it and whether
+    /// the lease has ended: a grant delay refuses any lease, held or not.
+    pub(crate) fn of(delayed: bool, pinned: bool) -> Refused {
+        match (delayed, pinned) {
+            (true, _) => Refused::Delayed,
+            (false, true) => Refused::Pinned,
+            (false, false) => Refused::Held,
+        }
+    }
+
+    /// Its label in telemetry.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Refused::Delayed => "delayed",
+            Refused::Pinned => "pinned",
+            Refused::Held => "held",
+        }
+    }
+}
+
+/// What the waiter does after an attempt.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// Acquired: hand the lease over.
+    Take { lease: Lease, sent: Instant },
+    /// Attempt again at once: acquired so late that it was lost before
+    /// its confirming renewal, and there is time.
+    Retry,
+    /// Not acquired, and there is time: nap, then attempt again.
+    Wait(Held),
+    /// Not acquired, and out of time: report the refusal.
+    Refuse(Held),
+    /// Report the error.
+    Fail(Error),
+}
+
+/// The step after an attempt with `outcome`; `out_of_time` if the
+/// waiter's deadline had passed when the outcome came.
+pub(crate) fn step(outcome: Result<Attempt>, out_of_time: bool) -> Step {
+    match outcome {
+        Ok(Attempt::Acquired { lease, sent }) => Step::Take { lease, sent },
+        Ok(Attempt::Held(held)) if out_of_time => Step::Refuse(held),
+        Ok(Attempt::Held(held)) => Step::Wait(held),
+        Err(Error::Lost { .. }) if !out_of_time => Step::Retry,
+        Err(error) => Step::Fail(error),
+    }
+}
+
+/// How long after the expiry of the holder seen last (`expired`, if a
+/// holder was seen) a lease acquired at `acquired_at` was taken over;
+/// `None` if it was not (a release ends a lease sooner), both on the
+/// database's clock.
+pub(crate) fn takeover_delay(
+    expired: Option<DateTime<Utc>>,
+    acquired_at: DateTime<Utc>,
+) -> Option<Duration> {
+    (acquired_at - expired?).to_std().ok()
+}
+
+/// What a message from the release listener means to a waiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Heard {
+    /// Another name was released: nap on.
+    Other,
+    /// This name was released: attempt now.
+    This,
+    /// The listener connected again (its watches are new), or this waiter
+    /// lagged and may have missed that: watch again.
+    Rewatch,
+    /// The listener is gone: nothing more will be heard.
+    Closed,
+}
+
+/// What `message` (a released name, or `None` when the listener connected
+/// again) means to a waiter for `name`.
+pub(crate) fn heard(message: &std::result::Result<Option<String>, RecvError>, name: &str) -> Heard {
+    match message {
+        Ok(Some(released)) if released != name => Heard::Other,
+        Ok(Some(_)) => Heard::This,
+        Ok(None) | Err(RecvError::Lagged(_)) => Heard::Rewatch,
+        Err(RecvError::Closed) => Heard::Closed,
+    }
+}
 
 /// Quick looks after a session-bound holder's session ended, before the
 /// holder is taken to be one that does not hold its key (another session
@@ -136,6 +238,8 @@ pub(crate) fn plan(seen: &Seen, counts: &mut Counts) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::LossReason;
+    use crate::token::Token;
 
     fn at(ms: i64) -> DateTime<Utc> {
         DateTime::from_timestamp_millis(1_800_000_000_000 + ms).expect("a time")
@@ -277,5 +381,108 @@ mod tests {
         }
         let expiry = Nap::Expiry(Duration::from_secs(1)).duration(max_poll);
         assert!(expiry >= Duration::from_secs(1) && expiry <= Duration::from_millis(1_025));
+    }
+
+    /// What an attempt saw of `held()`'s lease.
+    fn refused() -> Held {
+        Held {
+            holder: Some("other".to_owned()),
+            expires_at: at(5_000),
+            checked_at: at(0),
+            note: None,
+            slot: "job".to_owned(),
+            holder_session: None,
+            delayed_until: None,
+        }
+    }
+
+    #[test]
+    fn an_acquired_lease_is_taken_even_out_of_time() {
+        let lease = Lease::new("job", "me".to_owned(), Token::issued(7), at(5_000), at(0));
+        let sent = Instant::now();
+        for out_of_time in [false, true] {
+            let outcome = Ok(Attempt::Acquired {
+                lease: lease.clone(),
+                sent,
+            });
+            match step(outcome, out_of_time) {
+                Step::Take {
+                    lease: taken,
+                    sent: at,
+                } => {
+                    assert_eq!(taken, lease);
+                    assert_eq!(at, sent);
+                }
+                other => panic!("not taken: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_refusal_is_waited_out_while_there_is_time_then_reported() {
+        match step(Ok(Attempt::Held(refused())), false) {
+            Step::Wait(held) => assert_eq!(held, refused()),
+            other => panic!("not waited out: {other:?}"),
+        }
+        match step(Ok(Attempt::Held(refused())), true) {
+            Step::Refuse(held) => assert_eq!(held, refused()),
+            other => panic!("not reported: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_lease_lost_before_its_confirmation_is_retried_while_there_is_time() {
+        let lost = || Error::Lost {
+            name: "job".to_owned(),
+            token: Token::issued(7),
+            reason: LossReason::Expired,
+        };
+        assert!(matches!(step(Err(lost()), false), Step::Retry));
+        assert!(matches!(
+            step(Err(lost()), true),
+            Step::Fail(Error::Lost { .. })
+        ));
+    }
+
+    #[test]
+    fn other_errors_are_reported_at_once() {
+        for out_of_time in [false, true] {
+            assert!(matches!(
+                step(Err(Error::ShutDown), out_of_time),
+                Step::Fail(Error::ShutDown)
+            ));
+        }
+    }
+
+    #[test]
+    fn a_grant_delay_names_the_refusal_before_an_ended_lease() {
+        assert_eq!(Refused::of(true, true), Refused::Delayed);
+        assert_eq!(Refused::of(true, false), Refused::Delayed);
+        assert_eq!(Refused::of(false, true), Refused::Pinned);
+        assert_eq!(Refused::of(false, false), Refused::Held);
+        let labels = [Refused::Delayed, Refused::Pinned, Refused::Held].map(Refused::label);
+        assert_eq!(labels, ["delayed", "pinned", "held"]);
+    }
+
+    #[test]
+    fn a_takeover_delay_counts_from_a_seen_expiry_only() {
+        assert_eq!(
+            takeover_delay(Some(at(5_000)), at(5_250)),
+            Some(Duration::from_millis(250))
+        );
+        // Released (no holder seen), or nobody seen at all.
+        assert_eq!(takeover_delay(None, at(5_250)), None);
+        // Taken before the expiry seen: a release ended the lease sooner.
+        assert_eq!(takeover_delay(Some(at(5_000)), at(4_000)), None);
+    }
+
+    #[test]
+    fn a_waiter_hears_its_own_release_and_listener_changes() {
+        let heard = |message| heard(&message, "job");
+        assert_eq!(heard(Ok(Some("other".to_owned()))), Heard::Other);
+        assert_eq!(heard(Ok(Some("job".to_owned()))), Heard::This);
+        assert_eq!(heard(Ok(None)), Heard::Rewatch);
+        assert_eq!(heard(Err(RecvError::Lagged(3))), Heard::Rewatch);
+        assert_eq!(heard(Err(RecvError::Closed)), Heard::Closed);
     }
 }

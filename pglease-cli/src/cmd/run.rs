@@ -1,16 +1,17 @@
 //! `pglease run NAME --ttl D -- CMD`: hold a lease while a command runs,
 //! like `flock` across hosts.
 
-use std::process::ExitCode;
+use std::io;
+use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use pglease::{AcquireOptions, Error, HeldLease, LeaseManager, LossReason};
+use pglease::{AcquireOptions, Error, HeldLease, LeaseManager, LossReason, Token};
 use tokio::time::Instant;
 
 use super::{announced, not_acquired};
 use crate::args::RunArgs;
-use crate::child::{Child, Forwarding, LeaseEnv, StopSignals, signalled, status_number};
+use crate::child::{Child, Forwarding, Group, LeaseEnv, StopSignals, signalled, status_number};
 use crate::exit::{self, Outcome};
 use crate::output::{human, note};
 
@@ -20,55 +21,45 @@ enum Stopping {
     Lost(LossReason),
 }
 
+impl Stopping {
+    /// Says why CMD is being stopped, and how.
+    fn announce(&self, args: &RunArgs, token: Token) {
+        let grace = human(args.grace);
+        match self {
+            Stopping::TimedOut => eprintln!(
+                "pglease: the command ran out of time (--timeout {}); stopping it \
+                 (SIGTERM, then SIGKILL after {grace})",
+                human(args.timeout.unwrap_or_default()),
+            ),
+            Stopping::Lost(reason) => eprintln!(
+                "pglease: lease {:?} (token {token}) lost: {reason}; stopping the command \
+                 (SIGTERM, then SIGKILL after {grace})",
+                args.name,
+            ),
+        }
+    }
+}
+
+/// `pglease run`: holds the lease while CMD runs, stops CMD when the lease
+/// is lost or CMD runs out of time, then releases the lease (or leaves it
+/// to expire at the end of `--min-hold`).
 pub(crate) async fn run(
     manager: &LeaseManager,
     database_url: Option<&str>,
     args: RunArgs,
 ) -> Outcome {
-    let RunArgs {
-        name,
-        holder,
-        ttl,
-        wait,
-        grace,
-        timeout,
-        min_hold,
-        limit,
-        session_bound,
-        cmd,
-    } = args;
-    let holder = holder.unwrap_or_else(AcquireOptions::default_holder);
+    let holder = args
+        .holder
+        .clone()
+        .unwrap_or_else(AcquireOptions::default_holder);
     // Signals are watched from the start, so that none is lost while
     // waiting for the lease.
     let Some(mut signals) = StopSignals::watch() else {
         return Ok(ExitCode::from(exit::DATABASE));
     };
-    // The first attempt, and the wait if one is allowed. A signal ends
-    // either at once (also while an attempt is stuck in the database) and
-    // CMD never starts; the server abandons an attempt still waiting in it
-    // once this process has exited (see `pglease::connect::pool_options`).
-    let acquisition = announced(&name, wait, |wait| {
-        let how = AcquireOptions::ttl(ttl)
-            .holder(&holder)
-            .wait(wait)
-            .session_bound(session_bound);
-        manager.hold(
-            &name,
-            match limit {
-                Some(limit) => how.limit(limit),
-                None => how,
-            },
-        )
-    });
-    let held: HeldLease = tokio::select! {
-        held = acquisition => match held {
-            Ok(held) => held,
-            Err(e) => return not_acquired(e, "run"),
-        },
-        signal = signals.next() => {
-            eprintln!("pglease: interrupted before {name:?} was acquired; the command did not run");
-            return Ok(ExitCode::from(signalled(signal)));
-        }
+    let held = match acquire(manager, &args, &holder, &mut signals).await {
+        Ok(held) => held,
+        Err(outcome) => return outcome,
     };
     // After the database's decision: a minimum hold counted from here ends
     // no earlier than acquisition + min_hold on the database clock.
@@ -80,95 +71,140 @@ pub(crate) async fn run(
         value: None,
         database_url,
     };
-    let mut child = match Child::spawn(&cmd, &lease, true) {
+    let mut child = match Child::spawn(&args.cmd, &lease, true) {
         Ok(child) => child,
         Err(e) => {
-            eprintln!("pglease: cannot start {:?}: {e}", cmd[0]);
+            eprintln!("pglease: cannot start {:?}: {e}", args.cmd[0]);
             release_after(held, RELEASE_AFTER_LOSS).await;
             return Ok(ExitCode::from(exit::CANNOT_START));
         }
     };
     let group = child.group();
-
-    // Wait for CMD, whatever else happens meanwhile: a signal to pglease
-    // is forwarded (a second one kills the group); running out of time or
-    // losing the lease stops CMD.
-    let mut forwarding = Forwarding::default();
-    let out_of_time = timeout.map(|t| Instant::now() + t);
-    let ran = {
-        let report = super::report_renewals(&held);
-        tokio::pin!(report);
-        loop {
-            tokio::select! {
-                biased;
-                status = child.wait() => break Ok(status),
-                () = sleep_until(out_of_time) => break Err(Stopping::TimedOut),
-                reason = held.lost() => break Err(Stopping::Lost(reason)),
-                signal = signals.next() => forwarding.forward(group, signal),
-                () = &mut report => {}
-            }
-        }
-    };
-    let (status, lost, timed_out) = match ran {
-        Ok(status) => (status, None, false),
+    let (status, stopped) = match supervise(&mut child, &held, &mut signals, args.timeout).await {
+        Ok(status) => (status, None),
         Err(stopping) => {
-            let lost = match stopping {
-                Stopping::TimedOut => {
-                    eprintln!(
-                        "pglease: the command ran out of time (--timeout {}); stopping it \
-                         (SIGTERM, then SIGKILL after {})",
-                        human(timeout.unwrap_or_default()),
-                        human(grace)
-                    );
-                    None
-                }
-                Stopping::Lost(reason) => {
-                    eprintln!(
-                        "pglease: lease {name:?} (token {}) lost: {reason}; stopping the command \
-                         (SIGTERM, then SIGKILL after {})",
-                        held.token(),
-                        human(grace)
-                    );
-                    Some(reason)
-                }
-            };
-            // A signal meanwhile kills the group at once.
-            let status = tokio::select! {
-                status = child.stop(Signal::SIGTERM, grace) => status,
-                _ = signals.next() => {
-                    group.signal(Signal::SIGKILL);
-                    child.wait().await
-                }
-            };
-            // Members of the group that outlived its leader go too.
-            group.signal(Signal::SIGKILL);
-            let timed_out = lost.is_none();
-            (status, lost, timed_out)
+            stopping.announce(&args, held.token());
+            (
+                stop(&mut child, &mut signals, args.grace).await,
+                Some(stopping),
+            )
         }
     };
-    let keep = min_hold
-        .filter(|_| lost.is_none())
-        .and_then(|hold| hold.checked_sub(acquired.elapsed()))
-        .filter(|left| *left >= Duration::from_micros(1));
-    match keep {
+    let lost = matches!(stopped, Some(Stopping::Lost(_)));
+    match kept_for(args.min_hold, acquired.elapsed(), lost) {
         Some(left) => expire_after(held, left).await,
         // After a loss the lease is gone or about to end: try to give it
         // back, but do not wait long for a database that may be down.
-        None if lost.is_some() => release_after(held, RELEASE_AFTER_LOSS).await,
+        None if lost => release_after(held, RELEASE_AFTER_LOSS).await,
         None => release_after(held, RELEASE_LIMIT).await,
     }
-    if lost.is_some() {
-        return Ok(ExitCode::from(exit::LOST));
+    Ok(match stopped {
+        Some(Stopping::Lost(_)) => ExitCode::from(exit::LOST),
+        Some(Stopping::TimedOut) => ExitCode::from(exit::TIMED_OUT),
+        None => exited(status, group),
+    })
+}
+
+/// The first attempt, and the wait if one is allowed; how `run` ends if
+/// the lease was not acquired. A signal ends either at once (also while an
+/// attempt is stuck in the database) and CMD never starts; the server
+/// abandons an attempt still waiting in it once this process has exited
+/// (see `pglease::connect::pool_options`).
+async fn acquire(
+    manager: &LeaseManager,
+    args: &RunArgs,
+    holder: &str,
+    signals: &mut StopSignals,
+) -> Result<HeldLease, Outcome> {
+    let acquisition = announced(&args.name, args.wait, |wait| {
+        let how = AcquireOptions::ttl(args.ttl)
+            .holder(holder)
+            .wait(wait)
+            .session_bound(args.session_bound);
+        manager.hold(
+            &args.name,
+            match args.limit {
+                Some(limit) => how.limit(limit),
+                None => how,
+            },
+        )
+    });
+    tokio::select! {
+        held = acquisition => held.map_err(|e| not_acquired(e, "run")),
+        signal = signals.next() => {
+            eprintln!(
+                "pglease: interrupted before {:?} was acquired; the command did not run",
+                args.name
+            );
+            Err(Ok(ExitCode::from(signalled(signal))))
+        }
     }
-    if timed_out {
-        return Ok(ExitCode::from(exit::TIMED_OUT));
+}
+
+/// Waits for CMD, whatever else happens meanwhile: a signal to pglease is
+/// forwarded (a second one kills the group); running out of time
+/// (`timeout`) or losing the lease ends the wait, to stop CMD.
+async fn supervise(
+    child: &mut Child,
+    held: &HeldLease,
+    signals: &mut StopSignals,
+    timeout: Option<Duration>,
+) -> Result<io::Result<ExitStatus>, Stopping> {
+    let group = child.group();
+    let mut forwarding = Forwarding::default();
+    let out_of_time = timeout.map(|t| Instant::now() + t);
+    let report = super::report_renewals(held);
+    tokio::pin!(report);
+    loop {
+        tokio::select! {
+            biased;
+            status = child.wait() => return Ok(status),
+            () = sleep_until(out_of_time) => return Err(Stopping::TimedOut),
+            reason = held.lost() => return Err(Stopping::Lost(reason)),
+            signal = signals.next() => forwarding.forward(group, signal),
+            () = &mut report => {}
+        }
     }
+}
+
+/// Stops CMD: SIGTERM, then SIGKILL after `grace` (at once if a signal
+/// comes meanwhile); then the members of its group that outlived it.
+async fn stop(
+    child: &mut Child,
+    signals: &mut StopSignals,
+    grace: Duration,
+) -> io::Result<ExitStatus> {
+    let group = child.group();
+    let status = tokio::select! {
+        status = child.stop(Signal::SIGTERM, grace) => status,
+        _ = signals.next() => {
+            group.signal(Signal::SIGKILL);
+            child.wait().await
+        }
+    };
+    group.signal(Signal::SIGKILL);
+    status
+}
+
+/// How long the lease is still to be kept after CMD, which ran for
+/// `held_for` since the acquisition: the rest of `--min-hold`, unless the
+/// lease was lost (or less than a microsecond is left).
+fn kept_for(min_hold: Option<Duration>, held_for: Duration, lost: bool) -> Option<Duration> {
+    min_hold
+        .filter(|_| !lost)
+        .and_then(|hold| hold.checked_sub(held_for))
+        .filter(|left| *left >= Duration::from_micros(1))
+}
+
+/// The exit code of CMD that exited by itself: its own, or 1 (with its
+/// group killed) if pglease lost track of it.
+fn exited(status: io::Result<ExitStatus>, group: Group) -> ExitCode {
     match status {
-        Ok(status) => Ok(ExitCode::from(status_number(status))),
+        Ok(status) => ExitCode::from(status_number(status)),
         Err(e) => {
             eprintln!("pglease: lost track of the command: {e}; killed its process group");
             group.signal(Signal::SIGKILL);
-            Ok(ExitCode::from(1))
+            ExitCode::from(1)
         }
     }
 }
@@ -202,6 +238,7 @@ const RELEASE_LIMIT: Duration = Duration::from_secs(10);
 /// The same after the lease was lost (the database may be unreachable).
 const RELEASE_AFTER_LOSS: Duration = Duration::from_secs(2);
 
+/// Releases the lease, waiting at most `limit` for the answer.
 async fn release_after(held: HeldLease, limit: Duration) {
     let name = held.name().to_owned();
     match tokio::time::timeout(limit, held.release()).await {

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
-use pglease::{LeaseManager, ListFilter};
+use pglease::{Error, LeaseManager, LeaseStatus, ListFilter};
 
 use crate::args::StatusArgs;
 use crate::exit::{self, Outcome};
@@ -12,28 +12,8 @@ use crate::output::{note, out, printable, short, status_json};
 /// `pglease status [NAME]`: one lease (exit 3 if it is not held), or the
 /// leases the filters keep, with a summary line on stderr.
 pub(crate) async fn status(manager: &LeaseManager, args: StatusArgs) -> Outcome {
-    let StatusArgs {
-        name,
-        json,
-        held,
-        expired,
-        prefix,
-        limit,
-    } = args;
-    let name = name.as_deref();
-    let mut filter = ListFilter::default();
-    if held {
-        filter = filter.held();
-    }
-    if expired {
-        filter = filter.expired();
-    }
-    if let Some(prefix) = prefix {
-        filter = filter.prefix(prefix);
-    }
-    if let Some(limit) = limit {
-        filter = filter.limit(limit);
-    }
+    let filter = filter(&args);
+    let name = args.name.as_deref();
     let leases = match name {
         Some(name) => vec![manager.inspect(name).await.map_err(|e| (e, "status"))?],
         // Filtered and limited in the database.
@@ -46,7 +26,7 @@ pub(crate) async fn status(manager: &LeaseManager, args: StatusArgs) -> Outcome 
         Some(_) if !leases[0].held => ExitCode::from(exit::NOT_ACQUIRED),
         _ => ExitCode::SUCCESS,
     };
-    if json {
+    if args.json {
         let value = match name {
             Some(_) => status_json(&leases[0]),
             None => serde_json::Value::Array(leases.iter().map(status_json).collect()),
@@ -55,6 +35,35 @@ pub(crate) async fn status(manager: &LeaseManager, args: StatusArgs) -> Outcome 
         return Ok(code);
     }
     let now: DateTime<Utc> = manager.database_time().await.map_err(|e| (e, "status"))?;
+    table(&leases, now);
+    if name.is_none() && !crate::output::quiet() {
+        summary(manager, &leases).await?;
+    }
+    timeline_note(manager, now).await;
+    Ok(code)
+}
+
+/// The filter the command line asks for (all leases without one).
+fn filter(args: &StatusArgs) -> ListFilter {
+    let mut filter = ListFilter::default();
+    if args.held {
+        filter = filter.held();
+    }
+    if args.expired {
+        filter = filter.expired();
+    }
+    if let Some(prefix) = &args.prefix {
+        filter = filter.prefix(prefix.clone());
+    }
+    if let Some(limit) = args.limit {
+        filter = filter.limit(limit);
+    }
+    filter
+}
+
+/// Prints `leases` as a table, their expiries as seen at `now` (database
+/// clock).
+fn table(leases: &[LeaseStatus], now: DateTime<Utc>) {
     let names: Vec<String> = leases.iter().map(|s| printable(&s.name)).collect();
     let width = names
         .iter()
@@ -69,20 +78,7 @@ pub(crate) async fn status(manager: &LeaseManager, args: StatusArgs) -> Outcome 
         "TOKEN"
     );
     for (s, shown) in leases.iter().zip(&names) {
-        let expires = match (s.expires_at, s.held) {
-            (None, _) => "never acquired".to_owned(),
-            (Some(at), true) => format!("in {}", short((at - now).to_std().unwrap_or_default())),
-            (Some(at), false) if s.holder.is_none() => {
-                format!(
-                    "released {} ago",
-                    short((now - at).to_std().unwrap_or_default())
-                )
-            }
-            (Some(at), false) => format!(
-                "expired {} ago",
-                short((now - at).to_std().unwrap_or_default())
-            ),
-        };
+        let expires = expiry(s.expires_at, s.held, s.holder.is_none(), now);
         out!(
             "{shown:<width$} {:<28} {:>10}  {expires}",
             s.holder
@@ -91,18 +87,45 @@ pub(crate) async fn status(manager: &LeaseManager, args: StatusArgs) -> Outcome 
             s.token.map_or("-".to_owned(), |t| t.to_string()),
         );
     }
-    if name.is_none() && !crate::output::quiet() {
-        let total = manager.count_leases().await.map_err(|e| (e, "status"))?;
-        let held = leases.iter().filter(|s| s.held).count();
-        let released = leases.iter().filter(|s| s.holder.is_none()).count();
-        let expired = leases.len() - held - released;
-        note!(
-            "pglease: {} of {total} leases shown: {held} held, {expired} expired, {released} released",
-            leases.len()
-        );
+}
+
+/// The EXPIRES column of a lease that expires (or ended) at `expires_at`,
+/// is `held` or not, and was `released` or not, as seen at `now`.
+fn expiry(
+    expires_at: Option<DateTime<Utc>>,
+    held: bool,
+    released: bool,
+    now: DateTime<Utc>,
+) -> String {
+    match (expires_at, held) {
+        (None, _) => "never acquired".to_owned(),
+        (Some(at), true) => format!("in {}", short((at - now).to_std().unwrap_or_default())),
+        (Some(at), false) if released => format!(
+            "released {} ago",
+            short((now - at).to_std().unwrap_or_default())
+        ),
+        (Some(at), false) => format!(
+            "expired {} ago",
+            short((now - at).to_std().unwrap_or_default())
+        ),
     }
-    timeline_note(manager, now).await;
-    Ok(code)
+}
+
+/// On stderr: how many of all leases are shown, and how many of them are
+/// held, expired and released.
+async fn summary(
+    manager: &LeaseManager,
+    leases: &[LeaseStatus],
+) -> Result<(), (Error, &'static str)> {
+    let total = manager.count_leases().await.map_err(|e| (e, "status"))?;
+    let held = leases.iter().filter(|s| s.held).count();
+    let released = leases.iter().filter(|s| s.holder.is_none()).count();
+    let expired = leases.len() - held - released;
+    note!(
+        "pglease: {} of {total} leases shown: {held} held, {expired} expired, {released} released",
+        leases.len()
+    );
+    Ok(())
 }
 
 /// On stderr: the latest change of timeline (a failover or a restore), while
