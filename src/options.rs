@@ -128,7 +128,7 @@ impl AcquireOptions {
     }
 
     /// Whether the lease is to be session-bound.
-    pub fn is_session_bound(&self) -> bool {
+    pub fn get_session_bound(&self) -> bool {
         self.session_bound
     }
 

@@ -178,9 +178,9 @@ async fn attempt(
         &ttl,
         how.get_value(),
         how.get_limit(),
-        how.is_session_bound(),
+        how.get_session_bound(),
     );
-    let row = if how.is_session_bound() {
+    let row = if how.get_session_bound() {
         on_session(context, statement).await
     } else {
         sql::query(statement).fetch_one(&context.pool).await
