@@ -196,10 +196,10 @@ pub async fn killed_connection_all() -> Result<Vec<Verdict>, BoxError> {
 pub async fn killed_connection(peer: Peer) -> Result<Verdict, BoxError> {
     let db = scratch().await?;
     let verdict = match peer {
-        Peer::Pglease => pglease_killed(&db).await?,
-        Peer::PgLease => pg_lease_killed(&db).await?,
-        Peer::DistributedLock => dlock_killed(&db).await?,
-        Peer::SqlxAdvisoryLock => sqlx_lock_killed(&db).await?,
+        Peer::Pglease => killed_pglease(&db).await?,
+        Peer::PgLease => killed_pg_lease(&db).await?,
+        Peer::DistributedLock => killed_dlock(&db).await?,
+        Peer::SqlxAdvisoryLock => killed_sqlx_lock(&db).await?,
     };
     Ok(verdict)
 }
@@ -251,6 +251,7 @@ fn stale_after_new(rows: &[String]) -> bool {
         .is_some_and(|b| rows[b..].iter().any(|w| w == "A"))
 }
 
+/// Appends `writer`'s row to the ledger.
 async fn write(pool: &PgPool, writer: &str) -> Result<(), BoxError> {
     sqlx08::query("INSERT INTO ledger (writer) VALUES ($1)")
         .bind(writer)
@@ -259,7 +260,8 @@ async fn write(pool: &PgPool, writer: &str) -> Result<(), BoxError> {
     Ok(())
 }
 
-async fn pglease_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
+/// Scenario (b) for pglease: A's write fenced.
+async fn killed_pglease(db: &TestDatabase) -> Result<Verdict, BoxError> {
     let options = db.options().application_name("peer-A");
     let a = LeaseManager::new(
         pglease::connect::pool_options()
@@ -328,9 +330,11 @@ async fn pglease_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
     })
 }
 
+/// Answers one of A's writes with its outcome.
 type Ack = oneshot::Sender<Result<(), String>>;
 
-async fn pg_lease_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
+/// Scenario (b) for pg_lease: loopers, A's write checked by `verify_lease_held`.
+async fn killed_pg_lease(db: &TestDatabase) -> Result<Verdict, BoxError> {
     use pg_lease::{LeaseContext, LeaseLooper, LeaseLooperOptions, verify_lease_held};
 
     let options = LeaseLooperOptions {
@@ -440,7 +444,8 @@ async fn pg_lease_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
     })
 }
 
-async fn dlock_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
+/// Scenario (b) for distributed-lock-postgres: A writes through its pool.
+async fn killed_dlock(db: &TestDatabase) -> Result<Verdict, BoxError> {
     use distributed_lock_postgres::PostgresLockProvider;
 
     let a_pool = pool(db, "peer-A").await?;
@@ -490,7 +495,8 @@ async fn dlock_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
     })
 }
 
-async fn sqlx_lock_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
+/// Scenario (b) for sqlx's `PgAdvisoryLock`: A writes on the guard's connection.
+async fn killed_sqlx_lock(db: &TestDatabase) -> Result<Verdict, BoxError> {
     use sqlx08::postgres::PgAdvisoryLock;
 
     let a_pool = pool(db, "peer-A").await?;

@@ -32,10 +32,10 @@ pub async fn paused_commit(peer: Peer) -> Result<Verdict, BoxError> {
     let db = scratch().await?;
     let proxy = Proxy::start(target(&db).await?).await?;
     match peer {
-        Peer::Pglease => pglease_paused(&db, &proxy).await,
-        Peer::PgLease => pg_lease_paused(&db, &proxy).await,
-        Peer::DistributedLock => dlock_paused(&db, &proxy).await,
-        Peer::SqlxAdvisoryLock => sqlx_lock_paused(&db, &proxy).await,
+        Peer::Pglease => paused_pglease(&db, &proxy).await,
+        Peer::PgLease => paused_pg_lease(&db, &proxy).await,
+        Peer::DistributedLock => paused_dlock(&db, &proxy).await,
+        Peer::SqlxAdvisoryLock => paused_sqlx_lock(&db, &proxy).await,
     }
 }
 
@@ -98,6 +98,7 @@ pub(crate) fn proxied_options(
     through
 }
 
+/// What B managed in the window, for the detail.
 fn takeover_text(took_over: Option<Duration>) -> String {
     match took_over {
         Some(t) => format!("took over {} ms after the freeze", t.as_millis()),
@@ -132,7 +133,8 @@ async fn verdict(
     })
 }
 
-async fn pglease_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
+/// Scenario (a) for pglease: A's write fenced, B waiting to acquire.
+async fn paused_pglease(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
     let a = LeaseManager::new(
         pglease::connect::pool_options()
             .max_connections(4)
@@ -187,11 +189,13 @@ async fn pglease_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, Box
     .await
 }
 
+/// Tells the scenario that A has done a step.
 type Step = oneshot::Sender<()>;
 /// A's orders: say when written, then commit when told.
 type Orders = Arc<Mutex<mpsc::Receiver<(Step, oneshot::Receiver<()>)>>>;
 
-async fn pg_lease_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
+/// Scenario (a) for pg_lease: loopers, A's write checked by `verify_lease_held`.
+async fn paused_pg_lease(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
     use pg_lease::{LeaseContext, LeaseLooper, verify_lease_held};
 
     let options = crate::looper::options(TTL);
@@ -306,7 +310,8 @@ async fn pg_lease_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, Bo
     .await
 }
 
-async fn dlock_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
+/// Scenario (a) for distributed-lock-postgres: A writes in its own transaction.
+async fn paused_dlock(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
     use distributed_lock_postgres::PostgresLockProvider;
 
     let a_pool = proxied_pool(db, proxy).await?;
@@ -355,7 +360,8 @@ async fn dlock_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxEr
     .await
 }
 
-async fn sqlx_lock_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
+/// Scenario (a) for sqlx's `PgAdvisoryLock`: A writes on the guard's connection.
+async fn paused_sqlx_lock(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
     use sqlx08::postgres::PgAdvisoryLock;
 
     let a_pool = proxied_pool(db, proxy).await?;
