@@ -18,7 +18,7 @@ use pglease::{AcquireOptions, Error, LeaseManager};
 use sqlx08::postgres::PgPool;
 use tokio::sync::Notify;
 
-use crate::looper::{Signal, signal, slot};
+use crate::looper::{Signal, holds, signal, slot};
 use crate::{BoxError, Peer, pool};
 
 const TTL: Duration = Duration::from_secs(1);
@@ -200,96 +200,102 @@ async fn cycles(peer: Peer, run_for: Duration) -> Result<f64, BoxError> {
 /// A holder dies right after acquiring; how long until another holds it.
 async fn takeover(peer: Peer) -> Result<Option<Duration>, BoxError> {
     let db = TestDatabase::new().await?;
-    match peer {
-        Peer::Pglease => {
-            let a = db.manager();
-            // Acquired, never renewed nor released: dead.
-            let _dead = a.acquire("res", AcquireOptions::ttl(TTL)).await?;
-            Ok(Some(pglease_taken_over(&db, Instant::now()).await?))
-        }
-        Peer::PgLease => {
-            let p = pool(&db, "peer-B").await?;
-            let a_pool = pool(&db, "peer-A").await?;
-            let (held, was_held) = slot();
-            let a = pg_lease::LeaseLooper::new(
-                "res".to_owned(),
-                move |_ctx, held: Signal| async move {
-                    signal(&held);
-                    std::future::pending::<()>().await;
-                    Ok(())
-                },
-                "A".to_owned(),
-                a_pool.clone(),
-                looper_options(),
-                held,
-            );
-            a.start().await?;
-            was_held.await?;
-            // The process dies: its tasks stop and its connections close
-            // (stop() alone leaves the heartbeat task running: it is
-            // spawned apart from the task stop() aborts).
-            a.stop().await?;
-            a_pool.close().await;
-            let died = Instant::now();
-            let (got, b_got) = slot();
-            let b = pg_lease::LeaseLooper::new(
-                "res".to_owned(),
-                move |_ctx, got: Signal| async move {
-                    signal(&got);
-                    std::future::pending::<()>().await;
-                    Ok(())
-                },
-                "B".to_owned(),
-                p,
-                looper_options(),
-                got,
-            );
-            b.start().await?;
-            tokio::time::timeout(Duration::from_secs(10), b_got)
-                .await
-                .map_err(|_| "pg_lease: no takeover within 10 s")??;
-            let took = died.elapsed();
-            b.stop().await?;
-            Ok(Some(took))
-        }
-        Peer::DistributedLock => {
-            let a_pool = pool(&db, "peer-A").await?;
-            let a = distributed_lock_postgres::PostgresLockProvider::builder()
-                .pool(a_pool.clone())
-                .build()
-                .await?;
-            let handle = a.create_lock("res").acquire(Some(TTL)).await?;
-            // The process dies: its connections close (ended here from
-            // the server's side; the handle is never used again).
-            crate::kill(&db, "peer-A").await?;
-            let died = Instant::now();
-            std::mem::forget(handle);
-            let b = distributed_lock_postgres::PostgresLockProvider::builder()
-                .pool(pool(&db, "peer-B").await?)
-                .build()
-                .await?;
-            let got = b
-                .create_lock("res")
-                .acquire(Some(Duration::from_secs(10)))
-                .await?;
-            let took = died.elapsed();
-            let _ = got.release().await;
-            Ok(Some(took))
-        }
-        Peer::SqlxAdvisoryLock => {
-            let a_pool = pool(&db, "peer-A").await?;
-            let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
-            let conn = lock.acquire(a_pool.acquire().await?).await?.leak();
-            // The process dies: its connection closes.
-            conn.close().await?;
-            let died = Instant::now();
-            let b_pool = pool(&db, "peer-B").await?;
-            let guard = lock.acquire(b_pool.acquire().await?).await?;
-            let took = died.elapsed();
-            guard.release_now().await?;
-            Ok(Some(took))
-        }
-    }
+    let took = match peer {
+        Peer::Pglease => takeover_pglease(&db).await?,
+        Peer::PgLease => takeover_pg_lease(&db).await?,
+        Peer::DistributedLock => takeover_dlock(&db).await?,
+        Peer::SqlxAdvisoryLock => takeover_sqlx_lock(&db).await?,
+    };
+    Ok(Some(took))
+}
+
+/// Takeover for pglease: A's lease is never renewed nor released, B waits
+/// for it.
+async fn takeover_pglease(db: &TestDatabase) -> Result<Duration, BoxError> {
+    let a = db.manager();
+    // Acquired, never renewed nor released: dead.
+    let _dead = a.acquire("res", AcquireOptions::ttl(TTL)).await?;
+    pglease_taken_over(db, Instant::now()).await
+}
+
+/// Takeover for pg_lease: A's looper and connections end, B's looper
+/// tries every 100 ms.
+async fn takeover_pg_lease(db: &TestDatabase) -> Result<Duration, BoxError> {
+    let p = pool(db, "peer-B").await?;
+    let a_pool = pool(db, "peer-A").await?;
+    let (held, was_held) = slot();
+    let a = pg_lease::LeaseLooper::new(
+        "res".to_owned(),
+        holds,
+        "A".to_owned(),
+        a_pool.clone(),
+        looper_options(),
+        held,
+    );
+    a.start().await?;
+    was_held.await?;
+    // The process dies: its tasks stop and its connections close
+    // (stop() alone leaves the heartbeat task running: it is
+    // spawned apart from the task stop() aborts).
+    a.stop().await?;
+    a_pool.close().await;
+    let died = Instant::now();
+    let (got, b_got) = slot();
+    let b = pg_lease::LeaseLooper::new(
+        "res".to_owned(),
+        holds,
+        "B".to_owned(),
+        p,
+        looper_options(),
+        got,
+    );
+    b.start().await?;
+    tokio::time::timeout(Duration::from_secs(10), b_got)
+        .await
+        .map_err(|_| "pg_lease: no takeover within 10 s")??;
+    let took = died.elapsed();
+    b.stop().await?;
+    Ok(took)
+}
+
+/// Takeover for distributed-lock-postgres: A's connections are ended, B
+/// waits for the lock.
+async fn takeover_dlock(db: &TestDatabase) -> Result<Duration, BoxError> {
+    let a_pool = pool(db, "peer-A").await?;
+    let a = distributed_lock_postgres::PostgresLockProvider::builder()
+        .pool(a_pool.clone())
+        .build()
+        .await?;
+    let handle = a.create_lock("res").acquire(Some(TTL)).await?;
+    // The process dies: its connections close (ended here from
+    // the server's side; the handle is never used again).
+    crate::kill(db, "peer-A").await?;
+    let died = Instant::now();
+    std::mem::forget(handle);
+    let b = dlock_provider(db, "peer-B").await?;
+    let got = b
+        .create_lock("res")
+        .acquire(Some(Duration::from_secs(10)))
+        .await?;
+    let took = died.elapsed();
+    let _ = got.release().await;
+    Ok(took)
+}
+
+/// Takeover for sqlx's `PgAdvisoryLock`: A's guard's connection closes, B
+/// waits for the lock.
+async fn takeover_sqlx_lock(db: &TestDatabase) -> Result<Duration, BoxError> {
+    let a_pool = pool(db, "peer-A").await?;
+    let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
+    let conn = lock.acquire(a_pool.acquire().await?).await?.leak();
+    // The process dies: its connection closes.
+    conn.close().await?;
+    let died = Instant::now();
+    let b_pool = pool(db, "peer-B").await?;
+    let guard = lock.acquire(b_pool.acquire().await?).await?;
+    let took = died.elapsed();
+    guard.release_now().await?;
+    Ok(took)
 }
 
 /// pglease's session-bound lease (TTL 1 s as the others'): the holder dies
@@ -321,127 +327,141 @@ async fn pglease_taken_over(db: &TestDatabase, died: Instant) -> Result<Duration
     Ok(died.elapsed())
 }
 
-/// A waiter is waiting when the holder releases; how long until it holds.
+/// A waiter is waiting when the holder releases, `offset` after it began
+/// to wait (pglease's: once it listens); how long until it holds.
 async fn handover(peer: Peer, offset: Duration) -> Result<Option<Duration>, BoxError> {
     let db = TestDatabase::new().await?;
+    let took = match peer {
+        Peer::Pglease => handover_pglease(&db).await?,
+        Peer::PgLease => handover_pg_lease(&db, offset).await?,
+        Peer::DistributedLock => handover_dlock(&db, offset).await?,
+        Peer::SqlxAdvisoryLock => handover_sqlx_lock(&db, offset).await?,
+    };
+    Ok(Some(took))
+}
+
+/// Handover for pglease: A releases once B's wait listens for the release.
+async fn handover_pglease(db: &TestDatabase) -> Result<Duration, BoxError> {
+    let a = db.manager();
+    let lease = a.acquire("res", AcquireOptions::ttl(TTL * 30)).await?;
+    let b = db.manager();
+    let watcher = b.clone();
+    let waiting = tokio::spawn(async move {
+        b.acquire(
+            "res",
+            AcquireOptions::ttl(TTL).wait(Duration::from_secs(10)),
+        )
+        .await
+        .map(|_| Instant::now())
+    });
+    // Until the waiter listens for the release.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !(watcher.stats().waiting == 1 && watcher.stats().listening) && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let at = Instant::now();
+    a.release(&lease).await?;
+    let got: Result<Instant, Error> = waiting.await?;
+    Ok(got?.duration_since(at))
+}
+
+/// Handover for pg_lease: A's looper function returns `offset` after B's
+/// looper started.
+async fn handover_pg_lease(db: &TestDatabase, offset: Duration) -> Result<Duration, BoxError> {
     let released = Arc::new(Notify::new());
-    match peer {
-        Peer::Pglease => {
-            let a = db.manager();
-            let lease = a.acquire("res", AcquireOptions::ttl(TTL * 30)).await?;
-            let b = db.manager();
-            let watcher = b.clone();
-            let waiting = tokio::spawn(async move {
-                b.acquire(
-                    "res",
-                    AcquireOptions::ttl(TTL).wait(Duration::from_secs(10)),
-                )
-                .await
-                .map(|_| Instant::now())
-            });
-            // Until the waiter listens for the release.
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while !(watcher.stats().waiting == 1 && watcher.stats().listening)
-                && Instant::now() < deadline
-            {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            let at = Instant::now();
-            a.release(&lease).await?;
-            let got: Result<Instant, Error> = waiting.await?;
-            Ok(Some(got?.duration_since(at)))
-        }
-        Peer::PgLease => {
-            let p = pool(&db, "peer").await?;
-            let release = Arc::clone(&released);
-            let (held, was_held) = slot();
-            let a = pg_lease::LeaseLooper::new(
-                "res".to_owned(),
-                move |_ctx, (held, release): (Signal, Arc<Notify>)| async move {
-                    signal(&held);
-                    // Returning releases the lease.
-                    release.notified().await;
-                    Ok(())
-                },
-                "A".to_owned(),
-                p.clone(),
-                looper_options(),
-                (held, release),
-            );
-            a.start().await?;
-            was_held.await?;
-            let (got, b_got) = slot();
-            let b = pg_lease::LeaseLooper::new(
-                "res".to_owned(),
-                move |_ctx, got: Signal| async move {
-                    signal(&got);
-                    std::future::pending::<()>().await;
-                    Ok(())
-                },
-                "B".to_owned(),
-                p,
-                looper_options(),
-                got,
-            );
-            b.start().await?;
-            tokio::time::sleep(offset).await;
-            let at = Instant::now();
-            released.notify_one();
-            let got = tokio::time::timeout(Duration::from_secs(10), b_got)
-                .await
-                .map_err(|_| "pg_lease: no handover within 10 s")??;
-            b.stop().await?;
-            Ok(Some(got.duration_since(at)))
-        }
-        Peer::DistributedLock => {
-            let provider = |app: &'static str| {
-                let db = &db;
-                async move {
-                    distributed_lock_postgres::PostgresLockProvider::builder()
-                        .pool(pool(db, app).await?)
-                        .build()
-                        .await
-                        .map_err(BoxError::from)
-                }
-            };
-            let a = provider("peer-A").await?;
-            let b = provider("peer-B").await?;
-            let handle = a.create_lock("res").acquire(Some(TTL)).await?;
-            let waiting = tokio::spawn(async move {
-                let lock = b.create_lock("res");
-                let got = lock.acquire(Some(Duration::from_secs(10))).await;
-                let at = Instant::now();
-                got.map(|h| (at, h))
-            });
-            tokio::time::sleep(offset).await;
-            let at = Instant::now();
-            handle.release().await?;
-            let (got, h) = waiting.await??;
-            let _ = h.release().await;
-            Ok(Some(got.duration_since(at)))
-        }
-        Peer::SqlxAdvisoryLock => {
-            let a_pool = pool(&db, "peer-A").await?;
-            let b_pool = pool(&db, "peer-B").await?;
-            let lock = Arc::new(sqlx08::postgres::PgAdvisoryLock::new("res"));
-            let guard = lock.acquire(a_pool.acquire().await?).await?;
-            let waiting = {
-                let lock = Arc::clone(&lock);
-                tokio::spawn(async move {
-                    let conn = b_pool.acquire().await?;
-                    let guard = lock.acquire(conn).await?;
-                    let at = Instant::now();
-                    guard.release_now().await?;
-                    Ok::<_, BoxError>(at)
-                })
-            };
-            tokio::time::sleep(offset).await;
+    let p = pool(db, "peer").await?;
+    let release = Arc::clone(&released);
+    let (held, was_held) = slot();
+    let a = pg_lease::LeaseLooper::new(
+        "res".to_owned(),
+        move |_ctx, (held, release): (Signal, Arc<Notify>)| async move {
+            signal(&held);
+            // Returning releases the lease.
+            release.notified().await;
+            Ok(())
+        },
+        "A".to_owned(),
+        p.clone(),
+        looper_options(),
+        (held, release),
+    );
+    a.start().await?;
+    was_held.await?;
+    let (got, b_got) = slot();
+    let b = pg_lease::LeaseLooper::new(
+        "res".to_owned(),
+        holds,
+        "B".to_owned(),
+        p,
+        looper_options(),
+        got,
+    );
+    b.start().await?;
+    tokio::time::sleep(offset).await;
+    let at = Instant::now();
+    released.notify_one();
+    let got = tokio::time::timeout(Duration::from_secs(10), b_got)
+        .await
+        .map_err(|_| "pg_lease: no handover within 10 s")??;
+    b.stop().await?;
+    Ok(got.duration_since(at))
+}
+
+/// Handover for distributed-lock-postgres: A releases `offset` after B
+/// began to wait for the lock.
+async fn handover_dlock(db: &TestDatabase, offset: Duration) -> Result<Duration, BoxError> {
+    let a = dlock_provider(db, "peer-A").await?;
+    let b = dlock_provider(db, "peer-B").await?;
+    let handle = a.create_lock("res").acquire(Some(TTL)).await?;
+    let waiting = tokio::spawn(async move {
+        let lock = b.create_lock("res");
+        let got = lock.acquire(Some(Duration::from_secs(10))).await;
+        let at = Instant::now();
+        got.map(|h| (at, h))
+    });
+    tokio::time::sleep(offset).await;
+    let at = Instant::now();
+    handle.release().await?;
+    let (got, h) = waiting.await??;
+    let _ = h.release().await;
+    Ok(got.duration_since(at))
+}
+
+/// Handover for sqlx's `PgAdvisoryLock`: A releases `offset` after B began
+/// to wait for the lock.
+async fn handover_sqlx_lock(db: &TestDatabase, offset: Duration) -> Result<Duration, BoxError> {
+    let a_pool = pool(db, "peer-A").await?;
+    let b_pool = pool(db, "peer-B").await?;
+    let lock = Arc::new(sqlx08::postgres::PgAdvisoryLock::new("res"));
+    let guard = lock.acquire(a_pool.acquire().await?).await?;
+    let waiting = {
+        let lock = Arc::clone(&lock);
+        tokio::spawn(async move {
+            let conn = b_pool.acquire().await?;
+            let guard = lock.acquire(conn).await?;
             let at = Instant::now();
             guard.release_now().await?;
-            let got = waiting.await??;
-            Ok(Some(got.duration_since(at)))
-        }
-    }
+            Ok::<_, BoxError>(at)
+        })
+    };
+    tokio::time::sleep(offset).await;
+    let at = Instant::now();
+    guard.release_now().await?;
+    let got = waiting.await??;
+    Ok(got.duration_since(at))
+}
+
+/// A distributed-lock-postgres provider on a pool of its own, its
+/// connections named `app`.
+async fn dlock_provider(
+    db: &TestDatabase,
+    app: &str,
+) -> Result<distributed_lock_postgres::PostgresLockProvider, BoxError> {
+    Ok(distributed_lock_postgres::PostgresLockProvider::builder()
+        .pool(pool(db, app).await?)
+        .build()
+        .await?)
 }
 
 /// One worker holds the lease; another waits for it for `span`.
