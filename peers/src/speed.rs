@@ -22,7 +22,10 @@ use crate::looper::{Signal, holds, signal, slot};
 use crate::{BoxError, Peer, pool};
 
 const TTL: Duration = Duration::from_secs(1);
+/// How many leases are held for the holding figure.
+const HELD: usize = 1000;
 
+/// pg_lease's settings in these measures.
 fn looper_options() -> pg_lease::LeaseLooperOptions {
     crate::looper::options(TTL)
 }
@@ -130,6 +133,8 @@ async fn load_since(
     })
 }
 
+/// Acquire+release cycles per second for `peer`, one client, one name,
+/// over `run_for`.
 async fn cycles(peer: Peer, run_for: Duration) -> Result<f64, BoxError> {
     let db = TestDatabase::new().await?;
     let started = Instant::now();
@@ -469,149 +474,111 @@ async fn waiting(peer: Peer, span: Duration) -> Result<Load, BoxError> {
     let db = TestDatabase::new().await?;
     let reader = pool(&db, "reader").await?;
     match peer {
-        Peer::Pglease => {
-            let a = db.manager();
-            let _held = a.hold("res", AcquireOptions::ttl(TTL * 30)).await?;
-            let b = db.manager();
-            let before = counters(&reader).await?;
-            let started = Instant::now();
-            let _ = b.acquire("res", AcquireOptions::ttl(TTL).wait(span)).await;
-            load_since(&reader, before, Some(started.elapsed())).await
-        }
-        Peer::PgLease => {
-            let p = pool(&db, "peer").await?;
-            let forever = |_ctx, _: ()| async move {
-                std::future::pending::<()>().await;
-                Ok(())
-            };
-            // The holder as pglease's here: a 30 s lease (heartbeat every
-            // 10 s), so that the figure is the waiter's.
-            let a = pg_lease::LeaseLooper::new(
-                "res".to_owned(),
-                forever,
-                "A".to_owned(),
-                p.clone(),
-                crate::looper::options(TTL * 30),
-                (),
-            );
-            a.start().await?;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let before = counters(&reader).await?;
-            let started = Instant::now();
-            let b = pg_lease::LeaseLooper::new(
-                "res".to_owned(),
-                forever,
-                "B".to_owned(),
-                p.clone(),
-                looper_options(),
-                (),
-            );
-            b.start().await?;
-            tokio::time::sleep(span).await;
-            b.stop().await?;
-            let load = load_since(&reader, before, Some(started.elapsed())).await;
-            a.stop().await?;
-            p.close().await;
-            load
-        }
-        Peer::DistributedLock => {
-            let provider = |app: &'static str| {
-                let db = &db;
-                async move {
-                    distributed_lock_postgres::PostgresLockProvider::builder()
-                        .pool(pool(db, app).await?)
-                        .build()
-                        .await
-                        .map_err(BoxError::from)
-                }
-            };
-            let a = provider("peer-A").await?;
-            let b = provider("peer-B").await?;
-            let _handle = a.create_lock("res").acquire(Some(TTL)).await?;
-            let before = counters(&reader).await?;
-            let started = Instant::now();
-            let _ = b.create_lock("res").acquire(Some(span)).await;
-            load_since(&reader, before, Some(started.elapsed())).await
-        }
-        Peer::SqlxAdvisoryLock => {
-            let a_pool = pool(&db, "peer-A").await?;
-            let b_pool = pool(&db, "peer-B").await?;
-            let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
-            let _guard = lock.acquire(a_pool.acquire().await?).await?;
-            let before = counters(&reader).await?;
-            let started = Instant::now();
-            // Its documented wait blocks in the server; bounded here.
-            let mut conn = b_pool.acquire().await?;
-            let _ = sqlx08::query("SET lock_timeout = '5s'")
-                .execute(&mut *conn)
-                .await;
-            let _ = lock.acquire(&mut *conn).await;
-            load_since(&reader, before, Some(started.elapsed())).await
-        }
+        Peer::Pglease => waiting_pglease(&db, &reader, span).await,
+        Peer::PgLease => waiting_pg_lease(&db, &reader, span).await,
+        Peer::DistributedLock => waiting_dlock(&db, &reader, span).await,
+        Peer::SqlxAdvisoryLock => waiting_sqlx_lock(&db, &reader).await,
     }
 }
 
-/// 1,000 leases held for `span`.
+/// A waiter's load for pglease: B's acquire waits for `span`.
+async fn waiting_pglease(
+    db: &TestDatabase,
+    reader: &PgPool,
+    span: Duration,
+) -> Result<Load, BoxError> {
+    let a = db.manager();
+    let _held = a.hold("res", AcquireOptions::ttl(TTL * 30)).await?;
+    let b = db.manager();
+    let before = counters(reader).await?;
+    let started = Instant::now();
+    let _ = b.acquire("res", AcquireOptions::ttl(TTL).wait(span)).await;
+    load_since(reader, before, Some(started.elapsed())).await
+}
+
+/// A waiter's load for pg_lease: B's looper tries for `span`.
+async fn waiting_pg_lease(
+    db: &TestDatabase,
+    reader: &PgPool,
+    span: Duration,
+) -> Result<Load, BoxError> {
+    let p = pool(db, "peer").await?;
+    let forever = |_ctx, _: ()| async move {
+        std::future::pending::<()>().await;
+        Ok(())
+    };
+    // The holder as pglease's here: a 30 s lease (heartbeat every
+    // 10 s), so that the figure is the waiter's.
+    let a = pg_lease::LeaseLooper::new(
+        "res".to_owned(),
+        forever,
+        "A".to_owned(),
+        p.clone(),
+        crate::looper::options(TTL * 30),
+        (),
+    );
+    a.start().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = counters(reader).await?;
+    let started = Instant::now();
+    let b = pg_lease::LeaseLooper::new(
+        "res".to_owned(),
+        forever,
+        "B".to_owned(),
+        p.clone(),
+        looper_options(),
+        (),
+    );
+    b.start().await?;
+    tokio::time::sleep(span).await;
+    b.stop().await?;
+    let load = load_since(reader, before, Some(started.elapsed())).await;
+    a.stop().await?;
+    p.close().await;
+    load
+}
+
+/// A waiter's load for distributed-lock-postgres: B's acquire waits for
+/// `span`.
+async fn waiting_dlock(
+    db: &TestDatabase,
+    reader: &PgPool,
+    span: Duration,
+) -> Result<Load, BoxError> {
+    let a = dlock_provider(db, "peer-A").await?;
+    let b = dlock_provider(db, "peer-B").await?;
+    let _handle = a.create_lock("res").acquire(Some(TTL)).await?;
+    let before = counters(reader).await?;
+    let started = Instant::now();
+    let _ = b.create_lock("res").acquire(Some(span)).await;
+    load_since(reader, before, Some(started.elapsed())).await
+}
+
+/// A waiter's load for sqlx's `PgAdvisoryLock`: B's acquire blocks in the
+/// server for 5 s.
+async fn waiting_sqlx_lock(db: &TestDatabase, reader: &PgPool) -> Result<Load, BoxError> {
+    let a_pool = pool(db, "peer-A").await?;
+    let b_pool = pool(db, "peer-B").await?;
+    let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
+    let _guard = lock.acquire(a_pool.acquire().await?).await?;
+    let before = counters(reader).await?;
+    let started = Instant::now();
+    // Its documented wait blocks in the server; bounded here.
+    let mut conn = b_pool.acquire().await?;
+    let _ = sqlx08::query("SET lock_timeout = '5s'")
+        .execute(&mut *conn)
+        .await;
+    let _ = lock.acquire(&mut *conn).await;
+    load_since(reader, before, Some(started.elapsed())).await
+}
+
+/// `HELD` leases held for `span`.
 async fn holding(peer: Peer, span: Duration, note: &mut String) -> Result<Option<Load>, BoxError> {
-    const N: usize = 1000;
     let db = TestDatabase::new().await?;
     let reader = pool(&db, "reader").await?;
     match peer {
-        Peer::Pglease => {
-            let m = LeaseManager::new(db.pool().clone());
-            let mut held = Vec::with_capacity(N);
-            for i in 0..N {
-                held.push(
-                    m.hold(&format!("res-{i}"), AcquireOptions::ttl(TTL * 30))
-                        .await?,
-                );
-            }
-            let before = counters(&reader).await?;
-            tokio::time::sleep(span).await;
-            let load = load_since(&reader, before, None).await;
-            m.shutdown().await?;
-            note.push_str(
-                "pglease: TTL 30 s here (renewed every 10 s, all 1,000 in one statement). ",
-            );
-            load.map(Some)
-        }
-        Peer::PgLease => {
-            let p = pool(&db, "peer").await?;
-            let mut loopers = Vec::with_capacity(N);
-            for i in 0..N {
-                let looper = pg_lease::LeaseLooper::new(
-                    format!("res-{i}"),
-                    |_ctx, _: ()| async move {
-                        std::future::pending::<()>().await;
-                        Ok(())
-                    },
-                    "A".to_owned(),
-                    p.clone(),
-                    crate::looper::options(TTL * 30),
-                    (),
-                );
-                looper.start().await?;
-                loopers.push(looper);
-            }
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            let held: i64 = sqlx08::query_scalar(
-                "SELECT count(*) FROM _pg_lease WHERE worker_id = 'A' AND held_until > now()",
-            )
-            .fetch_one(&reader)
-            .await?;
-            if held < N as i64 {
-                note.push_str(&format!("pg_lease: only {held} of the 1,000 held. "));
-            }
-            let before = counters(&reader).await?;
-            tokio::time::sleep(span).await;
-            let load = load_since(&reader, before, None).await;
-            for looper in &loopers {
-                looper.stop().await?;
-            }
-            p.close().await;
-            note.push_str("pg_lease: lease 30 s, heartbeat every 10 s, one per lease. ");
-            load.map(Some)
-        }
+        Peer::Pglease => holding_pglease(&db, &reader, span, note).await.map(Some),
+        Peer::PgLease => holding_pg_lease(&db, &reader, span, note).await.map(Some),
         Peer::DistributedLock => {
             note.push_str(
                 "distributed-lock-postgres: each lock keeps a pooled connection for as long as \
@@ -620,20 +587,96 @@ async fn holding(peer: Peer, span: Duration, note: &mut String) -> Result<Option
             );
             Ok(None)
         }
-        Peer::SqlxAdvisoryLock => {
-            let p = pool(&db, "peer").await?;
-            let mut conn = p.acquire().await?;
-            for i in 0..N {
-                let lock = sqlx08::postgres::PgAdvisoryLock::new(format!("res-{i}"));
-                lock.acquire(&mut *conn).await?.leak();
-            }
-            let before = counters(&reader).await?;
-            tokio::time::sleep(span).await;
-            let load = load_since(&reader, before, None).await;
-            note.push_str("sqlx PgAdvisoryLock: 1,000 session locks on one connection. ");
-            load.map(Some)
-        }
+        Peer::SqlxAdvisoryLock => holding_sqlx_lock(&db, &reader, span, note).await.map(Some),
     }
+}
+
+/// Holding for pglease: one manager holds them all and renews them
+/// together.
+async fn holding_pglease(
+    db: &TestDatabase,
+    reader: &PgPool,
+    span: Duration,
+    note: &mut String,
+) -> Result<Load, BoxError> {
+    let m = LeaseManager::new(db.pool().clone());
+    let mut held = Vec::with_capacity(HELD);
+    for i in 0..HELD {
+        held.push(
+            m.hold(&format!("res-{i}"), AcquireOptions::ttl(TTL * 30))
+                .await?,
+        );
+    }
+    let before = counters(reader).await?;
+    tokio::time::sleep(span).await;
+    let load = load_since(reader, before, None).await;
+    m.shutdown().await?;
+    note.push_str("pglease: TTL 30 s here (renewed every 10 s, all 1,000 in one statement). ");
+    load
+}
+
+/// Holding for pg_lease: a looper per lease, each with its heartbeat.
+async fn holding_pg_lease(
+    db: &TestDatabase,
+    reader: &PgPool,
+    span: Duration,
+    note: &mut String,
+) -> Result<Load, BoxError> {
+    let p = pool(db, "peer").await?;
+    let mut loopers = Vec::with_capacity(HELD);
+    for i in 0..HELD {
+        let looper = pg_lease::LeaseLooper::new(
+            format!("res-{i}"),
+            |_ctx, _: ()| async move {
+                std::future::pending::<()>().await;
+                Ok(())
+            },
+            "A".to_owned(),
+            p.clone(),
+            crate::looper::options(TTL * 30),
+            (),
+        );
+        looper.start().await?;
+        loopers.push(looper);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held: i64 = sqlx08::query_scalar(
+        "SELECT count(*) FROM _pg_lease WHERE worker_id = 'A' AND held_until > now()",
+    )
+    .fetch_one(reader)
+    .await?;
+    if held < HELD as i64 {
+        note.push_str(&format!("pg_lease: only {held} of the 1,000 held. "));
+    }
+    let before = counters(reader).await?;
+    tokio::time::sleep(span).await;
+    let load = load_since(reader, before, None).await;
+    for looper in &loopers {
+        looper.stop().await?;
+    }
+    p.close().await;
+    note.push_str("pg_lease: lease 30 s, heartbeat every 10 s, one per lease. ");
+    load
+}
+
+/// Holding for sqlx's `PgAdvisoryLock`: session locks on one connection.
+async fn holding_sqlx_lock(
+    db: &TestDatabase,
+    reader: &PgPool,
+    span: Duration,
+    note: &mut String,
+) -> Result<Load, BoxError> {
+    let p = pool(db, "peer").await?;
+    let mut conn = p.acquire().await?;
+    for i in 0..HELD {
+        let lock = sqlx08::postgres::PgAdvisoryLock::new(format!("res-{i}"));
+        lock.acquire(&mut *conn).await?.leak();
+    }
+    let before = counters(reader).await?;
+    tokio::time::sleep(span).await;
+    let load = load_since(reader, before, None).await;
+    note.push_str("sqlx PgAdvisoryLock: 1,000 session locks on one connection. ");
+    load
 }
 
 /// The figures as a Markdown table, with ratios to pglease's.
