@@ -67,6 +67,15 @@ pub(crate) async fn holds_watched(
     Ok(())
 }
 
+/// A looper's function that writes B's row in the ledger once its looper
+/// holds the lease, then works without the database until pg_lease aborts
+/// it.
+pub(crate) async fn writes_b(_ctx: LeaseContext, pool: PgPool) -> Result<(), BoxError> {
+    crate::write(&pool, "B").await?;
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
 /// The worker id holding lease `res`, if any (none before a looper has
 /// created its table).
 pub(crate) async fn holder(reader: &PgPool) -> Option<String> {
