@@ -15,6 +15,7 @@ use crate::paused::{proxied_pool, target};
 use crate::proxy::Proxy;
 use crate::{BoxError, Peer, Verdict, pool, scratch};
 
+/// The leases' TTL in this scenario.
 const TTL: Duration = Duration::from_secs(1);
 /// How long the second worker tries after the late release.
 const WINDOW: Duration = Duration::from_secs(2);

@@ -1,5 +1,6 @@
 //! What the scenarios share to drive pg_lease's `LeaseLooper`: its
-//! settings, one-shot signals its functions send, and who holds a lease.
+//! settings, one-shot signals its functions send, the functions more than
+//! one scenario runs, and who holds a lease.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -15,7 +15,9 @@ use crate::paused::{proxied_options, proxied_pool, target};
 use crate::proxy::Proxy;
 use crate::{BoxError, Peer, Verdict, pool, scratch};
 
+/// The leases' TTL in this scenario.
 const TTL: Duration = Duration::from_secs(1);
+/// How long the holder's network stays frozen.
 const FROZEN: Duration = Duration::from_secs(3);
 
 /// pg_lease's settings in this scenario.

@@ -21,6 +21,7 @@ use tokio::sync::Notify;
 use crate::looper::{Signal, holds, signal, slot};
 use crate::{BoxError, Peer, pool};
 
+/// The leases' TTL in these measures.
 const TTL: Duration = Duration::from_secs(1);
 /// How many leases are held for the holding figure.
 const HELD: usize = 1000;
