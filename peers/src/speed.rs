@@ -139,68 +139,102 @@ async fn load_since(
 async fn cycles(peer: Peer, run_for: Duration) -> Result<f64, BoxError> {
     let db = TestDatabase::new().await?;
     let started = Instant::now();
-    let mut n = 0u64;
-    match peer {
-        Peer::Pglease => {
-            let m = db.manager();
-            while started.elapsed() < run_for {
-                let lease = m.acquire("res", AcquireOptions::ttl(TTL)).await?;
-                m.release(&lease).await?;
-                n += 1;
-            }
-        }
-        Peer::PgLease => {
-            let p = pool(&db, "peer").await?;
-            while started.elapsed() < run_for {
-                // Its only way to acquire: a looper whose function runs
-                // while the lease is held; returning releases it.
-                let (called, was_called) = slot();
-                let looper = pg_lease::LeaseLooper::new(
-                    "res".to_owned(),
-                    move |_ctx, called: Signal| async move {
-                        signal(&called);
-                        Ok(())
-                    },
-                    format!("w{n}"),
-                    p.clone(),
-                    pg_lease::LeaseLooperOptions {
-                        loop_interval: Duration::from_millis(1),
-                        ..looper_options()
-                    },
-                    called,
-                );
-                looper.start().await?;
-                tokio::time::timeout(Duration::from_secs(10), was_called)
-                    .await
-                    .map_err(|_| "pg_lease: no acquisition within 10 s")??;
-                n += 1;
-            }
-        }
-        Peer::DistributedLock => {
-            let p = pool(&db, "peer").await?;
-            let provider = distributed_lock_postgres::PostgresLockProvider::builder()
-                .pool(p)
-                .build()
-                .await?;
-            let lock = provider.create_lock("res");
-            while started.elapsed() < run_for {
-                let handle = lock.acquire(Some(Duration::from_secs(10))).await?;
-                handle.release().await?;
-                n += 1;
-            }
-        }
-        Peer::SqlxAdvisoryLock => {
-            let p = pool(&db, "peer").await?;
-            let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
-            let mut conn = p.acquire().await?;
-            while started.elapsed() < run_for {
-                let guard = lock.acquire(&mut *conn).await?;
-                guard.release_now().await?;
-                n += 1;
-            }
-        }
-    }
+    let n = match peer {
+        Peer::Pglease => cycles_pglease(&db, started, run_for).await?,
+        Peer::PgLease => cycles_pg_lease(&db, started, run_for).await?,
+        Peer::DistributedLock => cycles_dlock(&db, started, run_for).await?,
+        Peer::SqlxAdvisoryLock => cycles_sqlx_lock(&db, started, run_for).await?,
+    };
     Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Cycles for pglease: acquire and release through one manager, until
+/// `run_for` after `started`; how many.
+async fn cycles_pglease(
+    db: &TestDatabase,
+    started: Instant,
+    run_for: Duration,
+) -> Result<u64, BoxError> {
+    let m = db.manager();
+    let mut n = 0u64;
+    while started.elapsed() < run_for {
+        let lease = m.acquire("res", AcquireOptions::ttl(TTL)).await?;
+        m.release(&lease).await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Cycles for pg_lease: a looper per cycle, whose function returns at
+/// once.
+async fn cycles_pg_lease(
+    db: &TestDatabase,
+    started: Instant,
+    run_for: Duration,
+) -> Result<u64, BoxError> {
+    let p = pool(db, "peer").await?;
+    let mut n = 0u64;
+    while started.elapsed() < run_for {
+        // Its only way to acquire: a looper whose function runs
+        // while the lease is held; returning releases it.
+        let (called, was_called) = slot();
+        let looper = pg_lease::LeaseLooper::new(
+            "res".to_owned(),
+            move |_ctx, called: Signal| async move {
+                signal(&called);
+                Ok(())
+            },
+            format!("w{n}"),
+            p.clone(),
+            pg_lease::LeaseLooperOptions {
+                loop_interval: Duration::from_millis(1),
+                ..looper_options()
+            },
+            called,
+        );
+        looper.start().await?;
+        tokio::time::timeout(Duration::from_secs(10), was_called)
+            .await
+            .map_err(|_| "pg_lease: no acquisition within 10 s")??;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Cycles for distributed-lock-postgres: acquire and release one lock.
+async fn cycles_dlock(
+    db: &TestDatabase,
+    started: Instant,
+    run_for: Duration,
+) -> Result<u64, BoxError> {
+    let provider = dlock_provider(db, "peer").await?;
+    let lock = provider.create_lock("res");
+    let mut n = 0u64;
+    while started.elapsed() < run_for {
+        let handle = lock.acquire(Some(Duration::from_secs(10))).await?;
+        handle.release().await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Cycles for sqlx's `PgAdvisoryLock`: acquire and release on one
+/// connection.
+async fn cycles_sqlx_lock(
+    db: &TestDatabase,
+    started: Instant,
+    run_for: Duration,
+) -> Result<u64, BoxError> {
+    let p = pool(db, "peer").await?;
+    let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
+    let mut conn = p.acquire().await?;
+    let mut n = 0u64;
+    while started.elapsed() < run_for {
+        let guard = lock.acquire(&mut *conn).await?;
+        guard.release_now().await?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 /// A holder dies right after acquiring; how long until another holds it.
