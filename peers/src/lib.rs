@@ -37,10 +37,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
+use pg_lease::{LeaseContext, LeaseLooper, LeaseLooperOptions, verify_lease_held};
 use pglease::testing::TestDatabase;
 use pglease::{AcquireOptions, LeaseManager};
 use sqlx08::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::sync::{Mutex, mpsc, oneshot};
+
+use crate::looper::writes_b;
 
 /// Errors of any of the libraries, as text.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -196,10 +199,10 @@ pub async fn killed_connection_all() -> Result<Vec<Verdict>, BoxError> {
 pub async fn killed_connection(peer: Peer) -> Result<Verdict, BoxError> {
     let db = scratch().await?;
     let verdict = match peer {
-        Peer::Pglease => pglease_killed(&db).await?,
-        Peer::PgLease => pg_lease_killed(&db).await?,
-        Peer::DistributedLock => dlock_killed(&db).await?,
-        Peer::SqlxAdvisoryLock => sqlx_lock_killed(&db).await?,
+        Peer::Pglease => killed_pglease(&db).await?,
+        Peer::PgLease => killed_pg_lease(&db).await?,
+        Peer::DistributedLock => killed_dlock(&db).await?,
+        Peer::SqlxAdvisoryLock => killed_sqlx_lock(&db).await?,
     };
     Ok(verdict)
 }
@@ -251,6 +254,7 @@ fn stale_after_new(rows: &[String]) -> bool {
         .is_some_and(|b| rows[b..].iter().any(|w| w == "A"))
 }
 
+/// Appends `writer`'s row to the ledger.
 async fn write(pool: &PgPool, writer: &str) -> Result<(), BoxError> {
     sqlx08::query("INSERT INTO ledger (writer) VALUES ($1)")
         .bind(writer)
@@ -259,7 +263,8 @@ async fn write(pool: &PgPool, writer: &str) -> Result<(), BoxError> {
     Ok(())
 }
 
-async fn pglease_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
+/// Scenario (b) for pglease: A's write fenced.
+async fn killed_pglease(db: &TestDatabase) -> Result<Verdict, BoxError> {
     let options = db.options().application_name("peer-A");
     let a = LeaseManager::new(
         pglease::connect::pool_options()
@@ -328,79 +333,69 @@ async fn pglease_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
     })
 }
 
+/// Answers one of A's writes with its outcome.
 type Ack = oneshot::Sender<Result<(), String>>;
+/// A's commands: write once each and answer it.
+type Commands = Arc<Mutex<mpsc::Receiver<Ack>>>;
 
-async fn pg_lease_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
-    use pg_lease::{LeaseContext, LeaseLooper, LeaseLooperOptions, verify_lease_held};
+/// A's looper function in scenario (b) for pg_lease: writes once per
+/// command, as pg_lease documents: in a transaction that first calls
+/// `verify_lease_held`.
+async fn writes_on_command(
+    ctx: LeaseContext,
+    (pool, inbox): (PgPool, Commands),
+) -> Result<(), BoxError> {
+    loop {
+        let Some(ack) = inbox.lock().await.recv().await else {
+            return Ok(());
+        };
+        let outcome = async {
+            let mut tx = pool.begin().await?;
+            if !verify_lease_held(&mut tx, &ctx.lease_name, &ctx.worker_id).await? {
+                return Err::<(), BoxError>("not held".into());
+            }
+            sqlx08::query("INSERT INTO ledger (writer) VALUES ('A')")
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await;
+        let _ = ack.send(outcome.map_err(|e| e.to_string()));
+    }
+}
 
+/// Scenario (b) for pg_lease: loopers, A's write checked by `verify_lease_held`.
+async fn killed_pg_lease(db: &TestDatabase) -> Result<Verdict, BoxError> {
     let options = LeaseLooperOptions {
         loop_interval: Duration::from_millis(100),
         loop_interval_jitter: Duration::ZERO,
         lease_duration: Duration::from_secs(2),
         lease_heartbeat_interval: Duration::from_millis(500),
     };
-    // A's looper writes once per command, as pg_lease documents: in a
-    // transaction that first calls verify_lease_held.
     let (commands, inbox) = mpsc::channel::<Ack>(1);
     let inbox = Arc::new(Mutex::new(inbox));
     let a_pool = pool(db, "peer-A").await?;
-    let work = {
-        let a_pool = a_pool.clone();
-        move |ctx: LeaseContext, inbox: Arc<Mutex<mpsc::Receiver<Ack>>>| {
-            let pool = a_pool.clone();
-            async move {
-                loop {
-                    let Some(ack) = inbox.lock().await.recv().await else {
-                        return Ok(());
-                    };
-                    let outcome = async {
-                        let mut tx = pool.begin().await?;
-                        if !verify_lease_held(&mut tx, &ctx.lease_name, &ctx.worker_id).await? {
-                            return Err::<(), BoxError>("not held".into());
-                        }
-                        sqlx08::query("INSERT INTO ledger (writer) VALUES ('A')")
-                            .execute(&mut *tx)
-                            .await?;
-                        tx.commit().await?;
-                        Ok(())
-                    }
-                    .await;
-                    let _ = ack.send(outcome.map_err(|e| e.to_string()));
-                }
-            }
-        }
-    };
     let a = LeaseLooper::new(
         "res".to_owned(),
-        work,
+        writes_on_command,
         "A".to_owned(),
         a_pool.clone(),
         options,
-        inbox,
+        (a_pool, inbox),
     );
     a.start().await?;
     let reader = pool(db, "reader").await?;
     crate::looper::until_held_by(&reader, "A").await?;
     let killed = kill(db, "peer-A").await?;
-    // B runs its own looper, which writes once it holds the lease.
     let b_pool = pool(db, "peer-B").await?;
     let b = LeaseLooper::new(
         "res".to_owned(),
-        {
-            let b_pool = b_pool.clone();
-            move |_ctx: LeaseContext, _: ()| {
-                let pool = b_pool.clone();
-                async move {
-                    write(&pool, "B").await?;
-                    std::future::pending::<()>().await;
-                    Ok(())
-                }
-            }
-        },
+        writes_b,
         "B".to_owned(),
         b_pool.clone(),
         options,
-        (),
+        b_pool,
     );
     let started = Instant::now();
     b.start().await?;
@@ -440,7 +435,8 @@ async fn pg_lease_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
     })
 }
 
-async fn dlock_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
+/// Scenario (b) for distributed-lock-postgres: A writes through its pool.
+async fn killed_dlock(db: &TestDatabase) -> Result<Verdict, BoxError> {
     use distributed_lock_postgres::PostgresLockProvider;
 
     let a_pool = pool(db, "peer-A").await?;
@@ -490,7 +486,8 @@ async fn dlock_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
     })
 }
 
-async fn sqlx_lock_killed(db: &TestDatabase) -> Result<Verdict, BoxError> {
+/// Scenario (b) for sqlx's `PgAdvisoryLock`: A writes on the guard's connection.
+async fn killed_sqlx_lock(db: &TestDatabase) -> Result<Verdict, BoxError> {
     use sqlx08::postgres::PgAdvisoryLock;
 
     let a_pool = pool(db, "peer-A").await?;

@@ -1,11 +1,15 @@
 //! What the scenarios share to drive pg_lease's `LeaseLooper`: its
-//! settings, one-shot signals its functions send, and who holds a lease.
+//! settings, one-shot signals its functions send, the functions more than
+//! one scenario runs, and who holds a lease.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pg_lease::LeaseContext;
 use sqlx08::postgres::PgPool;
 use tokio::sync::oneshot;
+
+use crate::BoxError;
 
 /// Attempts every 100 ms, a lease of `ttl`, a heartbeat every third of
 /// it (as pg_lease's own tests configure it: its defaults are all zero).
@@ -44,6 +48,35 @@ impl Drop for OnDrop {
     }
 }
 
+/// A looper's function that signals `held` once its looper holds the
+/// lease, then works without the database until pg_lease aborts it.
+pub(crate) async fn holds(_ctx: LeaseContext, held: Signal) -> Result<(), BoxError> {
+    signal(&held);
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// The same, and signals `stopped` when pg_lease aborts it: when its
+/// looper has given up the lease.
+pub(crate) async fn holds_watched(
+    _ctx: LeaseContext,
+    (started, stopped): (Signal, Signal),
+) -> Result<(), BoxError> {
+    let _guard = OnDrop(stopped);
+    signal(&started);
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// A looper's function that writes B's row in the ledger once its looper
+/// holds the lease, then works without the database until pg_lease aborts
+/// it.
+pub(crate) async fn writes_b(_ctx: LeaseContext, pool: PgPool) -> Result<(), BoxError> {
+    crate::write(&pool, "B").await?;
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
 /// The worker id holding lease `res`, if any (none before a looper has
 /// created its table).
 pub(crate) async fn holder(reader: &PgPool) -> Option<String> {
@@ -58,7 +91,7 @@ pub(crate) async fn holder(reader: &PgPool) -> Option<String> {
 }
 
 /// Waits (10 s at most) until `worker` holds lease `res`.
-pub(crate) async fn until_held_by(reader: &PgPool, worker: &str) -> Result<(), crate::BoxError> {
+pub(crate) async fn until_held_by(reader: &PgPool, worker: &str) -> Result<(), BoxError> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while holder(reader).await.as_deref() != Some(worker) {
         if Instant::now() > deadline {

@@ -10,11 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
+use pg_lease::{LeaseContext, LeaseLooper, verify_lease_held};
 use pglease::testing::TestDatabase;
 use pglease::{AcquireOptions, LeaseManager};
 use sqlx08::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
+use crate::looper::writes_b;
 use crate::proxy::{Proxy, Target};
 use crate::{BoxError, Peer, Verdict, ledger, pool, scratch, write};
 
@@ -32,10 +34,10 @@ pub async fn paused_commit(peer: Peer) -> Result<Verdict, BoxError> {
     let db = scratch().await?;
     let proxy = Proxy::start(target(&db).await?).await?;
     match peer {
-        Peer::Pglease => pglease_paused(&db, &proxy).await,
-        Peer::PgLease => pg_lease_paused(&db, &proxy).await,
-        Peer::DistributedLock => dlock_paused(&db, &proxy).await,
-        Peer::SqlxAdvisoryLock => sqlx_lock_paused(&db, &proxy).await,
+        Peer::Pglease => paused_pglease(&db, &proxy).await,
+        Peer::PgLease => paused_pg_lease(&db, &proxy).await,
+        Peer::DistributedLock => paused_dlock(&db, &proxy).await,
+        Peer::SqlxAdvisoryLock => paused_sqlx_lock(&db, &proxy).await,
     }
 }
 
@@ -98,6 +100,7 @@ pub(crate) fn proxied_options(
     through
 }
 
+/// What B managed in the window, for the detail.
 fn takeover_text(took_over: Option<Duration>) -> String {
     match took_over {
         Some(t) => format!("took over {} ms after the freeze", t.as_millis()),
@@ -132,7 +135,8 @@ async fn verdict(
     })
 }
 
-async fn pglease_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
+/// Scenario (a) for pglease: A's write fenced, B waiting to acquire.
+async fn paused_pglease(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
     let a = LeaseManager::new(
         pglease::connect::pool_options()
             .max_connections(4)
@@ -187,49 +191,48 @@ async fn pglease_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, Box
     .await
 }
 
+/// Tells the scenario that A has done a step.
 type Step = oneshot::Sender<()>;
 /// A's orders: say when written, then commit when told.
 type Orders = Arc<Mutex<mpsc::Receiver<(Step, oneshot::Receiver<()>)>>>;
 
-async fn pg_lease_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
-    use pg_lease::{LeaseContext, LeaseLooper, verify_lease_held};
+/// A's looper function in scenario (a) for pg_lease: once told, it
+/// verifies the lease in a transaction and writes (as pg_lease documents),
+/// says so, and commits when told.
+async fn writes_when_told(
+    ctx: LeaseContext,
+    (pool, inbox): (PgPool, Orders),
+) -> Result<(), BoxError> {
+    let Some((written, commit)) = inbox.lock().await.recv().await else {
+        return Ok(());
+    };
+    let mut tx = pool.begin().await?;
+    if !verify_lease_held(&mut tx, &ctx.lease_name, &ctx.worker_id).await? {
+        return Err("not held".into());
+    }
+    sqlx08::query("INSERT INTO ledger (writer) VALUES ('A')")
+        .execute(&mut *tx)
+        .await?;
+    let _ = written.send(());
+    let _ = commit.await;
+    tx.commit().await?;
+    std::future::pending::<()>().await;
+    Ok(())
+}
 
+/// Scenario (a) for pg_lease: loopers, A's write checked by `verify_lease_held`.
+async fn paused_pg_lease(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
     let options = crate::looper::options(TTL);
-    // A's looper: once told, it verifies the lease in a transaction and
-    // writes (as pg_lease documents), says so, and commits when told.
     let (go, inbox) = mpsc::channel::<(Step, oneshot::Receiver<()>)>(1);
     let inbox = Arc::new(Mutex::new(inbox));
     let a_pool = proxied_pool(db, proxy).await?;
-    let work = {
-        let a_pool = a_pool.clone();
-        move |ctx: LeaseContext, inbox: Orders| {
-            let pool = a_pool.clone();
-            async move {
-                let Some((written, commit)) = inbox.lock().await.recv().await else {
-                    return Ok(());
-                };
-                let mut tx = pool.begin().await?;
-                if !verify_lease_held(&mut tx, &ctx.lease_name, &ctx.worker_id).await? {
-                    return Err("not held".into());
-                }
-                sqlx08::query("INSERT INTO ledger (writer) VALUES ('A')")
-                    .execute(&mut *tx)
-                    .await?;
-                let _ = written.send(());
-                let _ = commit.await;
-                tx.commit().await?;
-                std::future::pending::<()>().await;
-                Ok(())
-            }
-        }
-    };
     let a = LeaseLooper::new(
         "res".to_owned(),
-        work,
+        writes_when_told,
         "A".to_owned(),
-        a_pool,
+        a_pool.clone(),
         options,
-        inbox,
+        (a_pool, inbox),
     );
     a.start().await?;
     let reader = pool(db, "reader").await?;
@@ -245,51 +248,19 @@ async fn pg_lease_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, Bo
     proxy.freeze();
     let frozen_at = Instant::now();
     let _ = commit_now.send(());
-    // B's looper writes once it holds the lease.
     let b_pool = pool(db, "peer-B").await?;
     let b = LeaseLooper::new(
         "res".to_owned(),
-        {
-            let b_pool = b_pool.clone();
-            move |_ctx: LeaseContext, _: ()| {
-                let pool = b_pool.clone();
-                async move {
-                    write(&pool, "B").await?;
-                    std::future::pending::<()>().await;
-                    Ok(())
-                }
-            }
-        },
+        writes_b,
         "B".to_owned(),
         b_pool.clone(),
         options,
-        (),
+        b_pool,
     );
     b.start().await?;
-    let mut took_over = None;
-    while frozen_at.elapsed() < WINDOW {
-        let b_wrote = ledger(db).await?.iter().any(|w| w == "B");
-        if crate::looper::holder(&reader).await.as_deref() == Some("B") && b_wrote {
-            took_over = Some(frozen_at.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let took_over = paused_pg_lease_took_over(db, &reader, frozen_at).await?;
     proxy.thaw();
-    // A's COMMIT was sent before the freeze ended; whether pg_lease's
-    // heartbeat then stops A's task, the server has it.
-    let a_row = async {
-        loop {
-            let rows = ledger(db).await?;
-            if rows.iter().any(|w| w == "A") {
-                return Ok::<_, BoxError>(true);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    let committed = tokio::time::timeout(Duration::from_secs(3), a_row)
-        .await
-        .unwrap_or(Ok(false))?;
+    let committed = paused_pg_lease_committed(db).await?;
     a.stop().await?;
     b.stop().await?;
     verdict(
@@ -306,7 +277,43 @@ async fn pg_lease_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, Bo
     .await
 }
 
-async fn dlock_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
+/// When, after the freeze, pg_lease's B held the lease and had written
+/// (`None`: not within the window).
+async fn paused_pg_lease_took_over(
+    db: &TestDatabase,
+    reader: &PgPool,
+    frozen_at: Instant,
+) -> Result<Option<Duration>, BoxError> {
+    while frozen_at.elapsed() < WINDOW {
+        let b_wrote = ledger(db).await?.iter().any(|w| w == "B");
+        if crate::looper::holder(reader).await.as_deref() == Some("B") && b_wrote {
+            return Ok(Some(frozen_at.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(None)
+}
+
+/// Whether pg_lease's A's row is in the ledger within 3 s of the thaw.
+async fn paused_pg_lease_committed(db: &TestDatabase) -> Result<bool, BoxError> {
+    // A's COMMIT was sent before the freeze ended; whether pg_lease's
+    // heartbeat then stops A's task, the server has it.
+    let a_row = async {
+        loop {
+            let rows = ledger(db).await?;
+            if rows.iter().any(|w| w == "A") {
+                return Ok::<_, BoxError>(true);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(3), a_row)
+        .await
+        .unwrap_or(Ok(false))
+}
+
+/// Scenario (a) for distributed-lock-postgres: A writes in its own transaction.
+async fn paused_dlock(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
     use distributed_lock_postgres::PostgresLockProvider;
 
     let a_pool = proxied_pool(db, proxy).await?;
@@ -355,7 +362,8 @@ async fn dlock_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxEr
     .await
 }
 
-async fn sqlx_lock_paused(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
+/// Scenario (a) for sqlx's `PgAdvisoryLock`: A writes on the guard's connection.
+async fn paused_sqlx_lock(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
     use sqlx08::postgres::PgAdvisoryLock;
 
     let a_pool = proxied_pool(db, proxy).await?;

@@ -18,11 +18,15 @@ use pglease::{AcquireOptions, Error, LeaseManager};
 use sqlx08::postgres::PgPool;
 use tokio::sync::Notify;
 
-use crate::looper::{Signal, signal, slot};
+use crate::looper::{Signal, holds, signal, slot};
 use crate::{BoxError, Peer, pool};
 
+/// The leases' TTL in these measures.
 const TTL: Duration = Duration::from_secs(1);
+/// How many leases are held for the holding figure.
+const HELD: usize = 1000;
 
+/// pg_lease's settings in these measures.
 fn looper_options() -> pg_lease::LeaseLooperOptions {
     crate::looper::options(TTL)
 }
@@ -130,166 +134,208 @@ async fn load_since(
     })
 }
 
+/// Acquire+release cycles per second for `peer`, one client, one name,
+/// over `run_for`.
 async fn cycles(peer: Peer, run_for: Duration) -> Result<f64, BoxError> {
     let db = TestDatabase::new().await?;
     let started = Instant::now();
-    let mut n = 0u64;
-    match peer {
-        Peer::Pglease => {
-            let m = db.manager();
-            while started.elapsed() < run_for {
-                let lease = m.acquire("res", AcquireOptions::ttl(TTL)).await?;
-                m.release(&lease).await?;
-                n += 1;
-            }
-        }
-        Peer::PgLease => {
-            let p = pool(&db, "peer").await?;
-            while started.elapsed() < run_for {
-                // Its only way to acquire: a looper whose function runs
-                // while the lease is held; returning releases it.
-                let (called, was_called) = slot();
-                let looper = pg_lease::LeaseLooper::new(
-                    "res".to_owned(),
-                    move |_ctx, called: Signal| async move {
-                        signal(&called);
-                        Ok(())
-                    },
-                    format!("w{n}"),
-                    p.clone(),
-                    pg_lease::LeaseLooperOptions {
-                        loop_interval: Duration::from_millis(1),
-                        ..looper_options()
-                    },
-                    called,
-                );
-                looper.start().await?;
-                tokio::time::timeout(Duration::from_secs(10), was_called)
-                    .await
-                    .map_err(|_| "pg_lease: no acquisition within 10 s")??;
-                n += 1;
-            }
-        }
-        Peer::DistributedLock => {
-            let p = pool(&db, "peer").await?;
-            let provider = distributed_lock_postgres::PostgresLockProvider::builder()
-                .pool(p)
-                .build()
-                .await?;
-            let lock = provider.create_lock("res");
-            while started.elapsed() < run_for {
-                let handle = lock.acquire(Some(Duration::from_secs(10))).await?;
-                handle.release().await?;
-                n += 1;
-            }
-        }
-        Peer::SqlxAdvisoryLock => {
-            let p = pool(&db, "peer").await?;
-            let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
-            let mut conn = p.acquire().await?;
-            while started.elapsed() < run_for {
-                let guard = lock.acquire(&mut *conn).await?;
-                guard.release_now().await?;
-                n += 1;
-            }
-        }
-    }
+    let n = match peer {
+        Peer::Pglease => cycles_pglease(&db, started, run_for).await?,
+        Peer::PgLease => cycles_pg_lease(&db, started, run_for).await?,
+        Peer::DistributedLock => cycles_dlock(&db, started, run_for).await?,
+        Peer::SqlxAdvisoryLock => cycles_sqlx_lock(&db, started, run_for).await?,
+    };
     Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Cycles for pglease: acquire and release through one manager, until
+/// `run_for` after `started`; how many.
+async fn cycles_pglease(
+    db: &TestDatabase,
+    started: Instant,
+    run_for: Duration,
+) -> Result<u64, BoxError> {
+    let m = db.manager();
+    let mut n = 0u64;
+    while started.elapsed() < run_for {
+        let lease = m.acquire("res", AcquireOptions::ttl(TTL)).await?;
+        m.release(&lease).await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Cycles for pg_lease: a looper per cycle, whose function returns at
+/// once.
+async fn cycles_pg_lease(
+    db: &TestDatabase,
+    started: Instant,
+    run_for: Duration,
+) -> Result<u64, BoxError> {
+    let p = pool(db, "peer").await?;
+    let mut n = 0u64;
+    while started.elapsed() < run_for {
+        // Its only way to acquire: a looper whose function runs
+        // while the lease is held; returning releases it.
+        let (called, was_called) = slot();
+        let looper = pg_lease::LeaseLooper::new(
+            "res".to_owned(),
+            move |_ctx, called: Signal| async move {
+                signal(&called);
+                Ok(())
+            },
+            format!("w{n}"),
+            p.clone(),
+            pg_lease::LeaseLooperOptions {
+                loop_interval: Duration::from_millis(1),
+                ..looper_options()
+            },
+            called,
+        );
+        looper.start().await?;
+        tokio::time::timeout(Duration::from_secs(10), was_called)
+            .await
+            .map_err(|_| "pg_lease: no acquisition within 10 s")??;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Cycles for distributed-lock-postgres: acquire and release one lock.
+async fn cycles_dlock(
+    db: &TestDatabase,
+    started: Instant,
+    run_for: Duration,
+) -> Result<u64, BoxError> {
+    let provider = dlock_provider(db, "peer").await?;
+    let lock = provider.create_lock("res");
+    let mut n = 0u64;
+    while started.elapsed() < run_for {
+        let handle = lock.acquire(Some(Duration::from_secs(10))).await?;
+        handle.release().await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Cycles for sqlx's `PgAdvisoryLock`: acquire and release on one
+/// connection.
+async fn cycles_sqlx_lock(
+    db: &TestDatabase,
+    started: Instant,
+    run_for: Duration,
+) -> Result<u64, BoxError> {
+    let p = pool(db, "peer").await?;
+    let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
+    let mut conn = p.acquire().await?;
+    let mut n = 0u64;
+    while started.elapsed() < run_for {
+        let guard = lock.acquire(&mut *conn).await?;
+        guard.release_now().await?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 /// A holder dies right after acquiring; how long until another holds it.
 async fn takeover(peer: Peer) -> Result<Option<Duration>, BoxError> {
     let db = TestDatabase::new().await?;
-    match peer {
-        Peer::Pglease => {
-            let a = db.manager();
-            // Acquired, never renewed nor released: dead.
-            let _dead = a.acquire("res", AcquireOptions::ttl(TTL)).await?;
-            Ok(Some(pglease_taken_over(&db, Instant::now()).await?))
-        }
-        Peer::PgLease => {
-            let p = pool(&db, "peer-B").await?;
-            let a_pool = pool(&db, "peer-A").await?;
-            let (held, was_held) = slot();
-            let a = pg_lease::LeaseLooper::new(
-                "res".to_owned(),
-                move |_ctx, held: Signal| async move {
-                    signal(&held);
-                    std::future::pending::<()>().await;
-                    Ok(())
-                },
-                "A".to_owned(),
-                a_pool.clone(),
-                looper_options(),
-                held,
-            );
-            a.start().await?;
-            was_held.await?;
-            // The process dies: its tasks stop and its connections close
-            // (stop() alone leaves the heartbeat task running: it is
-            // spawned apart from the task stop() aborts).
-            a.stop().await?;
-            a_pool.close().await;
-            let died = Instant::now();
-            let (got, b_got) = slot();
-            let b = pg_lease::LeaseLooper::new(
-                "res".to_owned(),
-                move |_ctx, got: Signal| async move {
-                    signal(&got);
-                    std::future::pending::<()>().await;
-                    Ok(())
-                },
-                "B".to_owned(),
-                p,
-                looper_options(),
-                got,
-            );
-            b.start().await?;
-            tokio::time::timeout(Duration::from_secs(10), b_got)
-                .await
-                .map_err(|_| "pg_lease: no takeover within 10 s")??;
-            let took = died.elapsed();
-            b.stop().await?;
-            Ok(Some(took))
-        }
-        Peer::DistributedLock => {
-            let a_pool = pool(&db, "peer-A").await?;
-            let a = distributed_lock_postgres::PostgresLockProvider::builder()
-                .pool(a_pool.clone())
-                .build()
-                .await?;
-            let handle = a.create_lock("res").acquire(Some(TTL)).await?;
-            // The process dies: its connections close (ended here from
-            // the server's side; the handle is never used again).
-            crate::kill(&db, "peer-A").await?;
-            let died = Instant::now();
-            std::mem::forget(handle);
-            let b = distributed_lock_postgres::PostgresLockProvider::builder()
-                .pool(pool(&db, "peer-B").await?)
-                .build()
-                .await?;
-            let got = b
-                .create_lock("res")
-                .acquire(Some(Duration::from_secs(10)))
-                .await?;
-            let took = died.elapsed();
-            let _ = got.release().await;
-            Ok(Some(took))
-        }
-        Peer::SqlxAdvisoryLock => {
-            let a_pool = pool(&db, "peer-A").await?;
-            let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
-            let conn = lock.acquire(a_pool.acquire().await?).await?.leak();
-            // The process dies: its connection closes.
-            conn.close().await?;
-            let died = Instant::now();
-            let b_pool = pool(&db, "peer-B").await?;
-            let guard = lock.acquire(b_pool.acquire().await?).await?;
-            let took = died.elapsed();
-            guard.release_now().await?;
-            Ok(Some(took))
-        }
-    }
+    let took = match peer {
+        Peer::Pglease => takeover_pglease(&db).await?,
+        Peer::PgLease => takeover_pg_lease(&db).await?,
+        Peer::DistributedLock => takeover_dlock(&db).await?,
+        Peer::SqlxAdvisoryLock => takeover_sqlx_lock(&db).await?,
+    };
+    Ok(Some(took))
+}
+
+/// Takeover for pglease: A's lease is never renewed nor released, B waits
+/// for it.
+async fn takeover_pglease(db: &TestDatabase) -> Result<Duration, BoxError> {
+    let a = db.manager();
+    // Acquired, never renewed nor released: dead.
+    let _dead = a.acquire("res", AcquireOptions::ttl(TTL)).await?;
+    pglease_taken_over(db, Instant::now()).await
+}
+
+/// Takeover for pg_lease: A's looper and connections end, B's looper
+/// tries every 100 ms.
+async fn takeover_pg_lease(db: &TestDatabase) -> Result<Duration, BoxError> {
+    let p = pool(db, "peer-B").await?;
+    let a_pool = pool(db, "peer-A").await?;
+    let (held, was_held) = slot();
+    let a = pg_lease::LeaseLooper::new(
+        "res".to_owned(),
+        holds,
+        "A".to_owned(),
+        a_pool.clone(),
+        looper_options(),
+        held,
+    );
+    a.start().await?;
+    was_held.await?;
+    // The process dies: its tasks stop and its connections close
+    // (stop() alone leaves the heartbeat task running: it is
+    // spawned apart from the task stop() aborts).
+    a.stop().await?;
+    a_pool.close().await;
+    let died = Instant::now();
+    let (got, b_got) = slot();
+    let b = pg_lease::LeaseLooper::new(
+        "res".to_owned(),
+        holds,
+        "B".to_owned(),
+        p,
+        looper_options(),
+        got,
+    );
+    b.start().await?;
+    tokio::time::timeout(Duration::from_secs(10), b_got)
+        .await
+        .map_err(|_| "pg_lease: no takeover within 10 s")??;
+    let took = died.elapsed();
+    b.stop().await?;
+    Ok(took)
+}
+
+/// Takeover for distributed-lock-postgres: A's connections are ended, B
+/// waits for the lock.
+async fn takeover_dlock(db: &TestDatabase) -> Result<Duration, BoxError> {
+    let a_pool = pool(db, "peer-A").await?;
+    let a = distributed_lock_postgres::PostgresLockProvider::builder()
+        .pool(a_pool.clone())
+        .build()
+        .await?;
+    let handle = a.create_lock("res").acquire(Some(TTL)).await?;
+    // The process dies: its connections close (ended here from
+    // the server's side; the handle is never used again).
+    crate::kill(db, "peer-A").await?;
+    let died = Instant::now();
+    std::mem::forget(handle);
+    let b = dlock_provider(db, "peer-B").await?;
+    let got = b
+        .create_lock("res")
+        .acquire(Some(Duration::from_secs(10)))
+        .await?;
+    let took = died.elapsed();
+    let _ = got.release().await;
+    Ok(took)
+}
+
+/// Takeover for sqlx's `PgAdvisoryLock`: A's guard's connection closes, B
+/// waits for the lock.
+async fn takeover_sqlx_lock(db: &TestDatabase) -> Result<Duration, BoxError> {
+    let a_pool = pool(db, "peer-A").await?;
+    let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
+    let conn = lock.acquire(a_pool.acquire().await?).await?.leak();
+    // The process dies: its connection closes.
+    conn.close().await?;
+    let died = Instant::now();
+    let b_pool = pool(db, "peer-B").await?;
+    let guard = lock.acquire(b_pool.acquire().await?).await?;
+    let took = died.elapsed();
+    guard.release_now().await?;
+    Ok(took)
 }
 
 /// pglease's session-bound lease (TTL 1 s as the others'): the holder dies
@@ -321,127 +367,141 @@ async fn pglease_taken_over(db: &TestDatabase, died: Instant) -> Result<Duration
     Ok(died.elapsed())
 }
 
-/// A waiter is waiting when the holder releases; how long until it holds.
+/// A waiter is waiting when the holder releases, `offset` after it began
+/// to wait (pglease's: once it listens); how long until it holds.
 async fn handover(peer: Peer, offset: Duration) -> Result<Option<Duration>, BoxError> {
     let db = TestDatabase::new().await?;
+    let took = match peer {
+        Peer::Pglease => handover_pglease(&db).await?,
+        Peer::PgLease => handover_pg_lease(&db, offset).await?,
+        Peer::DistributedLock => handover_dlock(&db, offset).await?,
+        Peer::SqlxAdvisoryLock => handover_sqlx_lock(&db, offset).await?,
+    };
+    Ok(Some(took))
+}
+
+/// Handover for pglease: A releases once B's wait listens for the release.
+async fn handover_pglease(db: &TestDatabase) -> Result<Duration, BoxError> {
+    let a = db.manager();
+    let lease = a.acquire("res", AcquireOptions::ttl(TTL * 30)).await?;
+    let b = db.manager();
+    let watcher = b.clone();
+    let waiting = tokio::spawn(async move {
+        b.acquire(
+            "res",
+            AcquireOptions::ttl(TTL).wait(Duration::from_secs(10)),
+        )
+        .await
+        .map(|_| Instant::now())
+    });
+    // Until the waiter listens for the release.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !(watcher.stats().waiting == 1 && watcher.stats().listening) && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let at = Instant::now();
+    a.release(&lease).await?;
+    let got: Result<Instant, Error> = waiting.await?;
+    Ok(got?.duration_since(at))
+}
+
+/// Handover for pg_lease: A's looper function returns `offset` after B's
+/// looper started.
+async fn handover_pg_lease(db: &TestDatabase, offset: Duration) -> Result<Duration, BoxError> {
     let released = Arc::new(Notify::new());
-    match peer {
-        Peer::Pglease => {
-            let a = db.manager();
-            let lease = a.acquire("res", AcquireOptions::ttl(TTL * 30)).await?;
-            let b = db.manager();
-            let watcher = b.clone();
-            let waiting = tokio::spawn(async move {
-                b.acquire(
-                    "res",
-                    AcquireOptions::ttl(TTL).wait(Duration::from_secs(10)),
-                )
-                .await
-                .map(|_| Instant::now())
-            });
-            // Until the waiter listens for the release.
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while !(watcher.stats().waiting == 1 && watcher.stats().listening)
-                && Instant::now() < deadline
-            {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            let at = Instant::now();
-            a.release(&lease).await?;
-            let got: Result<Instant, Error> = waiting.await?;
-            Ok(Some(got?.duration_since(at)))
-        }
-        Peer::PgLease => {
-            let p = pool(&db, "peer").await?;
-            let release = Arc::clone(&released);
-            let (held, was_held) = slot();
-            let a = pg_lease::LeaseLooper::new(
-                "res".to_owned(),
-                move |_ctx, (held, release): (Signal, Arc<Notify>)| async move {
-                    signal(&held);
-                    // Returning releases the lease.
-                    release.notified().await;
-                    Ok(())
-                },
-                "A".to_owned(),
-                p.clone(),
-                looper_options(),
-                (held, release),
-            );
-            a.start().await?;
-            was_held.await?;
-            let (got, b_got) = slot();
-            let b = pg_lease::LeaseLooper::new(
-                "res".to_owned(),
-                move |_ctx, got: Signal| async move {
-                    signal(&got);
-                    std::future::pending::<()>().await;
-                    Ok(())
-                },
-                "B".to_owned(),
-                p,
-                looper_options(),
-                got,
-            );
-            b.start().await?;
-            tokio::time::sleep(offset).await;
-            let at = Instant::now();
-            released.notify_one();
-            let got = tokio::time::timeout(Duration::from_secs(10), b_got)
-                .await
-                .map_err(|_| "pg_lease: no handover within 10 s")??;
-            b.stop().await?;
-            Ok(Some(got.duration_since(at)))
-        }
-        Peer::DistributedLock => {
-            let provider = |app: &'static str| {
-                let db = &db;
-                async move {
-                    distributed_lock_postgres::PostgresLockProvider::builder()
-                        .pool(pool(db, app).await?)
-                        .build()
-                        .await
-                        .map_err(BoxError::from)
-                }
-            };
-            let a = provider("peer-A").await?;
-            let b = provider("peer-B").await?;
-            let handle = a.create_lock("res").acquire(Some(TTL)).await?;
-            let waiting = tokio::spawn(async move {
-                let lock = b.create_lock("res");
-                let got = lock.acquire(Some(Duration::from_secs(10))).await;
-                let at = Instant::now();
-                got.map(|h| (at, h))
-            });
-            tokio::time::sleep(offset).await;
-            let at = Instant::now();
-            handle.release().await?;
-            let (got, h) = waiting.await??;
-            let _ = h.release().await;
-            Ok(Some(got.duration_since(at)))
-        }
-        Peer::SqlxAdvisoryLock => {
-            let a_pool = pool(&db, "peer-A").await?;
-            let b_pool = pool(&db, "peer-B").await?;
-            let lock = Arc::new(sqlx08::postgres::PgAdvisoryLock::new("res"));
-            let guard = lock.acquire(a_pool.acquire().await?).await?;
-            let waiting = {
-                let lock = Arc::clone(&lock);
-                tokio::spawn(async move {
-                    let conn = b_pool.acquire().await?;
-                    let guard = lock.acquire(conn).await?;
-                    let at = Instant::now();
-                    guard.release_now().await?;
-                    Ok::<_, BoxError>(at)
-                })
-            };
-            tokio::time::sleep(offset).await;
+    let p = pool(db, "peer").await?;
+    let release = Arc::clone(&released);
+    let (held, was_held) = slot();
+    let a = pg_lease::LeaseLooper::new(
+        "res".to_owned(),
+        move |_ctx, (held, release): (Signal, Arc<Notify>)| async move {
+            signal(&held);
+            // Returning releases the lease.
+            release.notified().await;
+            Ok(())
+        },
+        "A".to_owned(),
+        p.clone(),
+        looper_options(),
+        (held, release),
+    );
+    a.start().await?;
+    was_held.await?;
+    let (got, b_got) = slot();
+    let b = pg_lease::LeaseLooper::new(
+        "res".to_owned(),
+        holds,
+        "B".to_owned(),
+        p,
+        looper_options(),
+        got,
+    );
+    b.start().await?;
+    tokio::time::sleep(offset).await;
+    let at = Instant::now();
+    released.notify_one();
+    let got = tokio::time::timeout(Duration::from_secs(10), b_got)
+        .await
+        .map_err(|_| "pg_lease: no handover within 10 s")??;
+    b.stop().await?;
+    Ok(got.duration_since(at))
+}
+
+/// Handover for distributed-lock-postgres: A releases `offset` after B
+/// began to wait for the lock.
+async fn handover_dlock(db: &TestDatabase, offset: Duration) -> Result<Duration, BoxError> {
+    let a = dlock_provider(db, "peer-A").await?;
+    let b = dlock_provider(db, "peer-B").await?;
+    let handle = a.create_lock("res").acquire(Some(TTL)).await?;
+    let waiting = tokio::spawn(async move {
+        let lock = b.create_lock("res");
+        let got = lock.acquire(Some(Duration::from_secs(10))).await;
+        let at = Instant::now();
+        got.map(|h| (at, h))
+    });
+    tokio::time::sleep(offset).await;
+    let at = Instant::now();
+    handle.release().await?;
+    let (got, h) = waiting.await??;
+    let _ = h.release().await;
+    Ok(got.duration_since(at))
+}
+
+/// Handover for sqlx's `PgAdvisoryLock`: A releases `offset` after B began
+/// to wait for the lock.
+async fn handover_sqlx_lock(db: &TestDatabase, offset: Duration) -> Result<Duration, BoxError> {
+    let a_pool = pool(db, "peer-A").await?;
+    let b_pool = pool(db, "peer-B").await?;
+    let lock = Arc::new(sqlx08::postgres::PgAdvisoryLock::new("res"));
+    let guard = lock.acquire(a_pool.acquire().await?).await?;
+    let waiting = {
+        let lock = Arc::clone(&lock);
+        tokio::spawn(async move {
+            let conn = b_pool.acquire().await?;
+            let guard = lock.acquire(conn).await?;
             let at = Instant::now();
             guard.release_now().await?;
-            let got = waiting.await??;
-            Ok(Some(got.duration_since(at)))
-        }
-    }
+            Ok::<_, BoxError>(at)
+        })
+    };
+    tokio::time::sleep(offset).await;
+    let at = Instant::now();
+    guard.release_now().await?;
+    let got = waiting.await??;
+    Ok(got.duration_since(at))
+}
+
+/// A distributed-lock-postgres provider on a pool of its own, its
+/// connections named `app`.
+async fn dlock_provider(
+    db: &TestDatabase,
+    app: &str,
+) -> Result<distributed_lock_postgres::PostgresLockProvider, BoxError> {
+    Ok(distributed_lock_postgres::PostgresLockProvider::builder()
+        .pool(pool(db, app).await?)
+        .build()
+        .await?)
 }
 
 /// One worker holds the lease; another waits for it for `span`.
@@ -449,149 +509,111 @@ async fn waiting(peer: Peer, span: Duration) -> Result<Load, BoxError> {
     let db = TestDatabase::new().await?;
     let reader = pool(&db, "reader").await?;
     match peer {
-        Peer::Pglease => {
-            let a = db.manager();
-            let _held = a.hold("res", AcquireOptions::ttl(TTL * 30)).await?;
-            let b = db.manager();
-            let before = counters(&reader).await?;
-            let started = Instant::now();
-            let _ = b.acquire("res", AcquireOptions::ttl(TTL).wait(span)).await;
-            load_since(&reader, before, Some(started.elapsed())).await
-        }
-        Peer::PgLease => {
-            let p = pool(&db, "peer").await?;
-            let forever = |_ctx, _: ()| async move {
-                std::future::pending::<()>().await;
-                Ok(())
-            };
-            // The holder as pglease's here: a 30 s lease (heartbeat every
-            // 10 s), so that the figure is the waiter's.
-            let a = pg_lease::LeaseLooper::new(
-                "res".to_owned(),
-                forever,
-                "A".to_owned(),
-                p.clone(),
-                crate::looper::options(TTL * 30),
-                (),
-            );
-            a.start().await?;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let before = counters(&reader).await?;
-            let started = Instant::now();
-            let b = pg_lease::LeaseLooper::new(
-                "res".to_owned(),
-                forever,
-                "B".to_owned(),
-                p.clone(),
-                looper_options(),
-                (),
-            );
-            b.start().await?;
-            tokio::time::sleep(span).await;
-            b.stop().await?;
-            let load = load_since(&reader, before, Some(started.elapsed())).await;
-            a.stop().await?;
-            p.close().await;
-            load
-        }
-        Peer::DistributedLock => {
-            let provider = |app: &'static str| {
-                let db = &db;
-                async move {
-                    distributed_lock_postgres::PostgresLockProvider::builder()
-                        .pool(pool(db, app).await?)
-                        .build()
-                        .await
-                        .map_err(BoxError::from)
-                }
-            };
-            let a = provider("peer-A").await?;
-            let b = provider("peer-B").await?;
-            let _handle = a.create_lock("res").acquire(Some(TTL)).await?;
-            let before = counters(&reader).await?;
-            let started = Instant::now();
-            let _ = b.create_lock("res").acquire(Some(span)).await;
-            load_since(&reader, before, Some(started.elapsed())).await
-        }
-        Peer::SqlxAdvisoryLock => {
-            let a_pool = pool(&db, "peer-A").await?;
-            let b_pool = pool(&db, "peer-B").await?;
-            let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
-            let _guard = lock.acquire(a_pool.acquire().await?).await?;
-            let before = counters(&reader).await?;
-            let started = Instant::now();
-            // Its documented wait blocks in the server; bounded here.
-            let mut conn = b_pool.acquire().await?;
-            let _ = sqlx08::query("SET lock_timeout = '5s'")
-                .execute(&mut *conn)
-                .await;
-            let _ = lock.acquire(&mut *conn).await;
-            load_since(&reader, before, Some(started.elapsed())).await
-        }
+        Peer::Pglease => waiting_pglease(&db, &reader, span).await,
+        Peer::PgLease => waiting_pg_lease(&db, &reader, span).await,
+        Peer::DistributedLock => waiting_dlock(&db, &reader, span).await,
+        Peer::SqlxAdvisoryLock => waiting_sqlx_lock(&db, &reader).await,
     }
 }
 
-/// 1,000 leases held for `span`.
+/// A waiter's load for pglease: B's acquire waits for `span`.
+async fn waiting_pglease(
+    db: &TestDatabase,
+    reader: &PgPool,
+    span: Duration,
+) -> Result<Load, BoxError> {
+    let a = db.manager();
+    let _held = a.hold("res", AcquireOptions::ttl(TTL * 30)).await?;
+    let b = db.manager();
+    let before = counters(reader).await?;
+    let started = Instant::now();
+    let _ = b.acquire("res", AcquireOptions::ttl(TTL).wait(span)).await;
+    load_since(reader, before, Some(started.elapsed())).await
+}
+
+/// A waiter's load for pg_lease: B's looper tries for `span`.
+async fn waiting_pg_lease(
+    db: &TestDatabase,
+    reader: &PgPool,
+    span: Duration,
+) -> Result<Load, BoxError> {
+    let p = pool(db, "peer").await?;
+    let forever = |_ctx, _: ()| async move {
+        std::future::pending::<()>().await;
+        Ok(())
+    };
+    // The holder as pglease's here: a 30 s lease (heartbeat every
+    // 10 s), so that the figure is the waiter's.
+    let a = pg_lease::LeaseLooper::new(
+        "res".to_owned(),
+        forever,
+        "A".to_owned(),
+        p.clone(),
+        crate::looper::options(TTL * 30),
+        (),
+    );
+    a.start().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = counters(reader).await?;
+    let started = Instant::now();
+    let b = pg_lease::LeaseLooper::new(
+        "res".to_owned(),
+        forever,
+        "B".to_owned(),
+        p.clone(),
+        looper_options(),
+        (),
+    );
+    b.start().await?;
+    tokio::time::sleep(span).await;
+    b.stop().await?;
+    let load = load_since(reader, before, Some(started.elapsed())).await;
+    a.stop().await?;
+    p.close().await;
+    load
+}
+
+/// A waiter's load for distributed-lock-postgres: B's acquire waits for
+/// `span`.
+async fn waiting_dlock(
+    db: &TestDatabase,
+    reader: &PgPool,
+    span: Duration,
+) -> Result<Load, BoxError> {
+    let a = dlock_provider(db, "peer-A").await?;
+    let b = dlock_provider(db, "peer-B").await?;
+    let _handle = a.create_lock("res").acquire(Some(TTL)).await?;
+    let before = counters(reader).await?;
+    let started = Instant::now();
+    let _ = b.create_lock("res").acquire(Some(span)).await;
+    load_since(reader, before, Some(started.elapsed())).await
+}
+
+/// A waiter's load for sqlx's `PgAdvisoryLock`: B's acquire blocks in the
+/// server for 5 s.
+async fn waiting_sqlx_lock(db: &TestDatabase, reader: &PgPool) -> Result<Load, BoxError> {
+    let a_pool = pool(db, "peer-A").await?;
+    let b_pool = pool(db, "peer-B").await?;
+    let lock = sqlx08::postgres::PgAdvisoryLock::new("res");
+    let _guard = lock.acquire(a_pool.acquire().await?).await?;
+    let before = counters(reader).await?;
+    let started = Instant::now();
+    // Its documented wait blocks in the server; bounded here.
+    let mut conn = b_pool.acquire().await?;
+    let _ = sqlx08::query("SET lock_timeout = '5s'")
+        .execute(&mut *conn)
+        .await;
+    let _ = lock.acquire(&mut *conn).await;
+    load_since(reader, before, Some(started.elapsed())).await
+}
+
+/// `HELD` leases held for `span`.
 async fn holding(peer: Peer, span: Duration, note: &mut String) -> Result<Option<Load>, BoxError> {
-    const N: usize = 1000;
     let db = TestDatabase::new().await?;
     let reader = pool(&db, "reader").await?;
     match peer {
-        Peer::Pglease => {
-            let m = LeaseManager::new(db.pool().clone());
-            let mut held = Vec::with_capacity(N);
-            for i in 0..N {
-                held.push(
-                    m.hold(&format!("res-{i}"), AcquireOptions::ttl(TTL * 30))
-                        .await?,
-                );
-            }
-            let before = counters(&reader).await?;
-            tokio::time::sleep(span).await;
-            let load = load_since(&reader, before, None).await;
-            m.shutdown().await?;
-            note.push_str(
-                "pglease: TTL 30 s here (renewed every 10 s, all 1,000 in one statement). ",
-            );
-            load.map(Some)
-        }
-        Peer::PgLease => {
-            let p = pool(&db, "peer").await?;
-            let mut loopers = Vec::with_capacity(N);
-            for i in 0..N {
-                let looper = pg_lease::LeaseLooper::new(
-                    format!("res-{i}"),
-                    |_ctx, _: ()| async move {
-                        std::future::pending::<()>().await;
-                        Ok(())
-                    },
-                    "A".to_owned(),
-                    p.clone(),
-                    crate::looper::options(TTL * 30),
-                    (),
-                );
-                looper.start().await?;
-                loopers.push(looper);
-            }
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            let held: i64 = sqlx08::query_scalar(
-                "SELECT count(*) FROM _pg_lease WHERE worker_id = 'A' AND held_until > now()",
-            )
-            .fetch_one(&reader)
-            .await?;
-            if held < N as i64 {
-                note.push_str(&format!("pg_lease: only {held} of the 1,000 held. "));
-            }
-            let before = counters(&reader).await?;
-            tokio::time::sleep(span).await;
-            let load = load_since(&reader, before, None).await;
-            for looper in &loopers {
-                looper.stop().await?;
-            }
-            p.close().await;
-            note.push_str("pg_lease: lease 30 s, heartbeat every 10 s, one per lease. ");
-            load.map(Some)
-        }
+        Peer::Pglease => holding_pglease(&db, &reader, span, note).await.map(Some),
+        Peer::PgLease => holding_pg_lease(&db, &reader, span, note).await.map(Some),
         Peer::DistributedLock => {
             note.push_str(
                 "distributed-lock-postgres: each lock keeps a pooled connection for as long as \
@@ -600,20 +622,96 @@ async fn holding(peer: Peer, span: Duration, note: &mut String) -> Result<Option
             );
             Ok(None)
         }
-        Peer::SqlxAdvisoryLock => {
-            let p = pool(&db, "peer").await?;
-            let mut conn = p.acquire().await?;
-            for i in 0..N {
-                let lock = sqlx08::postgres::PgAdvisoryLock::new(format!("res-{i}"));
-                lock.acquire(&mut *conn).await?.leak();
-            }
-            let before = counters(&reader).await?;
-            tokio::time::sleep(span).await;
-            let load = load_since(&reader, before, None).await;
-            note.push_str("sqlx PgAdvisoryLock: 1,000 session locks on one connection. ");
-            load.map(Some)
-        }
+        Peer::SqlxAdvisoryLock => holding_sqlx_lock(&db, &reader, span, note).await.map(Some),
     }
+}
+
+/// Holding for pglease: one manager holds them all and renews them
+/// together.
+async fn holding_pglease(
+    db: &TestDatabase,
+    reader: &PgPool,
+    span: Duration,
+    note: &mut String,
+) -> Result<Load, BoxError> {
+    let m = LeaseManager::new(db.pool().clone());
+    let mut held = Vec::with_capacity(HELD);
+    for i in 0..HELD {
+        held.push(
+            m.hold(&format!("res-{i}"), AcquireOptions::ttl(TTL * 30))
+                .await?,
+        );
+    }
+    let before = counters(reader).await?;
+    tokio::time::sleep(span).await;
+    let load = load_since(reader, before, None).await;
+    m.shutdown().await?;
+    note.push_str("pglease: TTL 30 s here (renewed every 10 s, all 1,000 in one statement). ");
+    load
+}
+
+/// Holding for pg_lease: a looper per lease, each with its heartbeat.
+async fn holding_pg_lease(
+    db: &TestDatabase,
+    reader: &PgPool,
+    span: Duration,
+    note: &mut String,
+) -> Result<Load, BoxError> {
+    let p = pool(db, "peer").await?;
+    let mut loopers = Vec::with_capacity(HELD);
+    for i in 0..HELD {
+        let looper = pg_lease::LeaseLooper::new(
+            format!("res-{i}"),
+            |_ctx, _: ()| async move {
+                std::future::pending::<()>().await;
+                Ok(())
+            },
+            "A".to_owned(),
+            p.clone(),
+            crate::looper::options(TTL * 30),
+            (),
+        );
+        looper.start().await?;
+        loopers.push(looper);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held: i64 = sqlx08::query_scalar(
+        "SELECT count(*) FROM _pg_lease WHERE worker_id = 'A' AND held_until > now()",
+    )
+    .fetch_one(reader)
+    .await?;
+    if held < HELD as i64 {
+        note.push_str(&format!("pg_lease: only {held} of the 1,000 held. "));
+    }
+    let before = counters(reader).await?;
+    tokio::time::sleep(span).await;
+    let load = load_since(reader, before, None).await;
+    for looper in &loopers {
+        looper.stop().await?;
+    }
+    p.close().await;
+    note.push_str("pg_lease: lease 30 s, heartbeat every 10 s, one per lease. ");
+    load
+}
+
+/// Holding for sqlx's `PgAdvisoryLock`: session locks on one connection.
+async fn holding_sqlx_lock(
+    db: &TestDatabase,
+    reader: &PgPool,
+    span: Duration,
+    note: &mut String,
+) -> Result<Load, BoxError> {
+    let p = pool(db, "peer").await?;
+    let mut conn = p.acquire().await?;
+    for i in 0..HELD {
+        let lock = sqlx08::postgres::PgAdvisoryLock::new(format!("res-{i}"));
+        lock.acquire(&mut *conn).await?.leak();
+    }
+    let before = counters(reader).await?;
+    tokio::time::sleep(span).await;
+    let load = load_since(reader, before, None).await;
+    note.push_str("sqlx PgAdvisoryLock: 1,000 session locks on one connection. ");
+    load
 }
 
 /// The figures as a Markdown table, with ratios to pglease's.
