@@ -86,10 +86,11 @@ pub(crate) enum Class {
     /// [`INVALID_INPUT`] raised by a pglease function (its message starts
     /// with `pglease: `); the server's own stays a database error.
     InvalidInput,
-    /// [`UNDEFINED_FUNCTION`], [`UNDEFINED_TABLE`] or
-    /// [`INVALID_SCHEMA_NAME`] naming the `pglease` schema or an object in
+    /// [`INVALID_SCHEMA_NAME`] naming the `pglease` schema, or
+    /// [`UNDEFINED_FUNCTION`] or [`UNDEFINED_TABLE`] naming an object in
     /// it: the schema is missing or older than this version. The same
-    /// codes naming a caller's table (`protect('no_such_table')`) are not.
+    /// codes naming a caller's objects (`protect('no_such_table')`) are
+    /// not.
     SchemaMissing,
     /// [`READ_ONLY`].
     ReadOnly,
@@ -105,25 +106,38 @@ pub(crate) fn classify(code: &str, message: &str) -> Class {
         NOT_PERMITTED => Class::NotPermitted,
         INVALID_INPUT if message.starts_with("pglease: ") => Class::InvalidInput,
         READ_ONLY => Class::ReadOnly,
-        UNDEFINED_FUNCTION | UNDEFINED_TABLE | INVALID_SCHEMA_NAME if names_the_schema(message) => {
+        INVALID_SCHEMA_NAME if names_the_schema(message) => Class::SchemaMissing,
+        UNDEFINED_FUNCTION | UNDEFINED_TABLE if names_an_object_in_it(message) => {
             Class::SchemaMissing
         }
         _ => Class::Other,
     }
 }
 
-/// Whether a server's message names the `pglease` schema (`schema
-/// "pglease" does not exist`) or an object in it (`function
-/// pglease.acquire(...)`, `relation "pglease.leases"`), not a name that
-/// merely ends in `pglease`.
+/// Whether a server's message names the `pglease` schema: the word
+/// `pglease` on its own, whatever quotes the server's language puts around
+/// it (`"pglease"`, `»pglease«`, `« pglease »`), not a name that merely
+/// contains it (`pglease2`, `my_pglease`).
 fn names_the_schema(message: &str) -> bool {
-    message.contains("\"pglease\"")
-        || message.match_indices("pglease.").any(|(at, _)| {
-            !message[..at]
-                .chars()
-                .next_back()
-                .is_some_and(|c| c.is_alphanumeric() || c == '_')
-        })
+    message.match_indices("pglease").any(|(at, word)| {
+        let before = message[..at].chars().next_back();
+        let after = message[at + word.len()..].chars().next();
+        !before.is_some_and(is_identifier) && !after.is_some_and(is_identifier)
+    })
+}
+
+/// Whether a server's message names an object in the `pglease` schema
+/// (`function pglease.acquire(...)`, `relation "pglease.leases"`), not a
+/// caller's own (`relation "pglease" does not exist` is a table named so).
+fn names_an_object_in_it(message: &str) -> bool {
+    message
+        .match_indices("pglease.")
+        .any(|(at, _)| !message[..at].chars().next_back().is_some_and(is_identifier))
+}
+
+/// A character that may continue an unquoted SQL identifier.
+fn is_identifier(c: char) -> bool {
+    c.is_alphanumeric() || c == '_' || c == '$'
 }
 
 #[cfg(test)]
@@ -221,6 +235,10 @@ mod tests {
             ),
             (UNDEFINED_FUNCTION, "function my_pglease.f() does not exist"),
             (INVALID_SCHEMA_NAME, r#"schema "pglease2" does not exist"#),
+            (INVALID_SCHEMA_NAME, r#"schema "my_pglease" does not exist"#),
+            (INVALID_SCHEMA_NAME, r#"schema "app" does not exist"#),
+            // A caller's table named pglease.
+            (UNDEFINED_TABLE, r#"relation "pglease" does not exist"#),
         ] {
             assert_eq!(classify(code, message), Class::Other, "{message}");
         }

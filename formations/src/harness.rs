@@ -1,5 +1,5 @@
-//! A test harness for integration-test binaries of async tests (feature
-//! `harness`; the binary sets `harness = false`), that reports a test which
+//! A test harness for integration-test binaries of async tests (the
+//! binary sets `harness = false`), that reports a test which
 //! could not run where it is as *ignored, with why*, never as passed.
 //!
 //! The standard harness knows only passed and failed at run time, so a

@@ -254,6 +254,9 @@ impl LeaseManager {
             },
         };
         let time = match (options.failover_time, &options.monitor, options.patroni) {
+            // The check stops at the unreadable TTLs: the monitor is not
+            // asked.
+            _ if matches!(ttl, Ttl::Unreadable(_)) => FailoverTime::Unknown,
             (Some(time), _, _) => FailoverTime::Given(time),
             (None, Some(monitor), _) => FailoverTime::Monitor(monitor_settings(monitor).await),
             (None, None, Some(patroni)) => FailoverTime::Patroni(patroni),
@@ -306,7 +309,8 @@ async fn host(any: &Target, index: usize) -> std::result::Result<Host, String> {
 }
 
 /// pg_auto_failover's monitor's `pgautofailover.*` settings, or why they
-/// cannot be read.
+/// cannot be read; a row that does not decode is left out (the estimate
+/// then names the setting it lacks).
 async fn monitor_settings(monitor: &Target) -> std::result::Result<Vec<(String, String)>, String> {
     let (mut connection, _) = monitor
         .connect(PER_HOST_TIMEOUT)
@@ -317,8 +321,8 @@ async fn monitor_settings(monitor: &Target) -> std::result::Result<Vec<(String, 
         .await
         .map_err(|e| Error::from(e).to_string())?;
     let _ = sqlx::Connection::close(connection).await;
-    rows.iter()
-        .map(|row| Ok((row.try_get("name")?, row.try_get("setting")?)))
-        .collect::<sqlx::Result<_>>()
-        .map_err(|e| Error::from(e).to_string())
+    Ok(rows
+        .iter()
+        .filter_map(|row| Some((row.try_get("name").ok()?, row.try_get("setting").ok()?)))
+        .collect())
 }

@@ -267,7 +267,7 @@ impl LeaseManager {
     ///
     /// [`Error::InvalidInput`] for a bad name, a table that is not an
     /// ordinary table, or one in a partition or inheritance tree;
-    /// [`Error::Database`] (SQLSTATE `42501`) unless the caller owns the
+    /// [`Error::NotPermitted`] (SQLSTATE `42501`) unless the caller owns the
     /// table.
     ///
     /// # Cancel safety
@@ -289,7 +289,7 @@ impl LeaseManager {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`] (SQLSTATE `42501`) unless the caller owns the
+    /// [`Error::NotPermitted`] (SQLSTATE `42501`) unless the caller owns the
     /// table, or if the table does not exist.
     ///
     /// # Cancel safety
