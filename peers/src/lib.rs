@@ -226,6 +226,14 @@ async fn pool(db: &TestDatabase, app: &str) -> Result<PgPool, BoxError> {
         .await?)
 }
 
+/// A distributed-lock-postgres provider on `pool`.
+async fn dlock(pool: PgPool) -> Result<distributed_lock_postgres::PostgresLockProvider, BoxError> {
+    Ok(distributed_lock_postgres::PostgresLockProvider::builder()
+        .pool(pool)
+        .build()
+        .await?)
+}
+
 /// Ends every session named `app`; how many.
 async fn kill(db: &TestDatabase, app: &str) -> Result<i64, BoxError> {
     let killed: i64 = sqlx08::query_scalar(
@@ -437,20 +445,12 @@ async fn killed_pg_lease(db: &TestDatabase) -> Result<Verdict, BoxError> {
 
 /// Scenario (b) for distributed-lock-postgres: A writes through its pool.
 async fn killed_dlock(db: &TestDatabase) -> Result<Verdict, BoxError> {
-    use distributed_lock_postgres::PostgresLockProvider;
-
     let a_pool = pool(db, "peer-A").await?;
-    let a = PostgresLockProvider::builder()
-        .pool(a_pool.clone())
-        .build()
-        .await?;
+    let a = dlock(a_pool.clone()).await?;
     let handle = a.create_lock("res").acquire(Some(WINDOW)).await?;
     let killed = kill(db, "peer-A").await?;
     let b_pool = pool(db, "peer-B").await?;
-    let b = PostgresLockProvider::builder()
-        .pool(b_pool.clone())
-        .build()
-        .await?;
+    let b = dlock(b_pool.clone()).await?;
     let started = Instant::now();
     let b_handle = b.create_lock("res").acquire(Some(WINDOW)).await.ok();
     let took_over = b_handle.as_ref().map(|_| started.elapsed());

@@ -18,7 +18,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::looper::writes_b;
 use crate::proxy::{Proxy, Target};
-use crate::{BoxError, Peer, Verdict, ledger, pool, scratch, write};
+use crate::{BoxError, Peer, Verdict, dlock, ledger, pool, scratch, write};
 
 /// The leases' TTL in this scenario.
 const TTL: Duration = Duration::from_secs(1);
@@ -82,6 +82,19 @@ pub(crate) async fn proxied_pool(db: &TestDatabase, proxy: &Proxy) -> Result<PgP
         .await?)
 }
 
+/// A pglease manager through the proxy, its connections named `peer-A`.
+pub(crate) async fn proxied_manager(
+    db: &TestDatabase,
+    proxy: &Proxy,
+) -> Result<LeaseManager, BoxError> {
+    Ok(LeaseManager::new(
+        pglease::connect::pool_options()
+            .max_connections(4)
+            .connect_with(proxied_options(db, proxy))
+            .await?,
+    ))
+}
+
 /// The same, as pglease's sqlx 0.9 options.
 pub(crate) fn proxied_options(
     db: &TestDatabase,
@@ -137,12 +150,7 @@ async fn verdict(
 
 /// Scenario (a) for pglease: A's write fenced, B waiting to acquire.
 async fn paused_pglease(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
-    let a = LeaseManager::new(
-        pglease::connect::pool_options()
-            .max_connections(4)
-            .connect_with(proxied_options(db, proxy))
-            .await?,
-    );
+    let a = proxied_manager(db, proxy).await?;
     let held = a.hold("res", AcquireOptions::ttl(TTL).holder("A")).await?;
     let mut tx = held.begin_fenced().await?;
     sqlx::query("INSERT INTO ledger (writer) VALUES ('A')")
@@ -314,13 +322,8 @@ async fn paused_pg_lease_committed(db: &TestDatabase) -> Result<bool, BoxError> 
 
 /// Scenario (a) for distributed-lock-postgres: A writes in its own transaction.
 async fn paused_dlock(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxError> {
-    use distributed_lock_postgres::PostgresLockProvider;
-
     let a_pool = proxied_pool(db, proxy).await?;
-    let a = PostgresLockProvider::builder()
-        .pool(a_pool.clone())
-        .build()
-        .await?;
+    let a = dlock(a_pool.clone()).await?;
     let handle = a.create_lock("res").acquire(Some(WINDOW)).await?;
     // Its handle offers no connection to write through: a transaction of
     // the application's own, while holding the lock.
@@ -332,10 +335,7 @@ async fn paused_dlock(db: &TestDatabase, proxy: &Proxy) -> Result<Verdict, BoxEr
     let frozen_at = Instant::now();
     let commit = tokio::spawn(async move { tx.commit().await });
     let b_pool = pool(db, "peer-B").await?;
-    let b = PostgresLockProvider::builder()
-        .pool(b_pool.clone())
-        .build()
-        .await?;
+    let b = dlock(b_pool.clone()).await?;
     let b_handle = b.create_lock("res").acquire(Some(WINDOW)).await.ok();
     let took_over = b_handle.as_ref().map(|_| frozen_at.elapsed());
     if b_handle.is_some() {

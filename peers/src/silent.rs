@@ -7,13 +7,13 @@
 use std::time::{Duration, Instant};
 
 use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
+use pglease::AcquireOptions;
 use pglease::testing::TestDatabase;
-use pglease::{AcquireOptions, LeaseManager};
 
 use crate::looper::{holds, holds_watched, slot};
-use crate::paused::{proxied_options, proxied_pool, target};
+use crate::paused::{proxied_manager, proxied_pool, target};
 use crate::proxy::Proxy;
-use crate::{BoxError, Peer, Verdict, pool, scratch};
+use crate::{BoxError, Peer, Verdict, dlock, pool, scratch};
 
 /// The leases' TTL in this scenario.
 const TTL: Duration = Duration::from_secs(1);
@@ -67,12 +67,7 @@ pub async fn silent_renewal(peer: Peer) -> Result<Verdict, BoxError> {
 /// Scenario (e) for pglease: A holds a lease through the proxy, B waits to
 /// acquire it.
 async fn silent_pglease(db: &TestDatabase, proxy: &Proxy) -> Result<Outcome, BoxError> {
-    let a = LeaseManager::new(
-        pglease::connect::pool_options()
-            .max_connections(4)
-            .connect_with(proxied_options(db, proxy))
-            .await?,
-    );
+    let a = proxied_manager(db, proxy).await?;
     let held = a.hold("res", AcquireOptions::ttl(TTL).holder("A")).await?;
     proxy.freeze();
     let frozen_at = Instant::now();
@@ -171,19 +166,11 @@ async fn silent_pg_lease(db: &TestDatabase, proxy: &Proxy) -> Result<Outcome, Bo
 /// Scenario (e) for distributed-lock-postgres: A holds the lock through the
 /// proxy, B tries to acquire it; A is told if its lost token says so.
 async fn silent_dlock(db: &TestDatabase, proxy: &Proxy) -> Result<Outcome, BoxError> {
-    use distributed_lock_postgres::PostgresLockProvider;
-
-    let a = PostgresLockProvider::builder()
-        .pool(proxied_pool(db, proxy).await?)
-        .build()
-        .await?;
+    let a = dlock(proxied_pool(db, proxy).await?).await?;
     let handle = a.create_lock("res").acquire(Some(FROZEN)).await?;
     proxy.freeze();
     let frozen_at = Instant::now();
-    let b = PostgresLockProvider::builder()
-        .pool(pool(db, "peer-B").await?)
-        .build()
-        .await?;
+    let b = dlock(pool(db, "peer-B").await?).await?;
     let b_handle = b.create_lock("res").acquire(Some(FROZEN)).await.ok();
     let took_over = b_handle.as_ref().map(|_| frozen_at.elapsed());
     let lost = *handle.lost_token().borrow();

@@ -19,7 +19,7 @@ use sqlx08::postgres::PgPool;
 use tokio::sync::Notify;
 
 use crate::looper::{Signal, holds, signal, slot};
-use crate::{BoxError, Peer, pool};
+use crate::{BoxError, Peer, dlock, pool};
 
 /// The leases' TTL in these measures.
 const TTL: Duration = Duration::from_secs(1);
@@ -302,10 +302,7 @@ async fn takeover_pg_lease(db: &TestDatabase) -> Result<Duration, BoxError> {
 /// waits for the lock.
 async fn takeover_dlock(db: &TestDatabase) -> Result<Duration, BoxError> {
     let a_pool = pool(db, "peer-A").await?;
-    let a = distributed_lock_postgres::PostgresLockProvider::builder()
-        .pool(a_pool.clone())
-        .build()
-        .await?;
+    let a = dlock(a_pool.clone()).await?;
     let handle = a.create_lock("res").acquire(Some(TTL)).await?;
     // The process dies: its connections close (ended here from
     // the server's side; the handle is never used again).
@@ -498,10 +495,7 @@ async fn dlock_provider(
     db: &TestDatabase,
     app: &str,
 ) -> Result<distributed_lock_postgres::PostgresLockProvider, BoxError> {
-    Ok(distributed_lock_postgres::PostgresLockProvider::builder()
-        .pool(pool(db, app).await?)
-        .build()
-        .await?)
+    dlock(pool(db, app).await?).await
 }
 
 /// One worker holds the lease; another waits for it for `span`.
