@@ -5,7 +5,6 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pglease::Error;
 use pglease::connect::Target;
 use sqlx::{AssertSqlSafe, Connection};
 
@@ -106,14 +105,14 @@ async fn demo_in(target: &Target, timeout: Duration) -> ExitCode {
             say(&format!(
                 "  {} / {}: {} - {}",
                 o.scenario.label(),
-                o.variant.label(),
-                if o.safe { "safe" } else { "UNSAFE" },
+                o.contender.label(),
+                if o.safe() { "safe" } else { "UNSAFE" },
                 o.detail
             ));
         })
         .await?;
         out!("\n{}", pglease_cli::compare::table(&outcomes));
-        Ok::<_, Error>(())
+        Ok::<_, pglease_cli::compare::BoxError>(())
     }
     .await;
     manager.pool().close().await;

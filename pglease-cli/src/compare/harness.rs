@@ -1,15 +1,14 @@
-//! The comparison's harness: the scratch table, the writes, the clock, and
-//! the locks of the second worker.
+//! What the demo's contenders share: the manager (A and B are two workers
+//! of one process, on one pool), the ledger, the resource's name, the
+//! unit every timing is a multiple of, and the database's clock.
 
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, PgConnection};
+use sqlx::PgConnection;
 
-use pglease::advisory::{SessionLock, XactLock};
-use pglease::{Error, Fence, LeaseManager, Result};
+use pglease::{Error, Fence, LeaseManager};
 
-use super::{Outcome, Scenario, Variant};
+use super::engine::{BoxError, Ledger, Scenario, Who, Written};
 
 pub(super) fn unique() -> u32 {
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -17,186 +16,102 @@ pub(super) fn unique() -> u32 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-pub(super) struct Harness {
+/// One scenario's setting for one contender.
+pub(super) struct Ctx {
     pub(super) m: LeaseManager,
-    pub(super) table: String,
-    pub(super) tag: String,
+    pub(super) ledger: Ledger,
+    /// The lease or lock name, of this scenario and contender only.
+    pub(super) name: String,
     pub(super) unit: Duration,
+    pub(super) scenario: Scenario,
 }
 
-impl Harness {
-    pub(super) async fn run(&self, scenario: Scenario, variant: Variant) -> Result<Outcome> {
-        let name = format!("compare-{}-{:?}-{:?}", self.tag, scenario, variant);
-        self.reset().await?;
-        let (safe, took_over, detail) = match (scenario, variant) {
-            (Scenario::PausedHolder, Variant::Lease) => self.paused_lease(&name).await?,
-            (Scenario::PausedHolder, _) => self.paused_lock(&name, variant).await?,
-            (Scenario::KilledConnection, Variant::Lease) => self.killed_lease(&name).await?,
-            (Scenario::KilledConnection, Variant::SessionLock) => {
-                self.killed_session(&name).await?
-            }
-            (Scenario::KilledConnection, Variant::XactLock) => self.killed_xact(&name).await?,
-            (Scenario::DeadHolder, Variant::Lease) => self.dead_lease(&name).await?,
-            (Scenario::DeadHolder, _) => self.dead_lock(&name, variant).await?,
-            (Scenario::DuplicateRelease, Variant::Lease) => self.duplicate_lease(&name).await?,
-            (Scenario::DuplicateRelease, Variant::SessionLock) => {
-                self.duplicate_session(&name).await?
-            }
-            (Scenario::DuplicateRelease, Variant::XactLock) => self.duplicate_xact(&name).await?,
-            (Scenario::RenewalTimeout, Variant::Lease) => self.timeout_lease(&name).await?,
-            (Scenario::RenewalTimeout, Variant::SessionLock) => self.timeout_session(&name).await?,
-            (Scenario::RenewalTimeout, Variant::XactLock) => self.timeout_xact(&name).await?,
-        };
-        Ok(Outcome {
-            scenario,
-            variant,
-            safe,
-            took_over,
-            detail,
-        })
+/// How long B tries to take over in each scenario, in units.
+pub(super) fn window(unit: Duration, scenario: Scenario) -> Duration {
+    match scenario {
+        // A's pause: longer than a lease's TTL (two units).
+        Scenario::PausedHolder => unit * 3,
+        Scenario::KilledConnection | Scenario::DeadHolder => unit * 10,
+        // One attempt, right after the late release.
+        Scenario::LateRelease => Duration::ZERO,
+        // Three of a renewing lease's TTLs (three units).
+        Scenario::SilentRenewal => unit * 9,
     }
+}
 
-    /// Worker A's session lock on `name` (which nobody else holds yet).
-    pub(super) async fn session(&self, name: &str) -> Result<SessionLock> {
-        self.m
-            .try_session_lock(name)
-            .await?
-            .ok_or_else(|| held(name))
-    }
-
-    /// Worker A's transaction lock on `name`.
-    pub(super) async fn xact(&self, name: &str) -> Result<XactLock> {
-        self.m.try_xact_lock(name).await?.ok_or_else(|| held(name))
-    }
-
-    pub(super) fn ttl(&self) -> Duration {
-        self.unit * 2
-    }
-
-    pub(super) async fn reset(&self) -> Result<()> {
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {} VALUES (1, 'initial') ON CONFLICT (id) DO UPDATE SET value = 'initial'",
-            self.table
-        )))
-        .execute(self.m.pool())
-        .await?;
-        Ok(())
-    }
-
-    pub(super) fn update(&self) -> String {
-        format!("UPDATE {} SET value = $1 WHERE id = 1", self.table)
-    }
-
-    /// An unguarded write on any connection.
-    pub(super) async fn write(&self, conn: &mut PgConnection, who: &str) -> Result<()> {
-        sqlx::query(AssertSqlSafe(self.update()))
-            .bind(who)
+impl Ctx {
+    /// An unguarded write on `conn`.
+    pub(super) async fn write_on(&self, conn: &mut PgConnection, who: Who) -> Result<(), Error> {
+        sqlx::query(sqlx::AssertSqlSafe(self.ledger.insert()))
+            .bind(who.name())
             .execute(conn)
             .await?;
         Ok(())
     }
 
-    /// A write through a fresh connection of the pool.
-    pub(super) async fn write_fresh(&self, who: &str) -> Result<()> {
+    /// An unguarded write through a fresh connection of the pool.
+    pub(super) async fn write_fresh(&self, who: Who) -> Result<Written, BoxError> {
         let mut conn = self.m.pool().acquire().await?;
-        self.write(&mut conn, who).await
+        self.write_on(&mut conn, who).await?;
+        Ok(Written::Committed)
     }
 
-    /// A fenced write: `Ok(true)` if it committed, `Ok(false)` if the
-    /// database rejected the token (LE001).
-    pub(super) async fn fenced_write(&self, lease: &Fence, who: &str) -> Result<bool> {
-        let update = self.update();
+    /// A fenced write: refused if the database rejected the token (LE001)
+    /// or the holder knows it lost the lease.
+    pub(super) async fn fenced_write(&self, lease: &Fence, who: Who) -> Result<Written, BoxError> {
+        let insert = self.ledger.insert();
         let outcome = self
             .m
             .fenced(lease, async |conn| {
-                sqlx::query(AssertSqlSafe(update))
-                    .bind(who)
+                sqlx::query(sqlx::AssertSqlSafe(insert))
+                    .bind(who.name())
                     .execute(&mut *conn)
                     .await
                     .map_err(Error::from)?;
                 Ok::<_, Error>(())
             })
             .await;
-        match outcome {
-            Ok(()) => Ok(true),
-            Err(Error::NotHeld { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
+        refused_if(outcome, |e| matches!(e, Error::NotHeld { .. }))
     }
 
-    pub(super) async fn value(&self) -> Result<String> {
-        let value: String = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT value FROM {} WHERE id = 1",
-            self.table
-        )))
-        .fetch_one(self.m.pool())
-        .await?;
-        Ok(value)
-    }
-
-    pub(super) async fn db_now(&self) -> Result<DateTime<Utc>> {
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
-            .fetch_one(self.m.pool())
-            .await?;
-        Ok(now)
-    }
-
-    /// Sleeps until the database clock is past `instant` (a pause that
-    /// outlasts a lease, by the clock that decides expiry).
-    pub(super) async fn pause_until(&self, instant: DateTime<Utc>) -> Result<()> {
-        loop {
-            let now = self.db_now().await?;
-            if now > instant {
-                return Ok(());
-            }
-            let left = (instant - now).to_std().unwrap_or_default();
-            tokio::time::sleep(left.min(self.unit) + Duration::from_millis(1)).await;
-        }
-    }
-
-    pub(super) async fn terminate(&self, pid: i32) -> Result<()> {
+    pub(super) async fn terminate(&self, pid: i32) -> Result<(), Error> {
         sqlx::query("SELECT pg_terminate_backend($1)")
             .bind(pid)
             .execute(self.m.pool())
             .await?;
         Ok(())
     }
+}
 
-    /// Polls `try_session_lock` for worker B until it succeeds or `limit`
-    /// passes; returns the lock and how long it took.
-    pub(super) async fn b_session_lock(
-        &self,
-        name: &str,
-        limit: Duration,
-    ) -> Result<Option<(SessionLock, Duration)>> {
-        poll_lock(limit, || self.m.try_session_lock(name)).await
-    }
-
-    /// The same with `try_xact_lock`.
-    pub(super) async fn b_xact_lock(
-        &self,
-        name: &str,
-        limit: Duration,
-    ) -> Result<Option<(XactLock, Duration)>> {
-        poll_lock(limit, || self.m.try_xact_lock(name)).await
+/// `Written` from a write's outcome: refused when `refusal` says the
+/// error is one, an error otherwise.
+pub(super) fn refused_if(
+    outcome: Result<(), Error>,
+    refusal: impl Fn(&Error) -> bool,
+) -> Result<Written, BoxError> {
+    match outcome {
+        Ok(()) => Ok(Written::Committed),
+        Err(e) if refusal(&e) => Ok(Written::Refused(e.to_string())),
+        Err(e) => Err(e.into()),
     }
 }
 
-/// Calls `attempt` every 2 ms until it yields a lock or `limit` passes.
+/// Calls `attempt` every 2 ms until it yields a lock or `limit` passes
+/// (once if `limit` is zero).
 pub(super) async fn poll_lock<L, F, Fut>(
     limit: Duration,
     mut attempt: F,
-) -> Result<Option<(L, Duration)>>
+) -> Result<Option<L>, Error>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<L>>>,
+    Fut: std::future::Future<Output = Result<Option<L>, Error>>,
 {
     let start = Instant::now();
     loop {
         if let Some(lock) = attempt().await? {
-            return Ok(Some((lock, start.elapsed())));
+            return Ok(Some(lock));
         }
-        if start.elapsed() > limit {
+        if start.elapsed() >= limit {
             return Ok(None);
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -207,37 +122,7 @@ pub(super) fn pick(flag: bool, yes: &'static str, no: &'static str) -> &'static 
     if flag { yes } else { no }
 }
 
-pub(super) fn held(name: &str) -> Error {
-    Error::Held {
-        name: name.to_owned(),
-        holder: "another session".to_owned(),
-        expires_at: DateTime::<Utc>::MAX_UTC,
-    }
-}
-
-/// Sends an unlock for the lock's key on its connection without giving the
-/// lock up locally: what a delayed duplicate release does. Session locks
-/// count: after lock, unlock, lock, a duplicate unlock frees the second hold.
-pub(super) async fn unlock_once(lock: &mut SessionLock) -> Result<bool> {
-    let key = lock.key();
-    let Some(conn) = lock.connection() else {
-        return Ok(false);
-    };
-    Ok(sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
-        .bind(key)
-        .fetch_one(conn)
-        .await?)
-}
-
-/// Takes the lock again on the same connection (session locks are
-/// re-entrant: each lock needs its own unlock).
-pub(super) async fn relock(lock: &mut SessionLock) -> Result<bool> {
-    let key = lock.key();
-    let Some(conn) = lock.connection() else {
-        return Ok(false);
-    };
-    Ok(sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-        .bind(key)
-        .fetch_one(conn)
-        .await?)
+/// A time in milliseconds, or `none`.
+pub(super) fn ms(d: Option<Duration>) -> String {
+    d.map_or_else(|| "none".to_owned(), |d| d.as_millis().to_string())
 }

@@ -1,224 +1,276 @@
-//! The scenarios against a lease with fencing.
+//! The lease with fencing as a contender: every write is fenced, so the
+//! database, not a client timer, refuses a stale one.
 
 use std::time::{Duration, Instant};
 
 use sqlx::{Connection, PgConnection};
+use tokio::sync::Mutex;
 
-use pglease::{AcquireOptions, Error, Fence, Result, Token};
+use pglease::{AcquireOptions, Error, Fence, HeldLease, Lease, Token};
 
-use super::harness::Harness;
+use super::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
+use super::harness::{Ctx, ms};
 
-impl Harness {
-    pub(super) async fn paused_lease(
-        &self,
-        name: &str,
-    ) -> Result<(bool, Option<Duration>, String)> {
-        let start = Instant::now();
-        let a = self
-            .m
-            .acquire(name, AcquireOptions::ttl(self.ttl()).holder("A"))
-            .await?;
-        self.pause_until(a.expires_at()).await?;
-        let b = self
-            .m
-            .acquire(name, AcquireOptions::ttl(self.ttl()).holder("B"))
-            .await?;
-        let took_over = start.elapsed();
-        let b_wrote = self.fenced_write(b.fence(), "B").await?;
-        let a_landed = self.fenced_write(a.fence(), "A").await?;
-        self.m.release(&b).await?;
-        let value = self.value().await?;
-        let safe = b_wrote && !a_landed && value == "B";
-        Ok((
-            safe,
-            Some(took_over),
-            format!(
-                "B took over after {} ms (the TTL); A's delayed write with token {} was {} \
-                 (value {value:?})",
-                took_over.as_millis(),
-                a.token(),
-                if a_landed {
-                    "APPLIED"
-                } else {
-                    "rejected by the database (LE001)"
-                }
-            ),
-        ))
+/// A's or B's lease.
+pub(super) enum Held {
+    /// Acquired once, never renewed (A's pause in-process cannot stop a
+    /// renewal task, so the paused holder does not renew).
+    Plain(Lease),
+    /// Acquired on a connection of its own (with its pid), which the
+    /// fault kills.
+    OnConnection(Fence, Option<PgConnection>, i32),
+    /// Held and renewed in the background.
+    Renewed(HeldLease),
+}
+
+impl Held {
+    fn token(&self) -> i64 {
+        match self {
+            Held::Plain(l) => l.token().get(),
+            Held::OnConnection(f, ..) => f.token().get(),
+            Held::Renewed(h) => h.token().get(),
+        }
+    }
+}
+
+/// What the contender noted on the way, for the detail.
+#[derive(Default)]
+struct Notes {
+    a_token: i64,
+    /// (d): the first term's token, the second's, and whether the late
+    /// release ended the second.
+    late: Option<(i64, i64, bool)>,
+    /// (e): the connection whose row lock holds every renewal off.
+    blocker: Option<PgConnection>,
+    /// (e): why A was told, and whether the database then still
+    /// considered the lease valid.
+    told: Option<(String, bool)>,
+}
+
+pub(super) struct LeaseContender {
+    ctx: Ctx,
+    notes: Mutex<Notes>,
+}
+
+impl LeaseContender {
+    pub(super) fn new(ctx: Ctx) -> LeaseContender {
+        LeaseContender {
+            ctx,
+            notes: Mutex::new(Notes::default()),
+        }
     }
 
-    pub(super) async fn killed_lease(
-        &self,
-        name: &str,
-    ) -> Result<(bool, Option<Duration>, String)> {
-        // A acquires on a connection of its own, which is then killed.
-        let mut conn = PgConnection::connect_with(&self.m.pool().connect_options()).await?;
+    /// The TTL in this scenario: two units, three for a renewing holder,
+    /// twenty where nobody should take over.
+    fn ttl(&self) -> Duration {
+        match self.ctx.scenario {
+            Scenario::SilentRenewal => self.ctx.unit * 3,
+            Scenario::LateRelease => self.ctx.unit * 20,
+            _ => self.ctx.unit * 2,
+        }
+    }
+
+    fn options(&self, who: Who) -> AcquireOptions {
+        AcquireOptions::ttl(self.ttl()).holder(who.name())
+    }
+
+    /// A's lease on a connection of its own, and that connection's pid.
+    async fn on_connection(&self) -> Result<Held, BoxError> {
+        let mut conn = PgConnection::connect_with(&self.ctx.m.pool().connect_options()).await?;
         let (token, pid): (i64, i32) =
             sqlx::query_as("SELECT token, pg_backend_pid() FROM pglease.acquire($1, 'A', $2)")
-                .bind(name)
+                .bind(&self.ctx.name)
                 .bind(self.ttl())
                 .fetch_one(&mut conn)
                 .await?;
-        self.terminate(pid).await?;
-        drop(conn);
-        let start = Instant::now();
-        let b = self
-            .m
-            .acquire(
-                name,
-                AcquireOptions::ttl(self.ttl())
-                    .holder("B")
-                    .wait(self.unit * 10),
-            )
-            .await?;
-        let took_over = start.elapsed();
-        self.fenced_write(b.fence(), "B").await?;
-        let a_landed = self
-            .fenced_write(&Fence::new(name, Token::new(token)?)?, "A")
-            .await?;
-        self.m.release(&b).await?;
-        let value = self.value().await?;
-        Ok((
-            !a_landed && value == "B",
-            Some(took_over),
-            format!(
-                "the lease outlived the killed connection; B took over {} ms later, at its \
-                 expiry; A's write through a fresh connection was {}",
-                took_over.as_millis(),
-                if a_landed {
-                    "APPLIED"
-                } else {
-                    "rejected by the database (LE001)"
-                }
-            ),
+        Ok(Held::OnConnection(
+            Fence::new(&self.ctx.name, Token::new(token)?)?,
+            Some(conn),
+            pid,
         ))
     }
+}
 
-    pub(super) async fn dead_lease(&self, name: &str) -> Result<(bool, Option<Duration>, String)> {
-        let start = Instant::now();
-        self.m
-            .acquire(name, AcquireOptions::ttl(self.ttl()).holder("A"))
+impl Contender for LeaseContender {
+    type Held = Held;
+
+    async fn acquire(&self, who: Who, wait: Duration) -> Result<Option<Held>, BoxError> {
+        let held = match (who, self.ctx.scenario) {
+            (Who::A, Scenario::KilledConnection) => self.on_connection().await?,
+            (Who::A, Scenario::SilentRenewal) => {
+                Held::Renewed(self.ctx.m.hold(&self.ctx.name, self.options(who)).await?)
+            }
+            _ => match self
+                .ctx
+                .m
+                .acquire(&self.ctx.name, self.options(who).wait(wait))
+                .await
+            {
+                Ok(lease) => Held::Plain(lease),
+                Err(Error::Held { .. } | Error::Timeout { .. } | Error::Pinned { .. }) => {
+                    return Ok(None);
+                }
+                Err(e) => return Err(e.into()),
+            },
+        };
+        if who == Who::A {
+            self.notes.lock().await.a_token = held.token();
+        }
+        Ok(Some(held))
+    }
+
+    async fn write(&self, held: &mut Held, who: Who) -> Result<Written, BoxError> {
+        match held {
+            Held::Plain(lease) => self.ctx.fenced_write(lease.fence(), who).await,
+            Held::OnConnection(fence, ..) => self.ctx.fenced_write(fence, who).await,
+            Held::Renewed(held) => match held.begin_fenced().await {
+                Ok(mut tx) => {
+                    self.ctx.write_on(&mut tx, who).await?;
+                    tx.commit().await?;
+                    Ok(Written::Committed)
+                }
+                Err(e @ (Error::Lost { .. } | Error::NotHeld { .. })) => {
+                    Ok(Written::Refused(e.to_string()))
+                }
+                Err(e) => Err(e.into()),
+            },
+        }
+    }
+
+    async fn fault(&self, held: &mut Held, fault: Fault) -> Result<(), BoxError> {
+        match (fault, &mut *held) {
+            (Fault::Kill, Held::OnConnection(_, conn, pid)) => {
+                self.ctx.terminate(*pid).await?;
+                drop(conn.take());
+            }
+            (Fault::LateRelease, Held::Plain(first)) => {
+                let first = &*first;
+                let m = &self.ctx.m;
+                m.release(first).await?;
+                let second = m.acquire(&self.ctx.name, self.options(Who::A)).await?;
+                // The first release again, as a late duplicate.
+                let ended = m.release(first).await?;
+                self.notes.lock().await.late =
+                    Some((first.token().get(), second.token().get(), ended));
+                *held = Held::Plain(second);
+            }
+            (Fault::Stall, _) => {
+                // Every renewal from now on blocks behind this row lock.
+                let mut blocker =
+                    PgConnection::connect_with(&self.ctx.m.pool().connect_options()).await?;
+                sqlx::raw_sql("BEGIN").execute(&mut blocker).await?;
+                sqlx::query("SELECT 1 FROM pglease.leases WHERE name = $1 FOR UPDATE")
+                    .bind(&self.ctx.name)
+                    .execute(&mut blocker)
+                    .await?;
+                self.notes.lock().await.blocker = Some(blocker);
+            }
+            // A paused holder simply does nothing until it resumes.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    async fn heal(&self, _fault: Fault) -> Result<(), BoxError> {
+        if let Some(mut blocker) = self.notes.lock().await.blocker.take() {
+            sqlx::raw_sql("ROLLBACK").execute(&mut blocker).await?;
+            blocker.close().await?;
+        }
+        Ok(())
+    }
+
+    async fn die(&self, _held: Held) -> Result<(), BoxError> {
+        // Nothing to do: nobody releases, nobody renews.
+        Ok(())
+    }
+
+    async fn told(&self, held: &Held, limit: Duration) -> Result<Option<Instant>, BoxError> {
+        let Held::Renewed(held) = held else {
+            return Ok(None);
+        };
+        let Ok(reason) = tokio::time::timeout(limit, held.lost()).await else {
+            return Ok(None);
+        };
+        let valid: bool = sqlx::query_scalar("SELECT held FROM pglease.status WHERE name = $1")
+            .bind(&self.ctx.name)
+            .fetch_one(self.ctx.m.pool())
             .await?;
-        // A dies here. B waits for the lease.
-        let b = self
-            .m
-            .acquire(
-                name,
-                AcquireOptions::ttl(self.ttl())
-                    .holder("B")
-                    .wait(self.unit * 10),
-            )
-            .await?;
-        let took_over = start.elapsed();
-        self.m.release(&b).await?;
-        Ok((
-            b.token() > 0,
-            Some(took_over),
-            format!(
+        self.notes.lock().await.told = Some((reason.to_string(), valid));
+        Ok(Some(held.lost_at().unwrap_or_else(Instant::now)))
+    }
+
+    async fn release(&self, held: Held) -> Result<(), BoxError> {
+        match held {
+            Held::Plain(lease) => {
+                self.ctx.m.release(&lease).await?;
+            }
+            Held::OnConnection(fence, ..) => {
+                self.ctx.m.release(&fence).await?;
+            }
+            // Lost already in (e): nothing left to release.
+            Held::Renewed(held) => drop(held),
+        }
+        Ok(())
+    }
+
+    fn detail(&self, scenario: Scenario, seen: &Seen) -> String {
+        let notes = self.notes.try_lock().ok();
+        let notes = notes.as_deref();
+        let a_token = notes.map_or(0, |n| n.a_token);
+        let a_wrote = match &seen.a_wrote {
+            Some(Written::Committed) => "APPLIED",
+            _ => "rejected by the database (LE001)",
+        };
+        match scenario {
+            Scenario::PausedHolder => format!(
+                "B took over after {} ms (the TTL); A's delayed write with token {a_token} was \
+                 {a_wrote} (value {:?})",
+                ms(seen.took_over),
+                seen.value()
+            ),
+            Scenario::KilledConnection => format!(
+                "the lease outlived the killed connection; B took over {} ms later, at its \
+                 expiry; A's write through a fresh connection was {a_wrote}",
+                ms(seen.took_over)
+            ),
+            Scenario::DeadHolder => format!(
                 "B took over {} ms after A's acquisition (TTL {} ms), whatever state A's host \
                  is in",
-                took_over.as_millis(),
+                ms(seen.took_over),
                 self.ttl().as_millis()
             ),
-        ))
-    }
-
-    pub(super) async fn duplicate_lease(
-        &self,
-        name: &str,
-    ) -> Result<(bool, Option<Duration>, String)> {
-        let first = self
-            .m
-            .acquire(name, AcquireOptions::ttl(self.ttl() * 10).holder("A"))
-            .await?;
-        self.m.release(&first).await?;
-        let second = self
-            .m
-            .acquire(name, AcquireOptions::ttl(self.ttl() * 10).holder("A"))
-            .await?;
-        let duplicate = self.m.release(&first).await?;
-        let b_got_it = match self
-            .m
-            .acquire(name, AcquireOptions::ttl(self.ttl()).holder("B"))
-            .await
-        {
-            Ok(b) => {
-                self.m.release(&b).await?;
-                true
-            }
-            Err(Error::Held { .. }) => false,
-            Err(e) => return Err(e),
-        };
-        self.m.release(&second).await?;
-        Ok((
-            !duplicate && !b_got_it,
-            None,
-            format!(
-                "the delayed release carried token {}, not the current {}: {}",
-                first.token(),
-                second.token(),
-                if duplicate {
-                    "it ENDED the new hold"
-                } else {
-                    "ignored, A still holds it"
-                }
-            ),
-        ))
-    }
-
-    pub(super) async fn timeout_lease(
-        &self,
-        name: &str,
-    ) -> Result<(bool, Option<Duration>, String)> {
-        let ttl = self.unit * 3;
-        let held = self
-            .m
-            .hold(name, AcquireOptions::ttl(ttl).holder("A"))
-            .await?;
-        // Every renewal from now on blocks behind this row lock.
-        let mut blocker = PgConnection::connect_with(&self.m.pool().connect_options()).await?;
-        let mut tx = blocker.begin().await?;
-        sqlx::query("SELECT 1 FROM pglease.leases WHERE name = $1 FOR UPDATE")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        let start = Instant::now();
-        let limit = ttl * 3;
-        let reason = tokio::time::timeout(limit, held.lost()).await.ok();
-        let told_after = start.elapsed();
-        let db_valid: bool = sqlx::query_scalar("SELECT held FROM pglease.status WHERE name = $1")
-            .bind(name)
-            .fetch_one(self.m.pool())
-            .await?;
-        // Unblock first: a fenced transaction that does reach the database
-        // would wait behind the blocker's row lock.
-        tx.rollback().await?;
-        let refused = match held.begin_fenced().await {
-            Err(Error::Lost { .. }) => true,
-            Ok(tx) => {
-                tx.rollback().await?;
-                false
-            }
-            Err(e) => return Err(e),
-        };
-        drop(held);
-        let safe = reason.is_some() && refused;
-        Ok((
-            safe,
-            None,
-            match reason {
-                Some(reason) => format!(
+            Scenario::LateRelease => match notes.and_then(|n| n.late) {
+                Some((first, second, ended)) => format!(
+                    "the delayed release carried token {first}, not the current {second}: {}",
+                    if ended {
+                        "it ENDED the new hold"
+                    } else {
+                        "ignored, A still holds it"
+                    }
+                ),
+                None => "the late release was not sent".to_owned(),
+            },
+            Scenario::SilentRenewal => match (seen.told, notes.and_then(|n| n.told.clone())) {
+                (Some(told), Some((reason, valid))) => format!(
                     "the loss signal fired {} ms into the unanswered renewals ({reason}), while \
-                     the database {} the lease valid; new fenced work was {}",
-                    told_after.as_millis(),
-                    if db_valid {
+                     the database {} the lease valid; B {}; new fenced work was {}",
+                    told.as_millis(),
+                    if valid {
                         "still considered"
                     } else {
                         "no longer considered"
                     },
-                    if refused { "refused" } else { "ALLOWED" }
+                    match seen.took_over {
+                        Some(t) => format!("took over after {} ms", t.as_millis()),
+                        None => "could not take over meanwhile".to_owned(),
+                    },
+                    match seen.a_wrote {
+                        Some(Written::Committed) => "ALLOWED",
+                        _ => "refused",
+                    }
                 ),
-                None => format!("NO loss signal within {} ms", limit.as_millis()),
+                _ => format!("NO loss signal within {} ms", seen.window.as_millis()),
             },
-        ))
+        }
     }
 }

@@ -1,315 +1,354 @@
-//! The scenarios against session-level and transaction-level advisory
-//! locks.
+//! The session-level and the transaction-level advisory lock as
+//! contenders. Nothing in the database ties a write to either lock; the
+//! transaction lock at least ends with the transaction its writes are in.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+
+use pglease::advisory::{SessionLock, XactLock};
 use pglease::{Error, Result};
 
-use super::Variant;
-use super::harness::{Harness, held, pick, relock, unlock_once};
+use super::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
+use super::harness::{Ctx, ms, pick, poll_lock};
 
-impl Harness {
-    pub(super) async fn paused_lock(
-        &self,
-        name: &str,
-        variant: Variant,
-    ) -> Result<(bool, Option<Duration>, String)> {
-        let pause = self.unit * 3;
-        let b_got_it;
-        match variant {
-            Variant::SessionLock => {
-                let mut a = self.session(name).await?;
-                let b = self.b_session_lock(name, pause).await?;
-                b_got_it = b.is_some();
-                if let Some(conn) = a.connection() {
-                    self.write(conn, "A").await?;
-                }
-                a.release().await?;
-                if let Some((b, _)) = b {
-                    b.release().await?;
-                }
-            }
-            _ => {
-                let mut a = self.xact(name).await?;
-                let b = self.b_xact_lock(name, pause).await?;
-                b_got_it = b.is_some();
-                self.write(&mut a, "A").await?;
-                a.commit().await?;
-                if let Some((b, _)) = b {
-                    b.rollback().await?;
-                }
-            }
+/// Sends an unlock for the lock's key on its connection without giving the
+/// lock up locally: what a delayed duplicate release does. Session locks
+/// count: after lock, unlock, lock, a duplicate unlock frees the second hold.
+async fn unlock_once(lock: &mut SessionLock) -> Result<bool> {
+    let key = lock.key();
+    let Some(conn) = lock.connection() else {
+        return Ok(false);
+    };
+    Ok(sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+        .bind(key)
+        .fetch_one(conn)
+        .await?)
+}
+
+/// Takes the lock again on the same connection (session locks are
+/// re-entrant: each lock needs its own unlock).
+async fn relock(lock: &mut SessionLock) -> Result<bool> {
+    let key = lock.key();
+    let Some(conn) = lock.connection() else {
+        return Ok(false);
+    };
+    Ok(sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        .bind(key)
+        .fetch_one(conn)
+        .await?)
+}
+
+/// A session-level advisory lock (`pg_try_advisory_lock`); writes are
+/// unguarded (A's code believes it holds the lock and carries on).
+pub(super) struct SessionContender {
+    ctx: Ctx,
+    /// (d): whether the duplicate unlock released A's new hold.
+    duplicate: Mutex<Option<bool>>,
+    /// (e): the server dropping A's stalled session.
+    dropper: Mutex<Option<JoinHandle<Result<()>>>>,
+}
+
+impl SessionContender {
+    pub(super) fn new(ctx: Ctx) -> SessionContender {
+        SessionContender {
+            ctx,
+            duplicate: Mutex::new(None),
+            dropper: Mutex::new(None),
         }
-        let value = self.value().await?;
-        Ok((
-            !b_got_it && value == "A",
-            None,
-            format!(
-                "nothing expires: B could not take over during A's {} ms pause (a paused holder \
-                 blocks everyone for as long as it pauses); A's write then landed as the \
-                 legitimate holder's",
-                pause.as_millis()
-            ),
-        ))
+    }
+}
+
+impl Contender for SessionContender {
+    type Held = SessionLock;
+
+    async fn acquire(&self, _who: Who, wait: Duration) -> Result<Option<SessionLock>, BoxError> {
+        Ok(poll_lock(wait, || self.ctx.m.try_session_lock(&self.ctx.name)).await?)
     }
 
-    pub(super) async fn killed_session(
-        &self,
-        name: &str,
-    ) -> Result<(bool, Option<Duration>, String)> {
-        let mut a = self.session(name).await?;
-        self.terminate(a.backend_pid()).await?;
-        let (b, took_over) = self
-            .b_session_lock(name, self.unit * 10)
-            .await?
-            .ok_or_else(|| held(name))?;
-        self.write_fresh("B").await?;
-        // A's code still believes it holds the lock and carries on.
-        self.write_fresh("A").await?;
-        let noticed = a.is_held().await.is_err();
-        b.release().await?;
-        drop(a);
-        let value = self.value().await?;
-        Ok((
-            value != "A",
-            Some(took_over),
-            format!(
-                "the lock died with the connection: B took over after {} ms; A's write through a \
-                 fresh connection was APPLIED after B's (value {value:?}); A {} have noticed by \
-                 asking its dead connection",
-                took_over.as_millis(),
-                if noticed { "could" } else { "could not" }
-            ),
-        ))
+    async fn write(&self, _held: &mut SessionLock, who: Who) -> Result<Written, BoxError> {
+        self.ctx.write_fresh(who).await
     }
 
-    pub(super) async fn killed_xact(&self, name: &str) -> Result<(bool, Option<Duration>, String)> {
-        let mut a = self.xact(name).await?;
-        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut *a)
-            .await?;
-        self.write(&mut a, "A (uncommitted)").await?;
-        self.terminate(pid).await?;
-        let start = Instant::now();
-        let (mut b, _) = self
-            .b_xact_lock(name, self.unit * 10)
-            .await?
-            .ok_or_else(|| held(name))?;
-        let took_over = start.elapsed();
-        self.write(&mut b, "B").await?;
-        b.commit().await?;
-        drop(a);
-        let value_after_b = self.value().await?;
-        // A redoes its unit of work, lock included, in a new transaction.
-        let mut again = self.xact(name).await?;
-        self.write(&mut again, "A").await?;
-        again.commit().await?;
-        Ok((
-            value_after_b == "B",
-            Some(took_over),
-            format!(
-                "A's uncommitted write was rolled back with its transaction and B took over \
-                 after {} ms; A's retry took the lock afresh after B committed (serialized, \
-                 not stale)",
-                took_over.as_millis()
-            ),
-        ))
-    }
-
-    pub(super) async fn dead_lock(
-        &self,
-        name: &str,
-        variant: Variant,
-    ) -> Result<(bool, Option<Duration>, String)> {
-        let took_over = match variant {
-            Variant::SessionLock => {
-                let a = self.session(name).await?;
-                // The process dies: its connection closes and nothing
-                // unlocks first.
-                drop(a);
-                let start = Instant::now();
-                let (b, _) = self
-                    .b_session_lock(name, self.unit * 10)
-                    .await?
-                    .ok_or_else(|| held(name))?;
-                let took = start.elapsed();
-                b.release().await?;
-                took
+    async fn fault(&self, held: &mut SessionLock, fault: Fault) -> Result<(), BoxError> {
+        match fault {
+            Fault::Kill => self.ctx.terminate(held.backend_pid()).await?,
+            Fault::LateRelease => {
+                unlock_once(held).await?; // A's release
+                relock(held).await?; // A acquires again, same session
+                let duplicate = unlock_once(held).await?; // the delayed duplicate
+                *self.duplicate.lock().await = Some(duplicate);
             }
-            _ => {
-                let mut a = self.xact(name).await?;
-                let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-                    .fetch_one(&mut *a)
-                    .await?;
-                self.terminate(pid).await?;
-                let start = Instant::now();
-                let (b, _) = self
-                    .b_xact_lock(name, self.unit * 10)
-                    .await?
-                    .ok_or_else(|| held(name))?;
-                let took = start.elapsed();
-                b.rollback().await?;
-                drop(a);
-                took
+            Fault::Stall => {
+                // A's lock connection stalls (a silent network): nothing
+                // tells A, until the server gives up on the session (a TCP
+                // timeout) one unit later.
+                let (m, pid, unit) = (self.ctx.m.clone(), held.backend_pid(), self.ctx.unit);
+                *self.dropper.lock().await = Some(tokio::spawn(async move {
+                    tokio::time::sleep(unit).await;
+                    sqlx::query("SELECT pg_terminate_backend($1)")
+                        .bind(pid)
+                        .execute(m.pool())
+                        .await?;
+                    Ok(())
+                }));
             }
-        };
-        Ok((
-            true,
-            Some(took_over),
-            format!(
-                "B took over {} ms after the connection closed; a frozen process or a silent \
-                 network keeps the lock until TCP keepalive gives up (minutes by default)",
-                took_over.as_millis()
-            ),
-        ))
-    }
-
-    pub(super) async fn duplicate_session(
-        &self,
-        name: &str,
-    ) -> Result<(bool, Option<Duration>, String)> {
-        let mut a = self.session(name).await?;
-        unlock_once(&mut a).await?; // A's release
-        relock(&mut a).await?; // A acquires again, same session
-        let start = Instant::now();
-        let duplicate = unlock_once(&mut a).await?; // the delayed duplicate
-        let b = self.m.try_session_lock(name).await?;
-        let took_over = b.as_ref().map(|_| start.elapsed());
-        let b_got_it = b.is_some();
-        if let Some(b) = b {
-            b.release().await?;
+            // A paused holder simply does nothing until it resumes.
+            Fault::Pause | Fault::Die => {}
         }
-        a.release().await?;
-        Ok((
-            !b_got_it,
-            took_over,
-            format!(
+        Ok(())
+    }
+
+    async fn heal(&self, _fault: Fault) -> Result<(), BoxError> {
+        if let Some(dropper) = self.dropper.lock().await.take() {
+            dropper.await??;
+        }
+        Ok(())
+    }
+
+    async fn die(&self, held: SessionLock) -> Result<(), BoxError> {
+        // The process dies: its connection closes and nothing unlocks
+        // first.
+        drop(held);
+        Ok(())
+    }
+
+    async fn release(&self, held: SessionLock) -> Result<(), BoxError> {
+        // A's connection may be dead by now (the fault): the lock went
+        // with it, and there is nothing to release.
+        let _ = held.release().await;
+        Ok(())
+    }
+
+    fn detail(&self, scenario: Scenario, seen: &Seen) -> String {
+        let b_got_it = seen.took_over.is_some();
+        match scenario {
+            Scenario::PausedHolder => paused_detail(seen),
+            Scenario::KilledConnection => format!(
+                "the lock died with the connection: B took over after {} ms; A's write through \
+                 a fresh connection was {} (value {:?})",
+                ms(seen.took_over),
+                applied(seen),
+                seen.value()
+            ),
+            Scenario::DeadHolder => dead_detail(seen),
+            Scenario::LateRelease => format!(
                 "session locks carry no identity: the duplicate unlock {} A's new hold, and B {} \
                  while A believed it held the lock",
-                pick(duplicate, "RELEASED", "did not release"),
+                pick(
+                    self.duplicate.try_lock().ok().and_then(|d| *d) == Some(true),
+                    "RELEASED",
+                    "did not release"
+                ),
                 pick(b_got_it, "TOOK IT", "could not take it")
             ),
-        ))
-    }
-
-    pub(super) async fn duplicate_xact(
-        &self,
-        name: &str,
-    ) -> Result<(bool, Option<Duration>, String)> {
-        let first = self.xact(name).await?;
-        first.commit().await?; // A's release
-        let mut second = self.xact(name).await?;
-        // The only release message there is, sent late on A's connection.
-        let duplicate: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
-            .bind(second.key())
-            .fetch_one(&mut *second)
-            .await?;
-        let b = self.m.try_xact_lock(name).await?;
-        let b_got_it = b.is_some();
-        if let Some(b) = b {
-            b.rollback().await?;
+            Scenario::SilentRenewal => format!(
+                "nothing stops A: no expiry, no signal; B took over {} ms into the stall, once \
+                 the server had dropped A's session, and A's next write was {} (value {:?})",
+                ms(seen.took_over),
+                applied(seen),
+                seen.value()
+            ),
         }
-        second.commit().await?;
-        Ok((
-            !duplicate && !b_got_it,
-            None,
-            format!(
-                "a transaction lock is released only by its transaction's end; a late unlock \
-                 {} it, and B {}",
-                pick(duplicate, "RELEASED", "did not release"),
+    }
+}
+
+/// A's write after B's, in words.
+fn applied(seen: &Seen) -> &'static str {
+    match (&seen.a_wrote, seen.b_wrote) {
+        (Some(Written::Committed), true) => "APPLIED after B's",
+        (Some(Written::Committed), false) => "applied",
+        _ => "refused",
+    }
+}
+
+fn paused_detail(seen: &Seen) -> String {
+    format!(
+        "nothing expires: B could not take over during A's {} ms pause (a paused holder blocks \
+         everyone for as long as it pauses); A's write then landed as the legitimate holder's",
+        seen.window.as_millis()
+    )
+}
+
+fn dead_detail(seen: &Seen) -> String {
+    format!(
+        "B took over {} ms after the connection closed; a frozen process or a silent network \
+         keeps the lock until TCP keepalive gives up (minutes by default)",
+        ms(seen.took_over)
+    )
+}
+
+/// A's or B's transaction lock, with its connection's pid; `None` once
+/// its transaction has ended.
+pub(super) struct XactHeld {
+    lock: Option<XactLock>,
+    pid: i32,
+}
+
+/// A transaction-level advisory lock (`pg_try_advisory_xact_lock`), with
+/// the writes in the same transaction.
+pub(super) struct XactContender {
+    ctx: Ctx,
+    /// (d): whether the late unlock released the lock.
+    duplicate: Mutex<Option<bool>>,
+    /// (e): the stalled transaction's pid, which the server gives up on.
+    stalled: Mutex<Option<i32>>,
+}
+
+impl XactContender {
+    pub(super) fn new(ctx: Ctx) -> XactContender {
+        XactContender {
+            ctx,
+            duplicate: Mutex::new(None),
+            stalled: Mutex::new(None),
+        }
+    }
+
+    async fn take(&self, wait: Duration) -> Result<Option<XactHeld>, Error> {
+        let Some(mut lock) = poll_lock(wait, || self.ctx.m.try_xact_lock(&self.ctx.name)).await?
+        else {
+            return Ok(None);
+        };
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *lock)
+            .await?;
+        Ok(Some(XactHeld {
+            lock: Some(lock),
+            pid,
+        }))
+    }
+}
+
+impl Contender for XactContender {
+    type Held = XactHeld;
+
+    async fn acquire(&self, _who: Who, wait: Duration) -> Result<Option<XactHeld>, BoxError> {
+        Ok(self.take(wait).await?)
+    }
+
+    async fn write(&self, held: &mut XactHeld, who: Who) -> Result<Written, BoxError> {
+        let Some(mut lock) = held.lock.take() else {
+            return Ok(Written::Refused("its transaction has ended".to_owned()));
+        };
+        let outcome = async {
+            self.ctx.write_on(&mut lock, who).await?;
+            lock.commit().await
+        };
+        // A dead connection is the end of the transaction, not an error
+        // of the scenario.
+        Ok(match outcome.await {
+            Ok(()) => Written::Committed,
+            Err(e) => Written::Refused(e.to_string()),
+        })
+    }
+
+    async fn stage(&self, held: &mut XactHeld, who: Who) -> Result<bool, BoxError> {
+        // Only where the fault cannot hold a commit up (a killed
+        // connection): in-process, a paused holder's commit would not
+        // pause.
+        if self.ctx.scenario != Scenario::KilledConnection {
+            return Ok(false);
+        }
+        if let Some(lock) = held.lock.as_mut() {
+            self.ctx.write_on(lock, who).await?;
+        }
+        Ok(true)
+    }
+
+    async fn commit(&self, held: &mut XactHeld) -> Result<Written, BoxError> {
+        let Some(lock) = held.lock.take() else {
+            return Ok(Written::Refused("its transaction has ended".to_owned()));
+        };
+        Ok(match lock.commit().await {
+            Ok(()) => Written::Committed,
+            Err(e) => Written::Refused(e.to_string()),
+        })
+    }
+
+    async fn fault(&self, held: &mut XactHeld, fault: Fault) -> Result<(), BoxError> {
+        match fault {
+            Fault::Kill => self.ctx.terminate(held.pid).await?,
+            Fault::LateRelease => {
+                if let Some(first) = held.lock.take() {
+                    first.commit().await?; // A's release
+                }
+                let mut second = self
+                    .take(Duration::ZERO)
+                    .await?
+                    .ok_or("A could not take the free lock again")?;
+                // The only release message there is, sent late on A's
+                // connection.
+                if let Some(lock) = second.lock.as_mut() {
+                    let key = lock.key();
+                    let duplicate: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+                        .bind(key)
+                        .fetch_one(&mut **lock)
+                        .await?;
+                    *self.duplicate.lock().await = Some(duplicate);
+                }
+                *held = second;
+            }
+            // The transaction stalls: it holds the lock and sends nothing.
+            Fault::Stall => *self.stalled.lock().await = Some(held.pid),
+            Fault::Pause | Fault::Die => {}
+        }
+        Ok(())
+    }
+
+    async fn heal(&self, _fault: Fault) -> Result<(), BoxError> {
+        // The server gives up on the stalled transaction.
+        if let Some(pid) = self.stalled.lock().await.take() {
+            self.ctx.terminate(pid).await?;
+        }
+        Ok(())
+    }
+
+    async fn die(&self, held: XactHeld) -> Result<(), BoxError> {
+        self.ctx.terminate(held.pid).await?;
+        drop(held);
+        Ok(())
+    }
+
+    async fn release(&self, held: XactHeld) -> Result<(), BoxError> {
+        if let Some(lock) = held.lock {
+            // Rolled back with its connection if that is dead.
+            let _ = lock.rollback().await;
+        }
+        Ok(())
+    }
+
+    fn detail(&self, scenario: Scenario, seen: &Seen) -> String {
+        let b_got_it = seen.took_over.is_some();
+        match scenario {
+            Scenario::PausedHolder => paused_detail(seen),
+            Scenario::KilledConnection => format!(
+                "A's uncommitted write was rolled back with its transaction and B took over \
+                 after {} ms; A's commit {} (a retry must take the lock afresh, after B)",
+                ms(seen.took_over),
+                match &seen.a_wrote {
+                    Some(Written::Committed) => "LANDED".to_owned(),
+                    Some(Written::Refused(why)) => format!("failed: {why}"),
+                    None => "was not sent".to_owned(),
+                }
+            ),
+            Scenario::DeadHolder => dead_detail(seen),
+            Scenario::LateRelease => format!(
+                "a transaction lock is released only by its transaction's end; a late unlock {} \
+                 it, and B {}",
+                pick(
+                    self.duplicate.try_lock().ok().and_then(|d| *d) == Some(true),
+                    "RELEASED",
+                    "did not release"
+                ),
                 pick(b_got_it, "TOOK IT", "could not take it")
             ),
-        ))
-    }
-
-    pub(super) async fn timeout_session(
-        &self,
-        name: &str,
-    ) -> Result<(bool, Option<Duration>, String)> {
-        let mut a = self.session(name).await?;
-        let pid = a.backend_pid();
-        // A's lock connection stalls (a statement that hangs stands for a
-        // silent network); A's liveness check on it gets no answer.
-        let stall = self.unit * 20;
-        let check = async {
-            let conn = a.connection().ok_or_else(|| held(name))?;
-            sqlx::query("SELECT pg_sleep($1)")
-                .bind(stall.as_secs_f64())
-                .execute(conn)
-                .await
-                .map_err(Error::from)
-        };
-        let probe = async {
-            tokio::time::sleep(self.unit).await;
-            // Nothing tells A to stop: it starts new work.
-            self.write_fresh("A (new work)").await?;
-            // The server gives up on the stalled session (a TCP timeout).
-            self.terminate(pid).await?;
-            let start = Instant::now();
-            let (b, _) = self
-                .b_session_lock(name, self.unit * 10)
-                .await?
-                .ok_or_else(|| held(name))?;
-            let took = start.elapsed();
-            self.write_fresh("B").await?;
-            // A, never told, starts its next piece of work.
-            self.write_fresh("A").await?;
-            b.release().await?;
-            Ok::<_, Error>(took)
-        };
-        let (_, took) = tokio::join!(check, probe);
-        let took = took?;
-        drop(a);
-        let value = self.value().await?;
-        Ok((
-            value != "A",
-            Some(took),
-            format!(
-                "nothing stops A: no expiry, no signal; it kept starting work while its check \
-                 hung, B took over {} ms after the server dropped A's session, and A's next \
-                 write was APPLIED after B's (value {value:?})",
-                took.as_millis()
+            Scenario::SilentRenewal => format!(
+                "new work must take the lock in its own transaction: it was {} for {} ms while \
+                 the stalled transaction held it (whose writes rolled back when it was killed)",
+                pick(b_got_it, "ALLOWED", "refused"),
+                seen.window.as_millis()
             ),
-        ))
-    }
-
-    pub(super) async fn timeout_xact(
-        &self,
-        name: &str,
-    ) -> Result<(bool, Option<Duration>, String)> {
-        let mut a = self.xact(name).await?;
-        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut *a)
-            .await?;
-        let stall = self.unit * 20;
-        let stalled = async {
-            sqlx::query("SELECT pg_sleep($1)")
-                .bind(stall.as_secs_f64())
-                .execute(&mut *a)
-                .await
-        };
-        let probe = async {
-            tokio::time::sleep(self.unit).await;
-            // New work needs the lock again, in its own transaction.
-            let second = self.m.try_xact_lock(name).await?;
-            let refused = second.is_none();
-            if let Some(second) = second {
-                second.rollback().await?;
-            }
-            self.terminate(pid).await?;
-            Ok::<_, Error>(refused)
-        };
-        let (_, refused) = tokio::join!(stalled, probe);
-        let refused = refused?;
-        drop(a);
-        Ok((
-            refused,
-            None,
-            format!(
-                "new work must take the lock in its own transaction: it was {} while the stalled \
-                 transaction held it (whose writes roll back if it is killed)",
-                if refused { "refused" } else { "ALLOWED" }
-            ),
-        ))
+        }
     }
 }

@@ -4,18 +4,23 @@
 //! assumed: whether a stale write landed, whether another worker could take
 //! over without the old holder's cooperation, and how long that took.
 //!
-//! Used by the test suite and by `pglease demo`.
+//! The scenarios are the engine's ([`engine`]); this module supplies the
+//! demo's three contenders. Used by the test suite and by `pglease demo`.
 
+pub mod engine;
 mod harness;
 mod lease;
 mod locks;
 
 use std::time::Duration;
 
-use pglease::{LeaseManager, Result};
-use sqlx::AssertSqlSafe;
+use pglease::LeaseManager;
 
-use harness::{Harness, unique};
+pub use engine::{BoxError, Judgement, Scenario, Verdict, Violation};
+use engine::{Ledger, Stage};
+use harness::{Ctx, unique};
+use lease::LeaseContender;
+use locks::{SessionContender, XactContender};
 
 /// A way of guarding a resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,92 +57,55 @@ impl Variant {
     }
 }
 
-/// A failure scenario from the article.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scenario {
-    /// (a) The holder pauses past the TTL, another worker takes over and
-    /// writes, then the first holder's delayed write arrives.
-    PausedHolder,
-    /// (b) The holder's connection is killed, another worker takes over,
-    /// then the first holder writes through a fresh connection.
-    KilledConnection,
-    /// (c) The holder process dies without releasing.
-    DeadHolder,
-    /// (d) A delayed duplicate release arrives after the same holder
-    /// acquired again.
-    DuplicateRelease,
-    /// (e) The holder's own renewal (or liveness check) gets no answer:
-    /// does anything stop it from starting new work?
-    RenewalTimeout,
-}
-
-impl Scenario {
-    /// All scenarios, in table order.
-    pub const ALL: [Scenario; 5] = [
-        Scenario::PausedHolder,
-        Scenario::KilledConnection,
-        Scenario::DeadHolder,
-        Scenario::DuplicateRelease,
-        Scenario::RenewalTimeout,
-    ];
-
-    /// A short label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Scenario::PausedHolder => "(a) holder pauses past the TTL",
-            Scenario::KilledConnection => "(b) holder's connection killed",
-            Scenario::DeadHolder => "(c) holder dies without releasing",
-            Scenario::DuplicateRelease => "(d) delayed duplicate release",
-            Scenario::RenewalTimeout => "(e) holder's renewal gets no answer",
-        }
-    }
-}
-
 /// What one scenario did to one variant, as measured.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    /// The scenario.
-    pub scenario: Scenario,
-    /// The variant.
-    pub variant: Variant,
-    /// No write from a holder that had lost its right landed, and no two
-    /// workers could act as holders at once.
-    pub safe: bool,
-    /// How long until another worker held the resource without the old
-    /// holder's cooperation; `None` if it could not within the scenario.
-    pub took_over: Option<Duration>,
-    /// What happened, in one sentence with the measured figures.
-    pub detail: String,
-}
+pub type Outcome = Verdict<Variant>;
 
 /// Runs every scenario against every variant, reporting each outcome as it
 /// is measured. `unit` scales the scenario (a lease's TTL is two units);
-/// the whole run takes about 25 units. Creates a table of its own for the
-/// guarded data and drops it afterwards; lease and lock names carry the
-/// process id.
+/// the whole run takes about 30 units. Creates a ledger table of its own
+/// for the guarded data and drops it afterwards; lease and lock names
+/// carry the process id.
+///
+/// # Errors
+///
+/// The database failing in a way a scenario does not expect.
 pub async fn run(
     manager: &LeaseManager,
     unit: Duration,
     mut report: impl FnMut(&Outcome),
-) -> Result<Vec<Outcome>> {
+) -> Result<Vec<Outcome>, BoxError> {
     let tag = format!("{}_{}", std::process::id(), unique());
-    let table = format!("pglease_compare_{tag}");
-    sqlx::query(AssertSqlSafe(format!(
-        "CREATE TABLE {table} (id int PRIMARY KEY, value text NOT NULL)"
-    )))
-    .execute(manager.pool())
-    .await?;
-    let h = Harness {
-        m: manager.clone(),
-        table: table.clone(),
-        tag,
-        unit,
+    let pool = manager.pool();
+    let ledger = Ledger::create(pool, &format!("pglease_compare_{tag}")).await?;
+    let window = move |scenario| harness::window(unit, scenario);
+    let stage = Stage {
+        ledger: &ledger,
+        pool,
+        window: &window,
     };
     let mut outcomes = Vec::new();
     let mut failure = None;
     'all: for scenario in Scenario::ALL {
         for variant in Variant::ALL {
-            match h.run(scenario, variant).await {
+            let ctx = Ctx {
+                m: manager.clone(),
+                ledger: ledger.clone(),
+                name: format!("compare-{tag}-{scenario:?}-{variant:?}"),
+                unit,
+                scenario,
+            };
+            let verdict = match variant {
+                Variant::Lease => {
+                    engine::run(&stage, scenario, variant, &LeaseContender::new(ctx)).await
+                }
+                Variant::SessionLock => {
+                    engine::run(&stage, scenario, variant, &SessionContender::new(ctx)).await
+                }
+                Variant::XactLock => {
+                    engine::run(&stage, scenario, variant, &XactContender::new(ctx)).await
+                }
+            };
+            match verdict {
                 Ok(outcome) => {
                     report(&outcome);
                     outcomes.push(outcome);
@@ -149,9 +117,7 @@ pub async fn run(
             }
         }
     }
-    let dropped = sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
-        .execute(manager.pool())
-        .await;
+    let dropped = ledger.drop(pool).await;
     if let Some(e) = failure {
         return Err(e);
     }
@@ -172,9 +138,12 @@ pub fn table(outcomes: &[Outcome]) -> String {
         let mut row = vec![s.label().to_owned()];
         for v in Variant::ALL {
             row.push(
-                match outcomes.iter().find(|o| o.scenario == s && o.variant == v) {
+                match outcomes
+                    .iter()
+                    .find(|o| o.scenario == s && o.contender == v)
+                {
                     Some(o) => {
-                        let verdict = if o.safe { "safe" } else { "UNSAFE" };
+                        let verdict = if o.safe() { "safe" } else { "UNSAFE" };
                         match o.took_over {
                             Some(t) => format!("{verdict}, {} ms", t.as_millis()),
                             None => format!("{verdict}, none"),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use pglease_cli::compare::{self, Scenario, Variant};
+use pglease_cli::compare::{self, Judgement, Scenario, Variant, Violation};
 
 async fn every_scenario_against_every_variant() {
     let db = crate::common::new_db().await;
@@ -13,8 +13,8 @@ async fn every_scenario_against_every_variant() {
         eprintln!(
             "{} / {}: safe={} {}",
             o.scenario.label(),
-            o.variant.label(),
-            o.safe,
+            o.contender.label(),
+            o.safe(),
             o.detail
         );
     })
@@ -24,7 +24,7 @@ async fn every_scenario_against_every_variant() {
     let outcome = |s: Scenario, v: Variant| {
         outcomes
             .iter()
-            .find(|o| o.scenario == s && o.variant == v)
+            .find(|o| o.scenario == s && o.contender == v)
             .expect("every pair ran")
     };
 
@@ -32,7 +32,7 @@ async fn every_scenario_against_every_variant() {
     // for the expiry.
     for s in Scenario::ALL {
         assert!(
-            outcome(s, Variant::Lease).safe,
+            outcome(s, Variant::Lease).safe(),
             "{:?}",
             outcome(s, Variant::Lease)
         );
@@ -54,13 +54,23 @@ async fn every_scenario_against_every_variant() {
     // check hangs; a paused holder blocks everyone.
     for s in [
         Scenario::KilledConnection,
-        Scenario::DuplicateRelease,
-        Scenario::RenewalTimeout,
+        Scenario::LateRelease,
+        Scenario::SilentRenewal,
     ] {
         assert!(
-            !outcome(s, Variant::SessionLock).safe,
+            !outcome(s, Variant::SessionLock).safe(),
             "{:?}",
             outcome(s, Variant::SessionLock)
+        );
+    }
+    assert_eq!(
+        outcome(Scenario::KilledConnection, Variant::SessionLock).judgement,
+        Judgement::Violated(Violation::StaleWrite)
+    );
+    for s in [Scenario::LateRelease, Scenario::SilentRenewal] {
+        assert_eq!(
+            outcome(s, Variant::SessionLock).judgement,
+            Judgement::Violated(Violation::TwoHolders)
         );
     }
     assert_eq!(
@@ -77,7 +87,7 @@ async fn every_scenario_against_every_variant() {
     // safe in every scenario here, at the price of no expiry.
     for s in Scenario::ALL {
         assert!(
-            outcome(s, Variant::XactLock).safe,
+            outcome(s, Variant::XactLock).safe(),
             "{:?}",
             outcome(s, Variant::XactLock)
         );

@@ -27,6 +27,7 @@ mod commands;
 mod compare;
 mod demo;
 mod elect;
+mod engine;
 mod failover;
 mod history;
 mod patroni;
@@ -41,6 +42,7 @@ fn main() -> std::process::ExitCode {
             compare::tests(),
             demo::tests(),
             elect::tests(),
+            engine::tests(),
             failover::tests(),
             history::tests(),
             patroni::tests(),

@@ -1,0 +1,629 @@
+//! The scenario engine: the article's failure scenarios written once, as
+//! scripts over a [`Contender`] (a way of guarding a resource: acquire,
+//! write, a fault on the holder's side, release), with one ledger the
+//! writers append to and one way of judging what the ledger and the clocks
+//! show.
+//!
+//! `pglease demo` runs the scripts against the lease and the two advisory
+//! locks ([`super::Variant`]), in-process; the project's peers comparison
+//! runs the same scripts against other crates, through a network it can
+//! freeze. What differs between the two is each contender's part (how it
+//! acquires, what its fault does), never the script or the verdict.
+
+use std::time::{Duration, Instant};
+
+use sqlx::{AssertSqlSafe, PgPool};
+
+/// Errors of any contender's library, as text.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A failure scenario from the article, lettered the same everywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// (a) The holder pauses past its TTL (a GC pause, a stopped VM, a
+    /// frozen network): another worker takes over and writes, then the
+    /// first holder's write (or its commit, sent before the pause) arrives.
+    PausedHolder,
+    /// (b) The holder's connection is killed; another worker takes over,
+    /// then the first holder writes as its library says to.
+    KilledConnection,
+    /// (c) The holder dies without releasing.
+    DeadHolder,
+    /// (d) A release arrives late, after the same holder acquired again.
+    LateRelease,
+    /// (e) The holder's renewals (or its liveness checks) get no answer:
+    /// is it told before another worker takes over?
+    SilentRenewal,
+}
+
+impl Scenario {
+    /// Every scenario, in letter order.
+    pub const ALL: [Scenario; 5] = [
+        Scenario::PausedHolder,
+        Scenario::KilledConnection,
+        Scenario::DeadHolder,
+        Scenario::LateRelease,
+        Scenario::SilentRenewal,
+    ];
+
+    /// The scenario's letter, the same in the demo, the peers comparison
+    /// and the docs.
+    pub fn letter(self) -> char {
+        match self {
+            Scenario::PausedHolder => 'a',
+            Scenario::KilledConnection => 'b',
+            Scenario::DeadHolder => 'c',
+            Scenario::LateRelease => 'd',
+            Scenario::SilentRenewal => 'e',
+        }
+    }
+
+    /// A short label, with the letter.
+    pub fn label(self) -> &'static str {
+        match self {
+            Scenario::PausedHolder => "(a) holder pauses past the TTL",
+            Scenario::KilledConnection => "(b) holder's connection killed",
+            Scenario::DeadHolder => "(c) holder dies without releasing",
+            Scenario::LateRelease => "(d) delayed duplicate release",
+            Scenario::SilentRenewal => "(e) holder's renewal gets no answer",
+        }
+    }
+
+    /// The fault the script injects on the holder's side.
+    pub fn fault(self) -> Fault {
+        match self {
+            Scenario::PausedHolder => Fault::Pause,
+            Scenario::KilledConnection => Fault::Kill,
+            Scenario::DeadHolder => Fault::Die,
+            Scenario::LateRelease => Fault::LateRelease,
+            Scenario::SilentRenewal => Fault::Stall,
+        }
+    }
+}
+
+/// What happens to the holder. Each contender carries it out its own way
+/// (in-process, or by freezing the holder's network), as its suite can.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The holder stops acting (and, where its suite can, its network
+    /// stops answering) until [`Contender::heal`].
+    Pause,
+    /// The holder's connections are terminated by the server.
+    Kill,
+    /// The holder is gone without releasing ([`Contender::die`]).
+    Die,
+    /// The holder releases, acquires again, and a copy of its first
+    /// release is held up until [`Contender::heal`] delivers it.
+    LateRelease,
+    /// The holder's renewals or checks get no answer until
+    /// [`Contender::heal`].
+    Stall,
+}
+
+/// The two workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Who {
+    /// The first holder, the one the fault happens to.
+    A,
+    /// The worker that tries to take over.
+    B,
+}
+
+impl Who {
+    /// The name written in the ledger and used as the holder's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Who::A => "A",
+            Who::B => "B",
+        }
+    }
+}
+
+/// What became of a write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    /// It committed.
+    Committed,
+    /// The library or the database refused it, or its connection was gone;
+    /// why, in words.
+    Refused(String),
+}
+
+/// A safety property a scenario showed broken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Violation {
+    /// A write of the old holder committed after the new holder's.
+    StaleWrite,
+    /// Another worker held the resource while the old holder had not been
+    /// told it lost it.
+    TwoHolders,
+}
+
+impl Violation {
+    /// In words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Violation::StaleWrite => "a stale write committed after the new holder's",
+            Violation::TwoHolders => "two holders at once, the old one not told",
+        }
+    }
+}
+
+/// A scenario's verdict on a contender.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Judgement {
+    /// No safety property broken.
+    Safe,
+    /// One was.
+    Violated(Violation),
+    /// The contender cannot be put in this scenario; why.
+    NotApplicable(&'static str),
+}
+
+impl Judgement {
+    /// Whether no safety property was broken (not-applicable counts as
+    /// safe: nothing happened).
+    pub fn is_safe(self) -> bool {
+        !matches!(self, Judgement::Violated(_))
+    }
+}
+
+/// What a scenario did to a contender, as measured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict<K> {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// The contender.
+    pub contender: K,
+    /// What the ledger and the clocks showed.
+    pub judgement: Judgement,
+    /// How long after the fault (for (d), after the late release arrived)
+    /// another worker held the resource; `None` if it could not within the
+    /// scenario's window.
+    pub took_over: Option<Duration>,
+    /// What happened, in one sentence with the measured figures.
+    pub detail: String,
+}
+
+impl<K> Verdict<K> {
+    /// Whether no safety property was broken.
+    pub fn safe(&self) -> bool {
+        self.judgement.is_safe()
+    }
+}
+
+/// One row of the ledger: its place in insertion order and its writer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// The row's sequence number (insertion order, not commit order).
+    pub seq: i64,
+    /// Who wrote it.
+    pub writer: String,
+}
+
+/// What a script saw, for the judgement and the contender's detail.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    /// How long after the fault B held the resource.
+    pub took_over: Option<Duration>,
+    /// How long after the fault the library told A it had lost it.
+    pub told: Option<Duration>,
+    /// What became of A's write after the fault, if A wrote.
+    pub a_wrote: Option<Written>,
+    /// Whether B wrote.
+    pub b_wrote: bool,
+    /// The ledger as committed right after B's write (before A's).
+    pub after_b: Vec<Row>,
+    /// The ledger at the end.
+    pub rows: Vec<Row>,
+    /// How long B tried.
+    pub window: Duration,
+}
+
+impl Seen {
+    /// The last committed writer, `initial` if none: the value a single
+    /// overwritten cell would hold.
+    pub fn value(&self) -> &str {
+        self.rows.last().map_or("initial", |r| r.writer.as_str())
+    }
+
+    /// The ledger's writers, in insertion order.
+    pub fn writers(&self) -> Vec<&str> {
+        self.rows.iter().map(|r| r.writer.as_str()).collect()
+    }
+}
+
+/// Whether an A row committed after B's write: it is in the ledger at the
+/// end but was not there right after B's write, and B did write.
+pub fn stale_after_new(after_b: &[Row], end: &[Row]) -> bool {
+    let b_wrote = after_b.iter().any(|r| r.writer == "B");
+    b_wrote
+        && end
+            .iter()
+            .filter(|r| r.writer == "A")
+            .any(|r| !after_b.iter().any(|s| s.seq == r.seq))
+}
+
+/// Whether B held the resource before A was told it had lost it (or A was
+/// never told).
+pub fn two_holders(took_over: Option<Duration>, told: Option<Duration>) -> bool {
+    match (took_over, told) {
+        (Some(b), Some(a)) => a > b,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// The verdict on what a scenario saw.
+pub fn judge(scenario: Scenario, seen: &Seen) -> Judgement {
+    let stale = stale_after_new(&seen.after_b, &seen.rows);
+    match scenario {
+        Scenario::LateRelease | Scenario::SilentRenewal
+            if two_holders(seen.took_over, seen.told) =>
+        {
+            Judgement::Violated(Violation::TwoHolders)
+        }
+        // (c) measures liveness: nobody writes.
+        Scenario::DeadHolder => Judgement::Safe,
+        _ if stale => Judgement::Violated(Violation::StaleWrite),
+        _ => Judgement::Safe,
+    }
+}
+
+/// The table the writers append to, one row per committed write.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    table: String,
+}
+
+impl Ledger {
+    /// Creates the ledger `table` (a plain identifier the caller chose).
+    ///
+    /// # Errors
+    ///
+    /// The database's.
+    pub async fn create(pool: &PgPool, table: &str) -> Result<Ledger, BoxError> {
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TABLE {table} (seq bigserial PRIMARY KEY, writer text NOT NULL)"
+        )))
+        .execute(pool)
+        .await?;
+        Ok(Ledger {
+            table: table.to_owned(),
+        })
+    }
+
+    /// The statement that appends a row; `$1` is the writer.
+    pub fn insert(&self) -> String {
+        format!("INSERT INTO {} (writer) VALUES ($1)", self.table)
+    }
+
+    /// The committed rows, in insertion order.
+    ///
+    /// # Errors
+    ///
+    /// The database's.
+    pub async fn rows(&self, pool: &PgPool) -> Result<Vec<Row>, BoxError> {
+        let rows: Vec<(i64, String)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT seq, writer FROM {} ORDER BY seq",
+            self.table
+        )))
+        .fetch_all(pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(seq, writer)| Row { seq, writer })
+            .collect())
+    }
+
+    /// Empties the ledger, for the next scenario.
+    ///
+    /// # Errors
+    ///
+    /// The database's.
+    pub async fn clear(&self, pool: &PgPool) -> Result<(), BoxError> {
+        sqlx::query(AssertSqlSafe(format!("TRUNCATE {}", self.table)))
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Drops the ledger.
+    ///
+    /// # Errors
+    ///
+    /// The database's.
+    pub async fn drop(self, pool: &PgPool) -> Result<(), BoxError> {
+        sqlx::query(AssertSqlSafe(format!(
+            "DROP TABLE IF EXISTS {}",
+            self.table
+        )))
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// A way of guarding a resource, put through the scripts. Built for one
+/// scenario at a time (its TTL and its faults may depend on it), on one
+/// resource name. Not object-safe: suites dispatch on their own enum.
+// The scripts await these futures in place and never spawn them, so no
+// `Send` bound is needed on them.
+#[allow(async_fn_in_trait)]
+pub trait Contender {
+    /// What a holder has while it holds.
+    type Held;
+
+    /// Why the contender cannot be put in `scenario`, if it cannot.
+    fn lacks(&self, _scenario: Scenario) -> Option<&'static str> {
+        None
+    }
+
+    /// `who` takes the resource, trying for up to `wait` (zero: once).
+    ///
+    /// # Errors
+    ///
+    /// Anything but "someone else holds it".
+    async fn acquire(&self, who: Who, wait: Duration) -> Result<Option<Self::Held>, BoxError>;
+
+    /// `who` appends its row to the ledger under `held`, as the library
+    /// documents (or, where it offers no way, the obvious way).
+    ///
+    /// # Errors
+    ///
+    /// Anything but a refusal, which is `Ok(Written::Refused)`.
+    async fn write(&self, held: &mut Self::Held, who: Who) -> Result<Written, BoxError>;
+
+    /// Appends `who`'s row and leaves it uncommitted, for the fault to
+    /// catch the commit in flight; `Ok(false)` if the contender writes
+    /// only after the fault.
+    ///
+    /// # Errors
+    ///
+    /// The database's.
+    async fn stage(&self, _held: &mut Self::Held, _who: Who) -> Result<bool, BoxError> {
+        Ok(false)
+    }
+
+    /// Commits what [`Contender::stage`] wrote.
+    ///
+    /// # Errors
+    ///
+    /// Anything but a refusal.
+    async fn commit(&self, _held: &mut Self::Held) -> Result<Written, BoxError> {
+        Err("nothing was staged".into())
+    }
+
+    /// The fault begins on the holder's side.
+    ///
+    /// # Errors
+    ///
+    /// The database's, or the fault could not be set up.
+    async fn fault(&self, held: &mut Self::Held, fault: Fault) -> Result<(), BoxError>;
+
+    /// The fault ends: the network thaws, the stalled session is dropped,
+    /// the late release arrives.
+    ///
+    /// # Errors
+    ///
+    /// The database's.
+    async fn heal(&self, _fault: Fault) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// The holder is gone without releasing.
+    ///
+    /// # Errors
+    ///
+    /// The database's.
+    async fn die(&self, held: Self::Held) -> Result<(), BoxError>;
+
+    /// When the library told the holder it had lost the resource, waiting
+    /// for up to `limit`; `None` if it did not (or cannot).
+    ///
+    /// # Errors
+    ///
+    /// The library's.
+    async fn told(
+        &self,
+        _held: &Self::Held,
+        _limit: Duration,
+    ) -> Result<Option<Instant>, BoxError> {
+        Ok(None)
+    }
+
+    /// Lets go, if there is anything left to let go of.
+    ///
+    /// # Errors
+    ///
+    /// The database's.
+    async fn release(&self, held: Self::Held) -> Result<(), BoxError>;
+
+    /// The detail sentence for `scenario` from what was seen (and what
+    /// the contender noted itself).
+    fn detail(&self, scenario: Scenario, seen: &Seen) -> String;
+}
+
+/// What every scenario of a suite shares: the ledger, the pool it is read
+/// through, and how long B tries to take over in each scenario.
+#[derive(Clone, Copy)]
+pub struct Stage<'a> {
+    /// The ledger.
+    pub ledger: &'a Ledger,
+    /// A pool on the ledger's database, outside every fault.
+    pub pool: &'a PgPool,
+    /// How long B tries to take over in each scenario.
+    pub window: &'a (dyn Fn(Scenario) -> Duration + Sync),
+}
+
+/// How long a held-up commit may take to be answered after the fault
+/// ends before the scenario gives up on it.
+const ANSWER: Duration = Duration::from_secs(10);
+
+/// Runs `scenario` against `contender` on an empty ledger.
+///
+/// # Errors
+///
+/// The contender or the database failing in a way the script does not
+/// expect.
+pub async fn run<C: Contender, K>(
+    stage: &Stage<'_>,
+    scenario: Scenario,
+    kind: K,
+    contender: &C,
+) -> Result<Verdict<K>, BoxError> {
+    stage.ledger.clear(stage.pool).await?;
+    if let Some(why) = contender.lacks(scenario) {
+        return Ok(Verdict {
+            scenario,
+            contender: kind,
+            judgement: Judgement::NotApplicable(why),
+            took_over: None,
+            detail: format!("not applicable: {why}"),
+        });
+    }
+    let window = (stage.window)(scenario);
+    let mut seen = match scenario {
+        Scenario::PausedHolder | Scenario::KilledConnection => {
+            held_up_write(stage, contender, scenario.fault(), window).await?
+        }
+        Scenario::DeadHolder => dead_holder(contender, window).await?,
+        Scenario::LateRelease | Scenario::SilentRenewal => {
+            unaware_holder(stage, contender, scenario.fault(), window).await?
+        }
+    };
+    seen.window = window;
+    seen.rows = stage.ledger.rows(stage.pool).await?;
+    Ok(Verdict {
+        scenario,
+        contender: kind,
+        judgement: judge(scenario, &seen),
+        took_over: seen.took_over,
+        detail: contender.detail(scenario, &seen),
+    })
+}
+
+/// A's acquisition, which the scenario cannot do without.
+async fn first<C: Contender>(contender: &C) -> Result<C::Held, BoxError> {
+    contender
+        .acquire(Who::A, Duration::ZERO)
+        .await?
+        .ok_or_else(|| "A could not acquire a free resource".into())
+}
+
+/// B tries for `window` from `since` and writes if it got the resource.
+async fn take_over<C: Contender>(
+    contender: &C,
+    window: Duration,
+    since: Instant,
+    seen: &mut Seen,
+) -> Result<Option<C::Held>, BoxError> {
+    let Some(mut b) = contender.acquire(Who::B, window).await? else {
+        return Ok(None);
+    };
+    seen.took_over = Some(since.elapsed());
+    seen.b_wrote = contender.write(&mut b, Who::B).await? == Written::Committed;
+    Ok(Some(b))
+}
+
+/// (a) and (b): A holds (and may have written, uncommitted), the fault
+/// hits A, B tries to take over and writes, the fault ends, and A's write
+/// (or commit) arrives.
+async fn held_up_write<C: Contender>(
+    stage: &Stage<'_>,
+    contender: &C,
+    fault: Fault,
+    window: Duration,
+) -> Result<Seen, BoxError> {
+    let mut a = first(contender).await?;
+    let staged = contender.stage(&mut a, Who::A).await?;
+    contender.fault(&mut a, fault).await?;
+    let since = Instant::now();
+    let mut seen = Seen::default();
+    let (committed, b) = {
+        let a_side = async {
+            if staged {
+                Some(contender.commit(&mut a).await)
+            } else {
+                None
+            }
+        };
+        let b_side = async {
+            let b = take_over(contender, window, since, &mut seen).await;
+            let after_b = stage.ledger.rows(stage.pool).await;
+            // The fault ends whatever B managed, so that A's side ends too.
+            let healed = contender.heal(fault).await;
+            let b = b?;
+            healed?;
+            Ok::<_, BoxError>((b, after_b?))
+        };
+        let (committed, b_side) =
+            tokio::join!(tokio::time::timeout(window + ANSWER, a_side), b_side);
+        let (b, after_b) = b_side?;
+        seen.after_b = after_b;
+        (committed, b)
+    };
+    seen.a_wrote = Some(match committed {
+        Err(_) => return Err("A's commit got no answer after the fault ended".into()),
+        Ok(Some(written)) => written?,
+        Ok(None) => contender.write(&mut a, Who::A).await?,
+    });
+    if let Some(b) = b {
+        contender.release(b).await?;
+    }
+    contender.release(a).await?;
+    Ok(seen)
+}
+
+/// (c): A holds and dies; B tries to take over.
+async fn dead_holder<C: Contender>(contender: &C, window: Duration) -> Result<Seen, BoxError> {
+    let a = first(contender).await?;
+    contender.die(a).await?;
+    let since = Instant::now();
+    let mut seen = Seen::default();
+    if let Some(b) = contender.acquire(Who::B, window).await? {
+        seen.took_over = Some(since.elapsed());
+        contender.release(b).await?;
+    }
+    Ok(seen)
+}
+
+/// (d) and (e): A holds, the fault hits it (a late release, unanswered
+/// renewals); B tries to take over while A waits to be told; then A, if
+/// it was not told, starts new work.
+async fn unaware_holder<C: Contender>(
+    stage: &Stage<'_>,
+    contender: &C,
+    fault: Fault,
+    window: Duration,
+) -> Result<Seen, BoxError> {
+    let mut a = first(contender).await?;
+    contender.fault(&mut a, fault).await?;
+    let mut seen = Seen::default();
+    // A late release is timed from its arrival; a stall from its start.
+    if fault == Fault::LateRelease {
+        contender.heal(fault).await?;
+    }
+    let since = Instant::now();
+    let (b, told) = {
+        let b_side = async {
+            let b = take_over(contender, window, since, &mut seen).await;
+            let after_b = stage.ledger.rows(stage.pool).await;
+            Ok::<_, BoxError>((b?, after_b?))
+        };
+        let (b_side, told) = tokio::join!(b_side, contender.told(&a, window));
+        let (b, after_b) = b_side?;
+        seen.after_b = after_b;
+        (b, told?)
+    };
+    seen.told = told.map(|at| at.saturating_duration_since(since));
+    if fault != Fault::LateRelease {
+        contender.heal(fault).await?;
+    }
+    seen.a_wrote = Some(contender.write(&mut a, Who::A).await?);
+    if let Some(b) = b {
+        contender.release(b).await?;
+    }
+    contender.release(a).await?;
+    Ok(seen)
+}
