@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pg_lease::LeaseContext;
-use sqlx08::postgres::PgPool;
 use tokio::sync::oneshot;
 
 use crate::BoxError;
@@ -53,51 +52,5 @@ impl Drop for OnDrop {
 pub(crate) async fn holds(_ctx: LeaseContext, held: Signal) -> Result<(), BoxError> {
     signal(&held);
     std::future::pending::<()>().await;
-    Ok(())
-}
-
-/// The same, and signals `stopped` when pg_lease aborts it: when its
-/// looper has given up the lease.
-pub(crate) async fn holds_watched(
-    _ctx: LeaseContext,
-    (started, stopped): (Signal, Signal),
-) -> Result<(), BoxError> {
-    let _guard = OnDrop(stopped);
-    signal(&started);
-    std::future::pending::<()>().await;
-    Ok(())
-}
-
-/// A looper's function that writes B's row in the ledger once its looper
-/// holds the lease, then works without the database until pg_lease aborts
-/// it.
-pub(crate) async fn writes_b(_ctx: LeaseContext, pool: PgPool) -> Result<(), BoxError> {
-    crate::write(&pool, "B").await?;
-    std::future::pending::<()>().await;
-    Ok(())
-}
-
-/// The worker id holding lease `res`, if any (none before a looper has
-/// created its table).
-pub(crate) async fn holder(reader: &PgPool) -> Option<String> {
-    sqlx08::query_scalar::<_, String>(
-        "SELECT worker_id FROM _pg_lease WHERE name = 'res' \
-          AND to_regclass('_pg_lease') IS NOT NULL",
-    )
-    .fetch_optional(reader)
-    .await
-    .ok()
-    .flatten()
-}
-
-/// Waits (10 s at most) until `worker` holds lease `res`.
-pub(crate) async fn until_held_by(reader: &PgPool, worker: &str) -> Result<(), BoxError> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while holder(reader).await.as_deref() != Some(worker) {
-        if Instant::now() > deadline {
-            return Err(format!("pg_lease: {worker} never acquired").into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     Ok(())
 }
