@@ -17,8 +17,9 @@
 //! writes; then the holder's commit arrives. (b) The holder's connection
 //! is killed, another worker tries to take over, then the first holder
 //! writes. (d) A release arrives late, after the same holder acquired
-//! again. (e) The holder's network freezes for 3 s while it holds: is it
-//! told before another worker takes over? (c), a holder that dies without
+//! again. (e) The holder's network freezes while it holds (until another
+//! worker has taken over and the holder has been told, each waited for at
+//! most 3 s): is it told before another worker takes over? (c), a holder that dies without
 //! releasing, is the demo's only.
 
 pub mod contenders;
@@ -27,7 +28,9 @@ pub mod proxy;
 mod speed;
 
 pub use contenders::{SCENARIOS, run};
-pub use pglease_cli::compare::engine::{BoxError, Judgement, Scenario, Verdict, Violation};
+pub use pglease_cli::compare::engine::{
+    BoxError, Judgement, Scenario, Verdict, Violation, Written,
+};
 pub use speed::{Load, Speed, speed, speed_table};
 
 use std::time::Duration;
@@ -80,7 +83,8 @@ pub fn describe(scenario: Scenario) -> &'static str {
         Scenario::DeadHolder => "(c) the holder dies without releasing",
         Scenario::LateRelease => "(d) a release arrives late, after the same holder acquired again",
         Scenario::SilentRenewal => {
-            "(e) the holder's renewals get no answer (its network frozen for 3 s; TTL 1 s)"
+            "(e) the holder's renewals get no answer (its network frozen until another worker has \
+             taken over and the holder has been told, each waited for at most 3 s; TTL 1 s)"
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use pglease_peers::{Judgement, Peer, SCENARIOS, Scenario, Violation, safety};
+use pglease_peers::{Judgement, Peer, SCENARIOS, Scenario, Violation, Written, safety};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_articles_failures_against_each_peer() {
@@ -72,5 +72,21 @@ async fn the_articles_failures_against_each_peer() {
             j => j,
         };
         assert_eq!((judgement, took_over), expected, "{v:?}");
+        // Where the verdict rests on A's write, what became of it.
+        let a_committed = match (v.scenario, v.contender) {
+            (Scenario::PausedHolder, Peer::Pglease) => Some(false),
+            (Scenario::PausedHolder, Peer::PgLease) => Some(true),
+            (Scenario::KilledConnection, Peer::DistributedLock) => Some(true),
+            (Scenario::KilledConnection, Peer::SqlxAdvisoryLock) => Some(false),
+            (Scenario::SilentRenewal, Peer::Pglease) => Some(false),
+            _ => None,
+        };
+        if let Some(committed) = a_committed {
+            assert_eq!(
+                v.a_wrote.as_ref().map(|w| *w == Written::Committed),
+                Some(committed),
+                "{v:?}"
+            );
+        }
     }
 }

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use distributed_lock_core::error::LockError;
 use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
 use distributed_lock_postgres::PostgresLockProvider;
 use distributed_lock_postgres::handle::PostgresLockHandle;
@@ -69,7 +70,11 @@ impl Contender for DlockContender<'_> {
         let handle = if wait.is_zero() {
             lock.try_acquire().await?
         } else {
-            lock.acquire(Some(wait)).await.ok()
+            match lock.acquire(Some(wait)).await {
+                Ok(handle) => Some(handle),
+                Err(LockError::Timeout(_)) => None,
+                Err(e) => return Err(e.into()),
+            }
         };
         Ok(handle.map(|handle| Held {
             handle,

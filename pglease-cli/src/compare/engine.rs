@@ -132,7 +132,8 @@ pub enum Written {
 /// A safety property a scenario showed broken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Violation {
-    /// A write of the old holder committed after the new holder's.
+    /// A write of the old holder committed after the new holder held the
+    /// resource.
     StaleWrite,
     /// Another worker held the resource while the old holder had not been
     /// told it lost it.
@@ -143,7 +144,7 @@ impl Violation {
     /// In words.
     pub fn describe(self) -> &'static str {
         match self {
-            Violation::StaleWrite => "a stale write committed after the new holder's",
+            Violation::StaleWrite => "a stale write committed after the new holder took over",
             Violation::TwoHolders => "two holders at once, the old one not told",
         }
     }
@@ -179,8 +180,15 @@ pub struct Verdict<K> {
     pub judgement: Judgement,
     /// How long after the fault (for (d), after the late release arrived)
     /// another worker held the resource; `None` if it could not within the
-    /// scenario's window.
+    /// scenario's window. Timed when B's acquisition returned, one round
+    /// trip after the database granted it.
     pub took_over: Option<Duration>,
+    /// How long after the fault the library told A it had lost the
+    /// resource ((d) and (e) only); `None` if it did not within the window.
+    pub told: Option<Duration>,
+    /// What became of A's write (or commit) after the fault; `None` where
+    /// A wrote nothing ((c)) or the scenario does not apply.
+    pub a_wrote: Option<Written>,
     /// What happened, in one sentence with the measured figures.
     pub detail: String,
 }
@@ -210,10 +218,11 @@ pub struct Seen {
     pub told: Option<Duration>,
     /// What became of A's write after the fault, if A wrote.
     pub a_wrote: Option<Written>,
-    /// Whether B wrote.
+    /// Whether B wrote (B's write must commit whenever B takes over).
     pub b_wrote: bool,
-    /// The ledger as committed right after B's write (before A's).
-    pub after_b: Vec<Row>,
+    /// The ledger as committed as soon as B held the resource, before its
+    /// write.
+    pub at_takeover: Vec<Row>,
     /// The ledger at the end.
     pub rows: Vec<Row>,
     /// How long B tried.
@@ -233,15 +242,17 @@ impl Seen {
     }
 }
 
-/// Whether an A row committed after B's write: it is in the ledger at the
-/// end but was not there right after B's write, and B did write.
-pub fn stale_after_new(after_b: &[Row], end: &[Row]) -> bool {
-    let b_wrote = after_b.iter().any(|r| r.writer == "B");
-    b_wrote
+/// Whether a row of A's committed after B held the resource: B took over,
+/// and the row is in the ledger at the end but was not when B's
+/// acquisition returned. (A commit that lands in the round trip between
+/// the database granting B the resource and that read counts as earlier;
+/// the scripts hold A's held-up commit until after it.)
+pub fn stale_after_new(took_over: bool, at_takeover: &[Row], end: &[Row]) -> bool {
+    took_over
         && end
             .iter()
             .filter(|r| r.writer == "A")
-            .any(|r| !after_b.iter().any(|s| s.seq == r.seq))
+            .any(|r| !at_takeover.iter().any(|s| s.seq == r.seq))
 }
 
 /// Whether B held the resource before A was told it had lost it (or A was
@@ -254,9 +265,11 @@ pub fn two_holders(took_over: Option<Duration>, told: Option<Duration>) -> bool 
     }
 }
 
-/// The verdict on what a scenario saw.
+/// The verdict on what a scenario saw. Two holders, where the scenario
+/// judges it ((d), (e)), comes before a stale write: the old holder not
+/// being told is the cause of its stale writes.
 pub fn judge(scenario: Scenario, seen: &Seen) -> Judgement {
-    let stale = stale_after_new(&seen.after_b, &seen.rows);
+    let stale = stale_after_new(seen.took_over.is_some(), &seen.at_takeover, &seen.rows);
     match scenario {
         Scenario::LateRelease | Scenario::SilentRenewal
             if two_holders(seen.took_over, seen.told) =>
@@ -277,12 +290,20 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// Creates the ledger `table` (a plain identifier the caller chose).
+    /// Creates the ledger `table`, a plain lower-case identifier (letters,
+    /// digits, `_`, at most 63 bytes).
     ///
     /// # Errors
     ///
-    /// The database's.
+    /// Any other name, before connecting; the database's.
     pub async fn create(pool: &PgPool, table: &str) -> Result<Ledger, BoxError> {
+        let plain = table.starts_with(|c: char| c.is_ascii_lowercase())
+            && table
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !plain || table.len() > 63 {
+            return Err(format!("not a plain identifier for the ledger: {table:?}").into());
+        }
         sqlx::query(AssertSqlSafe(format!(
             "CREATE TABLE {table} (seq bigserial PRIMARY KEY, writer text NOT NULL)"
         )))
@@ -387,6 +408,10 @@ pub trait Contender {
 
     /// Commits what [`Contender::stage`] wrote.
     ///
+    /// Cancel safety: the script drops this future if no answer comes
+    /// within ten seconds of the fault's end; the transaction must then end
+    /// with its connection.
+    ///
     /// # Errors
     ///
     /// Anything but a refusal.
@@ -402,7 +427,9 @@ pub trait Contender {
     async fn fault(&self, held: &mut Self::Held, fault: Fault) -> Result<(), BoxError>;
 
     /// The fault ends: the network thaws, the stalled session is dropped,
-    /// the late release arrives.
+    /// the late release arrives. Called once per scenario that faults,
+    /// whatever B managed and also when B's side failed; for (d) before B
+    /// tries, otherwise after.
     ///
     /// # Errors
     ///
@@ -462,6 +489,10 @@ const ANSWER: Duration = Duration::from_secs(10);
 
 /// Runs `scenario` against `contender` on an empty ledger.
 ///
+/// Cancel safety: none. Dropped midway, the fault may stay in force (a
+/// frozen proxy, a blocked renewal) and A's and B's holds last until their
+/// connections close; the ledger is emptied by the next run.
+///
 /// # Errors
 ///
 /// The contender or the database failing in a way the script does not
@@ -479,6 +510,8 @@ pub async fn run<C: Contender, K>(
             contender: kind,
             judgement: Judgement::NotApplicable(why),
             took_over: None,
+            told: None,
+            a_wrote: None,
             detail: format!("not applicable: {why}"),
         });
     }
@@ -499,6 +532,8 @@ pub async fn run<C: Contender, K>(
         contender: kind,
         judgement: judge(scenario, &seen),
         took_over: seen.took_over,
+        told: seen.told,
+        a_wrote: seen.a_wrote.clone(),
         detail: contender.detail(scenario, &seen),
     })
 }
@@ -511,8 +546,10 @@ async fn first<C: Contender>(contender: &C) -> Result<C::Held, BoxError> {
         .ok_or_else(|| "A could not acquire a free resource".into())
 }
 
-/// B tries for `window` from `since` and writes if it got the resource.
+/// B tries for `window` from `since`; if it got the resource, the ledger
+/// is read and B writes, which must commit.
 async fn take_over<C: Contender>(
+    stage: &Stage<'_>,
     contender: &C,
     window: Duration,
     since: Instant,
@@ -522,7 +559,13 @@ async fn take_over<C: Contender>(
         return Ok(None);
     };
     seen.took_over = Some(since.elapsed());
-    seen.b_wrote = contender.write(&mut b, Who::B).await? == Written::Committed;
+    seen.at_takeover = stage.ledger.rows(stage.pool).await?;
+    match contender.write(&mut b, Who::B).await? {
+        Written::Committed => seen.b_wrote = true,
+        Written::Refused(why) => {
+            return Err(format!("B held the resource but its write did not commit: {why}").into());
+        }
+    }
     Ok(Some(b))
 }
 
@@ -549,19 +592,15 @@ async fn held_up_write<C: Contender>(
             }
         };
         let b_side = async {
-            let b = take_over(contender, window, since, &mut seen).await;
-            let after_b = stage.ledger.rows(stage.pool).await;
+            let b = take_over(stage, contender, window, since, &mut seen).await;
             // The fault ends whatever B managed, so that A's side ends too.
             let healed = contender.heal(fault).await;
             let b = b?;
             healed?;
-            Ok::<_, BoxError>((b, after_b?))
+            Ok::<_, BoxError>(b)
         };
-        let (committed, b_side) =
-            tokio::join!(tokio::time::timeout(window + ANSWER, a_side), b_side);
-        let (b, after_b) = b_side?;
-        seen.after_b = after_b;
-        (committed, b)
+        let (committed, b) = tokio::join!(tokio::time::timeout(window + ANSWER, a_side), b_side);
+        (committed, b?)
     };
     seen.a_wrote = Some(match committed {
         Err(_) => return Err("A's commit got no answer after the fault ended".into()),
@@ -605,21 +644,17 @@ async fn unaware_holder<C: Contender>(
         contender.heal(fault).await?;
     }
     let since = Instant::now();
-    let (b, told) = {
-        let b_side = async {
-            let b = take_over(contender, window, since, &mut seen).await;
-            let after_b = stage.ledger.rows(stage.pool).await;
-            Ok::<_, BoxError>((b?, after_b?))
-        };
-        let (b_side, told) = tokio::join!(b_side, contender.told(&a, window));
-        let (b, after_b) = b_side?;
-        seen.after_b = after_b;
-        (b, told?)
-    };
-    seen.told = told.map(|at| at.saturating_duration_since(since));
+    let (b, told) = tokio::join!(
+        take_over(stage, contender, window, since, &mut seen),
+        contender.told(&a, window)
+    );
+    // The fault ends before any error is reported, so that nothing stays
+    // frozen or blocked.
     if fault != Fault::LateRelease {
         contender.heal(fault).await?;
     }
+    let (b, told) = (b?, told?);
+    seen.told = told.map(|at| at.saturating_duration_since(since));
     seen.a_wrote = Some(contender.write(&mut a, Who::A).await?);
     if let Some(b) = b {
         contender.release(b).await?;

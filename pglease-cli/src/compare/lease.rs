@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 use sqlx::{Connection, PgConnection};
 use tokio::sync::Mutex;
 
-use pglease::{AcquireOptions, Error, Fence, HeldLease, Lease, Token};
+use pglease::{AcquireOptions, Error, Fence, HeldLease, Lease, LeaseManager, Token};
+use sqlx::Postgres;
+use sqlx::pool::PoolConnection;
 
 use super::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
 use super::harness::{Ctx, ms};
@@ -40,8 +42,11 @@ struct Notes {
     /// (d): the first term's token, the second's, and whether the late
     /// release ended the second.
     late: Option<(i64, i64, bool)>,
-    /// (e): the connection whose row lock holds every renewal off.
-    blocker: Option<PgConnection>,
+    /// (e): A's own manager, on a pool of one connection.
+    a: Option<LeaseManager>,
+    /// (e): that connection, taken by the stall: every renewal of A's
+    /// waits for it and gets no answer.
+    stalled: Option<PoolConnection<Postgres>>,
     /// (e): why A was told, and whether the database then still
     /// considered the lease valid.
     told: Option<(String, bool)>,
@@ -74,6 +79,16 @@ impl LeaseContender {
         AcquireOptions::ttl(self.ttl()).holder(who.name())
     }
 
+    /// A manager for A alone, on a pool of one connection.
+    async fn own_manager(&self) -> Result<LeaseManager, BoxError> {
+        let options = self.ctx.m.pool().connect_options();
+        let pool = pglease::connect::pool_options()
+            .max_connections(1)
+            .connect_with((*options).clone())
+            .await?;
+        Ok(LeaseManager::new(pool))
+    }
+
     /// A's lease on a connection of its own, and that connection's pid.
     async fn on_connection(&self) -> Result<Held, BoxError> {
         let mut conn = PgConnection::connect_with(&self.ctx.m.pool().connect_options()).await?;
@@ -98,7 +113,10 @@ impl Contender for LeaseContender {
         let held = match (who, self.ctx.scenario) {
             (Who::A, Scenario::KilledConnection) => self.on_connection().await?,
             (Who::A, Scenario::SilentRenewal) => {
-                Held::Renewed(self.ctx.m.hold(&self.ctx.name, self.options(who)).await?)
+                let a = self.own_manager().await?;
+                let held = a.hold(&self.ctx.name, self.options(who)).await?;
+                self.notes.lock().await.a = Some(a);
+                Held::Renewed(held)
             }
             _ => match self
                 .ctx
@@ -107,6 +125,9 @@ impl Contender for LeaseContender {
                 .await
             {
                 Ok(lease) => Held::Plain(lease),
+                // Pinned: the row is locked by something acquire may not end
+                // (a role without the right to end stale sessions); the
+                // tests assert the takeovers that need it.
                 Err(Error::Held { .. } | Error::Timeout { .. } | Error::Pinned { .. }) => {
                     return Ok(None);
                 }
@@ -154,16 +175,14 @@ impl Contender for LeaseContender {
                     Some((first.token().get(), second.token().get(), ended));
                 *held = Held::Plain(second);
             }
-            (Fault::Stall, _) => {
-                // Every renewal from now on blocks behind this row lock.
-                let mut blocker =
-                    PgConnection::connect_with(&self.ctx.m.pool().connect_options()).await?;
-                sqlx::raw_sql("BEGIN").execute(&mut blocker).await?;
-                sqlx::query("SELECT 1 FROM pglease.leases WHERE name = $1 FOR UPDATE")
-                    .bind(&self.ctx.name)
-                    .execute(&mut blocker)
-                    .await?;
-                self.notes.lock().await.blocker = Some(blocker);
+            (Fault::Stall, Held::Renewed(_)) => {
+                // A's only connection is taken (a stalled network, a
+                // stuck pool): A's renewals wait and get no answer, while
+                // B, on connections of its own, can take over once the
+                // lease has expired in the database.
+                let mut notes = self.notes.lock().await;
+                let a = notes.a.clone().ok_or("A has no manager of its own")?;
+                notes.stalled = Some(a.pool().acquire().await?);
             }
             // A paused holder simply does nothing until it resumes.
             _ => {}
@@ -172,10 +191,7 @@ impl Contender for LeaseContender {
     }
 
     async fn heal(&self, _fault: Fault) -> Result<(), BoxError> {
-        if let Some(mut blocker) = self.notes.lock().await.blocker.take() {
-            sqlx::raw_sql("ROLLBACK").execute(&mut blocker).await?;
-            blocker.close().await?;
-        }
+        drop(self.notes.lock().await.stalled.take());
         Ok(())
     }
 
@@ -196,7 +212,10 @@ impl Contender for LeaseContender {
             .fetch_one(self.ctx.m.pool())
             .await?;
         self.notes.lock().await.told = Some((reason.to_string(), valid));
-        Ok(Some(held.lost_at().unwrap_or_else(Instant::now)))
+        // The holder knows from its local deadline on (`is_lost()`,
+        // `remaining()`), whenever the signal's task gets round to it.
+        let deadline = held.deadline();
+        Ok(Some(held.lost_at().map_or(deadline, |at| at.min(deadline))))
     }
 
     async fn release(&self, held: Held) -> Result<(), BoxError> {
@@ -208,7 +227,12 @@ impl Contender for LeaseContender {
                 self.ctx.m.release(&fence).await?;
             }
             // Lost already in (e): nothing left to release.
-            Held::Renewed(held) => drop(held),
+            Held::Renewed(held) => {
+                drop(held);
+                if let Some(a) = self.notes.lock().await.a.take() {
+                    a.pool().close().await;
+                }
+            }
         }
         Ok(())
     }
@@ -262,7 +286,7 @@ impl Contender for LeaseContender {
                     },
                     match seen.took_over {
                         Some(t) => format!("took over after {} ms", t.as_millis()),
-                        None => "could not take over meanwhile".to_owned(),
+                        None => "could not take over".to_owned(),
                     },
                     match seen.a_wrote {
                         Some(Written::Committed) => "ALLOWED",

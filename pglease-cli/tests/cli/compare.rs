@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use pglease_cli::compare::engine::Written;
 use pglease_cli::compare::{self, Judgement, Scenario, Variant, Violation};
 
 async fn every_scenario_against_every_variant() {
@@ -48,6 +49,29 @@ async fn every_scenario_against_every_variant() {
             "{s:?}: before the TTL ({took:?})"
         );
     }
+
+    // The stale writes were refused by the database, not merely late.
+    for s in [Scenario::PausedHolder, Scenario::KilledConnection] {
+        assert!(
+            matches!(
+                outcome(s, Variant::Lease).a_wrote,
+                Some(Written::Refused(_))
+            ),
+            "{:?}",
+            outcome(s, Variant::Lease)
+        );
+    }
+    // Unanswered renewals: A is told before B takes over (by ending the
+    // stalled fenced transaction), and A's new fenced work is refused.
+    let silent = outcome(Scenario::SilentRenewal, Variant::Lease);
+    match (silent.told, silent.took_over) {
+        (Some(told), Some(took)) => assert!(told <= took, "{silent:?}"),
+        _ => panic!("told and taken over: {silent:?}"),
+    }
+    assert!(
+        matches!(silent.a_wrote, Some(Written::Refused(_))),
+        "{silent:?}"
+    );
 
     // Session advisory lock: a killed connection lets a stale write land, a
     // duplicate unlock frees a newer hold, and nothing stops a holder whose
@@ -96,6 +120,15 @@ async fn every_scenario_against_every_variant() {
         outcome(Scenario::PausedHolder, Variant::XactLock).took_over,
         None
     );
+    // A paused lock holder blocks everyone, and its write after the pause
+    // is the legitimate holder's.
+    for v in [Variant::SessionLock, Variant::XactLock] {
+        assert_eq!(
+            outcome(Scenario::PausedHolder, v).a_wrote,
+            Some(Written::Committed),
+            "{v:?}"
+        );
+    }
 
     // Nothing is left behind.
     let tables: i64 = sqlx::query_scalar(

@@ -18,26 +18,35 @@ fn rows(writers: &[(i64, &str)]) -> Vec<Row> {
 
 const MS: Duration = Duration::from_millis(1);
 
-async fn a_row_committed_after_bs_write_is_stale_whatever_its_place() {
-    // A inserted first (seq 1) but committed after B's write: stale.
+async fn a_row_committed_after_b_took_over_is_stale_whatever_its_place() {
+    // A inserted first (seq 1) but committed after B took over: stale.
     assert!(stale_after_new(
-        &rows(&[(2, "B")]),
+        true,
+        &rows(&[]),
         &rows(&[(1, "A"), (2, "B")])
     ));
     // A committed after B, in insertion order too.
     assert!(stale_after_new(
-        &rows(&[(1, "B")]),
+        true,
+        &rows(&[]),
         &rows(&[(1, "B"), (2, "A")])
     ));
-    // A's row was already there when B wrote: not stale.
+    // A's row was there when B took over: the holder's, not stale.
     assert!(!stale_after_new(
-        &rows(&[(1, "A"), (2, "B")]),
+        true,
+        &rows(&[(1, "A")]),
         &rows(&[(1, "A"), (2, "B")])
     ));
-    // B never wrote: A's write is the holder's.
-    assert!(!stale_after_new(&rows(&[]), &rows(&[(1, "A")])));
+    // One row there before, another after: stale.
+    assert!(stale_after_new(
+        true,
+        &rows(&[(1, "A")]),
+        &rows(&[(1, "A"), (2, "B"), (3, "A")])
+    ));
+    // Nobody took over: A's writes are the holder's.
+    assert!(!stale_after_new(false, &rows(&[]), &rows(&[(1, "A")])));
     // Only B's row: nothing stale.
-    assert!(!stale_after_new(&rows(&[(1, "B")]), &rows(&[(1, "B")])));
+    assert!(!stale_after_new(true, &rows(&[]), &rows(&[(1, "B")])));
 }
 
 async fn two_holders_when_b_holds_before_a_is_told() {
@@ -52,7 +61,6 @@ async fn two_holders_when_b_holds_before_a_is_told() {
 async fn each_scenario_is_judged_by_its_property() {
     let stale = Seen {
         took_over: Some(MS),
-        after_b: rows(&[(1, "B")]),
         rows: rows(&[(1, "B"), (2, "A")]),
         ..Seen::default()
     };
@@ -69,11 +77,31 @@ async fn each_scenario_is_judged_by_its_property() {
     let told = Seen {
         took_over: Some(10 * MS),
         told: Some(2 * MS),
-        after_b: rows(&[(1, "B")]),
         rows: rows(&[(1, "B")]),
         ..Seen::default()
     };
-    assert_eq!(judge(Scenario::SilentRenewal, &told), Judgement::Safe);
+    for s in [Scenario::LateRelease, Scenario::SilentRenewal] {
+        assert_eq!(judge(s, &told), Judgement::Safe);
+    }
+    // Told first, but A wrote all the same after B took over: stale.
+    let told_but_wrote = Seen {
+        rows: rows(&[(1, "B"), (2, "A")]),
+        ..told.clone()
+    };
+    for s in [Scenario::LateRelease, Scenario::SilentRenewal] {
+        assert_eq!(
+            judge(s, &told_but_wrote),
+            Judgement::Violated(Violation::StaleWrite)
+        );
+    }
+    // Nobody took over: whatever A wrote is the holder's.
+    let alone = Seen {
+        rows: rows(&[(1, "A"), (2, "A")]),
+        ..Seen::default()
+    };
+    for s in Scenario::ALL {
+        assert_eq!(judge(s, &alone), Judgement::Safe);
+    }
     assert!(Judgement::NotApplicable("x").is_safe());
     assert!(!Judgement::Violated(Violation::TwoHolders).is_safe());
     assert_eq!(told.value(), "B");
@@ -92,7 +120,7 @@ async fn one_lettering() {
 }
 
 tests![
-    a_row_committed_after_bs_write_is_stale_whatever_its_place,
+    a_row_committed_after_b_took_over_is_stale_whatever_its_place,
     two_holders_when_b_holds_before_a_is_told,
     each_scenario_is_judged_by_its_property,
     one_lettering,
