@@ -25,8 +25,6 @@ pub(crate) struct Held {
 struct Notes {
     /// (a): A's write, uncommitted.
     staged: Option<sqlx08::Transaction<'static, sqlx08::Postgres>>,
-    /// (b): how many of A's connections the kill ended.
-    killed: Option<i64>,
     /// What A's lost token said when A wrote after the fault.
     lost: Option<bool>,
 }
@@ -116,14 +114,12 @@ impl Contender for DlockContender<'_> {
     }
 
     async fn fault(&self, _held: &mut Held, fault: Fault) -> Result<(), BoxError> {
-        if let Some(killed) = self.s.fault(fault).await? {
-            self.notes.lock().await.killed = Some(killed);
-        }
+        self.s.fault(fault).await?;
         Ok(())
     }
 
     async fn heal(&self, _fault: Fault) -> Result<(), BoxError> {
-        self.s.proxy.thaw();
+        self.s.heal();
         Ok(())
     }
 
@@ -168,7 +164,7 @@ impl Contender for DlockContender<'_> {
             Scenario::KilledConnection => format!(
                 "A's connections ended: {}; the lock went with them, B {takeover}; A's \
                  lost_token still said {lost}; A's write through its pool: {a_wrote}",
-                notes.as_deref().and_then(|n| n.killed).unwrap_or(0),
+                self.s.killed(),
             ),
             Scenario::LateRelease | Scenario::DeadHolder => "not run".to_owned(),
             Scenario::SilentRenewal => format!(

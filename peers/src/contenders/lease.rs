@@ -19,8 +19,6 @@ pub(crate) enum Held {
 struct Notes {
     /// (a): A's write, uncommitted.
     staged: Option<FencedTransaction>,
-    /// (b): how many of A's connections the kill ended.
-    killed: Option<i64>,
     /// (b): whether A's lease was lost when A wrote.
     lost: Option<bool>,
     /// (d): the first term's token, the second's, and what the late
@@ -152,9 +150,7 @@ impl Contender for PgleaseContender<'_> {
     }
 
     async fn fault(&self, held: &mut Held, fault: Fault) -> Result<(), BoxError> {
-        if let Some(killed) = self.s.fault(fault).await? {
-            self.notes.lock().await.killed = Some(killed);
-        }
+        self.s.fault(fault).await?;
         if fault == Fault::LateRelease {
             self.late_release(held).await?;
         }
@@ -162,7 +158,7 @@ impl Contender for PgleaseContender<'_> {
     }
 
     async fn heal(&self, _fault: Fault) -> Result<(), BoxError> {
-        self.s.proxy.thaw();
+        self.s.heal();
         Ok(())
     }
 
@@ -215,7 +211,7 @@ impl Contender for PgleaseContender<'_> {
             Scenario::KilledConnection => format!(
                 "A's connections ended: {}; the lease lives in its table, not in a connection: \
                  A renewed through new ones (lost: {}), B {takeover}; A's fenced write: {a_wrote}",
-                notes.and_then(|n| n.killed).unwrap_or(0),
+                self.s.killed(),
                 notes.and_then(|n| n.lost).unwrap_or(false),
             ),
             Scenario::LateRelease => match notes.and_then(|n| n.late) {

@@ -53,6 +53,8 @@ pub(crate) struct Setting {
     pub(crate) proxy: Proxy,
     pub(crate) ledger: Ledger,
     pub(crate) scenario: Scenario,
+    /// (b): how many of A's connections the kill ended.
+    killed: tokio::sync::Mutex<Option<i64>>,
 }
 
 impl Setting {
@@ -72,15 +74,27 @@ impl Setting {
     }
 
     /// The faults every peer suffers alike: A's network freezes (a pause,
-    /// a stall) or A's connections are killed (then how many). Others are
-    /// the peer's own.
-    pub(crate) async fn fault(&self, fault: Fault) -> Result<Option<i64>, BoxError> {
+    /// a stall) or A's connections are killed. A late release is the
+    /// peer's own.
+    pub(crate) async fn fault(&self, fault: Fault) -> Result<(), BoxError> {
         match fault {
             Fault::Pause | Fault::Stall => self.proxy.freeze(),
-            Fault::Kill => return Ok(Some(crate::kill(&self.db, "peer-A").await?)),
+            Fault::Kill => {
+                *self.killed.lock().await = Some(crate::kill(&self.db, "peer-A").await?);
+            }
             Fault::LateRelease | Fault::Die => {}
         }
-        Ok(None)
+        Ok(())
+    }
+
+    /// The end of every fault: A's network thaws.
+    pub(crate) fn heal(&self) {
+        self.proxy.thaw();
+    }
+
+    /// How many of A's connections the kill ended.
+    pub(crate) fn killed(&self) -> i64 {
+        self.killed.try_lock().ok().and_then(|k| *k).unwrap_or(0)
     }
 }
 
@@ -123,6 +137,7 @@ pub async fn run(scenario: Scenario, peer: Peer) -> Result<Verdict<Peer>, BoxErr
         proxy,
         ledger,
         scenario,
+        killed: tokio::sync::Mutex::new(None),
     };
     let stage = Stage {
         ledger: &setting.ledger,

@@ -55,8 +55,6 @@ pub(crate) struct Held {
 struct Notes {
     /// (a): A's write, uncommitted.
     staged: Option<sqlx08::Transaction<'static, sqlx08::Postgres>>,
-    /// (b): how many of A's connections the kill ended.
-    killed: Option<i64>,
     /// (d): A's first term, whose end (a DELETE) is held up.
     first: Option<Held>,
 }
@@ -200,9 +198,7 @@ impl Contender for PgLeaseContender<'_> {
     }
 
     async fn fault(&self, held: &mut Held, fault: Fault) -> Result<(), BoxError> {
-        if let Some(killed) = self.s.fault(fault).await? {
-            self.notes.lock().await.killed = Some(killed);
-        }
+        self.s.fault(fault).await?;
         if fault == Fault::LateRelease {
             self.late_release(held).await?;
         }
@@ -210,7 +206,7 @@ impl Contender for PgLeaseContender<'_> {
     }
 
     async fn heal(&self, _fault: Fault) -> Result<(), BoxError> {
-        self.s.proxy.thaw();
+        self.s.heal();
         Ok(())
     }
 
@@ -250,11 +246,7 @@ impl Contender for PgLeaseContender<'_> {
             Scenario::KilledConnection => format!(
                 "A's connections ended: {}; the lease row outlives them: A's heartbeat went on \
                  through new connections, B {takeover}; A's verified write: {a_wrote}",
-                self.notes
-                    .try_lock()
-                    .ok()
-                    .and_then(|n| n.killed)
-                    .unwrap_or(0)
+                self.s.killed()
             ),
             Scenario::LateRelease => format!(
                 "the first term's DELETE (by worker id, no token) arrived during the second term \

@@ -9,7 +9,6 @@ use pglease_cli::compare::engine::{BoxError, Contender, Fault, Scenario, Seen, W
 use sqlx08::pool::PoolConnection;
 use sqlx08::postgres::{PgAdvisoryLock, PgAdvisoryLockGuard, PgPool};
 use sqlx08::{Either, Postgres};
-use tokio::sync::Mutex;
 
 use super::{Setting, committed, net, takeover_text, written_text};
 
@@ -23,8 +22,6 @@ pub(crate) struct SqlxLockContender<'a> {
     s: &'a Setting,
     a_pool: PgPool,
     b_pool: PgPool,
-    /// (b): how many of A's connections the kill ended.
-    killed: Mutex<Option<i64>>,
 }
 
 impl<'a> SqlxLockContender<'a> {
@@ -33,7 +30,6 @@ impl<'a> SqlxLockContender<'a> {
             s,
             a_pool: net::proxied_pool(&s.db, &s.proxy).await?,
             b_pool: crate::pool(&s.db, "peer-B").await?,
-            killed: Mutex::new(None),
         })
     }
 }
@@ -95,14 +91,12 @@ impl Contender for SqlxLockContender<'_> {
     }
 
     async fn fault(&self, _held: &mut Held, fault: Fault) -> Result<(), BoxError> {
-        if let Some(killed) = self.s.fault(fault).await? {
-            *self.killed.lock().await = Some(killed);
-        }
+        self.s.fault(fault).await?;
         Ok(())
     }
 
     async fn heal(&self, _fault: Fault) -> Result<(), BoxError> {
-        self.s.proxy.thaw();
+        self.s.heal();
         Ok(())
     }
 
@@ -128,7 +122,7 @@ impl Contender for SqlxLockContender<'_> {
             Scenario::KilledConnection => format!(
                 "A's connections ended: {}; the lock went with them, B {takeover}; A's write \
                  through the guard's connection, as documented: {a_wrote}",
-                self.killed.try_lock().ok().and_then(|k| *k).unwrap_or(0),
+                self.s.killed(),
             ),
             Scenario::LateRelease | Scenario::DeadHolder => "not run".to_owned(),
             Scenario::SilentRenewal => format!(
