@@ -92,7 +92,10 @@ async fn demo_in(target: &Target, timeout: Duration) -> ExitCode {
     };
     let outcome = async {
         manager.migrate().await?;
-        out!("1. A holder pauses past its TTL, another takes over, the first one's late write:\n");
+        out!(
+            "1. Scenario (a) step by step: a holder pauses past its TTL, another takes over, its \
+             late write:\n"
+        );
         pglease_cli::demo::paused_holder(&manager, "report", Duration::from_millis(300), |line| {
             say(&format!("  {line}"))
         })
