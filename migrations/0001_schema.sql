@@ -34,6 +34,8 @@
 --     _record), force_release.
 --  8. Counted leases: acquire_counted.
 --  9. The security posture, for `pglease doctor`: audit.
+-- 10. Several leases at once, all or none: _max_set_names, type
+--     set_acquisition, acquire_all.
 -- =====================================================================
 -- 0. THE RULES EVERY FUNCTION KEEPS
 -- =====================================================================
@@ -3182,3 +3184,108 @@ COMMENT ON FUNCTION pglease.audit() IS
     'The security posture, one finding per row (level ok/warn/info, topic, message): who '
     'may use the schema, who administers, whether stale fenced sessions can be ended, '
     'name grants, protected tables (intact, roles holding TRIGGER), the history''s bounds.';
+
+-- =====================================================================
+-- 10. SEVERAL LEASES AT ONCE: ALL OR NONE
+-- =====================================================================
+--
+-- acquire_all takes every lease of a set, each with its own token, or none.
+-- It sorts the names (byte order, COLLATE "C": the same order in every
+-- session whatever its locale) and acquires them one by one with acquire,
+-- in one subtransaction: the first name it cannot take rolls back the ones
+-- already taken (their history rows and notifications with them; the
+-- tokens drawn are never issued), and the answer describes that name.
+--
+-- No deadlock: acquire never queues for a row lock (see NO WAIT WITHOUT
+-- BOUND), so two acquire_all calls over overlapping names, in whatever
+-- order their callers list them, never wait on each other beyond
+-- TAKEOVER_GRACE per name: the later one finds the first contended name
+-- held, or still being taken by the other's open transaction, and answers
+-- "not acquired" for it. The canonical order makes the first contended
+-- name the same for both, so one of them gets the whole set.
+
+CREATE FUNCTION pglease._max_set_names()
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 100 $$;
+
+COMMENT ON FUNCTION pglease._max_set_names() IS
+    'How many names acquire_all takes at once, at most.';
+
+-- Result of acquire_all, one row per name: acquire's answer and the name.
+CREATE TYPE pglease.set_acquisition AS (
+    name           text,
+    token          bigint,
+    expires_at     timestamptz,
+    holder         text,
+    checked_at     timestamptz,
+    note           text,
+    holder_session integer,
+    delayed_until  timestamptz
+);
+
+CREATE FUNCTION pglease.acquire_all(names text[], holder text, ttl interval,
+                                    session_bound boolean DEFAULT false)
+RETURNS SETOF pglease.set_acquisition
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    sorted  text[];
+    got     pglease.acquisition;
+    taken   pglease.acquisition[] := '{}';
+    missing text;
+BEGIN
+    IF acquire_all.names IS NULL
+       OR coalesce(cardinality(acquire_all.names), 0) NOT BETWEEN 1 AND pglease._max_set_names() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
+            MESSAGE = format('pglease: names must hold 1 to %s names, got %s',
+                             pglease._max_set_names(),
+                             coalesce(cardinality(acquire_all.names)::text, 'NULL'));
+    END IF;
+    IF array_position(acquire_all.names, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
+            MESSAGE = 'pglease: names must not contain NULL';
+    END IF;
+    SELECT array_agg(n ORDER BY n COLLATE "C") INTO sorted
+      FROM (SELECT DISTINCT n FROM unnest(acquire_all.names) AS u(n)) AS d;
+    IF cardinality(sorted) <> cardinality(acquire_all.names) THEN
+        SELECT u.n INTO missing FROM unnest(acquire_all.names) AS u(n)
+         GROUP BY u.n HAVING count(*) > 1 ORDER BY u.n COLLATE "C" LIMIT 1;
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
+            MESSAGE = format('pglease: names must differ, %L is there twice', missing);
+    END IF;
+    -- Every name and the other arguments are checked by acquire, the first
+    -- one before anything is written.
+    BEGIN
+        FOREACH missing IN ARRAY sorted LOOP
+            got := pglease.acquire(missing, acquire_all.holder, acquire_all.ttl,
+                                   acquire_all.session_bound);
+            IF got.token IS NULL THEN
+                -- Undo the ones taken: the handler below rolls this
+                -- subtransaction back.
+                RAISE EXCEPTION USING ERRCODE = 'LE099';
+            END IF;
+            taken := taken || got;
+        END LOOP;
+    EXCEPTION WHEN SQLSTATE 'LE099' THEN
+        -- missing and got describe the name that could not be taken.
+        RETURN NEXT ROW(missing, NULL, got.expires_at, got.holder, got.checked_at, got.note,
+                        got.holder_session, got.delayed_until)::pglease.set_acquisition;
+        RETURN;
+    END;
+    RETURN QUERY SELECT sorted[i], taken[i].token, taken[i].expires_at, taken[i].holder,
+                        taken[i].checked_at, taken[i].note, taken[i].holder_session,
+                        taken[i].delayed_until
+                   FROM generate_subscripts(sorted, 1) AS i ORDER BY i;
+END
+$$;
+
+COMMENT ON FUNCTION pglease.acquire_all(text[], text, interval, boolean) IS
+    'Acquire every lease of NAMES (1 to 100 distinct names) for HOLDER for TTL '
+    '(SESSION_BOUND as for acquire), each with its own token, or none. The names are taken '
+    'in byte order (COLLATE "C"), each as acquire would; the first that cannot be taken '
+    'undoes the others. Returns one row per name in that order (name, token, expires_at, '
+    'holder, checked_at, note, holder_session, delayed_until) when all were acquired; '
+    'otherwise one row, token NULL, describing the first name that could not be taken. '
+    'Renew the set with renew_many and release it in one transaction.';

@@ -448,7 +448,7 @@ impl Error {
 /// The arguments the SQL functions name (in the error's COLUMN field;
 /// checked against the schema by a unit test below). renew_many names an
 /// element's argument (name, token, ttl), or `names` for the arrays.
-const ARGUMENTS: [&str; 17] = [
+const ARGUMENTS: [&str; 18] = [
     "name",
     "holder",
     "ttl",
@@ -460,6 +460,7 @@ const ARGUMENTS: [&str; 17] = [
     "requested_by",
     "reason",
     "slots",
+    "names",
     "prefix",
     "role",
     "retention",

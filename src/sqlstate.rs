@@ -30,6 +30,10 @@ pub const NOT_PROTECTED: &str = "55000";
 /// restore, with tokens within `2^40` of `i64::MAX`.
 pub const FENCE_EXHAUSTED: &str = "2200H";
 
+/// Raised and caught inside `pglease.acquire_all` to undo a set it could
+/// not take whole; it never reaches a client.
+pub const SET_UNDONE: &str = "LE099";
+
 // The server's own SQLSTATEs that pglease reacts to (the functions raise
 // READ_ONLY and LOCK_NOT_AVAILABLE too, with messages of their own).
 
@@ -145,13 +149,14 @@ mod tests {
     use super::*;
 
     /// Every SQLSTATE this file names.
-    const NAMED: [&str; 11] = [
+    const NAMED: [&str; 12] = [
         INVALID_INPUT,
         NOT_HELD,
         NOT_DECLARED,
         NOT_PERMITTED,
         NOT_PROTECTED,
         FENCE_EXHAUSTED,
+        SET_UNDONE,
         READ_ONLY,
         LOCK_NOT_AVAILABLE,
         UNDEFINED_FUNCTION,

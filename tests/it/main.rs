@@ -26,6 +26,7 @@ macro_rules! tests {
 
 mod common;
 
+mod acquire_all;
 mod acquire_race;
 mod advisory;
 mod article_scenario;
@@ -65,6 +66,7 @@ mod watch;
 fn main() -> std::process::ExitCode {
     pglease_formations::harness::run(
         [
+            acquire_all::tests(),
             acquire_race::tests(),
             advisory::tests(),
             article_scenario::tests(),
