@@ -152,6 +152,19 @@ pub(crate) fn acquire(
     }
 }
 
+/// Acquire every lease of `names` or none (see `pglease.acquire_all`):
+/// one row per name in byte order when all were acquired, otherwise one
+/// row, token NULL, for the first name that could not be taken.
+pub(crate) fn acquire_all(names: &[String], holder: &str, ttl: &PgInterval) -> String {
+    format!(
+        "SELECT name, token, expires_at, holder, checked_at, note, holder_session, \
+                delayed_until FROM pglease.acquire_all({}, {}, {})",
+        array(names, |n| n.clone(), "text"),
+        Text(holder),
+        Interval(ttl)
+    )
+}
+
 /// Publish (or, with `None`, clear) the value of a valid lease; false when
 /// lost.
 pub(crate) fn set_value(name: &str, token: Token, value: Option<&str>) -> String {

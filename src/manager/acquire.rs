@@ -61,6 +61,36 @@ impl LeaseManager {
         Ok(self.acquire_sent(name, &how).await?.0)
     }
 
+    /// Acquires every lease of `names`, each with its own token, or none,
+    /// in one statement (`pglease.acquire_all`): the names are taken in
+    /// byte order, so two calls over overlapping sets, in whatever order
+    /// their callers list them, never deadlock; the first name that
+    /// cannot be taken undoes the others. Returns the leases in byte order
+    /// of their names; each is an ordinary lease (renew, release, fence
+    /// and hold it by its name and token). Waits as `how` allows (see
+    /// [`LeaseManager::acquire`]), on the name that blocked the last
+    /// attempt, then tries the whole set again; waiters are not served in
+    /// arrival order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] before connecting: no names, more than
+    /// [`MAX_SET_NAMES`](crate::limits::MAX_SET_NAMES), a name twice, a
+    /// name, holder or TTL that [`LeaseManager::acquire`] would refuse, or
+    /// a counted limit, a value or session binding (a single lease's
+    /// options). [`Error::Held`], [`Error::Pinned`] or
+    /// [`Error::GrantDelayed`] naming the first name that could not be
+    /// taken, once the wait is over; [`Error::NotPermitted`] if a name is
+    /// granted to other roles (nothing taken); [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, nothing stays held (a set
+    /// acquired in flight is released in the background).
+    pub async fn acquire_all(&self, names: &[&str], how: AcquireOptions) -> Result<Vec<Lease>> {
+        Ok(self.shared.acquirer.acquire_all(names, &how).await?.0)
+    }
+
     /// [`LeaseManager::acquire`], and when its confirming statement was sent.
     async fn acquire_sent(&self, name: &str, how: &AcquireOptions) -> Result<(Lease, Instant)> {
         self.shared.acquirer.acquire(name, how).await
@@ -99,6 +129,45 @@ impl LeaseManager {
             timing,
             pg_ttl,
         ))
+    }
+
+    /// Acquires every lease of `names` or none, as
+    /// [`LeaseManager::acquire_all`] does, and keeps each renewed in the
+    /// background as [`LeaseManager::hold`] does (the renewals of leases
+    /// due together go out together). Returns the held leases in byte
+    /// order of their names. Each is lost on its own: a caller whose work
+    /// needs the whole set stops when any is lost (`HeldLease::lost` on
+    /// each, or `is_lost` on any).
+    ///
+    /// # Errors
+    ///
+    /// Those of [`LeaseManager::acquire_all`]; and [`Error::InvalidInput`]
+    /// if the renewal period would not come before the local deadline (see
+    /// [`LeaseManager::hold`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, nothing stays held.
+    pub async fn hold_all(&self, names: &[&str], how: AcquireOptions) -> Result<Vec<HeldLease>> {
+        let shared = &self.shared;
+        let pg_ttl = interval(how.get_ttl())?;
+        let timing = shared.context.options.timing(how.get_ttl())?;
+        let _busy = shared.context.background.token();
+        let (leases, sent) = shared.acquirer.acquire_all(names, &how).await?;
+        Ok(leases
+            .into_iter()
+            .map(|lease| {
+                hold::register(
+                    &shared.context,
+                    &shared.registry,
+                    &self.keepalive,
+                    lease,
+                    sent,
+                    timing,
+                    pg_ttl,
+                )
+            })
+            .collect())
     }
 
     /// Runs `work` while holding lease `name`: acquires it as `how` says,

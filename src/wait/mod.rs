@@ -6,6 +6,7 @@
 //! choice between two attempts is `plan.rs`'s, clock-free.
 
 mod plan;
+mod set;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -10,7 +10,11 @@ use std::time::{Duration, Instant};
 
 use sqlx::{PgConnection, Row};
 
+use pglease::{AcquireOptions, Error};
+
 use crate::common::{TestDb, sqlstate_of};
+
+const TTL: Duration = Duration::from_secs(30);
 
 /// One answer row: the name, and the token (`None`: not acquired).
 type Answer = Vec<(String, Option<i64>, Option<String>)>;
@@ -255,7 +259,178 @@ async fn bad_sets_are_refused_before_anything_is_written() {
     assert_eq!(db.state().await, before, "a refused set changed something");
 }
 
+/// The library's form: the set or the first name that could not be taken
+/// (nothing taken); waiting, the set is granted once the blocker releases;
+/// each lease of the set is an ordinary lease (fenced writes, release).
+async fn the_library_takes_a_set_or_none_and_waits_for_the_blocker() {
+    let db = TestDb::new().await;
+    crate::common::create_data_table(&db).await;
+    let (x, y) = (db.manager(), db.manager());
+    let b = x
+        .acquire("b", AcquireOptions::ttl(TTL).holder("X"))
+        .await
+        .expect("X acquires b");
+    let before = state_but_tokens_drawn(&db).await;
+    match y
+        .acquire_all(&["c", "b", "a"], AcquireOptions::ttl(TTL).holder("Y"))
+        .await
+    {
+        Err(Error::Held { name, holder, .. }) => {
+            assert_eq!((name.as_str(), holder.as_str()), ("b", "X"))
+        }
+        other => panic!("the set while b is held: {other:?}"),
+    }
+    assert_eq!(
+        state_but_tokens_drawn(&db).await,
+        before,
+        "a refused set changed something"
+    );
+    // Y waits for the set; X releases b once Y is waiting.
+    let waiting = {
+        let y = y.clone();
+        tokio::spawn(async move {
+            y.acquire_all(
+                &["c", "b", "a"],
+                AcquireOptions::ttl(TTL)
+                    .holder("Y")
+                    .wait(Duration::from_secs(20)),
+            )
+            .await
+        })
+    };
+    pglease::testing::poll_until("Y waits for the set", Duration::from_secs(10), || async {
+        // Waiting, after a first refused attempt of its own (the call
+        // above made one).
+        let stats = y.stats();
+        stats.waiting == 1 && stats.acquire_attempts >= 2
+    })
+    .await;
+    let released = Instant::now();
+    assert!(x.release(&b).await.expect("X releases b"));
+    let leases = waiting
+        .await
+        .expect("the waiter")
+        .expect("the set, once b is free");
+    println!(
+        "the set granted {} ms after b's release",
+        released.elapsed().as_millis()
+    );
+    let names: Vec<&str> = leases.iter().map(|l| l.name()).collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    assert!(
+        leases
+            .iter()
+            .all(|l| l.holder() == "Y" && l.token() > b.token())
+    );
+    // Ordinary leases: b's old token is refused, the new ones write.
+    assert!(matches!(
+        crate::common::fenced_write(&x, "b", b.token(), "by X, stale").await,
+        Err(Error::NotHeld { .. })
+    ));
+    for lease in &leases {
+        crate::common::fenced_write(&y, lease.name(), lease.token(), lease.name())
+            .await
+            .expect("a fenced write under each lease of the set");
+        assert!(y.release(lease).await.expect("release"));
+    }
+}
+
+async fn the_library_refuses_a_bad_set_before_connecting() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let before = db.state().await;
+    let ok = || AcquireOptions::ttl(TTL).holder("A");
+    let too_many: Vec<String> = (0..=pglease::limits::MAX_SET_NAMES)
+        .map(|i| format!("n{i}"))
+        .collect();
+    let too_many: Vec<&str> = too_many.iter().map(String::as_str).collect();
+    for (what, names, how, argument) in [
+        ("no names", &[][..], ok(), "names"),
+        ("101 names", &too_many[..], ok(), "names"),
+        ("a name twice", &["a", "b", "a"][..], ok(), "names"),
+        ("an empty name", &["a", ""][..], ok(), "name"),
+        (
+            "an empty holder",
+            &["a"][..],
+            AcquireOptions::ttl(TTL).holder(""),
+            "holder",
+        ),
+        (
+            "a TTL too short",
+            &["a"][..],
+            AcquireOptions::ttl(Duration::from_millis(1)),
+            "ttl",
+        ),
+        ("a counted limit", &["a"][..], ok().limit(3), "limit"),
+        ("a value", &["a"][..], ok().value("v"), "value"),
+        (
+            "session binding",
+            &["a"][..],
+            ok().session_bound(true),
+            "session_bound",
+        ),
+    ] {
+        match m.acquire_all(names, how).await {
+            Err(Error::InvalidInput { argument: got, .. }) => {
+                assert_eq!(got, argument, "{what}")
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    assert_eq!(db.state().await, before, "a refused set changed something");
+    assert_eq!(m.stats().acquire_attempts, 0, "a bad set was sent");
+}
+
+/// A held set: every lease renewed past its TTL, each lost on its own (an
+/// expired one is lost, the others stay held), released one by one.
+async fn a_held_set_is_renewed_and_each_lease_lost_on_its_own() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let ttl = Duration::from_secs(1);
+    let held = m
+        .hold_all(&["p", "q", "r"], AcquireOptions::ttl(ttl).holder("H"))
+        .await
+        .expect("the set, held");
+    let expiries: Vec<_> = held.iter().map(|h| h.expires_at()).collect();
+    // Past every first expiry by the database clock, all are still held:
+    // renewed.
+    let first = *expiries.iter().max().expect("three leases");
+    db.wait_until(first).await;
+    for h in &held {
+        assert!(!h.is_lost(), "{} lost: {:?}", h.name(), h.loss_reason());
+        let status = m.inspect(h.name()).await.expect("inspect");
+        assert!(
+            status.held && status.expires_at.is_some_and(|e| e > first),
+            "{status:?}"
+        );
+    }
+    // One ends (expired at once, as a takeover would find it): that one is
+    // lost, the others are not.
+    assert!(
+        pglease::testing::expire_now(db.pool(), "q")
+            .await
+            .expect("expire q")
+    );
+    tokio::time::timeout(Duration::from_secs(10), held[1].lost())
+        .await
+        .expect("q's loss is reported");
+    assert!(!held[0].is_lost() && !held[2].is_lost());
+    for h in [&held[0], &held[2]] {
+        h.clone().release().await.expect("release");
+    }
+    assert!(
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pglease.status WHERE held")
+            .fetch_one(db.pool())
+            .await
+            .expect("status")
+            == 0
+    );
+}
+
 tests![
+    the_library_takes_a_set_or_none_and_waits_for_the_blocker,
+    a_held_set_is_renewed_and_each_lease_lost_on_its_own,
+    the_library_refuses_a_bad_set_before_connecting,
     every_lease_of_the_set_or_none,
     opposite_orders_never_deadlock_nor_grant_part_of_a_set(2),
     a_name_the_caller_may_not_use_refuses_the_set,

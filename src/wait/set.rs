@@ -1,0 +1,269 @@
+//! Several leases at once (`LeaseManager::acquire_all`): every lease of a
+//! set or none, in one statement (`pglease.acquire_all`), waiting as a
+//! single acquisition waits, on the name that blocked the last attempt.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::postgres::types::PgInterval;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{Acquirer, Attempt, Held, Waiter, Waiting, plan, plan::Step};
+use crate::context::Context;
+use crate::db;
+use crate::error::{Error, Result};
+use crate::lease::{Lease, ttl_duration};
+use crate::limits::MAX_SET_NAMES;
+use crate::options::AcquireOptions;
+use crate::sql;
+use crate::telemetry;
+use crate::token::Token;
+
+/// What one attempt at a set gave: every lease, or the answer for the
+/// first name that could not be taken.
+enum SetAttempt {
+    Acquired { leases: Vec<Lease>, sent: Instant },
+    Held(Held),
+}
+
+/// Checks a set before anything is sent: 1 to [`MAX_SET_NAMES`] distinct
+/// names, each and the rest of `how` as a single acquisition checks them;
+/// a counted limit, a value and session binding are a single lease's.
+/// Returns the TTL as the statement sends it.
+pub(super) fn check(names: &[&str], how: &AcquireOptions) -> Result<PgInterval> {
+    let invalid = |argument, reason: String| Error::InvalidInput { argument, reason };
+    if names.is_empty() || names.len() > MAX_SET_NAMES {
+        return Err(invalid(
+            "names",
+            format!("must hold 1 to {MAX_SET_NAMES} names, got {}", names.len()),
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    if let Some(twice) = names.iter().find(|name| !seen.insert(**name)) {
+        return Err(invalid(
+            "names",
+            format!("must differ, {twice:?} is there twice"),
+        ));
+    }
+    let unsupported = if how.get_limit().is_some() {
+        Some("limit")
+    } else if how.get_value().is_some() {
+        Some("value")
+    } else if how.get_session_bound() {
+        Some("session_bound")
+    } else {
+        None
+    };
+    if let Some(argument) = unsupported {
+        return Err(invalid(
+            argument,
+            "is for a single lease: acquire_all takes plain leases".to_owned(),
+        ));
+    }
+    let mut ttl = None;
+    for name in names {
+        ttl = Some(how.check(name)?);
+    }
+    ttl.ok_or_else(|| invalid("names", "must hold a name".to_owned()))
+}
+
+/// One `pglease.acquire_all` statement (one round trip), and, if its
+/// answer came late, the renewals that confirm it.
+async fn attempt(
+    context: &Context,
+    names: &[String],
+    ttl: PgInterval,
+    how: &AcquireOptions,
+) -> Result<SetAttempt> {
+    let holder = how.get_holder();
+    let sent = Instant::now();
+    let rows = sql::query(sql::acquire_all(names, holder.as_ref(), &ttl))
+        .fetch_all(&context.pool)
+        .await;
+    context
+        .counters
+        .acquire_attempts
+        .fetch_add(1, Ordering::Relaxed);
+    let rows = rows.inspect_err(|_| telemetry::acquire_attempt("error"))?;
+    let mut leases = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let name: String = row.try_get("name")?;
+        let token: Option<i64> = row.try_get("token")?;
+        let expires_at: DateTime<Utc> = row.try_get("expires_at")?;
+        let current_holder: Option<String> = row.try_get("holder")?;
+        let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
+        let Some(token) = token else {
+            let held = Held {
+                holder: current_holder,
+                expires_at,
+                checked_at,
+                note: row.try_get("note")?,
+                slot: name,
+                holder_session: row.try_get("holder_session")?,
+                delayed_until: row.try_get("delayed_until")?,
+            };
+            telemetry::acquire_attempt(held.refused().label());
+            return Ok(SetAttempt::Held(held));
+        };
+        leases.push(Lease::new(
+            &name,
+            current_holder.unwrap_or_else(|| holder.as_ref().to_owned()),
+            Token::issued(token),
+            expires_at,
+            checked_at,
+        ));
+    }
+    if leases.len() != names.len() {
+        return Err(Error::Database(sqlx::Error::Protocol(format!(
+            "pglease.acquire_all answered {} leases for {} names",
+            leases.len(),
+            names.len()
+        ))));
+    }
+    telemetry::acquire_attempt("acquired");
+    let window = context.options.confirm_after(ttl_duration(ttl));
+    if sent.elapsed() <= window {
+        return Ok(SetAttempt::Acquired { leases, sent });
+    }
+    confirm(context, leases, ttl).await
+}
+
+/// Confirms a set whose answer came late, one renewal per lease (see
+/// `super::confirm`); if one fails, the whole set is given back.
+async fn confirm(context: &Context, leases: Vec<Lease>, ttl: PgInterval) -> Result<SetAttempt> {
+    let sent = Instant::now();
+    let mut confirmed = Vec::with_capacity(leases.len());
+    for lease in &leases {
+        match db::renew(&context.pool, lease.fence(), ttl).await {
+            Ok(expires_at) => confirmed.push(lease.clone().confirmed(expires_at)),
+            Err(error) => {
+                for lease in &leases {
+                    context.release_in_background(lease.fence());
+                }
+                return Err(error);
+            }
+        }
+    }
+    Ok(SetAttempt::Acquired {
+        leases: confirmed,
+        sent,
+    })
+}
+
+/// An attempt's outcome on its way to the waiter; dropped with the set
+/// still inside (the waiter stopped waiting), it releases every lease in
+/// the background.
+struct Delivery {
+    outcome: Option<Result<SetAttempt>>,
+    context: Arc<Context>,
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if let Some(Ok(SetAttempt::Acquired { leases, .. })) = self.outcome.take() {
+            for lease in &leases {
+                self.context.release_in_background(lease.fence());
+            }
+        }
+    }
+}
+
+/// One attempt on a task of its own, so that a caller who stops waiting
+/// while the statement is in flight leaves nothing held.
+async fn attempt_detached(
+    context: &Arc<Context>,
+    names: &[String],
+    ttl: PgInterval,
+    how: &AcquireOptions,
+) -> Result<SetAttempt> {
+    let (reply, answer) = oneshot::channel();
+    let context = Arc::clone(context);
+    let (names, how) = (names.to_vec(), how.clone());
+    context.background.clone().spawn(async move {
+        let outcome = attempt(&context, &names, ttl, &how).await;
+        let _ = reply.send(Delivery {
+            outcome: Some(outcome),
+            context,
+        });
+    });
+    let mut delivery = answer.await.map_err(|_| Error::ShutDown)?;
+    delivery.outcome.take().unwrap_or(Err(Error::ShutDown))
+}
+
+impl Acquirer {
+    /// Acquires every lease of `names` or none, as `how` says (see
+    /// `LeaseManager::acquire_all`); returns the leases in byte order of
+    /// their names and when the statement that confirmed them was sent.
+    pub(crate) async fn acquire_all(
+        &self,
+        names: &[&str],
+        how: &AcquireOptions,
+    ) -> Result<(Vec<Lease>, Instant)> {
+        let ttl = check(names, how)?;
+        let context = &self.context;
+        if context.is_shut_down() {
+            return Err(Error::ShutDown);
+        }
+        let mut names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        names.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        let start = Instant::now();
+        let deadline = start
+            .checked_add(how.get_wait())
+            .unwrap_or(start + Duration::from_secs(86400 * 365));
+        context.counters.waiting.fetch_add(1, Ordering::Relaxed);
+        telemetry::waiting(1.0);
+        let _waiting = Waiting(&context.counters.waiting);
+        // The waiter for the name that blocked the last attempt.
+        let mut waiter: Option<Waiter<'_>> = None;
+        loop {
+            let outcome = attempt_detached(context, &names, ttl, how).await;
+            let now = Instant::now();
+            let held = match outcome {
+                Ok(SetAttempt::Acquired { leases, sent }) => {
+                    telemetry::acquisition("acquired", Some(start.elapsed()));
+                    return Ok((leases, sent));
+                }
+                Ok(SetAttempt::Held(held)) => Ok(Attempt::Held(held)),
+                Err(error) => Err(error),
+            };
+            let held = match plan::step(held, now >= deadline) {
+                Step::Take { .. } | Step::Retry => continue,
+                Step::Wait(held) => held,
+                Step::Refuse(held) => {
+                    telemetry::acquisition(held.refused().label(), None);
+                    return Err(held.refusal());
+                }
+                Step::Fail(error) => {
+                    telemetry::acquisition("error", None);
+                    return Err(error);
+                }
+            };
+            if context.is_shut_down() {
+                return Err(Error::ShutDown);
+            }
+            let Some(blocking) = names.iter().find(|n| **n == held.slot) else {
+                return Err(Error::Database(sqlx::Error::Protocol(format!(
+                    "pglease.acquire_all refused {:?}, which was not asked for",
+                    held.slot
+                ))));
+            };
+            let waiter = match &mut waiter {
+                Some(w) if w.name == blocking.as_str() => w,
+                slot => slot.insert(Waiter::new(context, blocking, deadline)),
+            };
+            waiter.seen_expiry = held.holder_expiry();
+            waiter.listen(false);
+            if waiter.watch(held.pinned()).await? {
+                continue;
+            }
+            let plan = waiter.plan(&held);
+            let nap = plan.nap.duration(context.options.get_max_poll_interval());
+            waiter.nap((now + nap).min(deadline)).await?;
+        }
+    }
+}
