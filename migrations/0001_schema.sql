@@ -3190,19 +3190,32 @@ COMMENT ON FUNCTION pglease.audit() IS
 -- =====================================================================
 --
 -- acquire_all takes every lease of a set, each with its own token, or none.
--- It sorts the names (byte order, COLLATE "C": the same order in every
--- session whatever its locale) and acquires them one by one with acquire,
--- in one subtransaction: the first name it cannot take rolls back the ones
--- already taken (their history rows and notifications with them; the
--- tokens drawn are never issued), and the answer describes that name.
+-- It checks every name, and whether the caller may use it (see
+-- AUTHORITY), before anything is taken; checks the server's timeline as
+-- acquire does, outside what a refusal undoes (so that a refused set does
+-- not undo the check, nor start a grant delay again); then sorts the
+-- names (byte order, COLLATE "C": the same order in every session
+-- whatever its locale) and acquires them one by one with acquire, in one
+-- subtransaction: the first name it cannot take rolls back the ones
+-- already taken (their rows, history and notifications; the tokens drawn
+-- are never issued, so the fence sequence skips them), and the answer
+-- describes that name. What a refusal does not undo: stale fenced
+-- sessions that a takeover of an earlier name ended stay ended (their
+-- eviction is not recorded). Once every name is taken, every lease gets
+-- the same expiry, a full TTL from the end of the call, so that a set
+-- whose names took long to take is not answered already expired (nobody
+-- else sees the rows before the commit). Sets are not session-bound.
 --
 -- No deadlock: acquire never queues for a row lock (see NO WAIT WITHOUT
 -- BOUND), so two acquire_all calls over overlapping names, in whatever
 -- order their callers list them, never wait on each other beyond
 -- TAKEOVER_GRACE per name: the later one finds the first contended name
--- held, or still being taken by the other's open transaction, and answers
--- "not acquired" for it. The canonical order makes the first contended
--- name the same for both, so one of them gets the whole set.
+-- held, or still being taken by the other's open transaction (then, after
+-- the grace, "not acquired" with a note that a transaction is open), and
+-- answers for it. The canonical order makes the first contended name the
+-- same for both, so one of them gets the whole set. Sets of names never
+-- used before may also contend on the creators' slots (a hash of the
+-- name): the later one then answers "not acquired" after 1 s.
 
 CREATE FUNCTION pglease._max_set_names()
 RETURNS integer
@@ -3224,8 +3237,7 @@ CREATE TYPE pglease.set_acquisition AS (
     delayed_until  timestamptz
 );
 
-CREATE FUNCTION pglease.acquire_all(names text[], holder text, ttl interval,
-                                    session_bound boolean DEFAULT false)
+CREATE FUNCTION pglease.acquire_all(names text[], holder text, ttl interval)
 RETURNS SETOF pglease.set_acquisition
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -3235,6 +3247,7 @@ DECLARE
     got     pglease.acquisition;
     taken   pglease.acquisition[] := '{}';
     missing text;
+    expiry  timestamptz;
 BEGIN
     IF acquire_all.names IS NULL
        OR coalesce(cardinality(acquire_all.names), 0) NOT BETWEEN 1 AND pglease._max_set_names() THEN
@@ -3255,12 +3268,21 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
             MESSAGE = format('pglease: names must differ, %L is there twice', missing);
     END IF;
-    -- Every name and the other arguments are checked by acquire, the first
-    -- one before anything is written.
+    -- Every name, and whether the caller may use it, before anything is
+    -- taken (acquire checks the holder and the TTL on the first name).
+    FOREACH missing IN ARRAY sorted LOOP
+        PERFORM pglease._check_text('name', missing);
+        IF NOT pglease._may_use_name(missing) THEN
+            PERFORM pglease._refuse_name(missing, 'acquire');
+        END IF;
+    END LOOP;
+    -- The server's timeline, checked where a refusal does not undo it.
+    IF NOT pg_is_in_recovery() AND NOT EXISTS (SELECT 1 FROM pglease._checked) THEN
+        PERFORM pglease._timeline_checked(NULL);
+    END IF;
     BEGIN
         FOREACH missing IN ARRAY sorted LOOP
-            got := pglease.acquire(missing, acquire_all.holder, acquire_all.ttl,
-                                   acquire_all.session_bound);
+            got := pglease.acquire(missing, acquire_all.holder, acquire_all.ttl);
             IF got.token IS NULL THEN
                 -- Undo the ones taken: the handler below rolls this
                 -- subtransaction back.
@@ -3268,24 +3290,31 @@ BEGIN
             END IF;
             taken := taken || got;
         END LOOP;
+        -- One expiry for the set, a full TTL from now (see above).
+        expiry := clock_timestamp()
+                  + make_interval(secs => extract(epoch FROM acquire_all.ttl)::double precision);
+        UPDATE pglease.leases AS l SET expires_at = expiry WHERE l.name = ANY (sorted);
     EXCEPTION WHEN SQLSTATE 'LE099' THEN
         -- missing and got describe the name that could not be taken.
         RETURN NEXT ROW(missing, NULL, got.expires_at, got.holder, got.checked_at, got.note,
                         got.holder_session, got.delayed_until)::pglease.set_acquisition;
         RETURN;
     END;
-    RETURN QUERY SELECT sorted[i], taken[i].token, taken[i].expires_at, taken[i].holder,
+    RETURN QUERY SELECT sorted[i], taken[i].token, l.expires_at, taken[i].holder,
                         taken[i].checked_at, taken[i].note, taken[i].holder_session,
                         taken[i].delayed_until
-                   FROM generate_subscripts(sorted, 1) AS i ORDER BY i;
+                   FROM generate_subscripts(sorted, 1) AS i
+                   JOIN pglease.leases AS l ON l.name = sorted[i]
+                  ORDER BY i;
 END
 $$;
 
-COMMENT ON FUNCTION pglease.acquire_all(text[], text, interval, boolean) IS
-    'Acquire every lease of NAMES (1 to 100 distinct names) for HOLDER for TTL '
-    '(SESSION_BOUND as for acquire), each with its own token, or none. The names are taken '
-    'in byte order (COLLATE "C"), each as acquire would; the first that cannot be taken '
-    'undoes the others. Returns one row per name in that order (name, token, expires_at, '
+COMMENT ON FUNCTION pglease.acquire_all(text[], text, interval) IS
+    'Acquire every lease of NAMES (1 to 100 distinct names) for HOLDER for TTL, each with '
+    'its own token and the same expiry, or none; 42501 before anything if the caller may '
+    'not use one of the names. The names are taken in byte order (COLLATE "C"), each as '
+    'acquire would; the first that cannot be taken undoes the others. Returns one row per '
+    'name in that order (name, token, expires_at, '
     'holder, checked_at, note, holder_session, delayed_until) when all were acquired; '
     'otherwise one row, token NULL, describing the first name that could not be taken. '
     'Renew the set with renew_many and release it in one transaction.';

@@ -84,6 +84,14 @@ async fn every_lease_of_the_set_or_none() {
     let names: Vec<&str> = answer.iter().map(|(n, ..)| n.as_str()).collect();
     assert_eq!(names, ["a", "b", "c"]);
     let tokens: Vec<i64> = answer.iter().map(|(_, t, _)| t.expect("a token")).collect();
+    // One expiry for the set, as the status view has it.
+    let expiries: Vec<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+        "SELECT expires_at FROM pglease.status WHERE name IN ('a', 'b', 'c') ORDER BY name",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .expect("read the expiries");
+    assert!(expiries.windows(2).all(|w| w[0] == w[1]), "{expiries:?}");
     assert!(
         tokens[0] > x && tokens.windows(2).all(|w| w[0] < w[1]),
         "{tokens:?}"
@@ -198,19 +206,44 @@ async fn a_name_the_caller_may_not_use_refuses_the_set() {
         .expect("an administrator grants");
     let before = db.state().await;
     let mut c2 = db.connect_as(app2).await;
+    // Before the names it may use, after them ("aaa" sorts before
+    // "billing/"), alone: refused before anything is taken or drawn.
+    for set in [
+        "{open, billing/invoices}",
+        "{aaa, billing/invoices}",
+        "{billing/invoices}",
+    ] {
+        assert_eq!(
+            sqlstate_of(
+                &mut c2,
+                &format!("SELECT * FROM pglease.acquire_all('{set}', 'app2', '30 s')")
+            )
+            .await
+            .as_deref(),
+            Some("42501"),
+            "{set}"
+        );
+        assert_eq!(
+            db.state().await,
+            before,
+            "{set}: a refused set changed something"
+        );
+    }
+    let mut c1 = db.connect_as(app1).await;
+    let answer = acquire_all(&mut c1, &["open", "billing/invoices"], "app1").await;
+    assert!(answer.iter().all(|(_, t, _)| t.is_some()), "{answer:?}");
+    // Held by the grantee: still refused to app2, not answered as held.
+    let before = db.state().await;
     assert_eq!(
         sqlstate_of(
             &mut c2,
-            "SELECT * FROM pglease.acquire_all('{open, billing/invoices}', 'app2', '30 s')"
+            "SELECT * FROM pglease.acquire_all('{aaa, billing/invoices}', 'app2', '30 s')"
         )
         .await
         .as_deref(),
         Some("42501")
     );
     assert_eq!(db.state().await, before, "a refused set changed something");
-    let mut c1 = db.connect_as(app1).await;
-    let answer = acquire_all(&mut c1, &["open", "billing/invoices"], "app1").await;
-    assert!(answer.iter().all(|(_, t, _)| t.is_some()), "{answer:?}");
     // Held by app1's role: app2 cannot release them under their tokens.
     let token = answer[0].1.expect("a token");
     assert_eq!(
@@ -235,6 +268,9 @@ async fn bad_sets_are_refused_before_anything_is_written() {
             .collect::<Vec<_>>()
             .join(",")
     );
+    // A bad name that sorts after good ones is refused before they are
+    // taken.
+    let long_last = format!("ARRAY['a', '{}']", "z".repeat(300));
     for (set, said) in [
         ("NULL::text[]", "names must hold 1 to 100 names, got NULL"),
         ("'{}'::text[]", "names must hold 1 to 100 names, got 0"),
@@ -245,6 +281,7 @@ async fn bad_sets_are_refused_before_anything_is_written() {
             "names must differ, 'a' is there twice",
         ),
         ("'{a, \"\"}'::text[]", "name must not be empty"),
+        (long_last.as_str(), "name is 300 bytes long"),
     ] {
         let failed = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT * FROM pglease.acquire_all({set}, 'X', '30 s')"
@@ -427,7 +464,44 @@ async fn a_held_set_is_renewed_and_each_lease_lost_on_its_own() {
     );
 }
 
+/// A refused set keeps the server's timeline check (it is made before
+/// the set, where the refusal does not undo it): after a crash or a
+/// restore, refused sets neither move the fence again nor restart a grant
+/// delay.
+async fn a_refused_set_keeps_the_timeline_check() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    sqlx::query("SELECT pglease.acquire('b', 'X', '30 s')")
+        .execute(&mut conn)
+        .await
+        .expect("X acquires b");
+    // As after a crash: the unlogged check is gone.
+    sqlx::query("DELETE FROM pglease._checked")
+        .execute(&mut conn)
+        .await
+        .expect("forget the check");
+    let answer = acquire_all(&mut conn, &["a", "b"], "Y").await;
+    assert_eq!(answer, [("b".to_owned(), None, Some("X".to_owned()))]);
+    let checked: i64 = sqlx::query_scalar("SELECT count(*) FROM pglease._checked")
+        .fetch_one(&mut conn)
+        .await
+        .expect("read the check");
+    assert_eq!(checked, 1, "the refusal undid the timeline check");
+    let floor: i64 = sqlx::query_scalar("SELECT floor FROM pglease._checked")
+        .fetch_one(&mut conn)
+        .await
+        .expect("read the floor");
+    let again = acquire_all(&mut conn, &["a", "b"], "Y").await;
+    assert_eq!(again.len(), 1);
+    let still: i64 = sqlx::query_scalar("SELECT floor FROM pglease._checked")
+        .fetch_one(&mut conn)
+        .await
+        .expect("read the floor");
+    assert_eq!(still, floor, "a second refusal checked again");
+}
+
 tests![
+    a_refused_set_keeps_the_timeline_check,
     the_library_takes_a_set_or_none_and_waits_for_the_blocker,
     a_held_set_is_renewed_and_each_lease_lost_on_its_own,
     the_library_refuses_a_bad_set_before_connecting,
