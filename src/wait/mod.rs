@@ -134,20 +134,64 @@ fn pinned(holder: Option<&str>, expires_at: DateTime<Utc>, checked_at: DateTime<
     holder.is_none() || expires_at <= checked_at
 }
 
-/// An attempt's outcome on its way to the waiter. Dropped with an acquired
-/// lease still inside (the waiter stopped waiting), it releases the lease
+/// What an attempt acquired, given back when nobody takes delivery.
+trait GiveBack: Send + 'static {
+    /// Releases in the background whatever the outcome holds.
+    fn give_back(self, context: &Context);
+}
+
+impl GiveBack for Attempt {
+    fn give_back(self, context: &Context) {
+        if let Attempt::Acquired { lease, .. } = self {
+            context.release_in_background(lease.fence());
+        }
+    }
+}
+
+/// An attempt's outcome on its way to the waiter. Dropped with what it
+/// acquired still inside (the waiter stopped waiting), it releases that
 /// in the background.
-struct Delivery {
-    outcome: Option<Result<Attempt>>,
+struct Delivery<T: GiveBack> {
+    outcome: Option<Result<T>>,
     context: Arc<Context>,
 }
 
-impl Drop for Delivery {
+impl<T: GiveBack> Drop for Delivery<T> {
     fn drop(&mut self) {
-        if let Some(Ok(Attempt::Acquired { lease, .. })) = self.outcome.take() {
-            self.context.release_in_background(lease.fence());
+        if let Some(Ok(acquired)) = self.outcome.take() {
+            acquired.give_back(&self.context);
         }
     }
+}
+
+/// Runs `attempt` on a task of its own, so that a caller who stops
+/// waiting while its statement is in flight leaves nothing held: what it
+/// acquired for nobody is released in the background.
+async fn detached<T, F>(
+    context: &Arc<Context>,
+    attempt: impl FnOnce(Arc<Context>) -> F,
+) -> Result<T>
+where
+    T: GiveBack,
+    F: Future<Output = Result<T>> + Send + 'static,
+{
+    let (reply, answer) = oneshot::channel();
+    let context = Arc::clone(context);
+    let running = attempt(Arc::clone(&context));
+    // Tracked, so that `shutdown` waits for an attempt still in the
+    // database and for the release of what it acquired for nobody.
+    context.background.clone().spawn(async move {
+        let outcome = running.await;
+        // If the waiter is gone, the returned delivery is dropped here.
+        let _ = reply.send(Delivery {
+            outcome: Some(outcome),
+            context,
+        });
+    });
+    // No await between receiving and taking: cancellation cannot fall
+    // in between.
+    let mut delivery = answer.await.map_err(|_| Error::ShutDown)?;
+    delivery.outcome.take().unwrap_or(Err(Error::ShutDown))
 }
 
 /// Counts a waiting acquirer for [`crate::ManagerStats::waiting`].
@@ -311,32 +355,18 @@ async fn confirm(context: &Context, lease: Lease, ttl: PgInterval) -> Result<Att
     }
 }
 
-/// One attempt on a task of its own, so that a caller who stops waiting
-/// while the statement is in flight leaves nothing held: an acquisition
-/// that nobody takes delivery of is released in the background.
+/// One attempt on a task of its own (see [`detached`]).
 async fn attempt_detached(
     context: &Arc<Context>,
     name: &str,
     ttl: PgInterval,
     how: &AcquireOptions,
 ) -> Result<Attempt> {
-    let (reply, answer) = oneshot::channel();
-    let context = Arc::clone(context);
     let (name, how) = (name.to_owned(), how.clone());
-    // Tracked, so that `shutdown` waits for an attempt still in the
-    // database and for the release of what it acquired for nobody.
-    context.background.clone().spawn(async move {
-        let outcome = attempt(&context, &name, ttl, &how).await;
-        // If the waiter is gone, the returned delivery is dropped here.
-        let _ = reply.send(Delivery {
-            outcome: Some(outcome),
-            context,
-        });
-    });
-    // No await between receiving and taking: cancellation cannot fall
-    // in between.
-    let mut delivery = answer.await.map_err(|_| Error::ShutDown)?;
-    delivery.outcome.take().unwrap_or(Err(Error::ShutDown))
+    detached(context, move |context| async move {
+        attempt(&context, &name, ttl, &how).await
+    })
+    .await
 }
 
 /// Acquiring for one manager. Waiters hear releases through the

@@ -10,10 +10,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::postgres::types::PgInterval;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{Acquirer, Attempt, Held, Waiter, Waiting, plan, plan::Step};
+use super::{Acquirer, Attempt, GiveBack, Held, Waiter, Waiting, detached, plan, plan::Step};
 use crate::context::Context;
 use crate::db;
 use crate::error::{Error, Result};
@@ -155,44 +154,28 @@ async fn confirm(context: &Context, leases: Vec<Lease>, ttl: PgInterval) -> Resu
     })
 }
 
-/// An attempt's outcome on its way to the waiter; dropped with the set
-/// still inside (the waiter stopped waiting), it releases every lease in
-/// the background.
-struct Delivery {
-    outcome: Option<Result<SetAttempt>>,
-    context: Arc<Context>,
-}
-
-impl Drop for Delivery {
-    fn drop(&mut self) {
-        if let Some(Ok(SetAttempt::Acquired { leases, .. })) = self.outcome.take() {
+impl GiveBack for SetAttempt {
+    fn give_back(self, context: &Context) {
+        if let SetAttempt::Acquired { leases, .. } = self {
             for lease in &leases {
-                self.context.release_in_background(lease.fence());
+                context.release_in_background(lease.fence());
             }
         }
     }
 }
 
-/// One attempt on a task of its own, so that a caller who stops waiting
-/// while the statement is in flight leaves nothing held.
+/// One attempt at the set on a task of its own (see `super::detached`).
 async fn attempt_detached(
     context: &Arc<Context>,
     names: &[String],
     ttl: PgInterval,
     how: &AcquireOptions,
 ) -> Result<SetAttempt> {
-    let (reply, answer) = oneshot::channel();
-    let context = Arc::clone(context);
     let (names, how) = (names.to_vec(), how.clone());
-    context.background.clone().spawn(async move {
-        let outcome = attempt(&context, &names, ttl, &how).await;
-        let _ = reply.send(Delivery {
-            outcome: Some(outcome),
-            context,
-        });
-    });
-    let mut delivery = answer.await.map_err(|_| Error::ShutDown)?;
-    delivery.outcome.take().unwrap_or(Err(Error::ShutDown))
+    detached(context, move |context| async move {
+        attempt(&context, &names, ttl, &how).await
+    })
+    .await
 }
 
 impl Acquirer {

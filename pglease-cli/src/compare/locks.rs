@@ -13,31 +13,24 @@ use pglease::{Error, Result};
 use super::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
 use super::harness::{Ctx, ms, pick, poll_lock};
 
-/// Sends an unlock for the lock's key on its connection without giving the
-/// lock up locally: what a delayed duplicate release does. Session locks
-/// count: after lock, unlock, lock, a duplicate unlock frees the second hold.
-async fn unlock_once(lock: &mut SessionLock) -> Result<bool> {
+/// Runs `function` (`pg_advisory_unlock` or `pg_try_advisory_lock`) on
+/// the lock's key on its own connection, without changing what the lock
+/// believes locally; `false` if the connection is gone. An unlock sent
+/// this way is what a delayed duplicate release does (session locks
+/// count: after lock, unlock, lock, a duplicate unlock frees the second
+/// hold); a lock, taking it again on the same session (each lock needs
+/// its own unlock).
+async fn on_lock_session(lock: &mut SessionLock, function: &str) -> Result<bool> {
     let key = lock.key();
     let Some(conn) = lock.connection() else {
         return Ok(false);
     };
-    Ok(sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
-        .bind(key)
-        .fetch_one(conn)
-        .await?)
-}
-
-/// Takes the lock again on the same connection (session locks are
-/// re-entrant: each lock needs its own unlock).
-async fn relock(lock: &mut SessionLock) -> Result<bool> {
-    let key = lock.key();
-    let Some(conn) = lock.connection() else {
-        return Ok(false);
-    };
-    Ok(sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-        .bind(key)
-        .fetch_one(conn)
-        .await?)
+    Ok(
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {function}($1)")))
+            .bind(key)
+            .fetch_one(conn)
+            .await?,
+    )
 }
 
 /// A session-level advisory lock (`pg_try_advisory_lock`); writes are
@@ -75,9 +68,10 @@ impl Contender for SessionContender {
         match fault {
             Fault::Kill => self.ctx.terminate(held.backend_pid()).await?,
             Fault::LateRelease => {
-                unlock_once(held).await?; // A's release
-                relock(held).await?; // A acquires again, same session
-                let duplicate = unlock_once(held).await?; // the delayed duplicate
+                on_lock_session(held, "pg_advisory_unlock").await?; // A's release
+                on_lock_session(held, "pg_try_advisory_lock").await?; // A again, same session
+                // The delayed duplicate.
+                let duplicate = on_lock_session(held, "pg_advisory_unlock").await?;
                 *self.duplicate.lock().await = Some(duplicate);
             }
             Fault::Stall => {
