@@ -55,6 +55,40 @@ impl Fence {
             .map_err(|e| Error::invalid("PGLEASE_NAME", e.to_string()))
     }
 
+    /// The fences `pglease run` hands to its command, one per lease in
+    /// the order its names were given: `PGLEASE_LEASES` (how many), then
+    /// `PGLEASE_NAME_k` and `PGLEASE_TOKEN_k` for k = 1..N. With a single
+    /// lease this is [`Fence::from_env`]'s fence alone.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the variable that is missing or not
+    /// valid.
+    pub fn all_from_env() -> Result<Vec<Fence>> {
+        Fence::all_from(|key| std::env::var(key).map_err(|e| e.to_string()))
+    }
+
+    /// [`Fence::all_from_env`] over the variables `var` reads.
+    fn all_from(var: impl Fn(&str) -> std::result::Result<String, String>) -> Result<Vec<Fence>> {
+        // `argument` names the variable's family; the reason says which.
+        let read = |family: &'static str, key: &str| {
+            var(key).map_err(|e| Error::invalid(family, format!("{key} cannot be read: {e}")))
+        };
+        let count = read("PGLEASE_LEASES", "PGLEASE_LEASES")?
+            .parse::<usize>()
+            .map_err(|e| Error::invalid("PGLEASE_LEASES", e.to_string()))?;
+        (1..=count)
+            .map(|k| {
+                let (name, token) = (format!("PGLEASE_NAME_{k}"), format!("PGLEASE_TOKEN_{k}"));
+                let parsed = read("PGLEASE_TOKEN_k", &token)?
+                    .parse::<Token>()
+                    .map_err(|e| Error::invalid("PGLEASE_TOKEN_k", format!("{token}: {e}")))?;
+                Fence::new(read("PGLEASE_NAME_k", &name)?, parsed)
+                    .map_err(|e| Error::invalid("PGLEASE_NAME_k", format!("{name}: {e}")))
+            })
+            .collect()
+    }
+
     /// The lease name (the resource).
     pub fn name(&self) -> &str {
         &self.name
@@ -286,4 +320,81 @@ pub(crate) fn micros_interval(microseconds: i64) -> PgInterval {
 /// The TTL an interval made by [`interval`] stands for.
 pub(crate) fn ttl_duration(ttl: PgInterval) -> Duration {
     Duration::from_micros(ttl.microseconds.unsigned_abs())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::Fence;
+    use crate::error::Error;
+
+    /// `Fence::all_from` over these variables.
+    fn fences(vars: &[(&str, &str)]) -> crate::error::Result<Vec<Fence>> {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Fence::all_from(|key| vars.get(key).cloned().ok_or_else(|| "not set".to_owned()))
+    }
+
+    #[test]
+    fn every_lease_of_a_run_in_the_order_given() {
+        let read = fences(&[
+            ("PGLEASE_LEASES", "2"),
+            ("PGLEASE_NAME_1", "account:9"),
+            ("PGLEASE_TOKEN_1", "12"),
+            ("PGLEASE_NAME_2", "account:7"),
+            ("PGLEASE_TOKEN_2", "11"),
+        ])
+        .expect("two fences");
+        let pairs: Vec<(&str, i64)> = read.iter().map(|f| (f.name(), f.token().get())).collect();
+        assert_eq!(pairs, [("account:9", 12), ("account:7", 11)]);
+    }
+
+    #[test]
+    fn a_missing_or_bad_variable_is_named() {
+        for (vars, argument, says) in [
+            (&[][..], "PGLEASE_LEASES", "PGLEASE_LEASES cannot be read"),
+            (
+                &[("PGLEASE_LEASES", "two")],
+                "PGLEASE_LEASES",
+                "invalid digit",
+            ),
+            (
+                &[("PGLEASE_LEASES", "1"), ("PGLEASE_TOKEN_1", "3")],
+                "PGLEASE_NAME_k",
+                "PGLEASE_NAME_1 cannot be read",
+            ),
+            (
+                &[
+                    ("PGLEASE_LEASES", "1"),
+                    ("PGLEASE_TOKEN_1", "0"),
+                    ("PGLEASE_NAME_1", "a"),
+                ],
+                "PGLEASE_TOKEN_k",
+                "PGLEASE_TOKEN_1: ",
+            ),
+            (
+                &[
+                    ("PGLEASE_LEASES", "1"),
+                    ("PGLEASE_TOKEN_1", "3"),
+                    ("PGLEASE_NAME_1", ""),
+                ],
+                "PGLEASE_NAME_k",
+                "PGLEASE_NAME_1: ",
+            ),
+        ] {
+            match fences(vars) {
+                Err(Error::InvalidInput {
+                    argument: got,
+                    reason,
+                }) => {
+                    assert_eq!(got, argument, "{reason}");
+                    assert!(reason.contains(says), "{reason}");
+                }
+                other => panic!("{vars:?}: {other:?}"),
+            }
+        }
+    }
 }

@@ -262,9 +262,11 @@ pub(crate) struct StatusArgs {
 // `pglease run`'s arguments.
 #[derive(Args, Debug)]
 pub(crate) struct RunArgs {
-    /// The lease name.
-    #[arg(value_parser = Checked(text))]
-    pub(crate) name: String,
+    /// The lease name; several names take every lease or none (at most
+    /// 100; CMD gets PGLEASE_NAME_k and PGLEASE_TOKEN_k, k = 1..N in
+    /// the order given).
+    #[arg(value_parser = Checked(text), required = true, num_args = 1.., value_name = "NAME")]
+    pub(crate) names: Vec<String>,
     /// Time to live; renewed every third of it while CMD runs.
     #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
     pub(crate) ttl: Duration,
@@ -334,7 +336,56 @@ pub(crate) struct ElectArgs {
     pub(crate) cmd: Vec<String>,
 }
 
+impl RunArgs {
+    /// What the arguments cannot mean together, beyond what clap checks
+    /// (before anything connects): a name given twice, more names than a
+    /// set may have, several names with an option for one lease only.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let names = &self.names;
+        if names.len() > pglease::limits::MAX_SET_NAMES {
+            return Err(format!(
+                "{} names given; at most {} leases are taken at once",
+                names.len(),
+                pglease::limits::MAX_SET_NAMES
+            ));
+        }
+        if let Some((_, twice)) = names
+            .iter()
+            .enumerate()
+            .find(|(i, name)| names[..*i].contains(name))
+        {
+            return Err(format!("NAME {twice:?} is given twice"));
+        }
+        if names.len() > 1 {
+            for (given, option) in [
+                (self.limit.is_some(), "--limit"),
+                (self.session_bound, "--session-bound"),
+            ] {
+                if given {
+                    return Err(format!("{option} takes one NAME, not several"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The lease names as the messages quote them: `"a"`, or `"a", "b"`.
+    pub(crate) fn quoted(&self) -> String {
+        let quoted: Vec<String> = self.names.iter().map(|n| format!("{n:?}")).collect();
+        quoted.join(", ")
+    }
+}
+
 impl Command {
+    /// What the arguments cannot mean together beyond what clap checks,
+    /// said before anything connects: the subcommand and why.
+    pub(crate) fn check(&self) -> Result<(), (&'static str, String)> {
+        match self {
+            Command::Run(args) => args.check().map_err(|why| ("run", why)),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether the command was asked for JSON output.
     pub(crate) fn wants_json(&self) -> bool {
         match self {

@@ -13,17 +13,45 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::output::{human, note};
 
-/// What CMD learns of its lease, as environment variables: the lease it
-/// runs under (`PGLEASE_NAME`: NAME, or a counted lease's slot NAME#k),
-/// the token that fences its writes (`PGLEASE_TOKEN`), the holder
-/// (`PGLEASE_HOLDER`), the value published with it (`PGLEASE_VALUE`) and
-/// the database URL pglease was given (`PGLEASE_DATABASE_URL`).
+/// What CMD learns of its leases, as environment variables: how many it
+/// runs under (`PGLEASE_LEASES`), each one's name and the token that
+/// fences its writes (`PGLEASE_NAME_k`, `PGLEASE_TOKEN_k` for k = 1..N,
+/// in the order given; a counted lease's name is its slot NAME#k), and
+/// with a single lease the same as `PGLEASE_NAME` and `PGLEASE_TOKEN`
+/// (unset with several, so that a script written for one lease fails
+/// instead of fencing on one of them); the holder (`PGLEASE_HOLDER`), the
+/// value published with it (`PGLEASE_VALUE`) and the database URL pglease
+/// was given (`PGLEASE_DATABASE_URL`).
 pub(crate) struct LeaseEnv<'a> {
-    pub(crate) name: &'a str,
-    pub(crate) token: Token,
+    pub(crate) leases: Vec<(&'a str, Token)>,
     pub(crate) holder: &'a str,
     pub(crate) value: Option<&'a str>,
     pub(crate) database_url: Option<&'a str>,
+}
+
+impl LeaseEnv<'_> {
+    /// The variables, as (name, value) pairs.
+    fn variables(&self) -> Vec<(String, String)> {
+        let mut variables = vec![
+            ("PGLEASE_LEASES".to_owned(), self.leases.len().to_string()),
+            ("PGLEASE_HOLDER".to_owned(), self.holder.to_owned()),
+        ];
+        if let [(name, token)] = self.leases[..] {
+            variables.push(("PGLEASE_NAME".to_owned(), name.to_owned()));
+            variables.push(("PGLEASE_TOKEN".to_owned(), token.to_string()));
+        }
+        for (k, (name, token)) in self.leases.iter().enumerate() {
+            variables.push((format!("PGLEASE_NAME_{}", k + 1), (*name).to_owned()));
+            variables.push((format!("PGLEASE_TOKEN_{}", k + 1), token.to_string()));
+        }
+        if let Some(value) = self.value {
+            variables.push(("PGLEASE_VALUE".to_owned(), value.to_owned()));
+        }
+        if let Some(url) = self.database_url {
+            variables.push(("PGLEASE_DATABASE_URL".to_owned(), url.to_owned()));
+        }
+        variables
+    }
 }
 
 /// A running CMD and its process group.
@@ -53,14 +81,13 @@ impl Child {
             } else {
                 Stdio::null()
             })
-            .env("PGLEASE_NAME", lease.name)
-            .env("PGLEASE_TOKEN", lease.token.to_string())
-            .env("PGLEASE_HOLDER", lease.holder);
-        if let Some(value) = lease.value {
-            command.env("PGLEASE_VALUE", value);
-        }
-        if let Some(url) = lease.database_url {
-            command.env("PGLEASE_DATABASE_URL", url);
+            .envs(lease.variables());
+        // Those of a run this one runs inside do not leak through.
+        for (key, _) in std::env::vars_os() {
+            let ours = key.to_str().is_some_and(|k| k.starts_with("PGLEASE_"));
+            if ours && !lease.variables().iter().any(|(set, _)| key == set.as_str()) {
+                command.env_remove(key);
+            }
         }
         let child = command.spawn()?;
         let group = child

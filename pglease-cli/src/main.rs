@@ -21,6 +21,16 @@ use output::{json_failure, note, out};
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err((subcommand, why)) = cli.command.check() {
+        // Said as clap says its own, with the subcommand's usage.
+        let mut command = Cli::command();
+        command.build();
+        let usage = command.find_subcommand_mut(subcommand).map(|c| c.clone());
+        usage
+            .unwrap_or(command)
+            .error(clap::error::ErrorKind::ArgumentConflict, why)
+            .exit();
+    }
     output::set_quiet(cli.quiet);
     exit::set_conflict(cli.conflict_exit_code);
     // Commands that need no database.

@@ -34,7 +34,7 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs) -> Outcom
         }
         manager.acquire(name, how)
     };
-    match announced(name, wait, attempt).await {
+    match announced(wait, attempt).await {
         Ok(lease) => {
             print_lease(&lease, json);
             Ok(ExitCode::SUCCESS)

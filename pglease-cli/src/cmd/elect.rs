@@ -219,8 +219,7 @@ impl Running {
     fn start(shared: &Shared, token: Token) -> std::io::Result<Running> {
         let args = &shared.args;
         let lease = LeaseEnv {
-            name: &args.name,
-            token,
+            leases: vec![(&args.name, token)],
             holder: &shared.holder,
             value: args.value.as_deref(),
             database_url: shared.database_url.as_deref(),

@@ -63,6 +63,25 @@ pub(crate) async fn report_renewals(held: &HeldLease) {
     }
 }
 
+/// The first of `futures` to complete: its index and output. Cancel-safe
+/// if each of them is.
+pub(crate) async fn first_of<F: Future>(
+    futures: impl IntoIterator<Item = F>,
+) -> (usize, F::Output) {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    std::future::poll_fn(|cx| {
+        futures
+            .iter_mut()
+            .enumerate()
+            .find_map(|(i, future)| match future.as_mut().poll(cx) {
+                std::task::Poll::Ready(output) => Some((i, output)),
+                std::task::Poll::Pending => None,
+            })
+            .map_or(std::task::Poll::Pending, std::task::Poll::Ready)
+    })
+    .await
+}
+
 /// Tells the user, on stderr, who holds the lease and how long pglease waits.
 fn announce_wait(name: &str, current: &str, expires_at: DateTime<Utc>, wait: Duration) {
     note!(
@@ -72,20 +91,21 @@ fn announce_wait(name: &str, current: &str, expires_at: DateTime<Utc>, wait: Dur
     );
 }
 
-/// `attempt(Duration::ZERO)` first, so that a wait can be announced; then,
-/// if the lease is held and `wait` allows it, `attempt(wait)`.
-pub(crate) async fn announced<T, F, Fut>(name: &str, wait: Duration, attempt: F) -> Result<T, Error>
+/// `attempt(Duration::ZERO)` first, so that a wait can be announced (for
+/// the lease that was held); then, if a lease is held and `wait` allows
+/// it, `attempt(wait)`.
+pub(crate) async fn announced<T, F, Fut>(wait: Duration, attempt: F) -> Result<T, Error>
 where
     F: Fn(Duration) -> Fut,
     Fut: std::future::Future<Output = Result<T, Error>>,
 {
     match attempt(Duration::ZERO).await {
         Err(Error::Held {
+            name,
             holder: current,
             expires_at,
-            ..
         }) if !wait.is_zero() => {
-            announce_wait(name, &current, expires_at, wait);
+            announce_wait(&name, &current, expires_at, wait);
             attempt(wait).await
         }
         Err(e @ (Error::Pinned { .. } | Error::GrantDelayed { .. })) if !wait.is_zero() => {

@@ -1,5 +1,5 @@
-//! `pglease run NAME --ttl D -- CMD`: hold a lease while a command runs,
-//! like `flock` across hosts.
+//! `pglease run NAME... --ttl D -- CMD`: hold a lease (or every lease of
+//! a set) while a command runs, like `flock` across hosts.
 
 use std::io;
 use std::process::{ExitCode, ExitStatus};
@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use pglease::{AcquireOptions, Error, HeldLease, LeaseManager, LossReason, Token};
 use tokio::time::Instant;
 
-use super::{announced, not_acquired};
+use super::{announced, first_of, not_acquired};
 use crate::args::RunArgs;
 use crate::child::{Child, Forwarding, Group, LeaseEnv, StopSignals, signalled, status_number};
 use crate::exit::{self, Outcome};
@@ -18,12 +18,13 @@ use crate::output::{human, note};
 /// Why CMD is being stopped.
 enum Stopping {
     TimedOut,
-    Lost(LossReason),
+    /// Which lease (name, token) was lost, and why.
+    Lost(String, Token, LossReason),
 }
 
 impl Stopping {
     /// Says why CMD is being stopped, and how.
-    fn announce(&self, args: &RunArgs, token: Token) {
+    fn announce(&self, args: &RunArgs) {
         let grace = human(args.grace);
         match self {
             Stopping::TimedOut => eprintln!(
@@ -31,18 +32,18 @@ impl Stopping {
                  (SIGTERM, then SIGKILL after {grace})",
                 human(args.timeout.unwrap_or_default()),
             ),
-            Stopping::Lost(reason) => eprintln!(
-                "pglease: lease {:?} (token {token}) lost: {reason}; stopping the command \
+            Stopping::Lost(name, token, reason) => eprintln!(
+                "pglease: lease {name:?} (token {token}) lost: {reason}; stopping the command \
                  (SIGTERM, then SIGKILL after {grace})",
-                args.name,
             ),
         }
     }
 }
 
-/// `pglease run`: holds the lease while CMD runs, stops CMD when the lease
-/// is lost or CMD runs out of time, then releases the lease (or leaves it
-/// to expire at the end of `--min-hold`).
+/// `pglease run`: holds the lease (every lease of the set, or none) while
+/// CMD runs, stops CMD when a lease is lost or CMD runs out of time, then
+/// releases the leases (or leaves them to expire at the end of
+/// `--min-hold`).
 pub(crate) async fn run(
     manager: &LeaseManager,
     database_url: Option<&str>,
@@ -65,8 +66,7 @@ pub(crate) async fn run(
     // no earlier than acquisition + min_hold on the database clock.
     let acquired = Instant::now();
     let lease = LeaseEnv {
-        name: held.name(),
-        token: held.token(),
+        leases: held.iter().map(|h| (h.name(), h.token())).collect(),
         holder: &holder,
         value: None,
         database_url,
@@ -83,58 +83,62 @@ pub(crate) async fn run(
     let (status, stopped) = match supervise(&mut child, &held, &mut signals, args.timeout).await {
         Ok(status) => (status, None),
         Err(stopping) => {
-            stopping.announce(&args, held.token());
+            stopping.announce(&args);
             (
                 stop(&mut child, &mut signals, args.grace).await,
                 Some(stopping),
             )
         }
     };
-    let lost = matches!(stopped, Some(Stopping::Lost(_)));
+    let lost = matches!(stopped, Some(Stopping::Lost(..)));
     match kept_for(args.min_hold, acquired.elapsed(), lost) {
         Some(left) => expire_after(held, left).await,
-        // After a loss the lease is gone or about to end: try to give it
-        // back, but do not wait long for a database that may be down.
+        // After a loss that lease is gone or about to end: try to give the
+        // set back, but do not wait long for a database that may be down.
         None if lost => release_after(held, RELEASE_AFTER_LOSS).await,
         None => release_after(held, RELEASE_LIMIT).await,
     }
     Ok(match stopped {
-        Some(Stopping::Lost(_)) => ExitCode::from(exit::LOST),
+        Some(Stopping::Lost(..)) => ExitCode::from(exit::LOST),
         Some(Stopping::TimedOut) => ExitCode::from(exit::TIMED_OUT),
         None => exited(status, group),
     })
 }
 
 /// The first attempt, and the wait if one is allowed; how `run` ends if
-/// the lease was not acquired. A signal ends either at once (also while an
-/// attempt is stuck in the database) and CMD never starts; the server
-/// abandons an attempt still waiting in it once this process has exited
-/// (see `pglease::connect::pool_options`).
+/// the leases were not acquired. The held leases come in the order their
+/// names were given. A signal ends either at once (also while an attempt
+/// is stuck in the database) and CMD never starts; the server abandons an
+/// attempt still waiting in it once this process has exited (see
+/// `pglease::connect::pool_options`).
 async fn acquire(
     manager: &LeaseManager,
     args: &RunArgs,
     holder: &str,
     signals: &mut StopSignals,
-) -> Result<HeldLease, Outcome> {
-    let acquisition = announced(&args.name, args.wait, |wait| {
+) -> Result<Vec<HeldLease>, Outcome> {
+    let acquisition = announced(args.wait, |wait| async move {
         let how = AcquireOptions::ttl(args.ttl)
             .holder(holder)
             .wait(wait)
             .session_bound(args.session_bound);
-        manager.hold(
-            &args.name,
-            match args.limit {
-                Some(limit) => how.limit(limit),
-                None => how,
-            },
-        )
+        match (&args.names[..], args.limit) {
+            ([name], Some(limit)) => Ok(vec![manager.hold(name, how.limit(limit)).await?]),
+            ([name], None) => Ok(vec![manager.hold(name, how).await?]),
+            (names, _) => {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                let mut held = manager.hold_all(&names, how).await?;
+                held.sort_by_key(|h| names.iter().position(|n| *n == h.name()));
+                Ok(held)
+            }
+        }
     });
     tokio::select! {
         held = acquisition => held.map_err(|e| not_acquired(e, "run")),
         signal = signals.next() => {
             eprintln!(
-                "pglease: interrupted before {:?} was acquired; the command did not run",
-                args.name
+                "pglease: interrupted before {} was acquired; the command did not run",
+                args.quoted()
             );
             Err(Ok(ExitCode::from(signalled(signal))))
         }
@@ -143,26 +147,30 @@ async fn acquire(
 
 /// Waits for CMD, whatever else happens meanwhile: a signal to pglease is
 /// forwarded (a second one kills the group); running out of time
-/// (`timeout`) or losing the lease ends the wait, to stop CMD.
+/// (`timeout`) or losing any of the leases ends the wait, to stop CMD.
 async fn supervise(
     child: &mut Child,
-    held: &HeldLease,
+    held: &[HeldLease],
     signals: &mut StopSignals,
     timeout: Option<Duration>,
 ) -> Result<io::Result<ExitStatus>, Stopping> {
     let group = child.group();
     let mut forwarding = Forwarding::default();
     let out_of_time = timeout.map(|t| Instant::now() + t);
-    let report = super::report_renewals(held);
+    let report = first_of(held.iter().map(super::report_renewals));
     tokio::pin!(report);
+    let lost = first_of(held.iter().map(HeldLease::lost));
+    tokio::pin!(lost);
     loop {
         tokio::select! {
             biased;
             status = child.wait() => return Ok(status),
             () = sleep_until(out_of_time) => return Err(Stopping::TimedOut),
-            reason = held.lost() => return Err(Stopping::Lost(reason)),
+            (i, reason) = &mut lost => {
+                return Err(Stopping::Lost(held[i].name().to_owned(), held[i].token(), reason));
+            }
             signal = signals.next() => forwarding.forward(group, signal),
-            () = &mut report => {}
+            _ = &mut report => {}
         }
     }
 }
@@ -217,11 +225,18 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-/// The minimum hold: the lease is left to expire `left` from now instead of
-/// being released.
-async fn expire_after(held: HeldLease, left: Duration) {
+/// The minimum hold: the leases are left to expire `left` from now instead
+/// of being released.
+async fn expire_after(held: Vec<HeldLease>, left: Duration) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for lease in held {
+        expire_one(lease, left, deadline).await;
+    }
+}
+
+async fn expire_one(held: HeldLease, left: Duration, deadline: Instant) {
     let name = held.name().to_owned();
-    match tokio::time::timeout(Duration::from_secs(10), held.expire_in(left)).await {
+    match tokio::time::timeout_at(deadline, held.expire_in(left)).await {
         Ok(Ok(expires_at)) => note!(
             "pglease: keeping {name:?} until {} (--min-hold)",
             expires_at.to_rfc3339()
@@ -238,10 +253,18 @@ const RELEASE_LIMIT: Duration = Duration::from_secs(10);
 /// The same after the lease was lost (the database may be unreachable).
 const RELEASE_AFTER_LOSS: Duration = Duration::from_secs(2);
 
-/// Releases the lease, waiting at most `limit` for the answer.
-async fn release_after(held: HeldLease, limit: Duration) {
+/// Releases the leases one after the other, waiting at most `limit` for
+/// all the answers.
+async fn release_after(held: Vec<HeldLease>, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    for lease in held {
+        release_one(lease, deadline).await;
+    }
+}
+
+async fn release_one(held: HeldLease, deadline: Instant) {
     let name = held.name().to_owned();
-    match tokio::time::timeout(limit, held.release()).await {
+    match tokio::time::timeout_at(deadline, held.release()).await {
         // Lost (the database forgot the acquisition): said already.
         Ok(Ok(_) | Err(Error::Lost { .. })) => {}
         Ok(Err(e)) => eprintln!("pglease: could not release {name:?} ({e}); it ends at its expiry"),

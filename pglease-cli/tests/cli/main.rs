@@ -32,6 +32,7 @@ mod failover;
 mod history;
 mod patroni;
 mod pooler;
+mod sets;
 mod timeline;
 
 fn main() -> std::process::ExitCode {
@@ -47,6 +48,7 @@ fn main() -> std::process::ExitCode {
             history::tests(),
             patroni::tests(),
             pooler::tests(),
+            sets::tests(),
             timeline::tests(),
         ]
         .into_iter()
