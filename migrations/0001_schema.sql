@@ -34,8 +34,10 @@
 --     _record), force_release.
 --  8. Counted leases: acquire_counted.
 --  9. The security posture, for `pglease doctor`: audit.
--- 10. Several leases at once, all or none: _max_set_names, type
---     set_acquisition, acquire_all.
+-- 10. Several leases at once, all or none: _max_set_names, _check_names,
+--     type set_acquisition, acquire_all.
+-- 11. First-come-first-served waiting: _max_waiting, line_seq, _line,
+--     type place, _ahead, enqueue, dequeue, view line.
 -- =====================================================================
 -- 0. THE RULES EVERY FUNCTION KEEPS
 -- =====================================================================
@@ -268,7 +270,11 @@ CREATE TABLE pglease.leases (
     -- session that made it, by process id and, where the role that owns
     -- the functions may read it, start time. NULL: bound to no session.
     session_pid   integer,
-    session_start timestamptz
+    session_start timestamptz,
+    -- Whether acquirers may be waiting in line for this name (see LINES):
+    -- set when one joins, cleared by the acquisition that finds nobody
+    -- else in line. An acquisition reads the line only when it is set.
+    queued        boolean     NOT NULL DEFAULT false
     -- The primary key is the table's only index, and no function changes
     -- the name: every update is a HOT update (see LOCKS above for why the
     -- token needs no index).
@@ -424,7 +430,11 @@ CREATE TYPE pglease.acquisition AS (
     holder_session integer,
     -- Not acquired because of the grant delay after a timeline change
     -- (see TIMELINES): until when; NULL otherwise.
-    delayed_until timestamptz
+    delayed_until timestamptz,
+    -- How many acquirers wait in line before this one (see LINES): set
+    -- for an acquisition with a ticket, and when the line is why the
+    -- lease was not acquired; NULL otherwise.
+    ahead integer
 );
 
 -- Result of acquire_counted: acquire's answer, and the slot it concerns.
@@ -1024,7 +1034,8 @@ COMMENT ON FUNCTION pglease._take_over(text, bigint) IS
     'still fenced on it, within about 2 s; otherwise say why not.';
 
 CREATE FUNCTION pglease.acquire(name text, holder text, ttl interval,
-                                session_bound boolean DEFAULT false)
+                                session_bound boolean DEFAULT false,
+                                ticket bigint DEFAULT NULL)
 RETURNS pglease.acquisition
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1050,6 +1061,10 @@ DECLARE
     give_up    timestamptz;
     here       pglease._checked;
     result     pglease.acquisition;
+    -- Someone may wait in line for the name (see LINES); how many do
+    -- before this acquisition.
+    line_set   boolean;
+    ahead      integer;
 BEGIN
     IF NOT coalesce(octet_length(acquire.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND octet_length(acquire.holder) BETWEEN 1 AND pglease._max_text_bytes()
@@ -1066,14 +1081,18 @@ BEGIN
     -- row lock, a token, WAL or a commit flush, also while fenced
     -- transactions hold it. A session-bound one is held while its session
     -- lives.
-    SELECT l.holder, l.expires_at, l.token, l.session_pid, l.session_start
-      INTO cur_holder, cur_expiry, cur_token, cur_pid, cur_start
+    SELECT l.holder, l.expires_at, l.token, l.session_pid, l.session_start, l.queued
+      INTO cur_holder, cur_expiry, cur_token, cur_pid, cur_start, line_set
       FROM pglease.leases AS l WHERE l.name = acquire.name;
     found_row := FOUND;
     t := clock_timestamp();
     IF cur_holder IS NOT NULL AND t < cur_expiry THEN
         IF cur_pid IS NULL OR NOT pglease._session_gone(cur_pid, cur_start) THEN
-            RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL)::pglease.acquisition;
+            -- A waiter in line keeps its place with every attempt.
+            IF acquire.ticket IS NOT NULL AND NOT pg_is_in_recovery() THEN
+                ahead := pglease._ahead(acquire.name, acquire.ticket, acquire.ttl);
+            END IF;
+            RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, ahead)::pglease.acquisition;
         END IF;
         gone_token := cur_token;
     END IF;
@@ -1085,6 +1104,21 @@ BEGIN
     -- A standby takes nothing (and cannot read pglease._checked).
     IF pg_is_in_recovery() THEN
         PERFORM pglease._refuse_standby('acquire a lease');
+    END IF;
+
+    -- The line (see LINES), read only when someone has joined it since it
+    -- was last found empty, when this acquisition has a place in it, or
+    -- for a name never acquired (its line has no row to mark): nobody who
+    -- waits in line is overtaken by a later acquirer.
+    IF line_set OR acquire.ticket IS NOT NULL OR NOT found_row THEN
+        ahead := pglease._ahead(acquire.name, acquire.ticket, acquire.ttl);
+        IF ahead > 0 THEN
+            t := clock_timestamp();
+            RETURN ROW(NULL, coalesce(cur_expiry, t), cur_holder, t,
+                       format('first come, first served: %s acquirer(s) wait in line before '
+                              'this one', ahead),
+                       cur_pid, NULL, ahead)::pglease.acquisition;
+        END IF;
     END IF;
 
     -- Taking the lease is one statement, tried at most twice: at once in
@@ -1114,7 +1148,7 @@ BEGIN
                     RETURN ROW(NULL, coalesce(cur_expiry, t), cur_holder, t,
                                'another transaction checking the server''s timeline has not '
                                'committed for 1 s (call acquire in a transaction of its own)',
-                               cur_pid, NULL)::pglease.acquisition;
+                               cur_pid, NULL, NULL)::pglease.acquisition;
                 END IF;
             END IF;
             t := clock_timestamp();
@@ -1125,7 +1159,7 @@ BEGIN
                                   'pglease.set_grant_delay): an acquisition lost with the old '
                                   'timeline may still be in use; renewals of the leases this '
                                   'server knows go on', here.timeline, here.grant_after),
-                           cur_pid, here.grant_after)::pglease.acquisition;
+                           cur_pid, here.grant_after, NULL)::pglease.acquisition;
             END IF;
 
             -- Names granted by prefix (see AUTHORITY), checked before anything
@@ -1156,7 +1190,7 @@ BEGIN
                         RETURN ROW(NULL, t, NULL, t,
                                    'another transaction creating a lease name has not committed for '
                                    '1 s (call acquire in a transaction of its own)',
-                                   NULL, NULL)::pglease.acquisition;
+                                   NULL, NULL, NULL)::pglease.acquisition;
                     END IF;
                     PERFORM pg_sleep(0.002);
                 END LOOP;
@@ -1175,7 +1209,7 @@ BEGIN
                   FROM pglease._take_over(acquire.name, gone_token) AS o;
                 IF note = '' THEN
                     -- Held, as decided (see _take_over).
-                    RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL)::pglease.acquisition;
+                    RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, NULL)::pglease.acquisition;
                 END IF;
                 -- The committed row: locked by this transaction if taken;
                 -- otherwise the lease has ended (expires_at <= checked_at, or
@@ -1189,13 +1223,13 @@ BEGIN
                     RAISE WARNING USING MESSAGE = format('pglease: lease %L has ended, but %s',
                                                          acquire.name, note);
                     RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(),
-                               note, cur_pid, NULL)::pglease.acquisition;
+                               note, cur_pid, NULL, NULL)::pglease.acquisition;
                 END IF;
             END IF;
             -- Decide on the latest row version and a clock read after the lock.
             t := clock_timestamp();
             IF cur_holder IS NOT NULL AND t < cur_expiry AND cur_token IS DISTINCT FROM gone_token THEN
-                RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL)::pglease.acquisition;
+                RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, NULL)::pglease.acquisition;
             END IF;
             name_ok := true;
             found_row := true;
@@ -1221,7 +1255,13 @@ BEGIN
                        released_at = NULL,
                        renewals = 0,
                        session_pid = my_pid,
-                       session_start = my_start
+                       session_start = my_start,
+                       -- Still set while others wait in line.
+                       queued = CASE WHEN l.queued OR acquire.ticket IS NOT NULL
+                                     THEN EXISTS (SELECT 1 FROM pglease._line AS q
+                                                   WHERE q.name = acquire.name
+                                                     AND q.ticket IS DISTINCT FROM acquire.ticket)
+                                     ELSE false END
                   FROM s
                  WHERE l.name = s.name
                    AND (l.holder IS NULL OR clock_timestamp() >= l.expires_at
@@ -1261,6 +1301,12 @@ BEGIN
                 IF new_id % 128 = 0 THEN
                     PERFORM pglease._purge_history(new_id);
                 END IF;
+                IF acquire.ticket IS NOT NULL THEN
+                    -- Out of the line: its place is taken.
+                    DELETE FROM pglease._line AS q
+                     WHERE q.name = acquire.name AND q.ticket = acquire.ticket;
+                    result.ahead := 0;
+                END IF;
                 IF acquire.session_bound THEN
                     -- The wake-up for waiters (see SESSION-BOUND LEASES),
                     -- held until the session ends; taken again by each
@@ -1279,19 +1325,24 @@ BEGIN
     -- ended, so the second try takes it. Report the row as it is.
     SELECT l.holder, l.expires_at, l.session_pid INTO cur_holder, cur_expiry, cur_pid
       FROM pglease.leases AS l WHERE l.name = acquire.name;
-    RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(), NULL, cur_pid, NULL)::pglease.acquisition;
+    RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(), NULL, cur_pid, NULL, NULL)::pglease.acquisition;
 END
 $$;
 
-COMMENT ON FUNCTION pglease.acquire(text, text, interval, boolean) IS
-    'Acquire lease NAME for HOLDER for TTL if it is free or ended, ending the '
+COMMENT ON FUNCTION pglease.acquire(text, text, interval, boolean, bigint) IS
+    'Acquire lease NAME for HOLDER for TTL if it is free or ended and nobody waits in line '
+    'for it before this acquisition, ending the '
     'sessions of transactions still fenced on an ended lease. Answers within about 2 s. '
     'SESSION_BOUND (default false): the lease also ends when this server session ends '
-    '(an acquirer takes it at once). Returns (token, expires_at, holder, checked_at, note, '
-    'holder_session); token is NULL when not acquired, and then expires_at and holder '
+    '(an acquirer takes it at once). TICKET (default none): the place in line that '
+    'enqueue gave, kept for another TTL by this attempt (LE003 if it is no longer in '
+    'line). Returns (token, expires_at, holder, checked_at, note, '
+    'holder_session, delayed_until, ahead); token is NULL when not acquired, and then '
+    'expires_at and holder '
     'describe the current holder (expires_at <= checked_at: the lease has ended but a '
-    'transaction that could not be ended still holds it, and note says why), and '
-    'holder_session is the process id of the session the lease is bound to, if any.';
+    'transaction that could not be ended still holds it, and note says why), '
+    'holder_session is the process id of the session the lease is bound to, if any, and '
+    'ahead how many acquirers wait in line before this one.';
 
 ------------------------------------------------------------------------
 -- renew(name, token, ttl): extend a valid lease to database-now + ttl.
@@ -3225,6 +3276,49 @@ AS $$ SELECT 100 $$;
 COMMENT ON FUNCTION pglease._max_set_names() IS
     'How many names acquire_all takes at once, at most.';
 
+-- A set's names, checked (1 to _max_set_names() distinct names, each a
+-- valid name this session may use; 22023 or 42501 otherwise) and sorted
+-- in byte order. ACTION names the operation in a refusal.
+CREATE FUNCTION pglease._check_names(names text[], action text)
+RETURNS text[]
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    sorted text[];
+    n      text;
+BEGIN
+    IF _check_names.names IS NULL
+       OR coalesce(cardinality(_check_names.names), 0) NOT BETWEEN 1 AND pglease._max_set_names() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
+            MESSAGE = format('pglease: names must hold 1 to %s names, got %s',
+                             pglease._max_set_names(),
+                             coalesce(cardinality(_check_names.names)::text, 'NULL'));
+    END IF;
+    IF array_position(_check_names.names, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
+            MESSAGE = 'pglease: names must not contain NULL';
+    END IF;
+    SELECT array_agg(d.n ORDER BY d.n COLLATE "C") INTO sorted
+      FROM (SELECT DISTINCT u.n FROM unnest(_check_names.names) AS u(n)) AS d;
+    IF cardinality(sorted) <> cardinality(_check_names.names) THEN
+        SELECT u.n INTO n FROM unnest(_check_names.names) AS u(n)
+         GROUP BY u.n HAVING count(*) > 1 ORDER BY u.n COLLATE "C" LIMIT 1;
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
+            MESSAGE = format('pglease: names must differ, %L is there twice', n);
+    END IF;
+    FOREACH n IN ARRAY sorted LOOP
+        PERFORM pglease._check_text('name', n);
+        IF NOT pglease._may_use_name(n) THEN
+            PERFORM pglease._refuse_name(n, _check_names.action);
+        END IF;
+    END LOOP;
+    RETURN sorted;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._check_names(text[], text) FROM PUBLIC;
+
 -- Result of acquire_all, one row per name: acquire's answer and the name.
 CREATE TYPE pglease.set_acquisition AS (
     name           text,
@@ -3234,10 +3328,12 @@ CREATE TYPE pglease.set_acquisition AS (
     checked_at     timestamptz,
     note           text,
     holder_session integer,
-    delayed_until  timestamptz
+    delayed_until  timestamptz,
+    ahead          integer
 );
 
-CREATE FUNCTION pglease.acquire_all(names text[], holder text, ttl interval)
+CREATE FUNCTION pglease.acquire_all(names text[], holder text, ttl interval,
+                                    ticket bigint DEFAULT NULL)
 RETURNS SETOF pglease.set_acquisition
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -3249,40 +3345,24 @@ DECLARE
     missing text;
     expiry  timestamptz;
 BEGIN
-    IF acquire_all.names IS NULL
-       OR coalesce(cardinality(acquire_all.names), 0) NOT BETWEEN 1 AND pglease._max_set_names() THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
-            MESSAGE = format('pglease: names must hold 1 to %s names, got %s',
-                             pglease._max_set_names(),
-                             coalesce(cardinality(acquire_all.names)::text, 'NULL'));
-    END IF;
-    IF array_position(acquire_all.names, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
-            MESSAGE = 'pglease: names must not contain NULL';
-    END IF;
-    SELECT array_agg(n ORDER BY n COLLATE "C") INTO sorted
-      FROM (SELECT DISTINCT n FROM unnest(acquire_all.names) AS u(n)) AS d;
-    IF cardinality(sorted) <> cardinality(acquire_all.names) THEN
-        SELECT u.n INTO missing FROM unnest(acquire_all.names) AS u(n)
-         GROUP BY u.n HAVING count(*) > 1 ORDER BY u.n COLLATE "C" LIMIT 1;
-        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
-            MESSAGE = format('pglease: names must differ, %L is there twice', missing);
-    END IF;
     -- Every name, and whether the caller may use it, before anything is
     -- taken (acquire checks the holder and the TTL on the first name).
-    FOREACH missing IN ARRAY sorted LOOP
-        PERFORM pglease._check_text('name', missing);
-        IF NOT pglease._may_use_name(missing) THEN
-            PERFORM pglease._refuse_name(missing, 'acquire');
-        END IF;
-    END LOOP;
+    sorted := pglease._check_names(acquire_all.names, 'acquire');
     -- The server's timeline, checked where a refusal does not undo it.
     IF NOT pg_is_in_recovery() AND NOT EXISTS (SELECT 1 FROM pglease._checked) THEN
         PERFORM pglease._timeline_checked(NULL);
     END IF;
+    -- The set's places in line, kept for another TTL where a refusal does
+    -- not undo it (see LINES).
+    IF acquire_all.ticket IS NOT NULL AND NOT pg_is_in_recovery() THEN
+        FOREACH missing IN ARRAY sorted LOOP
+            PERFORM pglease._ahead(missing, acquire_all.ticket, acquire_all.ttl);
+        END LOOP;
+    END IF;
     BEGIN
         FOREACH missing IN ARRAY sorted LOOP
-            got := pglease.acquire(missing, acquire_all.holder, acquire_all.ttl);
+            got := pglease.acquire(missing, acquire_all.holder, acquire_all.ttl, false,
+                                   acquire_all.ticket);
             IF got.token IS NULL THEN
                 -- Undo the ones taken: the handler below rolls this
                 -- subtransaction back.
@@ -3297,19 +3377,19 @@ BEGIN
     EXCEPTION WHEN SQLSTATE 'LE099' THEN
         -- missing and got describe the name that could not be taken.
         RETURN NEXT ROW(missing, NULL, got.expires_at, got.holder, got.checked_at, got.note,
-                        got.holder_session, got.delayed_until)::pglease.set_acquisition;
+                        got.holder_session, got.delayed_until, got.ahead)::pglease.set_acquisition;
         RETURN;
     END;
     RETURN QUERY SELECT sorted[i], taken[i].token, l.expires_at, taken[i].holder,
                         taken[i].checked_at, taken[i].note, taken[i].holder_session,
-                        taken[i].delayed_until
+                        taken[i].delayed_until, taken[i].ahead
                    FROM generate_subscripts(sorted, 1) AS i
                    JOIN pglease.leases AS l ON l.name = sorted[i]
                   ORDER BY i;
 END
 $$;
 
-COMMENT ON FUNCTION pglease.acquire_all(text[], text, interval) IS
+COMMENT ON FUNCTION pglease.acquire_all(text[], text, interval, bigint) IS
     'Acquire every lease of NAMES (1 to 100 distinct names) for HOLDER for TTL, each with '
     'its own token and the same expiry, or none; 42501 before anything if the caller may '
     'not use one of the names. The names are taken in byte order (COLLATE "C"), each as '
@@ -3317,4 +3397,241 @@ COMMENT ON FUNCTION pglease.acquire_all(text[], text, interval) IS
     'name in that order (name, token, expires_at, '
     'holder, checked_at, note, holder_session, delayed_until) when all were acquired; '
     'otherwise one row, token NULL, describing the first name that could not be taken. '
+    'TICKET: the set''s place in line (see enqueue), kept for another TTL on every name. '
     'Renew the set with renew_many and release it in one transaction.';
+
+-- =====================================================================
+-- 11. FIRST-COME-FIRST-SERVED WAITING: LINES
+-- =====================================================================
+--
+-- Without a line, waiters race: each release wakes every waiter and the
+-- quickest takes the lease, so under contention one waiter can lose every
+-- round. An acquirer that wants to be served in turn joins the line of
+-- its names with enqueue, which gives it a ticket (from one sequence, so
+-- tickets order every line the same way: a set joins all its names' lines
+-- with one ticket, and two sets can never each be first in one line and
+-- wait on the other) and its position. It then acquires with the ticket
+-- (acquire, acquire_all): the lease is granted only to the first live
+-- place in line, and an acquisition without a ticket is refused while
+-- anyone waits in line (nobody is overtaken; note and ahead say so).
+--
+-- A PLACE is held like a lease: each attempt with its ticket keeps it for
+-- another TTL and moves it to the attempting session. It ends at once
+-- when that session ends (the waiter's process or connection is gone:
+-- the next attempt of anyone skips it), when its TTL passes without an
+-- attempt (a frozen waiter holds up the line for at most one TTL, the
+-- same bound as a frozen holder), when its acquisition succeeds, or with
+-- dequeue. An attempt whose place has ended gets SQLSTATE LE003 and may
+-- join again, at the end of the line. Only the role that joined (its
+-- members, administrators) may act with a ticket.
+--
+-- THE LENGTH of a line is bounded: enqueue takes MAX_WAITING (at most
+-- _max_waiting()) and answers a NULL ticket when that many wait already.
+-- Counted leases have no line (their slots are names of their own).
+-- =====================================================================
+
+CREATE FUNCTION pglease._max_waiting()
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1000 $$;
+
+COMMENT ON FUNCTION pglease._max_waiting() IS
+    'How many acquirers may wait in one line, at most.';
+
+CREATE SEQUENCE pglease.line_seq AS bigint START WITH 1 NO CYCLE;
+
+-- One row per place: a name and a ticket (a set has one row per name).
+CREATE TABLE pglease._line (
+    name          pglease.bounded_text NOT NULL,
+    ticket        bigint      NOT NULL,
+    holder        pglease.bounded_text NOT NULL,
+    -- The login role that joined: only it may act with the ticket.
+    role          name        NOT NULL,
+    -- The session of the latest attempt: the place ends with it.
+    session_pid   integer     NOT NULL,
+    session_start timestamptz,
+    joined_at     timestamptz NOT NULL,
+    expires_at    timestamptz NOT NULL,
+    PRIMARY KEY (name, ticket)
+);
+
+REVOKE ALL ON pglease._line, pglease.line_seq FROM PUBLIC;
+
+-- Result of enqueue: the ticket (NULL: the line is full), the position
+-- (1: first in line; for a set, its furthest from the front) and how
+-- many wait in the longest of its lines, itself included.
+CREATE TYPE pglease.place AS (
+    ticket   bigint,
+    position integer,
+    waiting  integer
+);
+
+-- Ends the places in NAME's line whose session has ended or whose TTL has
+-- passed; with TICKET, keeps that place for another TTL on this session
+-- (LE003 if it has ended, 42501 if it is another role's). Returns how
+-- many live places come before TICKET (before everyone, without one).
+CREATE FUNCTION pglease._ahead(name text, ticket bigint, ttl interval)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner name;
+    n     integer;
+BEGIN
+    DELETE FROM pglease._line AS q
+     WHERE q.name = _ahead.name
+       AND (q.expires_at <= clock_timestamp()
+            OR pglease._session_gone(q.session_pid, q.session_start));
+    IF _ahead.ticket IS NOT NULL THEN
+        SELECT q.role INTO owner FROM pglease._line AS q
+         WHERE q.name = _ahead.name AND q.ticket = _ahead.ticket;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'LE003',
+                MESSAGE = format('pglease: ticket %s has no place in the line for %L', _ahead.ticket,
+                                 _ahead.name),
+                DETAIL = 'The place was taken, left, or ended: its session ended, or no attempt '
+                         'kept it within its TTL.',
+                HINT = 'Join the line again (pglease.enqueue).';
+        END IF;
+        IF NOT pglease._may_act(owner) THEN
+            RAISE EXCEPTION USING ERRCODE = '42501',
+                MESSAGE = format('pglease: role %I may not wait with ticket %s in the line for %L: '
+                                 'role %I joined it', session_user, _ahead.ticket, _ahead.name,
+                                 owner);
+        END IF;
+        UPDATE pglease._line AS q
+           SET expires_at = clock_timestamp()
+                            + make_interval(secs => extract(epoch FROM _ahead.ttl)::double precision),
+               session_pid = pg_backend_pid(),
+               session_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) AS a)
+         WHERE q.name = _ahead.name AND q.ticket = _ahead.ticket;
+    END IF;
+    SELECT count(*) INTO n FROM pglease._line AS q
+     WHERE q.name = _ahead.name AND (_ahead.ticket IS NULL OR q.ticket < _ahead.ticket);
+    RETURN n;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._ahead(text, bigint, interval) FROM PUBLIC;
+
+CREATE FUNCTION pglease.enqueue(names text[], holder text, ttl interval,
+                                max_waiting integer DEFAULT NULL)
+RETURNS pglease.place
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    sorted  text[];
+    n       text;
+    bound   integer := coalesce(enqueue.max_waiting, pglease._max_waiting());
+    longest integer := 0;
+    before  integer := 0;
+    mine    bigint;
+    checked text;
+BEGIN
+    sorted := pglease._check_names(enqueue.names, 'wait for');
+    checked := pglease._check_text('holder', enqueue.holder);
+    PERFORM pglease._check_ttl(enqueue.ttl);
+    IF bound NOT BETWEEN 1 AND pglease._max_waiting() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'max_waiting',
+            MESSAGE = format('pglease: max_waiting must be between 1 and %s, got %s',
+                             pglease._max_waiting(), bound);
+    END IF;
+    IF pg_is_in_recovery() THEN
+        PERFORM pglease._refuse_standby('join a line');
+    END IF;
+    FOREACH n IN ARRAY sorted LOOP
+        longest := greatest(longest, pglease._ahead(n, NULL, enqueue.ttl));
+    END LOOP;
+    IF longest >= bound THEN
+        RETURN ROW(NULL, NULL, longest)::pglease.place;
+    END IF;
+    mine := nextval('pglease.line_seq');
+    INSERT INTO pglease._line AS q (name, ticket, holder, role, session_pid, session_start,
+                                    joined_at, expires_at)
+    SELECT u.n, mine, enqueue.holder, session_user, pg_backend_pid(),
+           (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) AS a),
+           clock_timestamp(),
+           clock_timestamp() + make_interval(secs => extract(epoch FROM enqueue.ttl)::double precision)
+      FROM unnest(sorted) AS u(n);
+    -- Acquisitions read the line of a marked name (a name never acquired
+    -- has no row: its first acquisition reads the line anyway).
+    UPDATE pglease.leases AS l SET queued = true
+     WHERE l.name = ANY (sorted) AND NOT l.queued;
+    SELECT coalesce(max(c.k), 0) INTO before
+      FROM (SELECT count(*) AS k FROM pglease._line AS q
+             WHERE q.name = ANY (sorted) AND q.ticket < mine GROUP BY q.name) AS c;
+    SELECT max(c.k) INTO longest
+      FROM (SELECT count(*) AS k FROM pglease._line AS q
+             WHERE q.name = ANY (sorted) GROUP BY q.name) AS c;
+    RETURN ROW(mine, before + 1, longest)::pglease.place;
+END
+$$;
+
+COMMENT ON FUNCTION pglease.enqueue(text[], text, interval, integer) IS
+    'Join the line of every name of NAMES (1 to 100 distinct names; 42501 before anything '
+    'if the caller may not use one) as HOLDER, first come first served: acquire (or '
+    'acquire_all) with the ticket grants the lease only to the first live place in line, '
+    'and refuses acquisitions without one while anyone waits. The place ends with this '
+    'session, or unless an attempt with the ticket keeps it within TTL. Returns (ticket, '
+    'position, waiting); ticket is NULL if MAX_WAITING (default and at most 1000) wait '
+    'already in one of the lines.';
+
+CREATE FUNCTION pglease.dequeue(ticket bigint)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner name;
+    n     integer;
+BEGIN
+    IF dequeue.ticket IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'ticket',
+            MESSAGE = 'pglease: ticket must not be NULL';
+    END IF;
+    SELECT q.role INTO owner FROM pglease._line AS q WHERE q.ticket = dequeue.ticket LIMIT 1;
+    IF FOUND AND NOT pglease._may_act(owner) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('pglease: role %I may not leave the line for ticket %s: role %I '
+                             'joined it', session_user, dequeue.ticket, owner);
+    END IF;
+    DELETE FROM pglease._line AS q WHERE q.ticket = dequeue.ticket;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+COMMENT ON FUNCTION pglease.dequeue(bigint) IS
+    'Leave the line: end every place of TICKET (42501 if another role joined with it). '
+    'Returns how many places ended (0: none was left).';
+
+-- Every line, as it stands: the places whose session lives and whose TTL
+-- has not passed, numbered from the front of each line.
+CREATE VIEW pglease.line AS
+SELECT q.name,
+       q.ticket,
+       q.holder,
+       row_number() OVER (PARTITION BY q.name ORDER BY q.ticket)::integer AS position,
+       q.joined_at,
+       q.expires_at,
+       q.session_pid AS waiter_session
+  FROM pglease._line AS q
+ WHERE q.expires_at > clock_timestamp()
+   AND NOT pglease._session_gone(q.session_pid, q.session_start);
+
+REVOKE ALL ON pglease.line FROM PUBLIC;
+
+COMMENT ON VIEW pglease.line IS
+    'Who waits in line for each lease, first come first served: name, ticket, holder, '
+    'position (1: next), joined_at, expires_at (the place ends then unless its waiter tries '
+    'again), waiter_session.';
+
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pglease_admin') THEN
+        GRANT SELECT ON pglease.line TO pglease_admin;
+    END IF;
+END
+$$;

@@ -200,6 +200,29 @@ pub enum Error {
         reason: String,
     },
 
+    /// Not acquired: the lease is free, but `ahead` acquirers wait in line
+    /// for it before this one (first come, first served: see
+    /// [`AcquireOptions::fair`](crate::AcquireOptions::fair)). A fair
+    /// acquisition that waits gets its turn.
+    #[error("lease {name:?} is free, but {ahead} acquirer(s) wait in line for it before this one")]
+    InLine {
+        /// The lease name.
+        name: String,
+        /// How many wait before this acquisition.
+        ahead: u32,
+    },
+
+    /// Not acquired: the line for `name` already has as many waiters as
+    /// the acquisition allowed
+    /// ([`AcquireOptions::max_waiting`](crate::AcquireOptions::max_waiting)).
+    #[error("the line for {name:?} is full: {waiting} acquirer(s) wait in it")]
+    LineFull {
+        /// The lease name (for a set, its names joined with ", ").
+        name: String,
+        /// How many wait in the line (the longest of a set's lines).
+        waiting: u32,
+    },
+
     /// Not acquired because the database changed timeline (a failover or a
     /// restore) and an administrator set a grant delay
     /// (`pglease.set_grant_delay`): no lease is granted until `until`, so
@@ -448,7 +471,7 @@ impl Error {
 /// The arguments the SQL functions name (in the error's COLUMN field;
 /// checked against the schema by a unit test below). renew_many names an
 /// element's argument (name, token, ttl), or `names` for the arrays.
-const ARGUMENTS: [&str; 18] = [
+const ARGUMENTS: [&str; 20] = [
     "name",
     "holder",
     "ttl",
@@ -467,6 +490,8 @@ const ARGUMENTS: [&str; 18] = [
     "max_rows",
     "session_bound",
     "delay",
+    "max_waiting",
+    "ticket",
 ];
 
 impl From<sqlx::Error> for Error {

@@ -58,6 +58,7 @@ pub use options::{AcquireOptions, ManagerOptions};
 #[cfg(feature = "signal")]
 pub use signal::shutdown_signal;
 pub use token::{InvalidToken, Token};
+pub use wait::LinePlace;
 
 /// The `sqlx` this crate is built with: use its `PgPool`, `PgConnection`
 /// and `Transaction` with pglease (a different major version of sqlx in

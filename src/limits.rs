@@ -84,6 +84,10 @@ pub const MAX_SLOTS: u32 = 1000;
 /// How many leases `pglease.acquire_all` takes at once, at most.
 pub const MAX_SET_NAMES: usize = 100;
 
+/// How many acquirers may wait in one line (first come, first served), at
+/// most ([`AcquireOptions::max_waiting`](crate::AcquireOptions::max_waiting)).
+pub const MAX_WAITING: u32 = 1000;
+
 /// Checks a counted lease's limit, and that its name leaves room for the
 /// slot suffix (`#k`) within [`MAX_NAME_BYTES`].
 pub(crate) fn check_limit(name: &str, limit: u32) -> Result<()> {
@@ -193,6 +197,7 @@ mod tests {
         assert_eq!(schema_limit("_max_value_bytes"), MAX_VALUE_BYTES as u64);
         assert_eq!(schema_limit("_max_slots"), u64::from(MAX_SLOTS));
         assert_eq!(schema_limit("_max_set_names"), MAX_SET_NAMES as u64);
+        assert_eq!(schema_limit("_max_waiting"), u64::from(MAX_WAITING));
         // force_release tests its reason against the number itself.
         let reason = format!("octet_length(force_release.reason) BETWEEN 1 AND {MAX_REASON_BYTES}");
         assert!(SCHEMA.contains(&reason), "force_release's reason limit");

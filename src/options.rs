@@ -44,6 +44,8 @@ pub struct AcquireOptions {
     value: Option<String>,
     limit: Option<u32>,
     session_bound: bool,
+    fair: bool,
+    max_waiting: Option<u32>,
 }
 
 impl AcquireOptions {
@@ -58,6 +60,8 @@ impl AcquireOptions {
             value: None,
             limit: None,
             session_bound: false,
+            fair: false,
+            max_waiting: None,
         }
     }
 
@@ -127,6 +131,40 @@ impl AcquireOptions {
         self
     }
 
+    /// First come, first served: a waiting acquisition joins the line of
+    /// the name (`pglease.enqueue`) after its first refused attempt and is
+    /// granted the lease in its turn; an acquisition without a place in
+    /// line (fair or not) is refused while anyone waits in it. A waiter
+    /// whose process or connection is gone is skipped at once, one that
+    /// stops trying (frozen) once its place's TTL (this TTL) passes; the
+    /// waiter keeps its place with an attempt at least every third of the
+    /// TTL. Not for counted leases. Default: false (waiters race on each
+    /// release). See docs/design.md, "First come, first served".
+    pub fn fair(mut self, fair: bool) -> AcquireOptions {
+        self.fair = fair;
+        self
+    }
+
+    /// With [`AcquireOptions::fair`]: join the line only if fewer than `n`
+    /// wait in it (1 to [`MAX_WAITING`](crate::limits::MAX_WAITING), the
+    /// default); otherwise the acquisition fails with
+    /// [`Error::LineFull`](crate::Error::LineFull).
+    pub fn max_waiting(mut self, n: u32) -> AcquireOptions {
+        self.max_waiting = Some(n);
+        self
+    }
+
+    /// Whether waiting is first come, first served.
+    pub fn get_fair(&self) -> bool {
+        self.fair
+    }
+
+    /// The longest line this acquisition joins, if bounded below the
+    /// schema's limit.
+    pub fn get_max_waiting(&self) -> Option<u32> {
+        self.max_waiting
+    }
+
     /// Whether the lease is to be session-bound.
     pub fn get_session_bound(&self) -> bool {
         self.session_bound
@@ -165,6 +203,23 @@ impl AcquireOptions {
         check_text("holder", &self.get_holder())?;
         if let Some(value) = self.get_value() {
             check_value(value)?;
+        }
+        if self.fair && self.limit.is_some() {
+            return Err(Error::invalid(
+                "fair",
+                "a counted lease has no line (its slots are names of their own)",
+            ));
+        }
+        if let Some(n) = self.max_waiting
+            && !(1..=crate::limits::MAX_WAITING).contains(&n)
+        {
+            return Err(Error::invalid(
+                "max_waiting",
+                format!(
+                    "must be between 1 and {}, got {n}",
+                    crate::limits::MAX_WAITING
+                ),
+            ));
         }
         interval(self.ttl)
     }

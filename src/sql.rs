@@ -111,11 +111,21 @@ pub(crate) fn acquire(
     value: Option<&str>,
     slots: Option<u32>,
     session_bound: bool,
+    ticket: Option<i64>,
 ) -> String {
-    // Only when wanted: the default is the function's own.
-    let bound = if session_bound { ", true" } else { "" };
+    // Only when wanted: the defaults are the function's own.
+    let bound = match (session_bound, ticket) {
+        (_, Some(ticket)) => format!(", {session_bound}, {ticket}::bigint"),
+        (true, None) => ", true".to_owned(),
+        (false, None) => String::new(),
+    };
     // A counted lease answers the slot too: the lease it acquired, or the
-    // one that expires first.
+    // one that expires first; it has no line.
+    let ahead = if slots.is_some() {
+        "NULL::integer AS ahead"
+    } else {
+        "ahead"
+    };
     let (acquire, slot) = match slots {
         None => (
             format!(
@@ -139,12 +149,12 @@ pub(crate) fn acquire(
     match value {
         None => format!(
             "SELECT token, expires_at, holder, checked_at, note, {slot} AS slot_name, \
-                    holder_session, delayed_until FROM {acquire}"
+                    holder_session, delayed_until, {ahead} FROM {acquire}"
         ),
         Some(value) => format!(
             "WITH a AS MATERIALIZED (SELECT * FROM {acquire}) \
              SELECT token, expires_at, holder, checked_at, note, {slot} AS slot_name, \
-                    holder_session, delayed_until, \
+                    holder_session, delayed_until, {ahead}, \
                     CASE WHEN token IS NOT NULL THEN pglease.set_value({slot}, token, {}) END \
                FROM a",
             Text(value)
@@ -155,13 +165,50 @@ pub(crate) fn acquire(
 /// Acquire every lease of `names` or none (see `pglease.acquire_all`):
 /// one row per name in byte order when all were acquired, otherwise one
 /// row, token NULL, for the first name that could not be taken.
-pub(crate) fn acquire_all(names: &[String], holder: &str, ttl: &PgInterval) -> String {
+pub(crate) fn acquire_all(
+    names: &[String],
+    holder: &str,
+    ttl: &PgInterval,
+    ticket: Option<i64>,
+) -> String {
+    let ticket = ticket.map_or_else(String::new, |t| format!(", {t}::bigint"));
     format!(
         "SELECT name, token, expires_at, holder, checked_at, note, holder_session, \
-                delayed_until FROM pglease.acquire_all({}, {}, {})",
+                delayed_until, ahead FROM pglease.acquire_all({}, {}, {}{ticket})",
         array(names, |n| n.clone(), "text"),
         Text(holder),
         Interval(ttl)
+    )
+}
+
+/// Join the line of every name of `names` (first come, first served): the
+/// ticket (NULL: the line is full), position and how many wait.
+pub(crate) fn enqueue(
+    names: &[String],
+    holder: &str,
+    ttl: &PgInterval,
+    max_waiting: Option<u32>,
+) -> String {
+    let bound = max_waiting.map_or_else(String::new, |n| format!(", {n}"));
+    format!(
+        "SELECT ticket, position, waiting FROM pglease.enqueue({}, {}, {}{bound})",
+        array(names, |n| n.clone(), "text"),
+        Text(holder),
+        Interval(ttl)
+    )
+}
+
+/// Leave the line: end every place of `ticket`.
+pub(crate) fn dequeue(ticket: i64) -> String {
+    format!("SELECT pglease.dequeue({ticket}::bigint)")
+}
+
+/// Who waits in line for `name`, from the front.
+pub(crate) fn line(name: &str) -> String {
+    format!(
+        "SELECT ticket, holder, position, joined_at, expires_at FROM pglease.line \
+          WHERE name = {} ORDER BY position",
+        Text(name)
     )
 }
 
@@ -403,7 +450,7 @@ pub(crate) const CAN_END_STALE: &str = "SELECT pglease.can_end_stale_transaction
 /// The role that owns the functions (the one `CAN_END_STALE` is about).
 pub(crate) const FUNCTIONS_OWNER: &str = "SELECT r.rolname::text FROM pg_catalog.pg_proc AS p \
        JOIN pg_catalog.pg_roles AS r ON r.oid = p.proowner \
-      WHERE p.oid = 'pglease.acquire(text, text, interval, boolean)'::pg_catalog.regprocedure";
+      WHERE p.oid = 'pglease.acquire(text, text, interval, boolean, bigint)'::pg_catalog.regprocedure";
 
 /// The database server's clock, as every lease decision reads it.
 pub(crate) const DATABASE_TIME: &str = "SELECT clock_timestamp()";

@@ -30,6 +30,10 @@ pub const NOT_PROTECTED: &str = "55000";
 /// restore, with tokens within `2^40` of `i64::MAX`.
 pub const FENCE_EXHAUSTED: &str = "2200H";
 
+/// An acquisition with a ticket whose place in line has ended (taken,
+/// left, its session ended, or not kept within its TTL): join again.
+pub const NOT_IN_LINE: &str = "LE003";
+
 /// Raised and caught inside `pglease.acquire_all` to undo a set it could
 /// not take whole; it never reaches a client.
 pub const SET_UNDONE: &str = "LE099";
@@ -149,8 +153,9 @@ mod tests {
     use super::*;
 
     /// Every SQLSTATE this file names.
-    const NAMED: [&str; 12] = [
+    const NAMED: [&str; 13] = [
         INVALID_INPUT,
+        NOT_IN_LINE,
         NOT_HELD,
         NOT_DECLARED,
         NOT_PERMITTED,

@@ -12,13 +12,13 @@ pub const METRICS: &[(&str, &str, &str, &str)] = &[
     (
         ACQUIRE_ATTEMPTS,
         "counter",
-        "outcome = acquired | held | pinned | delayed | error",
+        "outcome = acquired | held | pinned | in_line | delayed | error",
         "acquisition statements answered",
     ),
     (
         ACQUISITIONS,
         "counter",
-        "outcome = acquired | held | pinned | delayed | error",
+        "outcome = acquired | held | pinned | in_line | delayed | error",
         "acquire/hold calls, by how they ended (after any wait)",
     ),
     (

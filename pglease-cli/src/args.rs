@@ -300,6 +300,15 @@ pub(crate) struct RunArgs {
     /// exit 4).
     #[arg(long, conflicts_with = "min_hold")]
     pub(crate) session_bound: bool,
+    /// First come, first served: while waiting (--wait), take a place in
+    /// the line for the lease and get it in turn; stderr reports the
+    /// position. Without it, waiters race on each release.
+    #[arg(long, conflicts_with = "limit")]
+    pub(crate) fair: bool,
+    /// With --fair: exit 3 instead of joining a line that N already wait
+    /// in (1 to 1000).
+    #[arg(long, requires = "fair", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) max_waiting: Option<u32>,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
     pub(crate) cmd: Vec<String>,

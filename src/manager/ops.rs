@@ -218,6 +218,25 @@ impl LeaseManager {
         db::inspect(self.pool(), name).await
     }
 
+    /// Who waits in line for lease `name` (first come, first served, see
+    /// [`AcquireOptions::fair`](crate::AcquireOptions::fair)), from the
+    /// front: ended places (their waiter's session gone, or not kept
+    /// within their TTL) are left out. Needs SELECT on `pglease.line`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad name (nothing sent);
+    /// [`Error::NotPermitted`] without SELECT on the view;
+    /// [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn line(&self, name: &str) -> Result<Vec<crate::LinePlace>> {
+        check_text("name", name)?;
+        crate::wait::line(&self.shared.context, name).await
+    }
+
     /// The status of every lease ever acquired, ordered by name.
     ///
     /// # Errors

@@ -5,8 +5,12 @@
 //! jitter; polling with backoff only when no listener is available. The
 //! choice between two attempts is `plan.rs`'s, clock-free.
 
+mod line;
 mod plan;
 mod set;
+
+pub use line::LinePlace;
+pub(crate) use line::line;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -69,6 +73,9 @@ pub(crate) struct Held {
     /// Refused for the grant delay after a change of timeline: until when
     /// (database clock).
     delayed_until: Option<DateTime<Utc>>,
+    /// How many wait in line before this acquisition (with a place in
+    /// line, or when the line refused it).
+    ahead: Option<i32>,
 }
 
 impl Held {
@@ -77,9 +84,14 @@ impl Held {
         pinned(self.holder.as_deref(), self.expires_at, self.checked_at)
     }
 
+    /// Whether others wait in line before this acquisition.
+    fn in_line(&self) -> bool {
+        self.ahead.is_some_and(|ahead| ahead > 0)
+    }
+
     /// Why the lease was not acquired.
     fn refused(&self) -> plan::Refused {
-        plan::Refused::of(self.delayed_until.is_some(), self.pinned())
+        plan::Refused::of(self.delayed_until.is_some(), self.pinned(), self.in_line())
     }
 
     /// The holder's expiry, if there is a holder (a released lease has
@@ -93,6 +105,7 @@ impl Held {
     /// ended but a stale fenced transaction still holds it,
     /// [`Error::GrantDelayed`] during a grant delay.
     fn refusal(self) -> Error {
+        let refused = self.refused();
         let pinned = self.pinned();
         let Held {
             holder,
@@ -100,8 +113,15 @@ impl Held {
             note,
             slot: name,
             delayed_until,
+            ahead,
             ..
         } = self;
+        if refused == plan::Refused::InLine {
+            return Error::InLine {
+                name,
+                ahead: ahead.and_then(|a| u32::try_from(a).ok()).unwrap_or(0),
+            };
+        }
         if let Some(until) = delayed_until {
             return Error::GrantDelayed {
                 name,
@@ -213,6 +233,7 @@ async fn attempt(
     name: &str,
     ttl: PgInterval,
     how: &AcquireOptions,
+    ticket: Option<i64>,
 ) -> Result<Attempt> {
     let holder = how.get_holder();
     let holder = holder.as_ref();
@@ -224,6 +245,7 @@ async fn attempt(
         how.get_value(),
         how.get_limit(),
         how.get_session_bound(),
+        ticket,
     );
     let row = if how.get_session_bound() {
         on_session(context, statement).await
@@ -240,18 +262,18 @@ async fn attempt(
     let current_holder: Option<String> = row.try_get("holder")?;
     let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
     let Some(token) = token else {
-        let delayed_until: Option<DateTime<Utc>> = row.try_get("delayed_until")?;
-        let pinned = pinned(current_holder.as_deref(), expires_at, checked_at);
-        telemetry::acquire_attempt(plan::Refused::of(delayed_until.is_some(), pinned).label());
-        return Ok(Attempt::Held(Held {
+        let held = Held {
             holder: current_holder,
             expires_at,
             checked_at,
             note: row.try_get("note")?,
             slot: row.try_get("slot_name")?,
             holder_session: row.try_get("holder_session")?,
-            delayed_until,
-        }));
+            delayed_until: row.try_get("delayed_until")?,
+            ahead: row.try_get("ahead")?,
+        };
+        telemetry::acquire_attempt(held.refused().label());
+        return Ok(Attempt::Held(held));
     };
     telemetry::acquire_attempt("acquired");
     tracing::Span::current().record("token", token);
@@ -361,10 +383,12 @@ async fn attempt_detached(
     name: &str,
     ttl: PgInterval,
     how: &AcquireOptions,
+    place: Option<&line::Place>,
 ) -> Result<Attempt> {
     let (name, how) = (name.to_owned(), how.clone());
+    let ticket = place.map(line::Place::ticket);
     detached(context, move |context| async move {
-        attempt(&context, &name, ttl, &how).await
+        attempt(&context, &name, ttl, &how, ticket).await
     })
     .await
 }
@@ -406,11 +430,16 @@ impl Acquirer {
         telemetry::waiting(1.0);
         let _waiting = Waiting(&context.counters.waiting);
         let mut waiter = Waiter::new(context, name, deadline);
+        let mut line = Line::default();
         loop {
-            let outcome = attempt_detached(context, name, ttl, how).await;
+            let outcome = attempt_detached(context, name, ttl, how, line.place.as_ref()).await;
+            if line.ended(&outcome)? {
+                continue;
+            }
             let now = Instant::now();
             let held = match plan::step(outcome, now >= deadline) {
                 Step::Take { lease, sent } => {
+                    line.taken();
                     waiter.took(&lease, start);
                     return Ok((lease, sent));
                 }
@@ -429,6 +458,11 @@ impl Acquirer {
             if context.is_shut_down() {
                 return Err(Error::ShutDown);
             }
+            if line.join(context, &[name.to_owned()], how, &ttl).await? {
+                // Attempt at once with the ticket: the lease may be free
+                // for the first in line.
+                continue;
+            }
             // The release listener starts only once an attempt has failed
             // and there is time to wait: a release committed before the
             // name is watched is caught by the attempt made after the watch.
@@ -439,8 +473,80 @@ impl Acquirer {
                 continue;
             }
             let plan = waiter.plan(&held);
-            let nap = plan.nap.duration(context.options.get_max_poll_interval());
+            let nap = line.nap(
+                plan.nap.duration(context.options.get_max_poll_interval()),
+                how,
+            );
             waiter.nap((now + nap).min(deadline)).await?;
+        }
+    }
+}
+
+/// A fair acquisition's place in line across its attempts (none for an
+/// acquisition that is not fair, or before its first refusal).
+#[derive(Default)]
+struct Line {
+    place: Option<line::Place>,
+    /// Places that ended under the waiter in a row (see `ended`).
+    ended: u32,
+}
+
+impl Line {
+    /// Whether `outcome` says the place has ended (SQLSTATE LE003): the
+    /// waiter then joins again after its next attempt. Three in a row
+    /// are reported as the error.
+    fn ended<T>(&mut self, outcome: &Result<T>) -> Result<bool> {
+        let Err(error) = outcome else {
+            self.ended = 0;
+            return Ok(false);
+        };
+        if error.sqlstate() != Some(crate::sqlstate::NOT_IN_LINE) || self.ended >= 2 {
+            return Ok(false);
+        }
+        self.ended += 1;
+        if let Some(place) = self.place.take() {
+            place.taken();
+        }
+        Ok(true)
+    }
+
+    /// Joins the line of `names` if the acquisition is fair and has no
+    /// place yet; whether it joined now.
+    async fn join(
+        &mut self,
+        context: &Arc<Context>,
+        names: &[String],
+        how: &AcquireOptions,
+        ttl: &PgInterval,
+    ) -> Result<bool> {
+        if !how.get_fair() || self.place.is_some() {
+            return Ok(false);
+        }
+        let (place, position) = line::Place::join(
+            context,
+            names,
+            &how.get_holder(),
+            ttl,
+            how.get_max_waiting(),
+        )
+        .await?;
+        tracing::debug!(?names, position, "waiting in line");
+        self.place = Some(place);
+        Ok(true)
+    }
+
+    /// The acquisition succeeded: its place ended with it.
+    fn taken(&mut self) {
+        if let Some(place) = self.place.take() {
+            place.taken();
+        }
+    }
+
+    /// `nap`, shortened so that the place is kept.
+    fn nap(&self, nap: Duration, how: &AcquireOptions) -> Duration {
+        match self.place {
+            Some(_) => line::keep_place(nap, how.get_ttl()),
+            None => nap,
         }
     }
 }

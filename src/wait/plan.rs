@@ -23,18 +23,23 @@ pub(crate) enum Refused {
     Delayed,
     /// Ended, but pinned by a transaction the database could not end.
     Pinned,
+    /// Free, but others wait in line before this acquisition.
+    InLine,
     /// Held by another holder.
     Held,
 }
 
 impl Refused {
-    /// The refusal, given whether a grant delay refused it and whether
-    /// the lease has ended: a grant delay refuses any lease, held or not.
-    pub(crate) fn of(delayed: bool, pinned: bool) -> Refused {
-        match (delayed, pinned) {
-            (true, _) => Refused::Delayed,
-            (false, true) => Refused::Pinned,
-            (false, false) => Refused::Held,
+    /// The refusal, given whether a grant delay refused it, whether the
+    /// lease has ended, and whether others wait in line before this
+    /// acquisition: a grant delay refuses any lease, held or not; the
+    /// line refuses only a lease that has ended.
+    pub(crate) fn of(delayed: bool, ended: bool, in_line: bool) -> Refused {
+        match (delayed, ended, in_line) {
+            (true, _, _) => Refused::Delayed,
+            (false, true, true) => Refused::InLine,
+            (false, true, false) => Refused::Pinned,
+            (false, false, _) => Refused::Held,
         }
     }
 
@@ -43,6 +48,7 @@ impl Refused {
         match self {
             Refused::Delayed => "delayed",
             Refused::Pinned => "pinned",
+            Refused::InLine => "in_line",
             Refused::Held => "held",
         }
     }
@@ -392,6 +398,7 @@ mod tests {
             note: None,
             slot: "job".to_owned(),
             holder_session: None,
+            ahead: None,
             delayed_until: None,
         }
     }
@@ -456,10 +463,13 @@ mod tests {
 
     #[test]
     fn a_grant_delay_names_the_refusal_before_an_ended_lease() {
-        assert_eq!(Refused::of(true, true), Refused::Delayed);
-        assert_eq!(Refused::of(true, false), Refused::Delayed);
-        assert_eq!(Refused::of(false, true), Refused::Pinned);
-        assert_eq!(Refused::of(false, false), Refused::Held);
+        assert_eq!(Refused::of(true, true, true), Refused::Delayed);
+        assert_eq!(Refused::of(true, false, false), Refused::Delayed);
+        assert_eq!(Refused::of(false, true, false), Refused::Pinned);
+        assert_eq!(Refused::of(false, true, true), Refused::InLine);
+        assert_eq!(Refused::of(false, false, false), Refused::Held);
+        // Held, whoever waits in line: the holder's expiry is what counts.
+        assert_eq!(Refused::of(false, false, true), Refused::Held);
         let labels = [Refused::Delayed, Refused::Pinned, Refused::Held].map(Refused::label);
         assert_eq!(labels, ["delayed", "pinned", "held"]);
     }

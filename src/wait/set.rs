@@ -12,7 +12,9 @@ use sqlx::Row;
 use sqlx::postgres::types::PgInterval;
 use tokio::time::Instant;
 
-use super::{Acquirer, Attempt, GiveBack, Held, Waiter, Waiting, detached, plan, plan::Step};
+use super::{
+    Acquirer, Attempt, GiveBack, Held, Line, Waiter, Waiting, detached, line, plan, plan::Step,
+};
 use crate::context::Context;
 use crate::db;
 use crate::error::{Error, Result};
@@ -78,10 +80,11 @@ async fn attempt(
     names: &[String],
     ttl: PgInterval,
     how: &AcquireOptions,
+    ticket: Option<i64>,
 ) -> Result<SetAttempt> {
     let holder = how.get_holder();
     let sent = Instant::now();
-    let rows = sql::query(sql::acquire_all(names, holder.as_ref(), &ttl))
+    let rows = sql::query(sql::acquire_all(names, holder.as_ref(), &ttl, ticket))
         .fetch_all(&context.pool)
         .await;
     context
@@ -105,6 +108,7 @@ async fn attempt(
                 slot: name,
                 holder_session: row.try_get("holder_session")?,
                 delayed_until: row.try_get("delayed_until")?,
+                ahead: row.try_get("ahead")?,
             };
             telemetry::acquire_attempt(held.refused().label());
             return Ok(SetAttempt::Held(held));
@@ -170,10 +174,12 @@ async fn attempt_detached(
     names: &[String],
     ttl: PgInterval,
     how: &AcquireOptions,
+    place: Option<&line::Place>,
 ) -> Result<SetAttempt> {
     let (names, how) = (names.to_vec(), how.clone());
+    let ticket = place.map(line::Place::ticket);
     detached(context, move |context| async move {
-        attempt(&context, &names, ttl, &how).await
+        attempt(&context, &names, ttl, &how, ticket).await
     })
     .await
 }
@@ -203,11 +209,16 @@ impl Acquirer {
         let _waiting = Waiting(&context.counters.waiting);
         // The waiter for the name that blocked the last attempt.
         let mut waiter: Option<Waiter<'_>> = None;
+        let mut line = Line::default();
         loop {
-            let outcome = attempt_detached(context, &names, ttl, how).await;
+            let outcome = attempt_detached(context, &names, ttl, how, line.place.as_ref()).await;
+            if line.ended(&outcome)? {
+                continue;
+            }
             let now = Instant::now();
             let held = match outcome {
                 Ok(SetAttempt::Acquired { leases, sent }) => {
+                    line.taken();
                     telemetry::acquisition("acquired", Some(start.elapsed()));
                     return Ok((leases, sent));
                 }
@@ -229,6 +240,9 @@ impl Acquirer {
             if context.is_shut_down() {
                 return Err(Error::ShutDown);
             }
+            if line.join(context, &names, how, &ttl).await? {
+                continue;
+            }
             let Some(blocking) = names.iter().find(|n| **n == held.slot) else {
                 return Err(Error::Database(sqlx::Error::Protocol(format!(
                     "pglease.acquire_all refused {:?}, which was not asked for",
@@ -245,7 +259,10 @@ impl Acquirer {
                 continue;
             }
             let plan = waiter.plan(&held);
-            let nap = plan.nap.duration(context.options.get_max_poll_interval());
+            let nap = line.nap(
+                plan.nap.duration(context.options.get_max_poll_interval()),
+                how,
+            );
             waiter.nap((now + nap).min(deadline)).await?;
         }
     }

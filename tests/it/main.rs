@@ -37,6 +37,7 @@ mod counted;
 mod doctor;
 mod elect;
 mod failover;
+mod fair;
 mod fenced_begin;
 mod fenced_lock;
 mod guarded_write;
@@ -67,6 +68,7 @@ fn main() -> std::process::ExitCode {
     pglease_formations::harness::run(
         [
             acquire_all::tests(),
+            fair::tests(),
             acquire_race::tests(),
             advisory::tests(),
             article_scenario::tests(),

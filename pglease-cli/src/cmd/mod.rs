@@ -129,7 +129,9 @@ pub(crate) fn not_acquired(e: Error, what: &'static str) -> Outcome {
             "pglease: not acquired: {name:?} is held by {holder:?} until {}",
             expires_at.to_rfc3339()
         ),
-        Error::Pinned { .. } => eprintln!("pglease: not acquired: {e}"),
+        Error::Pinned { .. } | Error::InLine { .. } | Error::LineFull { .. } => {
+            eprintln!("pglease: not acquired: {e}");
+        }
         Error::GrantDelayed { .. } => eprintln!(
             "pglease: not acquired: {e}; try again after that, or wait for it with --wait"
         ),

@@ -118,10 +118,14 @@ async fn acquire(
     signals: &mut StopSignals,
 ) -> Result<Vec<HeldLease>, Outcome> {
     let acquisition = announced(args.wait, |wait| async move {
-        let how = AcquireOptions::ttl(args.ttl)
+        let mut how = AcquireOptions::ttl(args.ttl)
             .holder(holder)
             .wait(wait)
-            .session_bound(args.session_bound);
+            .session_bound(args.session_bound)
+            .fair(args.fair);
+        if let Some(n) = args.max_waiting {
+            how = how.max_waiting(n);
+        }
         match (&args.names[..], args.limit) {
             ([name], Some(limit)) => Ok(vec![manager.hold(name, how.limit(limit)).await?]),
             ([name], None) => Ok(vec![manager.hold(name, how).await?]),
@@ -133,8 +137,10 @@ async fn acquire(
             }
         }
     });
+    let positions = report_positions(manager, args, holder);
     tokio::select! {
         held = acquisition => held.map_err(|e| not_acquired(e, "run")),
+        () = positions => unreachable!("the position report never ends"),
         signal = signals.next() => {
             eprintln!(
                 "pglease: interrupted before {} was acquired; the command did not run",
@@ -143,6 +149,44 @@ async fn acquire(
             Err(Ok(ExitCode::from(signalled(signal))))
         }
     }
+}
+
+/// With `--fair` and `--wait`: says on stderr where this run stands in the
+/// line of its first name each time that changes ("2nd of 3 in line"),
+/// reading `pglease.line` twice a second. Never completes; stops reading
+/// (silently) if the view cannot be read.
+async fn report_positions(manager: &LeaseManager, args: &RunArgs, holder: &str) {
+    if args.fair && !args.wait.is_zero() {
+        let name = &args.names[0];
+        let mut last = None;
+        while let Ok(line) = manager.line(name).await {
+            let place = line
+                .iter()
+                .find(|p| p.holder == holder)
+                .map(|p| (p.position, line.len()));
+            if let (Some((position, waiting)), true) = (place, place != last) {
+                note!(
+                    "pglease: {name:?}: {} of {waiting} in line",
+                    ordinal(position)
+                );
+            }
+            last = place;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    std::future::pending().await
+}
+
+/// 1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, 21st, ...
+fn ordinal(n: u32) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
 }
 
 /// Waits for CMD, whatever else happens meanwhile: a signal to pglease is

@@ -361,6 +361,96 @@ async fn several_names_are_checked_before_connecting() {
     }
 }
 
+/// `run --fair`: two runs waiting for a held lease are served in the
+/// order they joined the line, each told its position on stderr; a third
+/// with `--max-waiting 2` exits 3 without joining a line that two wait in.
+async fn fair_runs_are_served_in_turn_and_told_their_position() {
+    let db = crate::common::new_db().await;
+    let m = db.manager();
+    let held = m
+        .acquire(
+            "f",
+            AcquireOptions::ttl(Duration::from_secs(60)).holder("H"),
+        )
+        .await
+        .expect("acquire");
+    let said = |k: usize| std::env::temp_dir().join(format!("pglease-fair-{k}-{}", db.name()));
+    let fair_run = |k: usize| {
+        let file = std::fs::File::create(said(k)).expect("a file for stderr");
+        command(
+            &db,
+            &[
+                "run",
+                "f",
+                "--ttl",
+                "10s",
+                "--wait",
+                "30s",
+                "--fair",
+                "--",
+                "sh",
+                "-c",
+                "echo $PGLEASE_TOKEN",
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(file)
+        .spawn()
+        .expect("start pglease run")
+    };
+    let told = |k: usize, what: &'static str| {
+        let path = said(k);
+        async move {
+            poll_until(what, BOUND, || async { read(&path).contains(what) }).await;
+        }
+    };
+    let in_line = |n: usize| {
+        let m = m.clone();
+        async move {
+            poll_until(&format!("{n} in line"), BOUND, || async {
+                m.line("f").await.expect("line").len() == n
+            })
+            .await;
+        }
+    };
+    let first = fair_run(1);
+    in_line(1).await;
+    told(1, "\"f\": 1st of 1 in line").await;
+    let second = fair_run(2);
+    in_line(2).await;
+    told(2, "\"f\": 2nd of 2 in line").await;
+    let full = pglease(
+        &db,
+        &[
+            "run",
+            "f",
+            "--ttl",
+            "10s",
+            "--wait",
+            "30s",
+            "--fair",
+            "--max-waiting",
+            "2",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(code(&full), 3, "{}", stderr(&full));
+    assert!(stderr(&full).contains("is full"), "{}", stderr(&full));
+    m.release(&held).await.expect("release");
+    let (first, second) = (
+        wait_bounded_output(first).await,
+        wait_bounded_output(second).await,
+    );
+    assert_eq!((code(&first), code(&second)), (0, 0), "{}", read(&said(2)));
+    let token =
+        |out: &std::process::Output| -> Token { stdout(out).trim().parse().expect("a token") };
+    assert!(token(&first) < token(&second), "served out of turn");
+    for k in [1, 2] {
+        let _ = std::fs::remove_file(said(k));
+    }
+}
+
 /// Waits for `child` (its output piped) to exit within [`BOUND`], and
 /// returns its output.
 async fn wait_bounded_output(child: std::process::Child) -> std::process::Output {
@@ -381,4 +471,5 @@ tests![
     a_set_run_stops_when_any_one_lease_ends,
     a_name_granted_to_another_role_refuses_the_set,
     several_names_are_checked_before_connecting,
+    fair_runs_are_served_in_turn_and_told_their_position,
 ];

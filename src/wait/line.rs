@@ -1,0 +1,156 @@
+//! First come, first served (`AcquireOptions::fair`): a waiter's place in
+//! the line of its names (`pglease.enqueue`), left in the background when
+//! the waiter stops waiting without the lease; and the line as an
+//! observer reads it (`pglease.line`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::postgres::types::PgInterval;
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::sql;
+
+/// A waiter's place in line. Dropped while it still holds the place (the
+/// waiter gave up, failed or was cancelled), it leaves the line in the
+/// background; an acquisition with its ticket that succeeds ends the
+/// place in the database, and [`Place::taken`] says so here.
+pub(super) struct Place {
+    ticket: i64,
+    context: Arc<Context>,
+    held: bool,
+}
+
+impl Place {
+    /// Joins the line of every name of `names` for `holder`, the place
+    /// kept for `ttl` between attempts.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LineFull`] when `max_waiting` (or the schema's limit)
+    /// wait already; database errors (42501 for a name granted to other
+    /// roles).
+    pub(super) async fn join(
+        context: &Arc<Context>,
+        names: &[String],
+        holder: &str,
+        ttl: &PgInterval,
+        max_waiting: Option<u32>,
+    ) -> Result<(Place, u32)> {
+        let row = sql::query(sql::enqueue(names, holder, ttl, max_waiting))
+            .fetch_one(&context.pool)
+            .await?;
+        let ticket: Option<i64> = row.try_get("ticket")?;
+        let waiting: i32 = row.try_get("waiting")?;
+        let Some(ticket) = ticket else {
+            return Err(Error::LineFull {
+                name: names.join(", "),
+                waiting: u32::try_from(waiting).unwrap_or(0),
+            });
+        };
+        let position: i32 = row.try_get("position")?;
+        tracing::debug!(ticket, position, waiting, "joined the line");
+        let place = Place {
+            ticket,
+            context: Arc::clone(context),
+            held: true,
+        };
+        Ok((place, u32::try_from(position).unwrap_or(0)))
+    }
+
+    /// The ticket, for the attempts.
+    pub(super) fn ticket(&self) -> i64 {
+        self.ticket
+    }
+
+    /// The acquisition with this ticket succeeded, or the database ended
+    /// the place: nothing to leave.
+    pub(super) fn taken(mut self) {
+        self.held = false;
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if !self.held {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = self.context.pool.clone();
+        let limit = self.context.options.get_renew_timeout();
+        let ticket = self.ticket;
+        self.context.background.spawn_on(
+            async move {
+                let leave = sql::query(sql::dequeue(ticket)).execute(&pool);
+                if let Ok(Err(error)) = tokio::time::timeout(limit, leave).await {
+                    // The place ends anyway once its TTL passes.
+                    tracing::debug!(ticket, %error, "leaving the line failed");
+                }
+            },
+            &runtime,
+        );
+    }
+}
+
+/// The longest nap for a waiter with a place in line: a third of the TTL,
+/// so that its attempts keep the place.
+pub(super) fn keep_place(nap: Duration, ttl: Duration) -> Duration {
+    nap.min(ttl / 3)
+}
+
+/// One place in a lease's line, as [`crate::LeaseManager::line`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LinePlace {
+    /// The waiter's ticket (a set has one ticket in each of its lines).
+    pub ticket: i64,
+    /// Who waits.
+    pub holder: String,
+    /// 1 for the next to be served.
+    pub position: u32,
+    /// When it joined (database clock).
+    pub joined_at: DateTime<Utc>,
+    /// When the place ends unless its waiter tries again.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// Who waits in line for `name`, from the front (ended places left out).
+pub(crate) async fn line(context: &Context, name: &str) -> Result<Vec<LinePlace>> {
+    let rows = sql::query(sql::line(name)).fetch_all(&context.pool).await?;
+    rows.iter()
+        .map(|row| {
+            let position: i32 = row.try_get("position")?;
+            Ok(LinePlace {
+                ticket: row.try_get("ticket")?,
+                holder: row.try_get("holder")?,
+                position: u32::try_from(position).unwrap_or(0),
+                joined_at: row.try_get("joined_at")?,
+                expires_at: row.try_get("expires_at")?,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keep_place;
+    use std::time::Duration;
+
+    #[test]
+    fn a_place_is_kept_by_an_attempt_every_third_of_the_ttl() {
+        let ttl = Duration::from_secs(9);
+        assert_eq!(
+            keep_place(Duration::from_secs(60), ttl),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            keep_place(Duration::from_millis(20), ttl),
+            Duration::from_millis(20)
+        );
+    }
+}

@@ -1,0 +1,328 @@
+//! First come, first served (`AcquireOptions::fair`, SQL `pglease.enqueue`
+//! and acquisitions with a ticket): waiters are served in the order they
+//! joined the line, nobody without a place overtakes them, a waiter whose
+//! session is gone is skipped at once and a frozen one after its place's
+//! TTL, the line is bounded and reports positions, a set waits in line
+//! like a single lease, and only the role that joined acts with a ticket.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::{Connection, PgConnection, Row};
+
+use pglease::{AcquireOptions, Error, LeaseManager};
+
+use crate::common::{TestDb, sqlstate_of};
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// Waits until `n` acquirers wait in line for `name`.
+async fn until_in_line(m: &LeaseManager, name: &str, n: usize) {
+    pglease::testing::poll_until(&format!("{n} in line for {name}"), TTL, || async {
+        m.line(name).await.expect("read the line").len() == n
+    })
+    .await;
+}
+
+/// `pglease.enqueue` on `conn`: (ticket, position, waiting).
+async fn enqueue(
+    conn: &mut PgConnection,
+    names: &[&str],
+    holder: &str,
+    ttl: &str,
+    max: Option<i32>,
+) -> (Option<i64>, Option<i32>, i32) {
+    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    let row = sqlx::query(
+        "SELECT ticket, position, waiting FROM pglease.enqueue($1, $2, $3::interval, $4)",
+    )
+    .bind(&names)
+    .bind(holder)
+    .bind(ttl)
+    .bind(max)
+    .fetch_one(conn)
+    .await
+    .expect("enqueue answers");
+    (row.get("ticket"), row.get("position"), row.get("waiting"))
+}
+
+/// Four fair waiters, each joining once the one before is in line, are
+/// served in that order when the holder lets go; meanwhile an acquisition
+/// without a place is refused (held, then in line), and every token is
+/// larger than the one before.
+async fn waiters_are_served_in_the_order_they_joined() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let first = m
+        .acquire("q", AcquireOptions::ttl(TTL).holder("H"))
+        .await
+        .expect("H acquires");
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..4 {
+        let (m2, served) = (m.clone(), Arc::clone(&served));
+        waiters.push(tokio::spawn(async move {
+            let how = AcquireOptions::ttl(TTL)
+                .holder(format!("W{i}"))
+                .wait(TTL)
+                .fair(true);
+            let lease = m2.acquire("q", how).await.expect("a fair waiter acquires");
+            served.lock().expect("lock").push((i, lease.token().get()));
+            m2.release(&lease).await.expect("release");
+        }));
+        until_in_line(&m, "q", i + 1).await;
+    }
+    let line = m.line("q").await.expect("line");
+    let holders: Vec<(&str, u32)> = line
+        .iter()
+        .map(|p| (p.holder.as_str(), p.position))
+        .collect();
+    assert_eq!(holders, [("W0", 1), ("W1", 2), ("W2", 3), ("W3", 4)]);
+    // No overtaking: a plain acquisition is refused, held or not.
+    match m.acquire("q", AcquireOptions::ttl(TTL).holder("P")).await {
+        Err(Error::Held { .. }) => {}
+        other => panic!("P acquired past the line: {other:?}"),
+    }
+    m.release(&first).await.expect("H releases");
+    for waiter in waiters {
+        tokio::time::timeout(TTL, waiter)
+            .await
+            .expect("the waiters are served within the TTL")
+            .expect("a waiter panicked");
+    }
+    let served = served.lock().expect("lock").clone();
+    println!("served (waiter, token): {served:?}");
+    let order: Vec<usize> = served.iter().map(|(i, _)| *i).collect();
+    assert_eq!(order, [0, 1, 2, 3], "served out of turn");
+    assert!(served.windows(2).all(|w| w[0].1 < w[1].1));
+    assert!(m.line("q").await.expect("line").is_empty());
+}
+
+/// The first in line joined on a connection that then closed (its process
+/// died): the next waiter is served as soon as the holder releases, not
+/// after the dead waiter's place expires (its TTL is 10 min). A waiter
+/// that is alive but never tries again (frozen) holds the line up for its
+/// place's TTL (1 s here), then the lease goes to the next. Safety: each
+/// token is new; liveness: both bounds are measured.
+async fn a_dead_waiter_is_skipped_at_once_and_a_frozen_one_after_its_ttl() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let held = m
+        .acquire("d", AcquireOptions::ttl(TTL).holder("H"))
+        .await
+        .expect("H acquires");
+    let mut dead = db.connect().await;
+    let (ticket, position, _) = enqueue(&mut dead, &["d"], "dead", "10 min", None).await;
+    assert_eq!((ticket.is_some(), position), (true, Some(1)));
+    dead.close()
+        .await
+        .expect("the dead waiter's connection closes");
+    let m2 = m.clone();
+    let next = tokio::spawn(async move {
+        let how = AcquireOptions::ttl(TTL).holder("next").wait(TTL).fair(true);
+        m2.acquire("d", how).await
+    });
+    until_in_line(&m, "d", 1).await;
+    let released = Instant::now();
+    m.release(&held).await.expect("H releases");
+    let lease = tokio::time::timeout(TTL, next)
+        .await
+        .expect("bounded")
+        .expect("join")
+        .expect("the next waiter acquires");
+    let took = released.elapsed();
+    println!(
+        "dead head of the line: next served {} ms after the release",
+        took.as_millis()
+    );
+    assert!(lease.token() > held.token());
+    assert!(
+        took < Duration::from_secs(5),
+        "held up by a dead waiter: {took:?}"
+    );
+    m.release(&lease).await.expect("release");
+
+    // Frozen: alive, in line, never tries again.
+    let mut frozen = db.connect().await;
+    let (ticket, _, _) = enqueue(&mut frozen, &["d"], "frozen", "1 s", None).await;
+    assert!(ticket.is_some());
+    let joined = Instant::now();
+    match m.acquire("d", AcquireOptions::ttl(TTL).holder("P")).await {
+        Err(Error::InLine { name, ahead: 1 }) => assert_eq!(name, "d"),
+        other => panic!("the free lease was taken past a live place: {other:?}"),
+    }
+    let how = AcquireOptions::ttl(TTL).holder("P").wait(TTL).fair(true);
+    let lease = m
+        .acquire("d", how)
+        .await
+        .expect("P acquires after the place expires");
+    let waited = joined.elapsed();
+    println!(
+        "frozen head of the line (place TTL 1 s): next served {} ms after it joined",
+        waited.as_millis()
+    );
+    assert!(
+        waited >= Duration::from_secs(1),
+        "served before the frozen place ended"
+    );
+    assert!(lease.token() > held.token());
+    drop(frozen);
+}
+
+/// The line's length is bounded (SQL: a NULL ticket; library:
+/// `Error::LineFull`), positions are reported, and `dequeue` leaves it.
+async fn the_line_is_bounded_and_reports_positions() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let held = m
+        .acquire("b", AcquireOptions::ttl(TTL).holder("H"))
+        .await
+        .expect("H acquires");
+    let mut c = db.connect().await;
+    let (t1, p1, w1) = enqueue(&mut c, &["b"], "one", "1 min", Some(2)).await;
+    let (t2, p2, w2) = enqueue(&mut c, &["b"], "two", "1 min", Some(2)).await;
+    assert_eq!((p1, w1, p2, w2), (Some(1), 1, Some(2), 2));
+    let (t3, p3, w3) = enqueue(&mut c, &["b"], "three", "1 min", Some(2)).await;
+    assert_eq!((t3, p3, w3), (None, None, 2), "joined a full line");
+    let how = AcquireOptions::ttl(TTL)
+        .holder("four")
+        .wait(TTL)
+        .fair(true)
+        .max_waiting(2);
+    match m.acquire("b", how).await {
+        Err(Error::LineFull { name, waiting: 2 }) => assert_eq!(name, "b"),
+        other => panic!("joined a full line: {other:?}"),
+    }
+    let left: i32 = sqlx::query_scalar("SELECT pglease.dequeue($1)")
+        .bind(t1)
+        .fetch_one(&mut c)
+        .await
+        .expect("dequeue");
+    assert_eq!(left, 1);
+    let line = m.line("b").await.expect("line");
+    assert_eq!(line.len(), 1);
+    assert_eq!(
+        (line[0].ticket, line[0].position),
+        (t2.expect("a ticket"), 1)
+    );
+    // Bad input: 22023 before anything.
+    for sql in [
+        "SELECT pglease.enqueue('{b}', 'x', '1 min', 0)",
+        "SELECT pglease.enqueue('{b}', 'x', '1 min', 1001)",
+        "SELECT pglease.enqueue('{}', 'x', '1 min')",
+        "SELECT pglease.enqueue('{b,b}', 'x', '1 min')",
+        "SELECT pglease.dequeue(NULL)",
+    ] {
+        assert_eq!(
+            sqlstate_of(&mut c, sql).await.as_deref(),
+            Some("22023"),
+            "{sql}"
+        );
+    }
+    // A ticket that has no place: LE003.
+    assert_eq!(
+        sqlstate_of(
+            &mut c,
+            "SELECT * FROM pglease.acquire('b', 'x', '1 min', false, 999999)"
+        )
+        .await
+        .as_deref(),
+        Some("LE003")
+    );
+    match m
+        .acquire("b", AcquireOptions::ttl(TTL).fair(true).limit(2))
+        .await
+    {
+        Err(Error::InvalidInput {
+            argument: "fair", ..
+        }) => {}
+        other => panic!("a fair counted lease: {other:?}"),
+    }
+    m.release(&held).await.expect("release");
+}
+
+/// A set joins every line with one ticket: a set that joined first is
+/// served before a single waiter that joined after it, and sets over
+/// overlapping names served fairly never deadlock.
+async fn a_set_waits_in_line_like_a_single_lease() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let held = m
+        .acquire_all(&["x", "y"], AcquireOptions::ttl(TTL).holder("H"))
+        .await
+        .expect("H takes the set");
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (who, names) in [
+        ("S1", vec!["y", "x"]),
+        ("W", vec!["x"]),
+        ("S2", vec!["x", "y"]),
+    ] {
+        let (m2, served) = (m.clone(), Arc::clone(&served));
+        let n = m.line("x").await.expect("line").len();
+        tasks.push(tokio::spawn(async move {
+            let how = AcquireOptions::ttl(TTL).holder(who).wait(TTL).fair(true);
+            let leases = m2.acquire_all(&names, how).await.expect("served");
+            served.lock().expect("lock").push(who);
+            for lease in &leases {
+                m2.release(lease).await.expect("release");
+            }
+        }));
+        until_in_line(&m, "x", n + 1).await;
+    }
+    for lease in &held {
+        m.release(lease).await.expect("H releases");
+    }
+    for task in tasks {
+        tokio::time::timeout(TTL, task)
+            .await
+            .expect("served within the TTL")
+            .expect("a waiter panicked");
+    }
+    assert_eq!(*served.lock().expect("lock"), ["S1", "W", "S2"]);
+}
+
+/// Only the role that joined acts with its ticket: another role's attempt
+/// with it, or its dequeue, is refused with 42501 and the place stays.
+async fn only_the_role_that_joined_acts_with_its_ticket() {
+    let db = TestDb::new().await;
+    let roles = db.login_roles(&["app1", "app2"], &[]).await;
+    let mut c1 = db.connect_as(&roles[0]).await;
+    let mut c2 = db.connect_as(&roles[1]).await;
+    let held = db
+        .manager()
+        .acquire("r", AcquireOptions::ttl(TTL).holder("H"))
+        .await
+        .expect("H acquires");
+    let (ticket, _, _) = enqueue(&mut c1, &["r"], "app1", "1 min", None).await;
+    let ticket = ticket.expect("a ticket");
+    for sql in [
+        format!("SELECT * FROM pglease.acquire('r', 'app2', '1 min', false, {ticket})"),
+        format!("SELECT pglease.dequeue({ticket})"),
+        format!("SELECT * FROM pglease.acquire_all('{{r}}', 'app2', '1 min', {ticket})"),
+    ] {
+        assert_eq!(
+            sqlstate_of(&mut c2, &sql).await.as_deref(),
+            Some("42501"),
+            "{sql}"
+        );
+    }
+    // The view is not granted to applications by default.
+    assert_eq!(
+        sqlstate_of(&mut c2, "SELECT * FROM pglease.line")
+            .await
+            .as_deref(),
+        Some("42501")
+    );
+    let line = db.manager().line("r").await.expect("line");
+    assert_eq!(line.len(), 1, "a refused role changed the line");
+    db.manager().release(&held).await.expect("release");
+}
+
+tests![
+    waiters_are_served_in_the_order_they_joined(4),
+    a_dead_waiter_is_skipped_at_once_and_a_frozen_one_after_its_ttl(2),
+    the_line_is_bounded_and_reports_positions,
+    a_set_waits_in_line_like_a_single_lease(4),
+    only_the_role_that_joined_acts_with_its_ticket,
+];
