@@ -271,9 +271,10 @@ CREATE TABLE pglease.leases (
     -- the functions may read it, start time. NULL: bound to no session.
     session_pid   integer,
     session_start timestamptz,
-    -- Whether acquirers may be waiting in line for this name (see LINES):
-    -- set when one joins, cleared by the acquisition that finds nobody
-    -- else in line. An acquisition reads the line only when it is set.
+    -- Whether acquirers have ever waited in line for this name (see
+    -- LINES): set when one joins, never cleared (clearing it could race
+    -- with a join not yet committed). An acquisition reads the line only
+    -- when it is set.
     queued        boolean     NOT NULL DEFAULT false
     -- The primary key is the table's only index, and no function changes
     -- the name: every update is a HOT update (see LOCKS above for why the
@@ -1194,8 +1195,12 @@ BEGIN
                     END IF;
                     PERFORM pg_sleep(0.002);
                 END LOOP;
-                INSERT INTO pglease.leases AS l (name, holder, token, expires_at, acquired_at)
-                VALUES (acquire.name, NULL, 0, '-infinity', clock_timestamp())
+                -- Marked if someone joined its line meanwhile (enqueue
+                -- holds this slot until it commits; see LINES).
+                INSERT INTO pglease.leases AS l (name, holder, token, expires_at, acquired_at,
+                                                 queued)
+                VALUES (acquire.name, NULL, 0, '-infinity', clock_timestamp(),
+                        EXISTS (SELECT 1 FROM pglease._line AS q WHERE q.name = acquire.name))
                 ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
             END IF;
 
@@ -1255,13 +1260,7 @@ BEGIN
                        released_at = NULL,
                        renewals = 0,
                        session_pid = my_pid,
-                       session_start = my_start,
-                       -- Still set while others wait in line.
-                       queued = CASE WHEN l.queued OR acquire.ticket IS NOT NULL
-                                     THEN EXISTS (SELECT 1 FROM pglease._line AS q
-                                                   WHERE q.name = acquire.name
-                                                     AND q.ticket IS DISTINCT FROM acquire.ticket)
-                                     ELSE false END
+                       session_start = my_start
                   FROM s
                  WHERE l.name = s.name
                    AND (l.holder IS NULL OR clock_timestamp() >= l.expires_at
@@ -3425,6 +3424,11 @@ COMMENT ON FUNCTION pglease.acquire_all(text[], text, interval, bigint) IS
 -- join again, at the end of the line. Only the role that joined (its
 -- members, administrators) may act with a ticket.
 --
+-- THE FLAG leases.queued, set by enqueue and never cleared, tells an
+-- acquisition to read the line: names nobody ever waited in line for pay
+-- one column read. A join and a first acquisition of the same new name
+-- take turns on its _creators slot, so the new row is marked either way.
+--
 -- THE LENGTH of a line is bounded: enqueue takes MAX_WAITING (at most
 -- _max_waiting()) and answers a NULL ticket when that many wait already.
 -- Counted leases have no line (their slots are names of their own).
@@ -3547,6 +3551,12 @@ BEGIN
     IF longest >= bound THEN
         RETURN ROW(NULL, NULL, longest)::pglease.place;
     END IF;
+    -- A name being acquired for the first time: wait for its creator to
+    -- commit (its row is then marked below), or keep it from creating the
+    -- row until this place is committed (it then marks the row itself).
+    PERFORM 1 FROM pglease._creators AS c
+     WHERE c.slot IN (SELECT hashtext(u.n) & 255 FROM unnest(sorted) AS u(n))
+       FOR SHARE;
     mine := nextval('pglease.line_seq');
     INSERT INTO pglease._line AS q (name, ticket, holder, role, session_pid, session_start,
                                     joined_at, expires_at)

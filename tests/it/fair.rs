@@ -282,6 +282,48 @@ async fn a_set_waits_in_line_like_a_single_lease() {
     assert_eq!(*served.lock().expect("lock"), ["S1", "W", "S2"]);
 }
 
+/// A waiter joining the line of a name while its first acquisition is
+/// still committing: the join waits for it, the new row is marked, and
+/// once that lease has expired a plain acquisition is refused (in line)
+/// instead of overtaking the waiter.
+async fn a_join_during_a_first_acquisition_is_not_overtaken() {
+    let db = TestDb::new().await;
+    let mut creator = db.connect().await;
+    let mut tx = creator.begin().await.expect("begin");
+    let token: Option<i64> =
+        sqlx::query_scalar("SELECT token FROM pglease.acquire('new', 'A', '1 s')")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("A acquires, uncommitted");
+    assert!(token.is_some());
+    let mut waiter = db.connect().await;
+    let joining = tokio::spawn(async move {
+        let place = enqueue(&mut waiter, &["new"], "W", "1 min", None).await;
+        (place, waiter)
+    });
+    pglease::testing::poll_until("the join to wait for the creator", TTL, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+              AND wait_event_type = 'Lock' AND query LIKE '%pglease.enqueue%')",
+        )
+        .fetch_one(db.pool())
+        .await
+        .expect("read pg_stat_activity")
+    })
+    .await;
+    tx.commit().await.expect("A commits");
+    let ((ticket, _, _), _waiter) = joining.await.expect("join");
+    assert!(ticket.is_some());
+    let m = db.manager();
+    let how = AcquireOptions::ttl(TTL)
+        .holder("P")
+        .wait(Duration::from_secs(3));
+    match m.acquire("new", how).await {
+        Err(Error::InLine { ahead: 1, .. }) => {}
+        other => panic!("P overtook the waiter: {other:?}"),
+    }
+}
+
 /// Only the role that joined acts with its ticket: another role's attempt
 /// with it, or its dequeue, is refused with 42501 and the place stays.
 async fn only_the_role_that_joined_acts_with_its_ticket() {
@@ -325,4 +367,5 @@ tests![
     the_line_is_bounded_and_reports_positions,
     a_set_waits_in_line_like_a_single_lease(4),
     only_the_role_that_joined_acts_with_its_ticket,
+    a_join_during_a_first_acquisition_is_not_overtaken(2),
 ];

@@ -108,7 +108,9 @@ where
             announce_wait(&name, &current, expires_at, wait);
             attempt(wait).await
         }
-        Err(e @ (Error::Pinned { .. } | Error::GrantDelayed { .. })) if !wait.is_zero() => {
+        Err(e @ (Error::Pinned { .. } | Error::GrantDelayed { .. } | Error::InLine { .. }))
+            if !wait.is_zero() =>
+        {
             note!("pglease: {e}; waiting up to {}", human(wait));
             attempt(wait).await
         }

@@ -449,6 +449,21 @@ async fn fair_runs_are_served_in_turn_and_told_their_position() {
     for k in [1, 2] {
         let _ = std::fs::remove_file(said(k));
     }
+    // Free, but someone (alive, never trying again) waits in line for 2 s:
+    // a waiting run waits for its turn instead of exiting 3 at once.
+    let mut other = db.connect().await.expect("connect");
+    sqlx::query("SELECT pglease.enqueue('{f}', 'frozen', '2 s')")
+        .execute(&mut other)
+        .await
+        .expect("enqueue");
+    let out = pglease(
+        &db,
+        &[
+            "run", "f", "--ttl", "10s", "--wait", "30s", "--fair", "--", "true",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stderr(&out).contains("wait in line"), "{}", stderr(&out));
 }
 
 /// Waits for `child` (its output piped) to exit within [`BOUND`], and
