@@ -79,6 +79,30 @@ pub(crate) struct Held {
 }
 
 impl Held {
+    /// A refusal as an answer row of `pglease.acquire` or `acquire_all`
+    /// says it (holder, expiry and decision time already read), about
+    /// `slot`; counted in telemetry.
+    fn refused_in(
+        row: &PgRow,
+        holder: Option<String>,
+        expires_at: DateTime<Utc>,
+        checked_at: DateTime<Utc>,
+        slot: String,
+    ) -> sqlx::Result<Held> {
+        let held = Held {
+            holder,
+            expires_at,
+            checked_at,
+            note: row.try_get("note")?,
+            slot,
+            holder_session: row.try_get("holder_session")?,
+            delayed_until: row.try_get("delayed_until")?,
+            ahead: row.try_get("ahead")?,
+        };
+        telemetry::acquire_attempt(held.refused().label());
+        Ok(held)
+    }
+
     /// Whether the lease has ended and is only pinned (see [`pinned`]).
     fn pinned(&self) -> bool {
         pinned(self.holder.as_deref(), self.expires_at, self.checked_at)
@@ -262,17 +286,13 @@ async fn attempt(
     let current_holder: Option<String> = row.try_get("holder")?;
     let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
     let Some(token) = token else {
-        let held = Held {
-            holder: current_holder,
+        let held = Held::refused_in(
+            &row,
+            current_holder,
             expires_at,
             checked_at,
-            note: row.try_get("note")?,
-            slot: row.try_get("slot_name")?,
-            holder_session: row.try_get("holder_session")?,
-            delayed_until: row.try_get("delayed_until")?,
-            ahead: row.try_get("ahead")?,
-        };
-        telemetry::acquire_attempt(held.refused().label());
+            row.try_get("slot_name")?,
+        )?;
         return Ok(Attempt::Held(held));
     };
     telemetry::acquire_attempt("acquired");

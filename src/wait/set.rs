@@ -100,17 +100,7 @@ async fn attempt(
         let current_holder: Option<String> = row.try_get("holder")?;
         let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
         let Some(token) = token else {
-            let held = Held {
-                holder: current_holder,
-                expires_at,
-                checked_at,
-                note: row.try_get("note")?,
-                slot: name,
-                holder_session: row.try_get("holder_session")?,
-                delayed_until: row.try_get("delayed_until")?,
-                ahead: row.try_get("ahead")?,
-            };
-            telemetry::acquire_attempt(held.refused().label());
+            let held = Held::refused_in(row, current_holder, expires_at, checked_at, name)?;
             return Ok(SetAttempt::Held(held));
         };
         leases.push(Lease::new(
