@@ -38,6 +38,9 @@
 --     type set_acquisition, acquire_all.
 -- 11. First-come-first-served waiting: _max_waiting, line_seq, _line,
 --     type place, _ahead, enqueue, dequeue, view line.
+-- 12. Shared leases, many holders or one: _shared, _writer_waits,
+--     acquire_shared, _renew_shared, _release_shared, assert_shared,
+--     view shared.
 -- =====================================================================
 -- 0. THE RULES EVERY FUNCTION KEEPS
 -- =====================================================================
@@ -275,7 +278,17 @@ CREATE TABLE pglease.leases (
     -- LINES): set when one joins, never cleared (clearing it could race
     -- with a join not yet committed). An acquisition reads the line only
     -- when it is set.
-    queued        boolean     NOT NULL DEFAULT false
+    queued        boolean     NOT NULL DEFAULT false,
+    -- Shared holders (see SHARED LEASES): the latest expiry of a valid
+    -- one, or NULL (never understated: kept under this row's lock by
+    -- every change of a shared holder); the exclusive term after which
+    -- shared holders were admitted (its stale fenced transactions ended);
+    -- and the exclusive acquirer that waits for them, until when new
+    -- shared acquisitions wait behind it.
+    readers_until      timestamptz,
+    readers_after      bigint,
+    writer_waiting     text,
+    writer_waits_until timestamptz
     -- The primary key is the table's only index, and no function changes
     -- the name: every update is a HOT update (see LOCKS above for why the
     -- token needs no index).
@@ -960,16 +973,18 @@ DECLARE
     give_up    timestamptz := clock_timestamp() + interval '1 second';
     ended_them boolean := false;
     cur_token  bigint;
+    -- Shared holders hold it until then (see SHARED LEASES).
+    readers    timestamptz;
 BEGIN
     LOOP
-        SELECT l.holder, l.expires_at, l.token, l.session_pid
-          INTO held_by, held_until, cur_token, held_session
+        SELECT l.holder, l.expires_at, l.token, l.session_pid, l.readers_until
+          INTO held_by, held_until, cur_token, held_session, readers
           FROM pglease.leases AS l WHERE l.name = _take_over.name FOR NO KEY UPDATE SKIP LOCKED;
         IF FOUND THEN
             -- Nobody can renew, release or acquire the lease now: decide.
             decided_at := clock_timestamp();
-            IF held_by IS NOT NULL AND decided_at < held_until
-               AND cur_token IS DISTINCT FROM gone_token THEN
+            IF (held_by IS NOT NULL AND decided_at < held_until
+                AND cur_token IS DISTINCT FROM gone_token) OR readers > decided_at THEN
                 note := '';
                 RETURN;
             END IF;
@@ -997,12 +1012,12 @@ BEGIN
         -- An acquisition, renewal or release of the lease has not committed
         -- yet (usually a matter of milliseconds). Meanwhile, a lease that
         -- is valid on its committed row is simply held.
-        SELECT l.holder, l.expires_at, l.token, l.session_pid
-          INTO held_by, held_until, cur_token, held_session
+        SELECT l.holder, l.expires_at, l.token, l.session_pid, l.readers_until
+          INTO held_by, held_until, cur_token, held_session, readers
           FROM pglease.leases AS l WHERE l.name = _take_over.name;
         decided_at := clock_timestamp();
-        IF held_by IS NOT NULL AND decided_at < held_until
-           AND cur_token IS DISTINCT FROM gone_token THEN
+        IF (held_by IS NOT NULL AND decided_at < held_until
+            AND cur_token IS DISTINCT FROM gone_token) OR readers > decided_at THEN
             note := '';
             RETURN;
         END IF;
@@ -1034,6 +1049,45 @@ COMMENT ON FUNCTION pglease._take_over(text, bigint) IS
     'Internal to pglease.acquire: lock an ended lease FOR UPDATE, ending the sessions '
     'still fenced on it, within about 2 s; otherwise say why not.';
 
+-- The first acquisition of NAME creates its row, with token 0, unless a
+-- creator that committed meanwhile did. Creators of one name take turns,
+-- on the row of pglease._creators for the name's hash (a row lock only
+-- pglease can take, held to commit): two speculative inserts racing on
+-- the primary key, followed by the winner's update (which inserts a new
+-- primary-key entry when the page has no room), can otherwise deadlock.
+-- The second creator then finds the committed row and inserts nothing.
+-- Bounded like every wait here: after 1 s of another creation that has
+-- not committed, returns why (NULL once the row exists).
+CREATE FUNCTION pglease._create(name text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    give_up timestamptz := clock_timestamp() + interval '1 second';
+BEGIN
+    LOOP
+        PERFORM 1 FROM pglease._creators AS c
+         WHERE c.slot = hashtext(_create.name) & 255 FOR UPDATE SKIP LOCKED;
+        EXIT WHEN FOUND;
+        IF clock_timestamp() >= give_up THEN
+            RETURN 'another transaction creating a lease name has not committed for 1 s (call '
+                   'acquire in a transaction of its own)';
+        END IF;
+        PERFORM pg_sleep(0.002);
+    END LOOP;
+    -- Marked if someone joined its line meanwhile (enqueue holds this
+    -- slot until it commits; see LINES).
+    INSERT INTO pglease.leases AS l (name, holder, token, expires_at, acquired_at, queued)
+    VALUES (_create.name, NULL, 0, '-infinity', clock_timestamp(),
+            EXISTS (SELECT 1 FROM pglease._line AS q WHERE q.name = _create.name))
+    ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
+    RETURN NULL;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._create(text) FROM PUBLIC;
+
 CREATE FUNCTION pglease.acquire(name text, holder text, ttl interval,
                                 session_bound boolean DEFAULT false,
                                 ticket bigint DEFAULT NULL)
@@ -1059,13 +1113,14 @@ DECLARE
     name_ok    boolean := false;
     note       text;
     t          timestamptz;
-    give_up    timestamptz;
     here       pglease._checked;
     result     pglease.acquisition;
     -- Someone may wait in line for the name (see LINES); how many do
     -- before this acquisition.
     line_set   boolean;
     ahead      integer;
+    -- Until when shared holders hold it (see SHARED LEASES).
+    readers    timestamptz;
 BEGIN
     IF NOT coalesce(octet_length(acquire.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND octet_length(acquire.holder) BETWEEN 1 AND pglease._max_text_bytes()
@@ -1082,8 +1137,9 @@ BEGIN
     -- row lock, a token, WAL or a commit flush, also while fenced
     -- transactions hold it. A session-bound one is held while its session
     -- lives.
-    SELECT l.holder, l.expires_at, l.token, l.session_pid, l.session_start, l.queued
-      INTO cur_holder, cur_expiry, cur_token, cur_pid, cur_start, line_set
+    SELECT l.holder, l.expires_at, l.token, l.session_pid, l.session_start, l.queued,
+           l.readers_until
+      INTO cur_holder, cur_expiry, cur_token, cur_pid, cur_start, line_set, readers
       FROM pglease.leases AS l WHERE l.name = acquire.name;
     found_row := FOUND;
     t := clock_timestamp();
@@ -1120,6 +1176,17 @@ BEGIN
                               'this one', ahead),
                        cur_pid, NULL, ahead)::pglease.acquisition;
         END IF;
+    END IF;
+
+    -- Held shared: refused, and new shared holders wait behind this
+    -- acquisition (see SHARED LEASES), unless the last one has just
+    -- released.
+    IF readers > t THEN
+        result := pglease._writer_waits(acquire.name, acquire.holder, ahead);
+        IF result.expires_at > result.checked_at THEN
+            RETURN result;
+        END IF;
+        result := NULL;
     END IF;
 
     -- Taking the lease is one statement, tried at most twice: at once in
@@ -1170,48 +1237,30 @@ BEGIN
             END IF;
 
             IF NOT found_row THEN
-                -- First acquisition of this name: create the row with token
-                -- 0. Creators of one name take turns, on the row of
-                -- pglease._creators for the name's hash (a row lock only
-                -- pglease can take, held to commit): two speculative
-                -- inserts racing on the primary key, followed by the
-                -- winner's update (which inserts a new primary-key entry
-                -- when the page has no room), can otherwise deadlock. The
-                -- second creator then finds the committed row, inserts
-                -- nothing, and locks that row below. Bounded like every
-                -- wait here: after 1 s of another creation that has not
-                -- committed, not acquired, with a note.
-                give_up := clock_timestamp() + interval '1 second';
-                LOOP
-                    PERFORM 1 FROM pglease._creators AS c
-                     WHERE c.slot = hashtext(acquire.name) & 255 FOR UPDATE SKIP LOCKED;
-                    EXIT WHEN FOUND;
-                    IF clock_timestamp() >= give_up THEN
-                        t := clock_timestamp();
-                        RETURN ROW(NULL, t, NULL, t,
-                                   'another transaction creating a lease name has not committed for '
-                                   '1 s (call acquire in a transaction of its own)',
-                                   NULL, NULL, NULL)::pglease.acquisition;
-                    END IF;
-                    PERFORM pg_sleep(0.002);
-                END LOOP;
-                -- Marked if someone joined its line meanwhile (enqueue
-                -- holds this slot until it commits; see LINES).
-                INSERT INTO pglease.leases AS l (name, holder, token, expires_at, acquired_at,
-                                                 queued)
-                VALUES (acquire.name, NULL, 0, '-infinity', clock_timestamp(),
-                        EXISTS (SELECT 1 FROM pglease._line AS q WHERE q.name = acquire.name))
-                ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
+                note := pglease._create(acquire.name);
+                IF note IS NOT NULL THEN
+                    t := clock_timestamp();
+                    RETURN ROW(NULL, t, NULL, t, note, NULL, NULL, NULL)::pglease.acquisition;
+                END IF;
             END IF;
 
             -- Usually nobody else locks the row: take FOR UPDATE at once.
-            SELECT l.holder, l.expires_at, l.token, l.session_pid
-              INTO cur_holder, cur_expiry, cur_token, cur_pid
+            SELECT l.holder, l.expires_at, l.token, l.session_pid, l.readers_until
+              INTO cur_holder, cur_expiry, cur_token, cur_pid, readers
               FROM pglease.leases AS l WHERE l.name = acquire.name FOR UPDATE SKIP LOCKED;
             IF NOT FOUND THEN
                 SELECT o.note, o.held_by, o.held_until, o.held_session, o.decided_at
                   INTO note, cur_holder, cur_expiry, cur_pid, t
                   FROM pglease._take_over(acquire.name, gone_token) AS o;
+                SELECT l.readers_until INTO readers
+                  FROM pglease.leases AS l WHERE l.name = acquire.name;
+                IF readers > clock_timestamp() THEN
+                    result := pglease._writer_waits(acquire.name, acquire.holder, NULL);
+                    IF result.expires_at > result.checked_at THEN
+                        RETURN result;
+                    END IF;
+                    result := NULL;
+                END IF;
                 IF note = '' THEN
                     -- Held, as decided (see _take_over).
                     RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, NULL)::pglease.acquisition;
@@ -1235,6 +1284,9 @@ BEGIN
             t := clock_timestamp();
             IF cur_holder IS NOT NULL AND t < cur_expiry AND cur_token IS DISTINCT FROM gone_token THEN
                 RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, NULL)::pglease.acquisition;
+            END IF;
+            IF readers > t THEN
+                RETURN pglease._writer_waits(acquire.name, acquire.holder, NULL);
             END IF;
             name_ok := true;
             found_row := true;
@@ -1260,11 +1312,14 @@ BEGIN
                        released_at = NULL,
                        renewals = 0,
                        session_pid = my_pid,
-                       session_start = my_start
+                       session_start = my_start,
+                       writer_waiting = NULL,
+                       writer_waits_until = NULL
                   FROM s
                  WHERE l.name = s.name
                    AND (l.holder IS NULL OR clock_timestamp() >= l.expires_at
                         OR l.token = gone_token)
+                   AND (l.readers_until IS NULL OR clock_timestamp() >= l.readers_until)
                    AND (name_ok OR NOT EXISTS (SELECT 1 FROM pglease.name_grants AS g
                                                 WHERE starts_with(acquire.name, g.prefix)))
                 RETURNING l.token, l.expires_at, l.acquired_at, s.holder AS old_holder,
@@ -1379,8 +1434,15 @@ BEGIN
        AND (l.session_pid IS NULL OR NOT pglease._session_gone(l.session_pid, l.session_start))
     RETURNING l.expires_at INTO new_expiry;
     IF new_expiry IS NULL THEN
-        PERFORM pglease._refuse_foreign(renew.name, renew.token, 'renew');
-    ELSIF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
+        -- Not the exclusive holder's token: a shared holder's (see SHARED
+        -- LEASES), or a lease lost.
+        new_expiry := pglease._renew_shared(renew.name, renew.token, renew.ttl);
+        IF new_expiry IS NULL THEN
+            PERFORM pglease._refuse_foreign(renew.name, renew.token, 'renew');
+        END IF;
+    END IF;
+    IF new_expiry IS NOT NULL
+       AND current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
         -- The validity acknowledged must survive a crash (see DURABILITY).
         checked := set_config('synchronous_commit', 'on', true);
     END IF;
@@ -1424,6 +1486,8 @@ DECLARE
     r_names    text[];
     r_tokens   bigint[];
     r_expiries timestamptz[];
+    shared     record;
+    renewed    timestamptz;
 BEGIN
     IF names IS NULL OR tokens IS NULL OR ttls IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
@@ -1478,6 +1542,24 @@ BEGIN
            coalesce(array_agg(upd.expires_at), '{}')
       INTO r_names, r_tokens, r_expiries
       FROM upd;
+    -- Shared holders' tokens (see SHARED LEASES), one by one in byte
+    -- order of their names (each locks its name's row).
+    IF cardinality(r_names) < cardinality(names) THEN
+        FOR shared IN
+            SELECT d.n, d.t, d.ttl
+              FROM (SELECT DISTINCT u.n, u.t, u.ttl
+                      FROM unnest(names, tokens, ttls) AS u(n, t, ttl)
+                      JOIN pglease._shared AS s ON s.token = u.t AND s.name = u.n) AS d
+             ORDER BY d.n COLLATE "C", d.t
+        LOOP
+            renewed := pglease._renew_shared(shared.n, shared.t, shared.ttl);
+            IF renewed IS NOT NULL THEN
+                r_names := r_names || shared.n;
+                r_tokens := r_tokens || shared.t;
+                r_expiries := r_expiries || renewed;
+            END IF;
+        END LOOP;
+    END IF;
     IF cardinality(r_names) > 0
        AND current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
         -- The validity acknowledged must survive a crash (see DURABILITY).
@@ -1638,7 +1720,9 @@ BEGIN
         RETURNING _history.id
     )
     SELECT (SELECT max(h.id) FROM h) INTO new_id FROM u;
-    IF NOT FOUND THEN
+    -- Not the exclusive holder's token: a shared holder's (see SHARED
+    -- LEASES), or a lease not valid.
+    IF NOT FOUND AND NOT pglease._release_shared(release.name, release.token) THEN
         PERFORM pglease._refuse_foreign(release.name, release.token, 'release');
         RETURN false;
     END IF;
@@ -1767,6 +1851,18 @@ BEGIN
                     DETAIL = format('reason=forgotten token=%s timeline=%s name=%s',
                                     assert_held.token, lost_in.timeline, assert_held.name);
             END IF;
+        END IF;
+        IF found_row AND cur_token <> assert_held.token
+           AND EXISTS (SELECT 1 FROM pglease._shared AS s
+                        WHERE s.token = assert_held.token AND s.name = assert_held.name) THEN
+            -- See SHARED LEASES.
+            RAISE EXCEPTION USING ERRCODE = 'LE001',
+                MESSAGE = format('pglease: lease %L is not held exclusively under token %s: it '
+                                 'is a shared holder''s token, which pglease.assert_shared '
+                                 'checks; writes under the lease need the exclusive holder''s',
+                                 assert_held.name, assert_held.token),
+                DETAIL = format('reason=shared token=%s name=%s', assert_held.token,
+                                assert_held.name);
         END IF;
         IF NOT found_row OR cur_token = 0 THEN
             RAISE EXCEPTION USING ERRCODE = 'LE001',
@@ -3642,6 +3738,435 @@ DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pglease_admin') THEN
         GRANT SELECT ON pglease.line TO pglease_admin;
+    END IF;
+END
+$$;
+
+-- =====================================================================
+-- 12. SHARED LEASES: MANY HOLDERS AT ONCE, OR ONE
+--
+-- MODES. A name is acquired exclusive (acquire: one holder, as always)
+-- or shared (acquire_shared: any number of holders at once). Each shared
+-- holder has its own token, drawn from fence_seq, its own expiry and its
+-- own row in pglease._shared. An exclusive acquisition needs no valid
+-- exclusive holder and no valid shared holder; a shared acquisition needs
+-- no valid exclusive holder. What an exclusive acquisition decides on is
+-- on the name's row: readers_until, the latest expiry of a valid shared
+-- holder, which every change of a shared holder (acquire_shared, and
+-- renew and release under a shared token) makes under that row's lock,
+-- so that it never understates one; the decision is re-evaluated on the
+-- latest row version like every other.
+--
+-- WRITER PREFERENCE. An exclusive acquisition refused because of shared
+-- holders marks the name: writer_waiting (its holder) and
+-- writer_waits_until, 5 s from now (sooner if the shared holders' latest
+-- expiry is sooner: then 3 s after it). While the mark lasts, a shared
+-- acquisition is refused and told that the waiting exclusive acquirer
+-- holds the name until the mark ends. The refused exclusive acquisition
+-- is told to come back within 2 s (its answer's expires_at is the shared
+-- holders' latest expiry or 2 s from now, whichever is sooner), so that
+-- one that waits renews the mark before it ends; one that stops
+-- attempting (gave up, or died) keeps new shared holders out for 5 s at
+-- most. Shared holders already in keep their leases and may renew them:
+-- only new ones wait. An exclusive acquisition clears the mark.
+--
+-- FENCING. assert_shared(name, token) is a shared holder's check: the
+-- same FOR KEY SHARE on the name's row and the same marker as assert_held
+-- takes, so that no exclusive acquisition commits while a shared holder's
+-- checked transaction is open, and an exclusive acquisition after every
+-- shared holder has ended ends their frozen transactions as it ends an
+-- exclusive holder's (see TAKEOVER). It declares nothing: assert_held and
+-- protected tables accept only the exclusive holder's token (a shared
+-- token gets LE001, reason=shared). The first shared acquisition after an
+-- exclusive term locks the row FOR UPDATE as an exclusive acquisition
+-- does, ending that term's stale fenced transactions (readers_after
+-- records the term so cleared), so that no shared holder reads beside a
+-- stale writer's open transaction.
+--
+-- NOT SHARED: session-bound, counted and several-at-once acquisitions, a
+-- place in line (a shared acquisition waits behind everyone in line but
+-- takes no place), values, step-down requests; force_release ends the
+-- exclusive holder only. History: 'acquired' and 'released' rows with
+-- detail 'shared'; an expiry is not recorded.
+-- =====================================================================
+
+CREATE TABLE pglease._shared (
+    token       bigint      NOT NULL PRIMARY KEY,
+    name        text        NOT NULL,
+    holder      text        NOT NULL,
+    -- The login role of the acquisition (see AUTHORITY).
+    role        name        NOT NULL,
+    acquired_at timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    renewed_at  timestamptz,
+    renewals    integer     NOT NULL DEFAULT 0
+);
+
+CREATE INDEX _shared_name ON pglease._shared (name, expires_at);
+
+REVOKE ALL ON pglease._shared FROM PUBLIC;
+
+-- An exclusive acquisition by HOLDER found NAME held shared: mark the
+-- name (see WRITER PREFERENCE) unless another transaction changes its row
+-- right now (the next attempt marks it then), and answer "held" by the
+-- shared holder that expires last, until that expiry or for 2 s, whichever
+-- ends first (NULL, or not after checked_at, if they have just ended: the
+-- caller goes on). AHEAD as acquire answers it. Internal to acquire.
+CREATE FUNCTION pglease._writer_waits(name text, holder text, ahead integer)
+RETURNS pglease.acquisition
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    until  timestamptz;
+    reader text;
+BEGIN
+    SELECT l.readers_until INTO until FROM pglease.leases AS l
+     WHERE l.name = _writer_waits.name FOR NO KEY UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        IF until > clock_timestamp() THEN
+            UPDATE pglease.leases AS l
+               SET writer_waiting = _writer_waits.holder,
+                   writer_waits_until = greatest(l.writer_waits_until,
+                                                 least(until, clock_timestamp()
+                                                              + interval '2 seconds')
+                                                 + interval '3 seconds')
+             WHERE l.name = _writer_waits.name;
+        END IF;
+    ELSE
+        SELECT l.readers_until INTO until FROM pglease.leases AS l
+         WHERE l.name = _writer_waits.name;
+    END IF;
+    until := least(until, clock_timestamp() + interval '2 seconds');
+    SELECT s.holder INTO reader FROM pglease._shared AS s
+     WHERE s.name = _writer_waits.name AND s.expires_at > clock_timestamp()
+     ORDER BY s.expires_at DESC LIMIT 1;
+    RETURN ROW(NULL, until, reader, clock_timestamp(), NULL, NULL, NULL,
+               _writer_waits.ahead)::pglease.acquisition;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._writer_waits(text, text, integer) FROM PUBLIC;
+
+CREATE FUNCTION pglease.acquire_shared(name text, holder text, ttl interval)
+RETURNS pglease.acquisition
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    seconds   numeric := extract(epoch FROM acquire_shared.ttl);
+    checked   text;
+    lease     pglease.leases;
+    here      pglease._checked;
+    gone      boolean;
+    t         timestamptz;
+    give_up   timestamptz;
+    note      text;
+    ahead     integer;
+    new_token bigint;
+    expiry    timestamptz;
+BEGIN
+    IF NOT coalesce(octet_length(acquire_shared.name) BETWEEN 1 AND pglease._max_text_bytes()
+                    AND octet_length(acquire_shared.holder) BETWEEN 1 AND pglease._max_text_bytes()
+                    AND seconds > 0 AND seconds <= pglease._max_ttl_seconds(), false) THEN
+        checked := pglease._check_text('name', acquire_shared.name);
+        checked := pglease._check_text('holder', acquire_shared.holder);
+        PERFORM pglease._check_ttl(acquire_shared.ttl);
+    END IF;
+    IF pg_is_in_recovery() THEN
+        PERFORM pglease._refuse_standby('acquire a lease');
+    END IF;
+    -- No token before the timeline is checked, none in a grant delay
+    -- (see TIMELINES).
+    SELECT * INTO here FROM pglease._checked;
+    IF NOT FOUND THEN
+        here := pglease._timeline_checked(NULL);
+        IF here.timeline IS NULL THEN
+            t := clock_timestamp();
+            RETURN ROW(NULL, t, NULL, t,
+                       'another transaction checking the server''s timeline has not committed '
+                       'for 1 s (call acquire_shared in a transaction of its own)',
+                       NULL, NULL, NULL)::pglease.acquisition;
+        END IF;
+    END IF;
+    t := clock_timestamp();
+    IF here.grant_after > t THEN
+        RETURN ROW(NULL, t, NULL, t,
+                   format('the database changed to timeline %s (a failover or a restore) and '
+                          'grants no lease until %s (the grant delay)', here.timeline,
+                          here.grant_after),
+                   NULL, here.grant_after, NULL)::pglease.acquisition;
+    END IF;
+    IF NOT pglease._may_use_name(acquire_shared.name) THEN
+        PERFORM pglease._refuse_name(acquire_shared.name, 'acquire');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pglease.leases AS l WHERE l.name = acquire_shared.name) THEN
+        note := pglease._create(acquire_shared.name);
+        IF note IS NOT NULL THEN
+            t := clock_timestamp();
+            RETURN ROW(NULL, t, NULL, t, note, NULL, NULL, NULL)::pglease.acquisition;
+        END IF;
+    END IF;
+
+    -- The row's lock, as renew's: concurrent shared acquisitions take
+    -- turns on it for milliseconds, and no exclusive acquisition decides
+    -- meanwhile. Bounded like every wait here.
+    give_up := clock_timestamp() + interval '1 second';
+    LOOP
+        SELECT * INTO lease FROM pglease.leases AS l
+         WHERE l.name = acquire_shared.name FOR NO KEY UPDATE SKIP LOCKED;
+        EXIT WHEN FOUND;
+        IF clock_timestamp() >= give_up THEN
+            SELECT * INTO lease FROM pglease.leases AS l WHERE l.name = acquire_shared.name;
+            RETURN ROW(NULL, lease.expires_at, lease.holder, clock_timestamp(),
+                       'its row has been locked for over 1 s by a transaction that has not '
+                       'committed (call acquire, acquire_shared, renew and release in '
+                       'transactions of their own)',
+                       lease.session_pid, NULL, NULL)::pglease.acquisition;
+        END IF;
+        PERFORM pg_sleep(0.002);
+    END LOOP;
+
+    t := clock_timestamp();
+    gone := lease.session_pid IS NOT NULL
+            AND pglease._session_gone(lease.session_pid, lease.session_start);
+    IF lease.holder IS NOT NULL AND t < lease.expires_at AND NOT gone THEN
+        RETURN ROW(NULL, lease.expires_at, lease.holder, t, NULL, lease.session_pid, NULL,
+                   NULL)::pglease.acquisition;
+    END IF;
+    IF lease.writer_waits_until > t THEN
+        RETURN ROW(NULL, lease.writer_waits_until, lease.writer_waiting, t,
+                   'an exclusive acquisition waits for the shared holders to end (writer '
+                   'preference): new shared holders wait behind it',
+                   NULL, NULL, NULL)::pglease.acquisition;
+    END IF;
+    IF lease.queued THEN
+        ahead := pglease._ahead(acquire_shared.name, NULL, acquire_shared.ttl);
+        IF ahead > 0 THEN
+            RETURN ROW(NULL, t, NULL, t,
+                       format('first come, first served: %s acquirer(s) wait in line before '
+                              'this one', ahead),
+                       NULL, NULL, ahead)::pglease.acquisition;
+        END IF;
+    END IF;
+
+    -- The first shared holder after an exclusive term: that term's stale
+    -- fenced transactions end first (see FENCING above).
+    IF lease.token > 0 AND lease.readers_after IS DISTINCT FROM lease.token THEN
+        PERFORM 1 FROM pglease.leases AS l
+         WHERE l.name = acquire_shared.name FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            SELECT o.note INTO note
+              FROM pglease._take_over(acquire_shared.name,
+                                      CASE WHEN gone THEN lease.token END) AS o;
+            IF note IS NOT NULL THEN
+                -- '' cannot be: nobody acquires while this holds the row.
+                RETURN ROW(NULL, lease.expires_at, lease.holder, clock_timestamp(),
+                           nullif(note, ''), lease.session_pid, NULL, NULL)::pglease.acquisition;
+            END IF;
+        END IF;
+    END IF;
+
+    new_token := nextval('pglease.fence_seq');
+    expiry := clock_timestamp() + make_interval(secs => seconds::double precision);
+    -- Ended shared holders of the name go.
+    DELETE FROM pglease._shared AS s
+     WHERE s.name = acquire_shared.name AND s.expires_at <= clock_timestamp();
+    INSERT INTO pglease._shared (token, name, holder, role, acquired_at, expires_at)
+    VALUES (new_token, acquire_shared.name, acquire_shared.holder, session_user,
+            clock_timestamp(), expiry);
+    UPDATE pglease.leases AS l
+       SET readers_until = greatest(l.readers_until, expiry),
+           readers_after = l.token
+     WHERE l.name = acquire_shared.name;
+    -- Durable whatever the session's synchronous_commit (see DURABILITY).
+    IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
+        checked := set_config('synchronous_commit', 'on', true);
+    END IF;
+    PERFORM pglease._record(acquire_shared.name, new_token, 'acquired', acquire_shared.holder,
+                            clock_timestamp(), NULL, 'shared');
+    PERFORM pglease._changed(acquire_shared.name);
+    RETURN ROW(new_token, expiry, acquire_shared.holder, t, NULL, NULL, NULL,
+               NULL)::pglease.acquisition;
+END
+$$;
+
+COMMENT ON FUNCTION pglease.acquire_shared(text, text, interval) IS
+    'Acquire lease NAME shared for HOLDER for TTL: granted beside other shared holders, '
+    'unless an exclusive holder holds it, an exclusive acquisition waits for the shared '
+    'holders (writer preference), or acquirers wait in line. Returns what acquire returns; '
+    'the token is this holder''s own. Renew and release it with renew and release; check '
+    'it in a transaction with assert_shared. Answers within about 2 s.';
+
+-- renew(NAME, TOKEN, TTL) for a shared holder's TOKEN: the new expiry,
+-- or NULL if TOKEN is no valid shared holder's of NAME (42501 if it is
+-- one this session may not act under). The name's row is locked first,
+-- so that no exclusive acquisition decides between the two updates.
+CREATE FUNCTION pglease._renew_shared(name text, token bigint, ttl interval)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    new_expiry timestamptz;
+    owner      name;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pglease._shared AS s
+                    WHERE s.token = _renew_shared.token AND s.name = _renew_shared.name) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM 1 FROM pglease.leases AS l WHERE l.name = _renew_shared.name FOR NO KEY UPDATE;
+    UPDATE pglease._shared AS s
+       SET expires_at = clock_timestamp()
+                        + make_interval(secs => date_part('epoch', _renew_shared.ttl)),
+           renewed_at = clock_timestamp(),
+           renewals = s.renewals + 1
+     WHERE s.token = _renew_shared.token AND s.name = _renew_shared.name
+       AND clock_timestamp() < s.expires_at
+       AND (s.role = session_user OR pglease._may_act(s.role))
+    RETURNING s.expires_at INTO new_expiry;
+    IF new_expiry IS NULL THEN
+        SELECT s.role INTO owner FROM pglease._shared AS s
+         WHERE s.token = _renew_shared.token AND clock_timestamp() < s.expires_at;
+        IF FOUND THEN
+            PERFORM pglease._refuse_owner(_renew_shared.name, owner, 'renew');
+        END IF;
+        RETURN NULL;
+    END IF;
+    UPDATE pglease.leases AS l
+       SET readers_until = greatest(l.readers_until, new_expiry)
+     WHERE l.name = _renew_shared.name;
+    RETURN new_expiry;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._renew_shared(text, bigint, interval) FROM PUBLIC;
+
+-- release(NAME, TOKEN) for a shared holder's TOKEN: true if it ended a
+-- valid shared lease (42501 if it is one this session may not act
+-- under). readers_until becomes the latest expiry of the others, read
+-- after the name's row is locked.
+CREATE FUNCTION pglease._release_shared(name text, token bigint)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    gone  pglease._shared;
+    owner name;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pglease._shared AS s
+                    WHERE s.token = _release_shared.token AND s.name = _release_shared.name) THEN
+        RETURN false;
+    END IF;
+    PERFORM 1 FROM pglease.leases AS l WHERE l.name = _release_shared.name FOR NO KEY UPDATE;
+    DELETE FROM pglease._shared AS s
+     WHERE s.token = _release_shared.token AND s.name = _release_shared.name
+       AND clock_timestamp() < s.expires_at
+       AND (s.role = session_user OR pglease._may_act(s.role))
+    RETURNING s.* INTO gone;
+    IF gone.token IS NULL THEN
+        SELECT s.role INTO owner FROM pglease._shared AS s
+         WHERE s.token = _release_shared.token AND clock_timestamp() < s.expires_at;
+        IF FOUND THEN
+            PERFORM pglease._refuse_owner(_release_shared.name, owner, 'release');
+        END IF;
+        RETURN false;
+    END IF;
+    UPDATE pglease.leases AS l
+       SET readers_until = (SELECT max(s.expires_at) FROM pglease._shared AS s
+                             WHERE s.name = _release_shared.name
+                               AND s.expires_at > clock_timestamp())
+     WHERE l.name = _release_shared.name;
+    PERFORM pglease._record(_release_shared.name, gone.token, 'released', gone.holder,
+                            clock_timestamp(), gone.renewals, 'shared');
+    RETURN true;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._release_shared(text, bigint) FROM PUBLIC;
+
+CREATE FUNCTION pglease.assert_shared(name text, token bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    checked   text;
+    secret    bytea;
+    reader    pglease._shared;
+    t         timestamptz;
+    marker    bigint;
+BEGIN
+    IF NOT coalesce(octet_length(assert_shared.name) BETWEEN 1 AND pglease._max_text_bytes()
+                    AND assert_shared.token IS NOT NULL, false) THEN
+        checked := pglease._check_text('name', assert_shared.name);
+        PERFORM pglease._check_token(assert_shared.token);
+    END IF;
+    -- As assert_held: held until the caller's transaction ends, it keeps
+    -- every exclusive acquisition of the name from committing.
+    SELECT l.secret INTO secret FROM pglease.leases AS l
+     WHERE l.name = assert_shared.name FOR KEY SHARE;
+    SELECT * INTO reader FROM pglease._shared AS s
+     WHERE s.token = assert_shared.token AND s.name = assert_shared.name;
+    -- The clock is read after the lock is held.
+    t := clock_timestamp();
+    IF reader.token IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'LE001',
+            MESSAGE = format('pglease: lease %L is not held shared under token %s: no shared '
+                             'holder has that token (released, ended and purged, or never '
+                             'issued)', assert_shared.name, assert_shared.token),
+            DETAIL = format('reason=not_shared token=%s name=%s', assert_shared.token,
+                            assert_shared.name);
+    END IF;
+    IF t >= reader.expires_at THEN
+        RAISE EXCEPTION USING ERRCODE = 'LE001',
+            MESSAGE = format('pglease: lease %L is not held shared under token %s: it expired '
+                             'at %s (database time now %s)', assert_shared.name,
+                             assert_shared.token, reader.expires_at, t),
+            DETAIL = format('reason=expired token=%s at=%s name=%s', assert_shared.token,
+                            to_char(reader.expires_at AT TIME ZONE 'UTC',
+                                    'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                            assert_shared.name);
+    END IF;
+    IF reader.role IS DISTINCT FROM session_user AND NOT pglease._may_act(reader.role) THEN
+        PERFORM pglease._refuse_owner(assert_shared.name, reader.role, 'read under');
+    END IF;
+    -- The marker, as assert_held takes it: an exclusive acquisition
+    -- after this holder has ended ends this transaction's session.
+    marker := pglease._marker(secret, pg_current_xact_id()::xid);
+    IF NOT pg_try_advisory_xact_lock_shared(marker) THEN
+        RAISE EXCEPTION USING ERRCODE = '55P03',
+            MESSAGE = format('pglease: lease %L: this transaction''s fenced marker is held '
+                             'exclusively by another session (%s)', assert_shared.name,
+                             pglease._key_holders(marker >> 32, marker, 1));
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION pglease.assert_shared(text, bigint) IS
+    'Inside a transaction: fail with SQLSTATE LE001 unless TOKEN is a valid shared '
+    'holder''s of lease NAME, and keep every exclusive acquisition of NAME from committing '
+    'until this transaction ends. Declares nothing: writes to protected tables need the '
+    'exclusive holder''s token.';
+
+-- The shared holders of every name, valid ones only.
+CREATE VIEW pglease.shared AS
+SELECT s.name, s.token, s.holder, s.role, s.acquired_at, s.expires_at, s.renewed_at,
+       s.renewals
+  FROM pglease._shared AS s
+ WHERE s.expires_at > clock_timestamp();
+
+REVOKE ALL ON pglease.shared FROM PUBLIC;
+
+COMMENT ON VIEW pglease.shared IS
+    'The valid shared holders of every lease: name, token, holder, role, acquired_at, '
+    'expires_at, renewed_at, renewals.';
+
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pglease_admin') THEN
+        GRANT SELECT ON pglease.shared TO pglease_admin;
     END IF;
 END
 $$;

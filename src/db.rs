@@ -83,10 +83,19 @@ pub(crate) async fn inspect(pool: &PgPool, name: &str) -> Result<LeaseStatus> {
 /// had, as a refusal ([`Found::NeverHeld`]: the caller's mistake, not a
 /// loss).
 pub(crate) async fn check(pool: &PgPool, fence: &Fence) -> Result<Option<Found>> {
-    let row = sql::query(sql::check(fence.name(), fence.token()))
-        .fetch_one(pool)
-        .await?;
+    let row = sql::query(sql::check(fence)).fetch_one(pool).await?;
     let forgotten_in: Option<i64> = row.try_get("forgotten_in")?;
+    if fence.is_shared() {
+        // A shared holder's row is gone once it has ended (released, or
+        // expired and purged): which of the two is not kept.
+        return Ok(
+            match (forgotten_in, row.try_get::<bool, _>("shared_held")?) {
+                (Some(timeline), _) => Some(Found::Forgotten(timeline)),
+                (None, true) => None,
+                (None, false) => Some(Found::Lost(LossReason::Expired)),
+            },
+        );
+    }
     let status = match row.try_get::<Option<String>, _>("name")? {
         Some(_) => LeaseStatus::from_row(&row)?,
         None => LeaseStatus::never_acquired(fence.name()),

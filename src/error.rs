@@ -149,6 +149,13 @@ pub enum NotHeldReason {
         /// The timeline the database changed to.
         timeline: i64,
     },
+    /// The token is a shared holder's ([`AcquireOptions::shared`](crate::AcquireOptions::shared)),
+    /// and the check wanted the exclusive holder's (a write under the
+    /// lease).
+    Shared,
+    /// No valid shared holder of the lease has the token (released, or
+    /// ended and purged, or never issued).
+    NotShared,
     /// The reason could not be read (a server with another version of the
     /// schema); the error's message still says it.
     Unknown,
@@ -394,6 +401,11 @@ impl std::fmt::Display for NotHeldReason {
                 f.write_str("the server session it was bound to has ended")
             }
             NotHeldReason::Forgotten { timeline } => forgotten(f, *timeline),
+            NotHeldReason::Shared => f.write_str(
+                "it is a shared holder's token; writes under the lease need the exclusive \
+                 holder's",
+            ),
+            NotHeldReason::NotShared => f.write_str("no valid shared holder has that token"),
             NotHeldReason::Unknown => f.write_str("the database refused it"),
         }
     }
@@ -572,6 +584,8 @@ fn not_held(detail: Option<&str>) -> Error {
         Some("released") => time_field("at").map(|at| NotHeldReason::Released { at }),
         Some("expired") => time_field("at").map(|at| NotHeldReason::Expired { at }),
         Some("session_ended") => Some(NotHeldReason::SessionEnded),
+        Some("shared") => Some(NotHeldReason::Shared),
+        Some("not_shared") => Some(NotHeldReason::NotShared),
         Some("forgotten") => field("timeline")
             .and_then(|v| v.parse().ok())
             .map(|timeline| NotHeldReason::Forgotten { timeline }),

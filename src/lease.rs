@@ -22,6 +22,9 @@ use crate::token::Token;
 pub struct Fence {
     name: String,
     token: Token,
+    /// A shared holder's token ([`AcquireOptions::shared`](crate::AcquireOptions::shared)):
+    /// checked with `pglease.assert_shared`, never accepted for writes.
+    shared: bool,
 }
 
 impl Fence {
@@ -34,11 +37,35 @@ impl Fence {
     pub fn new(name: impl Into<String>, token: Token) -> Result<Fence> {
         let name = name.into();
         check_text("name", &name)?;
-        Ok(Fence { name, token })
+        Ok(Fence {
+            name,
+            token,
+            shared: false,
+        })
+    }
+
+    /// The fence of a shared holder of lease `name` under `token` (see
+    /// [`AcquireOptions::shared`](crate::AcquireOptions::shared)): fenced
+    /// transactions under it check it with `pglease.assert_shared`, which
+    /// keeps exclusive acquisitions out but declares no write.
+    ///
+    /// # Errors
+    ///
+    /// As [`Fence::new`].
+    pub fn shared(name: impl Into<String>, token: Token) -> Result<Fence> {
+        Ok(Fence {
+            shared: true,
+            ..Fence::new(name, token)?
+        })
+    }
+
+    /// Whether this is a shared holder's token.
+    pub fn is_shared(&self) -> bool {
+        self.shared
     }
 
     /// The fence `pglease run` hands to its command: `PGLEASE_NAME` and
-    /// `PGLEASE_TOKEN`.
+    /// `PGLEASE_TOKEN`, shared when `PGLEASE_SHARED` is `1` (`run --shared`).
     ///
     /// # Errors
     ///
@@ -51,8 +78,13 @@ impl Fence {
         let token = var("PGLEASE_TOKEN")?
             .parse::<Token>()
             .map_err(|e| Error::invalid("PGLEASE_TOKEN", e.to_string()))?;
-        Fence::new(var("PGLEASE_NAME")?, token)
-            .map_err(|e| Error::invalid("PGLEASE_NAME", e.to_string()))
+        let name = var("PGLEASE_NAME")?;
+        let fence = if std::env::var("PGLEASE_SHARED").is_ok_and(|v| v == "1") {
+            Fence::shared(name, token)
+        } else {
+            Fence::new(name, token)
+        };
+        fence.map_err(|e| Error::invalid("PGLEASE_NAME", e.to_string()))
     }
 
     /// The fences `pglease run` hands to its command, one per lease in
@@ -132,6 +164,7 @@ impl Lease {
             fence: Fence {
                 name: name.to_owned(),
                 token,
+                shared: false,
             },
             holder,
             expires_at,
@@ -165,6 +198,17 @@ impl Lease {
     /// machine's clock.
     pub fn expires_at(&self) -> DateTime<Utc> {
         self.expires_at
+    }
+
+    /// This lease as a shared holder's, if `shared`.
+    pub(crate) fn shared_if(mut self, shared: bool) -> Self {
+        self.fence.shared = shared;
+        self
+    }
+
+    /// Whether it was acquired shared ([`AcquireOptions::shared`](crate::AcquireOptions::shared)).
+    pub fn is_shared(&self) -> bool {
+        self.fence.shared
     }
 
     /// This lease with the expiry a confirming renewal set.

@@ -46,6 +46,7 @@ pub struct AcquireOptions {
     session_bound: bool,
     fair: bool,
     max_waiting: Option<u32>,
+    shared: bool,
 }
 
 impl AcquireOptions {
@@ -62,6 +63,7 @@ impl AcquireOptions {
             session_bound: false,
             fair: false,
             max_waiting: None,
+            shared: false,
         }
     }
 
@@ -154,6 +156,29 @@ impl AcquireOptions {
         self
     }
 
+    /// Shared: granted beside other shared holders of the name, each with
+    /// a token of its own, while no exclusive holder holds it
+    /// (`pglease.acquire_shared`); an exclusive acquisition waits until
+    /// every shared holder has ended. Writer preference: while an
+    /// exclusive acquisition waits for the shared holders, new shared
+    /// acquisitions wait behind it. A shared holder renews and releases
+    /// as any holder; its fenced transactions
+    /// ([`LeaseManager::begin_fenced`](crate::LeaseManager::begin_fenced))
+    /// check its token with `pglease.assert_shared`, which keeps every
+    /// exclusive acquisition from committing until they end, and they may
+    /// not write to protected tables. Not with a limit, a session-bound
+    /// lease, a place in line or a value. Default: false (exclusive). See
+    /// docs/design.md, "Shared leases".
+    pub fn shared(mut self, shared: bool) -> AcquireOptions {
+        self.shared = shared;
+        self
+    }
+
+    /// Whether the acquisition is shared.
+    pub fn get_shared(&self) -> bool {
+        self.shared
+    }
+
     /// Whether waiting is first come, first served.
     pub fn get_fair(&self) -> bool {
         self.fair
@@ -203,6 +228,25 @@ impl AcquireOptions {
         check_text("holder", &self.get_holder())?;
         if let Some(value) = self.get_value() {
             check_value(value)?;
+        }
+        if self.shared {
+            let other = if self.limit.is_some() {
+                Some("a limit (a counted lease)")
+            } else if self.session_bound {
+                Some("a session-bound lease")
+            } else if self.fair {
+                Some("first come, first served (a shared acquisition takes no place in line)")
+            } else if self.value.is_some() {
+                Some("a value (shared holders publish none)")
+            } else {
+                None
+            };
+            if let Some(other) = other {
+                return Err(Error::invalid(
+                    "shared",
+                    format!("a shared acquisition cannot have {other}"),
+                ));
+            }
         }
         if self.fair && self.limit.is_some() {
             return Err(Error::invalid(

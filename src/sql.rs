@@ -22,6 +22,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
 use sqlx::{AssertSqlSafe, RawSql};
 
+use crate::lease::Fence;
 use crate::schema::MIGRATIONS_TABLE;
 use crate::token::Token;
 
@@ -97,6 +98,17 @@ fn array<T>(items: &[T], element: impl Fn(&T) -> String, ty: &str) -> String {
     format!("{}::{ty}[]", Text(&body))
 }
 
+/// How a name is acquired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// One holder (`pglease.acquire`).
+    Exclusive,
+    /// One of N slots (`pglease.acquire_counted`).
+    Counted(u32),
+    /// Beside other shared holders (`pglease.acquire_shared`).
+    Shared,
+}
+
 /// Acquire if free or expired. Database clock (`clock_timestamp()` after the
 /// row lock); read-only when the lease is held; ends the sessions still
 /// fenced on an ended lease; answers within about 2 s, with a note saying
@@ -109,10 +121,14 @@ pub(crate) fn acquire(
     holder: &str,
     ttl: &PgInterval,
     value: Option<&str>,
-    slots: Option<u32>,
+    mode: Mode,
     session_bound: bool,
     ticket: Option<i64>,
 ) -> String {
+    let slots = match mode {
+        Mode::Counted(slots) => Some(slots),
+        Mode::Exclusive | Mode::Shared => None,
+    };
     // Only when wanted: the defaults are the function's own.
     let bound = match (session_bound, ticket) {
         (_, Some(ticket)) => format!(", {session_bound}, {ticket}::bigint"),
@@ -127,6 +143,15 @@ pub(crate) fn acquire(
         "ahead"
     };
     let (acquire, slot) = match slots {
+        None if mode == Mode::Shared => (
+            format!(
+                "pglease.acquire_shared({}, {}, {})",
+                Text(name),
+                Text(holder),
+                Interval(ttl)
+            ),
+            format!("{}::text", Text(name)),
+        ),
         None => (
             format!(
                 "pglease.acquire({}, {}, {}{bound})",
@@ -286,18 +311,24 @@ pub(crate) fn unwatch(name: &str) -> String {
 }
 
 /// Check a token inside a transaction and hold FOR KEY SHARE on the lease
-/// row until the transaction ends.
-pub(crate) fn assert_held(name: &str, token: Token) -> String {
+/// row until the transaction ends: a shared holder's with
+/// `assert_shared`, which declares no write.
+pub(crate) fn assert_held(fence: &Fence) -> String {
+    let function = if fence.is_shared() {
+        "assert_shared"
+    } else {
+        "assert_held"
+    };
     format!(
-        "SELECT pglease.assert_held({}, {}::bigint)",
-        Text(name),
-        token.get()
+        "SELECT pglease.{function}({}, {}::bigint)",
+        Text(fence.name()),
+        fence.token().get()
     )
 }
 
 /// `BEGIN` and [`assert_held`] as one simple query (one round trip).
-pub(crate) fn begin_fenced(name: &str, token: Token) -> String {
-    format!("BEGIN; {}", assert_held(name, token))
+pub(crate) fn begin_fenced(fence: &Fence) -> String {
+    format!("BEGIN; {}", assert_held(fence))
 }
 
 /// Separate-resource fencing: accept iff the token is the highest seen.
@@ -331,7 +362,18 @@ pub(crate) fn inspect(name: &str) -> String {
 /// release and set_value): the status view's row for its lease (every
 /// column NULL for a name never acquired), and the timeline whose change
 /// made the database forget the acquisition, if one did.
-pub(crate) fn check(name: &str, token: Token) -> String {
+pub(crate) fn check(fence: &Fence) -> String {
+    let (name, token) = (fence.name(), fence.token());
+    if fence.is_shared() {
+        // A shared holder's token: valid or not (an ended one is gone).
+        return format!(
+            "SELECT EXISTS (SELECT 1 FROM pglease.shared WHERE name = {0} \
+                              AND token = {1}::bigint) AS shared_held, \
+                    pglease.forgotten_in({0}, {1}::bigint) AS forgotten_in",
+            Text(name),
+            token.get()
+        );
+    }
     format!(
         "SELECT s.*, pglease.forgotten_in({0}, {1}::bigint) AS forgotten_in \
            FROM (SELECT) AS one LEFT JOIN ({2} WHERE name = {0}) AS s ON true",
@@ -592,8 +634,12 @@ mod tests {
     fn text_is_escaped_into_literals() {
         let token = Token::issued(42);
         assert_eq!(
-            begin_fenced(r"it's a\name", token),
+            begin_fenced(&Fence::new(r"it's a\name", token).unwrap()),
             r"BEGIN; SELECT pglease.assert_held(E'it\'s a\\name', 42::bigint)"
+        );
+        assert_eq!(
+            begin_fenced(&Fence::shared("doc", token).unwrap()),
+            r"BEGIN; SELECT pglease.assert_shared(E'doc', 42::bigint)"
         );
         assert_eq!(
             release("plain", token),

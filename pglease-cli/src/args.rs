@@ -231,6 +231,10 @@ pub(crate) struct AcquireArgs {
     /// A counted lease: one of N slots NAME#k (the output names it).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub(crate) limit: Option<u32>,
+    /// Shared: beside other shared holders, while no exclusive holder
+    /// holds it (renew and release with the token as usual).
+    #[arg(long, conflicts_with_all = ["limit", "value"])]
+    pub(crate) shared: bool,
     /// Print one JSON object.
     #[arg(long)]
     pub(crate) json: bool,
@@ -309,6 +313,11 @@ pub(crate) struct RunArgs {
     /// in (1 to 1000).
     #[arg(long, requires = "fair", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub(crate) max_waiting: Option<u32>,
+    /// Shared: run beside other shared runs of NAME, while no exclusive
+    /// run holds it; CMD also gets PGLEASE_SHARED=1 and checks its token
+    /// with pglease.assert_shared (it may read, not write, under it).
+    #[arg(long, conflicts_with_all = ["limit", "session_bound", "fair"])]
+    pub(crate) shared: bool,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
     pub(crate) cmd: Vec<String>,
@@ -369,6 +378,7 @@ impl RunArgs {
             for (given, option) in [
                 (self.limit.is_some(), "--limit"),
                 (self.session_bound, "--session-bound"),
+                (self.shared, "--shared"),
             ] {
                 if given {
                     return Err(format!("{option} takes one NAME, not several"));

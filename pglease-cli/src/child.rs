@@ -20,10 +20,12 @@ use crate::output::{human, note};
 /// with a single lease the same as `PGLEASE_NAME` and `PGLEASE_TOKEN`
 /// (unset with several, so that a script written for one lease fails
 /// instead of fencing on one of them); the holder (`PGLEASE_HOLDER`), the
-/// value published with it (`PGLEASE_VALUE`) and the database URL pglease
-/// was given (`PGLEASE_DATABASE_URL`).
+/// value published with it (`PGLEASE_VALUE`), the database URL pglease
+/// was given (`PGLEASE_DATABASE_URL`), and `PGLEASE_SHARED=1` for a shared
+/// lease (whose token `pglease.assert_shared` checks).
 pub(crate) struct LeaseEnv<'a> {
     pub(crate) leases: Vec<(&'a str, Token)>,
+    pub(crate) shared: bool,
     pub(crate) holder: &'a str,
     pub(crate) value: Option<&'a str>,
     pub(crate) database_url: Option<&'a str>,
@@ -46,6 +48,9 @@ impl LeaseEnv<'_> {
         }
         if let Some(value) = self.value {
             variables.push(("PGLEASE_VALUE".to_owned(), value.to_owned()));
+        }
+        if self.shared {
+            variables.push(("PGLEASE_SHARED".to_owned(), "1".to_owned()));
         }
         if let Some(url) = self.database_url {
             variables.push(("PGLEASE_DATABASE_URL".to_owned(), url.to_owned()));

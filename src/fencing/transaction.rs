@@ -43,9 +43,7 @@ use crate::token::Token;
 /// Dropped in flight, the transaction's state is unknown: roll it back.
 pub async fn assert_held(conn: &mut PgConnection, lease: impl AsRef<Fence>) -> Result<()> {
     let fence = lease.as_ref();
-    sql::query(sql::assert_held(fence.name(), fence.token()))
-        .execute(conn)
-        .await?;
+    sql::query(sql::assert_held(fence)).execute(conn).await?;
     Ok(())
 }
 
@@ -201,7 +199,7 @@ impl DerefMut for FencedTransaction {
 /// a connection to the pool, where every later statement fails with
 /// 25P02): it is rolled back here, or the connection closed.
 pub(crate) async fn begin(pool: &PgPool, fence: &Fence) -> Result<FencedTransaction> {
-    let statement = sql::begin_fenced(fence.name(), fence.token());
+    let statement = sql::begin_fenced(fence);
     let mut opening = Opening(Some(pool.acquire().await?));
     let conn = opening.conn();
     match PgTransactionManager::begin(conn, Some(AssertSqlSafe(statement).into_sql_str())).await {

@@ -267,7 +267,11 @@ async fn attempt(
         holder,
         &ttl,
         how.get_value(),
-        how.get_limit(),
+        match (how.get_limit(), how.get_shared()) {
+            (Some(slots), _) => sql::Mode::Counted(slots),
+            (None, true) => sql::Mode::Shared,
+            (None, false) => sql::Mode::Exclusive,
+        },
         how.get_session_bound(),
         ticket,
     );
@@ -305,7 +309,8 @@ async fn attempt(
         Token::issued(token),
         expires_at,
         checked_at,
-    );
+    )
+    .shared_if(how.get_shared());
     let window = context.options.confirm_after(ttl_duration(ttl));
     if sent.elapsed() <= window {
         return Ok(Attempt::Acquired { lease, sent });

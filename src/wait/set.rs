@@ -57,6 +57,8 @@ pub(super) fn check(names: &[&str], how: &AcquireOptions) -> Result<PgInterval> 
         Some("value")
     } else if how.get_session_bound() {
         Some("session_bound")
+    } else if how.get_shared() {
+        Some("shared")
     } else {
         None
     };

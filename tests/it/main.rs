@@ -54,6 +54,7 @@ mod protect;
 mod roles;
 mod security;
 mod session_bound;
+mod shared;
 mod shutdown;
 mod stale_tokens;
 mod status;
@@ -95,6 +96,7 @@ fn main() -> std::process::ExitCode {
             roles::tests(),
             security::tests(),
             session_bound::tests(),
+            shared::tests(),
             shutdown::tests(),
             stale_tokens::tests(),
             status::tests(),

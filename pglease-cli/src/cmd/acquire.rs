@@ -18,6 +18,7 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs) -> Outcom
         wait,
         value,
         limit,
+        shared,
         json,
     } = args;
     let name = name.as_str();
@@ -25,7 +26,10 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs) -> Outcom
     // Without --wait one attempt; the library starts its release listener
     // only once an attempt with time to wait has failed.
     let attempt = |wait: Duration| {
-        let mut how = AcquireOptions::ttl(ttl).holder(holder.as_str()).wait(wait);
+        let mut how = AcquireOptions::ttl(ttl)
+            .holder(holder.as_str())
+            .wait(wait)
+            .shared(shared);
         if let Some(value) = &value {
             how = how.value(value.as_str());
         }
@@ -72,19 +76,21 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs) -> Outcom
 
 fn print_lease(lease: &Lease, json: bool) {
     if json {
-        out!(
-            "{}",
-            lease_json(
-                lease.name(),
-                Some(lease.holder()),
-                Some(lease.token()),
-                Some(lease.expires_at())
-            )
+        let mut found = lease_json(
+            lease.name(),
+            Some(lease.holder()),
+            Some(lease.token()),
+            Some(lease.expires_at()),
         );
+        if lease.is_shared() {
+            found["shared"] = serde_json::json!(true);
+        }
+        out!("{found}");
     } else {
         out!(
-            "acquired {:?} for {:?}: token {} until {}",
+            "acquired {:?}{} for {:?}: token {} until {}",
             lease.name(),
+            if lease.is_shared() { " shared" } else { "" },
             lease.holder(),
             lease.token(),
             lease.expires_at().to_rfc3339()

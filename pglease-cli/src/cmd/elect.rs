@@ -220,6 +220,7 @@ impl Running {
         let args = &shared.args;
         let lease = LeaseEnv {
             leases: vec![(&args.name, token)],
+            shared: false,
             holder: &shared.holder,
             value: args.value.as_deref(),
             database_url: shared.database_url.as_deref(),

@@ -67,6 +67,7 @@ pub(crate) async fn run(
     let acquired = Instant::now();
     let lease = LeaseEnv {
         leases: held.iter().map(|h| (h.name(), h.token())).collect(),
+        shared: args.shared,
         holder: &holder,
         value: None,
         database_url,
@@ -122,7 +123,8 @@ async fn acquire(
             .holder(holder)
             .wait(wait)
             .session_bound(args.session_bound)
-            .fair(args.fair);
+            .fair(args.fair)
+            .shared(args.shared);
         if let Some(n) = args.max_waiting {
             how = how.max_waiting(n);
         }

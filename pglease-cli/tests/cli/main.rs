@@ -33,6 +33,7 @@ mod history;
 mod patroni;
 mod pooler;
 mod sets;
+mod shared;
 mod timeline;
 
 fn main() -> std::process::ExitCode {
@@ -49,6 +50,7 @@ fn main() -> std::process::ExitCode {
             patroni::tests(),
             pooler::tests(),
             sets::tests(),
+            shared::tests(),
             timeline::tests(),
         ]
         .into_iter()

@@ -75,7 +75,7 @@ impl TestDb {
             if !bare.contains(name) {
                 sql.push(format!("GRANT USAGE ON SCHEMA pglease TO {role}"));
                 sql.push(format!(
-                    "GRANT SELECT ON pglease.status, pglease.history TO {role}"
+                    "GRANT SELECT ON pglease.status, pglease.history, pglease.shared TO {role}"
                 ));
             }
             self.execute(&sql).await;
