@@ -41,6 +41,7 @@
 -- 12. Shared leases, many holders or one: _shared, _writer_waits,
 --     acquire_shared, _renew_shared, _release_shared, assert_shared,
 --     view shared.
+-- 13. Handover to a named successor: hand_over.
 -- =====================================================================
 -- 0. THE RULES EVERY FUNCTION KEEPS
 -- =====================================================================
@@ -288,7 +289,10 @@ CREATE TABLE pglease.leases (
     readers_until      timestamptz,
     readers_after      bigint,
     writer_waiting     text,
-    writer_waits_until timestamptz
+    writer_waits_until timestamptz,
+    -- The place in line (its ticket) this term was handed over to (see
+    -- HANDOVER): an attempt with that ticket is answered the term.
+    handed_to          bigint
     -- The primary key is the table's only index, and no function changes
     -- the name: every update is a HOT update (see LOCKS above for why the
     -- token needs no index).
@@ -1121,6 +1125,9 @@ DECLARE
     ahead      integer;
     -- Until when shared holders hold it (see SHARED LEASES).
     readers    timestamptz;
+    -- The place the current term was handed over to (see HANDOVER).
+    handed     bigint;
+    cur_role   name;
 BEGIN
     IF NOT coalesce(octet_length(acquire.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND octet_length(acquire.holder) BETWEEN 1 AND pglease._max_text_bytes()
@@ -1138,12 +1145,20 @@ BEGIN
     -- transactions hold it. A session-bound one is held while its session
     -- lives.
     SELECT l.holder, l.expires_at, l.token, l.session_pid, l.session_start, l.queued,
-           l.readers_until
-      INTO cur_holder, cur_expiry, cur_token, cur_pid, cur_start, line_set, readers
+           l.readers_until, l.handed_to, l.role
+      INTO cur_holder, cur_expiry, cur_token, cur_pid, cur_start, line_set, readers,
+           handed, cur_role
       FROM pglease.leases AS l WHERE l.name = acquire.name;
     found_row := FOUND;
     t := clock_timestamp();
     IF cur_holder IS NOT NULL AND t < cur_expiry THEN
+        -- Handed over to this acquisition's place in line (see HANDOVER):
+        -- the term is its own.
+        IF handed = acquire.ticket AND cur_holder = acquire.holder
+           AND (cur_role = session_user OR pglease._may_act(cur_role)) THEN
+            RETURN ROW(cur_token, cur_expiry, cur_holder, t, 'handed over', NULL, NULL,
+                       0)::pglease.acquisition;
+        END IF;
         IF cur_pid IS NULL OR NOT pglease._session_gone(cur_pid, cur_start) THEN
             -- A waiter in line keeps its place with every attempt.
             IF acquire.ticket IS NOT NULL AND NOT pg_is_in_recovery() THEN
@@ -1314,7 +1329,8 @@ BEGIN
                        session_pid = my_pid,
                        session_start = my_start,
                        writer_waiting = NULL,
-                       writer_waits_until = NULL
+                       writer_waits_until = NULL,
+                       handed_to = NULL
                   FROM s
                  WHERE l.name = s.name
                    AND (l.holder IS NULL OR clock_timestamp() >= l.expires_at
@@ -4170,3 +4186,163 @@ BEGIN
     END IF;
 END
 $$;
+
+-- =====================================================================
+-- 13. HANDOVER TO A NAMED SUCCESSOR
+--
+-- HANDOVER. hand_over(name, token, successor, ttl): the holder of a valid
+-- exclusive lease moves it, in one transaction, to SUCCESSOR when
+-- SUCCESSOR waits in the name's line (a live place of its own, for this
+-- name alone: see LINES). The term gets a new token, SUCCESSOR as holder,
+-- the role that joined the line as its role, and TTL; the place ends, its
+-- ticket is recorded (leases.handed_to), and SUCCESSOR's next attempt
+-- with that ticket is answered the term (the release notification wakes
+-- it at commit). When SUCCESSOR does not wait, the lease is released, as
+-- release would. Either way the old token is refused from the commit on:
+-- the row lock hand_over takes (FOR UPDATE, as an acquisition's) first
+-- ends the sessions of the holder's fenced transactions still open, as
+-- force_release does, so none of them commits after the move. A handover
+-- passes over anyone in line before SUCCESSOR: it is the holder's choice.
+-- Only the lease's role (its members, administrators) hands over (42501).
+-- Not for shared holders' tokens. The history records the old term's
+-- 'released' and the new term's 'acquired', each naming the other holder.
+-- =====================================================================
+
+CREATE FUNCTION pglease.hand_over(name text, token bigint, successor text, ttl interval)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    seconds  numeric := extract(epoch FROM hand_over.ttl);
+    give_up  timestamptz := clock_timestamp() + interval '2 seconds';
+    checked  text;
+    lease    pglease.leases;
+    here     pglease._checked;
+    place    pglease._line;
+    note     text;
+    t        timestamptz;
+    new_token bigint;
+BEGIN
+    IF NOT coalesce(octet_length(hand_over.name) BETWEEN 1 AND pglease._max_text_bytes()
+                    AND hand_over.token IS NOT NULL
+                    AND octet_length(hand_over.successor) BETWEEN 1 AND pglease._max_text_bytes()
+                    AND seconds > 0 AND seconds <= pglease._max_ttl_seconds(), false) THEN
+        checked := pglease._check_text('name', hand_over.name);
+        PERFORM pglease._check_token(hand_over.token);
+        checked := pglease._check_text('successor', hand_over.successor);
+        PERFORM pglease._check_ttl(hand_over.ttl);
+    END IF;
+    IF pg_is_in_recovery() THEN
+        PERFORM pglease._refuse_standby('hand over a lease');
+    END IF;
+    -- It draws a token: as acquire, not before the timeline is checked and
+    -- not in a grant delay (see TIMELINES).
+    SELECT * INTO here FROM pglease._checked;
+    IF NOT FOUND THEN
+        here := pglease._timeline_checked(NULL);
+    END IF;
+    IF here.timeline IS NULL OR here.grant_after > clock_timestamp() THEN
+        RAISE EXCEPTION USING ERRCODE = '55P03',
+            MESSAGE = format('pglease: cannot hand lease %L over now: %s; release it instead',
+                             hand_over.name,
+                             CASE WHEN here.timeline IS NULL
+                                  THEN 'the server''s timeline is being checked'
+                                  ELSE format('no token is issued until %s (the grant delay)',
+                                              here.grant_after) END);
+    END IF;
+
+    -- The row, FOR UPDATE, once the holder's open fenced transactions have
+    -- ended (their sessions are ended, as by force_release); bounded.
+    LOOP
+        SELECT * INTO lease FROM pglease.leases AS l
+         WHERE l.name = hand_over.name FOR UPDATE SKIP LOCKED;
+        EXIT WHEN FOUND;
+        SELECT * INTO lease FROM pglease.leases AS l WHERE l.name = hand_over.name;
+        EXIT WHEN NOT FOUND OR lease.token <> hand_over.token OR lease.holder IS NULL
+                  OR clock_timestamp() >= lease.expires_at;
+        IF lease.role IS DISTINCT FROM session_user AND NOT pglease._may_act(lease.role) THEN
+            PERFORM pglease._refuse_owner(hand_over.name, lease.role, 'hand over');
+        END IF;
+        note := pglease._end_fenced(hand_over.name);
+        IF note IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '55P03',
+                MESSAGE = format('pglease: cannot hand lease %L over: %s', hand_over.name, note);
+        END IF;
+        IF clock_timestamp() >= give_up THEN
+            RAISE EXCEPTION USING ERRCODE = '55P03',
+                MESSAGE = format('pglease: cannot hand lease %L over: its row is still locked '
+                                 'after 2 s by a transaction that pglease cannot end',
+                                 hand_over.name);
+        END IF;
+        PERFORM pg_sleep(0.002);
+    END LOOP;
+    t := clock_timestamp();
+    IF lease.name IS NULL OR lease.token <> hand_over.token OR lease.holder IS NULL
+       OR t >= lease.expires_at
+       OR (lease.session_pid IS NOT NULL
+           AND pglease._session_gone(lease.session_pid, lease.session_start)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'LE001',
+            MESSAGE = format('pglease: lease %L is not held under token %s: only a valid '
+                             'lease can be handed over', hand_over.name, hand_over.token),
+            DETAIL = format('reason=not_held token=%s name=%s', hand_over.token, hand_over.name);
+    END IF;
+    IF lease.role IS DISTINCT FROM session_user AND NOT pglease._may_act(lease.role) THEN
+        PERFORM pglease._refuse_owner(hand_over.name, lease.role, 'hand over');
+    END IF;
+
+    -- The successor's live place in this name's line, for this name alone.
+    SELECT q.* INTO place FROM pglease._line AS q
+     WHERE q.name = hand_over.name AND q.holder = hand_over.successor
+       AND q.expires_at > clock_timestamp()
+       AND NOT pglease._session_gone(q.session_pid, q.session_start)
+       AND NOT EXISTS (SELECT 1 FROM pglease._line AS o
+                        WHERE o.ticket = q.ticket AND o.name <> q.name)
+     ORDER BY q.ticket
+     LIMIT 1
+       FOR UPDATE OF q;
+    IF place.ticket IS NULL THEN
+        -- Nobody to hand it to: released, as release would.
+        PERFORM pglease.release(hand_over.name, hand_over.token);
+        RETURN NULL;
+    END IF;
+
+    new_token := nextval('pglease.fence_seq');
+    UPDATE pglease.leases AS l
+       SET holder = hand_over.successor,
+           role = place.role,
+           token = new_token,
+           expires_at = clock_timestamp() + make_interval(secs => seconds::double precision),
+           acquired_at = clock_timestamp(),
+           renewed_at = NULL,
+           released_at = NULL,
+           renewals = 0,
+           session_pid = NULL,
+           session_start = NULL,
+           handed_to = place.ticket
+     WHERE l.name = hand_over.name;
+    DELETE FROM pglease._line AS q WHERE q.ticket = place.ticket;
+    -- Durable whatever the session's synchronous_commit (see DURABILITY).
+    IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
+        checked := set_config('synchronous_commit', 'on', true);
+    END IF;
+    PERFORM pglease._record(hand_over.name, hand_over.token, 'released', lease.holder,
+                            clock_timestamp(), lease.renewals,
+                            format('handed over to %s', hand_over.successor));
+    PERFORM pglease._record(hand_over.name, new_token, 'acquired', hand_over.successor,
+                            clock_timestamp(), NULL,
+                            format('handed over by %s', lease.holder));
+    -- Wakes the successor at commit (rare enough to notify whether or not
+    -- anyone watches).
+    PERFORM pg_notify('pglease_release', hashtext(hand_over.name)::text);
+    PERFORM pglease._changed(hand_over.name);
+    RETURN new_token;
+END
+$$;
+
+COMMENT ON FUNCTION pglease.hand_over(text, bigint, text, interval) IS
+    'Move lease NAME, held under TOKEN, to SUCCESSOR for TTL when SUCCESSOR waits in its '
+    'line (first come, first served): a new token, refused to the old holder at once (its '
+    'open fenced transactions are ended first). Returns the new token, or NULL when '
+    'SUCCESSOR does not wait and the lease was released instead. LE001 if TOKEN is not '
+    'valid; 42501 for another role''s lease.';

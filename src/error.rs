@@ -483,7 +483,7 @@ impl Error {
 /// The arguments the SQL functions name (in the error's COLUMN field;
 /// checked against the schema by a unit test below). renew_many names an
 /// element's argument (name, token, ttl), or `names` for the arrays.
-const ARGUMENTS: [&str; 20] = [
+const ARGUMENTS: [&str; 21] = [
     "name",
     "holder",
     "ttl",
@@ -504,6 +504,7 @@ const ARGUMENTS: [&str; 20] = [
     "delay",
     "max_waiting",
     "ticket",
+    "successor",
 ];
 
 impl From<sqlx::Error> for Error {

@@ -288,6 +288,18 @@ pub(crate) fn release(name: &str, token: Token) -> String {
     )
 }
 
+/// Move a held lease to `successor`, waiting in its line, for `ttl`: the
+/// new token, or NULL when it was released instead.
+pub(crate) fn hand_over(fence: &Fence, successor: &str, ttl: &PgInterval) -> String {
+    format!(
+        "SELECT pglease.hand_over({}, {}::bigint, {}, {})",
+        Text(fence.name()),
+        fence.token().get(),
+        Text(successor),
+        Interval(ttl)
+    )
+}
+
 /// Blocks for at most half a second until the server session with
 /// process id `pid` has ended (or let go of its session-bound leases'
 /// wake-up key): one implicit transaction, whose lock and setting end

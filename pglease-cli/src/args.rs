@@ -99,6 +99,27 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Move a lease held under TOKEN to SUCCESSOR, waiting in its line
+    /// (`run --fair --holder SUCCESSOR`), with a new token; the old one is
+    /// refused at once. Exit 3 if SUCCESSOR does not wait (the lease is
+    /// then released), 4 if it was not held.
+    HandOver {
+        /// The lease name.
+        #[arg(value_parser = Checked(text))]
+        name: String,
+        /// The token from `acquire`.
+        #[arg(long, allow_negative_numbers = true)]
+        token: Token,
+        /// The successor, by its holder name.
+        #[arg(long = "to", value_parser = Checked(text), value_name = "SUCCESSOR")]
+        successor: String,
+        /// The successor's time to live until it renews.
+        #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
+        ttl: Duration,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show one lease (exit 3 if it is not held), or all of them.
     Status(StatusArgs),
     /// Hold a lease while CMD runs: renew it, stop CMD if it is lost.
@@ -416,6 +437,7 @@ impl Command {
             | Command::StepDown { json, .. }
             | Command::Renew { json, .. }
             | Command::Release { json, .. }
+            | Command::HandOver { json, .. }
             | Command::History { json, .. }
             | Command::Leader { json, .. } => *json,
             _ => false,

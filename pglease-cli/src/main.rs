@@ -102,6 +102,16 @@ async fn dispatch(
             Ok(fence) => cmd::release::release(manager, &fence, json).await,
             Err(e) => Err((e, "release")),
         },
+        Command::HandOver {
+            name,
+            token,
+            successor,
+            ttl,
+            json,
+        } => match Fence::new(name, token) {
+            Ok(fence) => cmd::hand_over::hand_over(manager, &fence, &successor, ttl, json).await,
+            Err(e) => Err((e, "hand-over")),
+        },
         Command::Status(args) => cmd::status::status(manager, args).await,
         Command::Run(args) => cmd::run::run(manager, database_url, args).await,
         Command::History { name, since, json } => {

@@ -249,6 +249,34 @@ impl HeldLease {
         outcome
     }
 
+    /// Stops renewing and hands the lease over to `successor` for `ttl`
+    /// ([`LeaseManager::hand_over`](crate::LeaseManager::hand_over)):
+    /// the successor's token, or `None` when it did not wait in line and
+    /// the lease was released instead. This handle reports the lease
+    /// released either way.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`LeaseManager::hand_over`](crate::LeaseManager::hand_over).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before the database answers, the handover may or may not
+    /// commit; the lease is not renewed any more either way.
+    pub async fn hand_over(self, successor: &str, ttl: Duration) -> Result<Option<Token>> {
+        crate::limits::check_text("successor", successor)?;
+        let pg_ttl = crate::lease::interval(ttl)?;
+        self.inner.registry.forget(&self.inner.state.lease);
+        self.inner.state.fire(LossReason::Released, Instant::now());
+        let outcome = crate::sql::query(crate::sql::hand_over(self.as_ref(), successor, &pg_ttl))
+            .fetch_one(&self.inner.context.pool)
+            .await;
+        // Only now: dropped before the answer, `Drop` releases instead.
+        self.inner.released.store(true, Ordering::Release);
+        let token: Option<i64> = sqlx::Row::try_get(&outcome?, 0)?;
+        Ok(token.map(Token::issued))
+    }
+
     /// Stops renewing the lease and lets it expire `after` from now
     /// (database clock) instead of releasing it: nobody else can acquire it
     /// until then. For work that must not run again elsewhere too soon after

@@ -202,6 +202,45 @@ impl LeaseManager {
         db::release_checked(self.pool(), lease.as_ref()).await
     }
 
+    /// Hands `lease` over to `successor` for `ttl`, in one step: when a
+    /// holder named `successor` waits in the lease's line (an acquisition
+    /// with [`AcquireOptions::fair`](crate::AcquireOptions::fair) and
+    /// [`holder`](crate::AcquireOptions::holder) `successor`), the lease
+    /// gets a new token and that waiter gets the lease at once (its
+    /// acquisition returns it); otherwise the lease is released, as
+    /// [`release`](LeaseManager::release) would. Either way `lease`'s token
+    /// is refused from now on: the holder's fenced transactions still open
+    /// are ended first (their commits fail), so nothing is written under
+    /// it after the move. Returns the successor's token, or `None` when
+    /// the lease was released instead. See docs/design.md, "Handover".
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad successor or TTL (nothing sent);
+    /// [`Error::NotHeld`] if the lease is not held under its token;
+    /// [`Error::NotPermitted`] for another role's lease;
+    /// [`Error::Database`] with SQLSTATE 55P03 during a grant delay or when
+    /// a fenced transaction cannot be ended.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the handover may or may not commit: read the
+    /// lease ([`inspect`](LeaseManager::inspect)) to know.
+    pub async fn hand_over(
+        &self,
+        lease: impl AsRef<Fence>,
+        successor: &str,
+        ttl: Duration,
+    ) -> Result<Option<Token>> {
+        check_text("successor", successor)?;
+        let ttl = crate::lease::interval(ttl)?;
+        let token: Option<i64> = sql::query(sql::hand_over(lease.as_ref(), successor, &ttl))
+            .fetch_one(self.pool())
+            .await?
+            .try_get(0)?;
+        Ok(token.map(Token::issued))
+    }
+
     /// The status of lease `name`; a name never acquired is reported with
     /// no holder and no token.
     ///

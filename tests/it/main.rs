@@ -41,6 +41,7 @@ mod fair;
 mod fenced_begin;
 mod fenced_lock;
 mod guarded_write;
+mod handover;
 mod history;
 mod holding;
 mod metrics;
@@ -83,6 +84,7 @@ fn main() -> std::process::ExitCode {
             fenced_begin::tests(),
             fenced_lock::tests(),
             guarded_write::tests(),
+            handover::tests(),
             history::tests(),
             holding::tests(),
             metrics::tests(),

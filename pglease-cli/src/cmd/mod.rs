@@ -7,6 +7,7 @@ pub(crate) mod demo;
 pub(crate) mod doctor;
 pub(crate) mod elect;
 pub(crate) mod force_release;
+pub(crate) mod hand_over;
 pub(crate) mod history;
 pub(crate) mod leader;
 pub(crate) mod migrate;

@@ -29,6 +29,7 @@ mod demo;
 mod elect;
 mod engine;
 mod failover;
+mod handover;
 mod history;
 mod patroni;
 mod pooler;
@@ -46,6 +47,7 @@ fn main() -> std::process::ExitCode {
             elect::tests(),
             engine::tests(),
             failover::tests(),
+            handover::tests(),
             history::tests(),
             patroni::tests(),
             pooler::tests(),

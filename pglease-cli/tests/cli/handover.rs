@@ -1,0 +1,137 @@
+//! `pglease hand-over`: a holder moves its lease to a `run --fair` that
+//! waits in line under the successor's name, which starts at once with the
+//! new token; the old token is refused from then on; a successor that
+//! does not wait means a release (exit 3).
+
+use std::process::Stdio;
+use std::time::Instant;
+
+use crate::common::{BOUND, TestDb, code, command, json, pglease, poll_until, stderr, stdout};
+
+/// Whether `holder` waits in line for `name`.
+async fn waiting(db: &TestDb, name: &str, holder: &str) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pglease.line WHERE name = $1 AND holder = $2)")
+        .bind(name)
+        .bind(holder)
+        .fetch_one(db.pool())
+        .await
+        .expect("read the line")
+}
+
+async fn hand_over_to_a_waiting_run_and_to_nobody() {
+    let db = crate::common::new_db().await;
+    let acquired = pglease(
+        &db,
+        &["acquire", "job", "--ttl", "1m", "--holder", "A", "--json"],
+    );
+    assert_eq!(code(&acquired), 0, "{}", stderr(&acquired));
+    let old = json(&acquired)["token"]
+        .as_i64()
+        .expect("A's token")
+        .to_string();
+    let successor = command(
+        &db,
+        &[
+            "run",
+            "job",
+            "--ttl",
+            "10s",
+            "--wait",
+            "30s",
+            "--fair",
+            "--holder",
+            "B",
+            "--",
+            "sh",
+            "-c",
+            "echo $PGLEASE_TOKEN",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("start the successor's run");
+    poll_until("B to wait in line", BOUND, || waiting(&db, "job", "B")).await;
+
+    let handed = Instant::now();
+    let out = pglease(
+        &db,
+        &[
+            "hand-over",
+            "job",
+            "--token",
+            &old,
+            "--to",
+            "B",
+            "--ttl",
+            "10s",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let new = stdout(&out).trim().to_owned();
+    let ran = successor.wait_with_output().expect("the successor's run");
+    println!(
+        "the successor's run ended {:?} after the handover began",
+        handed.elapsed()
+    );
+    assert_eq!(
+        ran.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&ran.stdout).trim(),
+        new,
+        "CMD ran under the new token"
+    );
+    assert!(new.parse::<i64>().expect("a token") > old.parse::<i64>().expect("a token"));
+
+    // The old token is refused from the move on.
+    let again = pglease(
+        &db,
+        &[
+            "hand-over",
+            "job",
+            "--token",
+            &old,
+            "--to",
+            "B",
+            "--ttl",
+            "10s",
+        ],
+    );
+    assert_eq!(code(&again), 4, "{}", stderr(&again));
+    let renew = pglease(&db, &["renew", "job", "--token", &old, "--ttl", "1m"]);
+    assert_ne!(code(&renew), 0, "{}", stderr(&renew));
+
+    // Nobody waits under the name given: the lease is released (exit 3).
+    let acquired = pglease(
+        &db,
+        &["acquire", "job", "--ttl", "1m", "--holder", "C", "--json"],
+    );
+    assert_eq!(code(&acquired), 0, "{}", stderr(&acquired));
+    let token = json(&acquired)["token"]
+        .as_i64()
+        .expect("C's token")
+        .to_string();
+    let out = pglease(
+        &db,
+        &[
+            "hand-over",
+            "job",
+            "--token",
+            &token,
+            "--to",
+            "Z",
+            "--ttl",
+            "10s",
+            "--json",
+        ],
+    );
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert_eq!(json(&out)["released"], true);
+    let status = pglease(&db, &["status", "job"]);
+    assert_eq!(code(&status), 3, "released: {}", stdout(&status));
+}
+
+tests![hand_over_to_a_waiting_run_and_to_nobody];

@@ -1,0 +1,243 @@
+//! Handover to a named successor (`LeaseManager::hand_over`,
+//! `HeldLease::hand_over`, SQL `pglease.hand_over`): a successor waiting in
+//! line gets the lease at once with a new token, the old holder's token is
+//! refused from the move on and its fenced transaction still open is
+//! ended (its commit fails), a successor that does not wait means a
+//! release, the successor's role acts under the new term, and only the
+//! holder's role hands over.
+
+use std::time::{Duration, Instant};
+
+use sqlx::Row;
+
+use pglease::{AcquireOptions, Error, LeaseManager};
+
+use crate::common::{TestDb, create_data_table, data_value, fenced_write, sqlstate_of};
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// Waits until `holder` waits in line for `name`.
+async fn until_waiting(m: &LeaseManager, name: &str, holder: &str) {
+    pglease::testing::poll_until(&format!("{holder} in line for {name}"), TTL, || async {
+        m.line(name)
+            .await
+            .expect("read the line")
+            .iter()
+            .any(|p| p.holder == holder)
+    })
+    .await;
+}
+
+/// A holds the lease and has a fenced write open; B waits in line. A
+/// hands over to B: B's acquisition returns at once with the new token,
+/// A's open transaction cannot commit (its session was ended), A's token
+/// is refused for writes and renewal, B writes, and the history names
+/// both.
+async fn a_waiting_successor_gets_the_lease_at_once_and_the_old_holder_is_fenced() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    let a = m
+        .acquire("deploy", AcquireOptions::ttl(TTL).holder("A"))
+        .await
+        .expect("A acquires");
+    let successor = {
+        let m = m.clone();
+        tokio::spawn(async move {
+            let how = AcquireOptions::ttl(TTL).holder("B").fair(true).wait(TTL);
+            let lease = m.acquire("deploy", how).await.expect("B gets the lease");
+            (lease, Instant::now())
+        })
+    };
+    until_waiting(&m, "deploy", "B").await;
+    // A's write in flight: checked, not committed.
+    let mut in_flight = db.connect().await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; SELECT pglease.assert_held('deploy', {}); \
+         UPDATE data SET value = 'A, late' WHERE id = 1",
+        a.token()
+    )))
+    .execute(&mut in_flight)
+    .await
+    .expect("A's fenced write, open");
+
+    let handed = Instant::now();
+    let token = m
+        .hand_over(&a, "B", TTL)
+        .await
+        .expect("the handover")
+        .expect("B waited: handed over, not released");
+    let (b, served) = successor.await.expect("the successor task");
+    let took = served.duration_since(handed);
+    println!("successor served {took:?} after the handover began");
+    assert!(took < Duration::from_secs(2), "liveness: {took:?}");
+    assert_eq!(b.token(), token, "B's acquisition returns the handed term");
+    assert!(token > a.token(), "a new token");
+    assert_eq!(b.holder(), "B");
+
+    // Safety: A's open transaction cannot commit; A's token is refused.
+    assert!(
+        sqlx::raw_sql("COMMIT")
+            .execute(&mut in_flight)
+            .await
+            .is_err(),
+        "A's fenced transaction was ended"
+    );
+    assert_eq!(
+        data_value(&db).await,
+        "initial",
+        "A's in-flight write never lands"
+    );
+    assert!(
+        fenced_write(&m, "deploy", a.token().get(), "A, after")
+            .await
+            .is_err()
+    );
+    assert!(m.renew(&a, TTL).await.is_err(), "A's renewal is refused");
+    fenced_write(&m, "deploy", b.token().get(), "B")
+        .await
+        .expect("B writes under the new token");
+    assert_eq!(data_value(&db).await, "B");
+
+    let details: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT event::text, holder, detail FROM pglease.history \
+          WHERE name = 'deploy' ORDER BY id",
+    )
+    .fetch_all(db.pool())
+    .await
+    .expect("history");
+    assert!(
+        details.contains(&(
+            "released".into(),
+            "A".into(),
+            Some("handed over to B".into())
+        )) && details.contains(&(
+            "acquired".into(),
+            "B".into(),
+            Some("handed over by A".into())
+        )),
+        "{details:?}"
+    );
+    assert!(
+        m.line("deploy").await.expect("line").is_empty(),
+        "B's place ended"
+    );
+}
+
+/// A successor that does not wait in line: the lease is released instead
+/// (the handover answers `None`), and anyone acquires it.
+async fn a_handover_to_a_successor_not_waiting_releases() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let held = m
+        .hold("batch", AcquireOptions::ttl(TTL).holder("A"))
+        .await
+        .expect("A holds");
+    let old = held.token();
+    assert_eq!(held.hand_over("C", TTL).await.expect("the handover"), None);
+    let status = m.inspect("batch").await.expect("inspect");
+    assert!(
+        !status.held && status.holder.is_none(),
+        "released: {status:?}"
+    );
+    let next = m
+        .acquire("batch", AcquireOptions::ttl(TTL).holder("D"))
+        .await
+        .expect("anyone acquires it");
+    assert!(next.token() > old);
+}
+
+/// Authority: the successor's role holds the new term (it renews; the old
+/// holder's role cannot act under the new token); another role cannot hand
+/// over a lease it does not hold; a stale token is refused (LE001); bad
+/// input is refused before anything is sent (library) or with 22023 (SQL).
+async fn only_the_holders_role_hands_over_and_the_successors_role_holds() {
+    let db = TestDb::new().await;
+    let roles = db.login_roles(&["app1", "app2", "app3"], &[]).await;
+    db.execute(
+        &roles
+            .iter()
+            .map(|r| format!("GRANT SELECT ON pglease.line TO {r}"))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let m1 = db.manager_as(&roles[0], Default::default()).await;
+    let m2 = db.manager_as(&roles[1], Default::default()).await;
+    let mut c3 = db.connect_as(&roles[2]).await;
+    let a = m1
+        .acquire("vault", AcquireOptions::ttl(TTL).holder("A"))
+        .await
+        .expect("app1 acquires");
+    let successor = {
+        let m2 = m2.clone();
+        tokio::spawn(async move {
+            m2.acquire(
+                "vault",
+                AcquireOptions::ttl(TTL).holder("B").fair(true).wait(TTL),
+            )
+            .await
+        })
+    };
+    until_waiting(&m1, "vault", "B").await;
+    // Another role may not hand A's lease over.
+    let sql = format!(
+        "SELECT pglease.hand_over('vault', {}, 'B', '1 min')",
+        a.token()
+    );
+    assert_eq!(sqlstate_of(&mut c3, &sql).await.as_deref(), Some("42501"));
+    assert_eq!(
+        m1.inspect("vault").await.expect("inspect").token,
+        Some(a.token())
+    );
+
+    let token = m1
+        .hand_over(&a, "B", TTL)
+        .await
+        .expect("app1 hands over")
+        .expect("to the waiting B");
+    let b = successor.await.expect("task").expect("B gets it");
+    assert_eq!(b.token(), token);
+    m2.renew(&b, TTL)
+        .await
+        .expect("the successor's role renews");
+    let refused = m1.renew(&b, TTL).await;
+    assert!(
+        matches!(&refused, Err(Error::NotPermitted { .. })),
+        "app1 may not act under app2's term: {refused:?}"
+    );
+    match m1.hand_over(&a, "B", TTL).await {
+        Err(Error::NotHeld { .. }) => {}
+        other => panic!("a handover under a stale token: {other:?}"),
+    }
+    match m1.hand_over(&a, "", TTL).await {
+        Err(Error::InvalidInput {
+            argument: "successor",
+            ..
+        }) => {}
+        other => panic!("an empty successor: {other:?}"),
+    }
+    let mut conn = db.connect().await;
+    for sql in [
+        "SELECT pglease.hand_over('vault', 1, '', '1 min')",
+        "SELECT pglease.hand_over('vault', 1, 'B', '0 s')",
+        "SELECT pglease.hand_over('vault', NULL, 'B', '1 min')",
+    ] {
+        assert_eq!(
+            sqlstate_of(&mut conn, sql).await.as_deref(),
+            Some("22023"),
+            "{sql}"
+        );
+    }
+    let row = sqlx::query("SELECT holder, token FROM pglease.leases WHERE name = 'vault'")
+        .fetch_one(&mut conn)
+        .await
+        .expect("the row");
+    assert_eq!(row.get::<String, _>("holder"), "B");
+    assert_eq!(row.get::<i64, _>("token"), token.get(), "nothing changed");
+}
+
+tests![
+    a_waiting_successor_gets_the_lease_at_once_and_the_old_holder_is_fenced(2),
+    a_handover_to_a_successor_not_waiting_releases,
+    only_the_holders_role_hands_over_and_the_successors_role_holds(2),
+];
