@@ -117,10 +117,7 @@ async fn force_release_stops_a_running_holder_and_the_history_says_why() {
     let rows = history.as_array().expect("an array");
     // When the force came while CMD's fenced write was open, ending that
     // session is recorded too ("evicted", just before the force).
-    let rows: Vec<&serde_json::Value> = rows
-        .iter()
-        .filter(|r| r["event"] != "evicted")
-        .collect();
+    let rows: Vec<&serde_json::Value> = rows.iter().filter(|r| r["event"] != "evicted").collect();
     let events: Vec<&str> = rows.iter().map(|r| r["event"].as_str().unwrap()).collect();
     assert_eq!(
         events,
