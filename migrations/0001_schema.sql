@@ -4198,7 +4198,8 @@ $$;
 -- ticket is recorded (leases.handed_to), and SUCCESSOR's next attempt
 -- with that ticket is answered the term (the release notification wakes
 -- it at commit). When SUCCESSOR does not wait, the lease is released, as
--- release would. Either way the old token is refused from the commit on:
+-- release would, or with RELEASE_OTHERWISE false kept as it is (a read
+-- only: what a leader that prefers a candidate asks every second). Either way the old token is refused from the commit on:
 -- the row lock hand_over takes (FOR UPDATE, as an acquisition's) first
 -- ends the sessions of the holder's fenced transactions still open, as
 -- force_release does, so none of them commits after the move. A handover
@@ -4208,7 +4209,8 @@ $$;
 -- 'released' and the new term's 'acquired', each naming the other holder.
 -- =====================================================================
 
-CREATE FUNCTION pglease.hand_over(name text, token bigint, successor text, ttl interval)
+CREATE FUNCTION pglease.hand_over(name text, token bigint, successor text, ttl interval,
+                                  release_otherwise boolean DEFAULT true)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -4227,11 +4229,22 @@ BEGIN
     IF NOT coalesce(octet_length(hand_over.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND hand_over.token IS NOT NULL
                     AND octet_length(hand_over.successor) BETWEEN 1 AND pglease._max_text_bytes()
-                    AND seconds > 0 AND seconds <= pglease._max_ttl_seconds(), false) THEN
+                    AND seconds > 0 AND seconds <= pglease._max_ttl_seconds()
+                    AND hand_over.release_otherwise IS NOT NULL, false) THEN
         checked := pglease._check_text('name', hand_over.name);
         PERFORM pglease._check_token(hand_over.token);
         checked := pglease._check_text('successor', hand_over.successor);
         PERFORM pglease._check_ttl(hand_over.ttl);
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'release_otherwise',
+            MESSAGE = 'pglease: release_otherwise must be true or false, got NULL';
+    END IF;
+    -- Nobody waits and the lease is to be kept: nothing to do, read-only.
+    IF NOT hand_over.release_otherwise
+       AND NOT EXISTS (SELECT 1 FROM pglease._line AS q
+                        WHERE q.name = hand_over.name AND q.holder = hand_over.successor
+                          AND q.expires_at > clock_timestamp()
+                          AND NOT pglease._session_gone(q.session_pid, q.session_start)) THEN
+        RETURN NULL;
     END IF;
     IF pg_is_in_recovery() THEN
         PERFORM pglease._refuse_standby('hand over a lease');
@@ -4302,8 +4315,10 @@ BEGIN
      LIMIT 1
        FOR UPDATE OF q;
     IF place.ticket IS NULL THEN
-        -- Nobody to hand it to: released, as release would.
-        PERFORM pglease.release(hand_over.name, hand_over.token);
+        -- Nobody to hand it to: released, as release would (or kept).
+        IF hand_over.release_otherwise THEN
+            PERFORM pglease.release(hand_over.name, hand_over.token);
+        END IF;
         RETURN NULL;
     END IF;
 
@@ -4340,9 +4355,9 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION pglease.hand_over(text, bigint, text, interval) IS
+COMMENT ON FUNCTION pglease.hand_over(text, bigint, text, interval, boolean) IS
     'Move lease NAME, held under TOKEN, to SUCCESSOR for TTL when SUCCESSOR waits in its '
     'line (first come, first served): a new token, refused to the old holder at once (its '
     'open fenced transactions are ended first). Returns the new token, or NULL when '
-    'SUCCESSOR does not wait and the lease was released instead. LE001 if TOKEN is not '
-    'valid; 42501 for another role''s lease.';
+    'SUCCESSOR does not wait and the lease was released instead (kept, read-only, with '
+    'RELEASE_OTHERWISE false). LE001 if TOKEN is not valid; 42501 for another role''s lease.';

@@ -23,6 +23,11 @@ use crate::token::Token;
 /// campaign waits for as long as it takes; this only bounds one wait).
 const CAMPAIGN: Duration = Duration::from_secs(3600);
 
+/// How often a leader that prefers another candidate asks whether that
+/// candidate campaigns (a read while it does not): the bound, after the
+/// candidate has joined the line, on the handover.
+pub(crate) const PREFERRED_POLL: Duration = Duration::from_secs(1);
+
 /// An elector's part in the election of its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Leadership {
@@ -71,6 +76,9 @@ pub struct Elector {
     asked: watch::Sender<Option<(Token, String)>>,
     /// The term this candidate steps down from (`Elector::step_down`).
     stepping_down: watch::Sender<Option<Token>>,
+    /// The candidate the leader hands over to when it campaigns
+    /// (`Elector::prefer`).
+    preferred: Option<String>,
     /// Every term up to this token is observed to have ended.
     ended: watch::Sender<Option<Token>>,
 }
@@ -83,6 +91,21 @@ enum Ended {
     Observed,
     Resigned,
     SteppedDown,
+    /// Handed over to the preferred candidate, whose term has this token.
+    HandedOver(Token),
+}
+
+/// Whether a candidate named `holder` campaigns in line (first come,
+/// first served), so that a leader can hand over to it: the preferred
+/// candidate does.
+fn campaigns_in_line(preferred: Option<&str>, holder: &str) -> bool {
+    preferred == Some(holder)
+}
+
+/// To whom a leader named `holder` offers its term: the preferred
+/// candidate, unless it is that candidate.
+fn offers_to<'a>(preferred: Option<&'a str>, holder: &str) -> Option<&'a str> {
+    preferred.filter(|p| *p != holder)
 }
 
 /// Whether a campaign's error is one that retrying cannot mend: the
@@ -107,7 +130,7 @@ enum Retry {
 /// What a candidate does after a campaign that failed with `error`.
 fn after_failure(error: &Error) -> Retry {
     match error {
-        Error::Held { .. } | Error::Pinned { .. } => Retry::Now,
+        Error::Held { .. } | Error::Pinned { .. } | Error::InLine { .. } => Retry::Now,
         Error::ShutDown => Retry::Stop,
         // The schema or a privilege is missing.
         error if permanent(error) => Retry::Fail,
@@ -157,12 +180,32 @@ impl LeaseManager {
             leader: watch::Sender::new(None),
             asked: watch::Sender::new(None),
             stepping_down: watch::Sender::new(None),
+            preferred: None,
             ended: watch::Sender::new(None),
         })
     }
 }
 
 impl Elector {
+    /// Prefers the candidate whose holder name is `candidate` (give every
+    /// elector of the name the same): that candidate campaigns in line
+    /// ([`AcquireOptions::fair`]), so no other overtakes it, and any other
+    /// leader hands its term over to it
+    /// ([`LeaseManager::hand_over_if_waiting`]) within a second of its
+    /// joining the line: a new token, the old
+    /// leader's work stopped and its writes refused from the move on. The
+    /// old leader then campaigns again. See docs/library.md, "Leader
+    /// election".
+    #[must_use]
+    pub fn prefer(mut self, candidate: impl Into<String>) -> Elector {
+        let candidate = candidate.into();
+        if campaigns_in_line(Some(&candidate), &self.how.get_holder()) {
+            self.how = self.how.fair(true);
+        }
+        self.preferred = Some(candidate);
+        self
+    }
+
     /// Campaigns for the name and, each time this candidate leads, runs
     /// `work` with the term's [`HeldLease`] (its token, its fenced
     /// transactions, its loss signal), renewed in the background. When the
@@ -359,6 +402,7 @@ impl Elector {
                 reason = held.lost() => Ended::Lost(reason),
                 _ = stepping_down.wait_for(|t| *t == Some(token)) => Ended::SteppedDown,
                 _ = observed_end.wait_for(|t| *t >= Some(token)) => Ended::Observed,
+                successor = self.offer(held) => Ended::HandedOver(successor),
             }
         });
         tokio::select! {
@@ -392,6 +436,13 @@ impl Elector {
                 }
                 true
             }
+            Ended::HandedOver(successor) => {
+                self.state.send_replace(Leadership::Candidate);
+                // The handle stops renewing; its token is stale already.
+                let _ = held.release().await;
+                tracing::info!(name = self.name, %token, %successor, "handed over to the preferred candidate");
+                self.sit_out(token).await
+            }
             Ended::SteppedDown => {
                 self.state.send_replace(Leadership::Candidate);
                 if let Err(error) = held.release().await {
@@ -399,6 +450,29 @@ impl Elector {
                 }
                 tracing::info!(name = self.name, %token, "stepped down");
                 self.sit_out(token).await
+            }
+        }
+    }
+
+    /// Hands the term of `held` over to the preferred candidate once it
+    /// campaigns: asks every [`PREFERRED_POLL`]; the successor's token.
+    /// Never returns for a leader that prefers nobody else.
+    async fn offer(&self, held: &HeldLease) -> Token {
+        let Some(preferred) = offers_to(self.preferred.as_deref(), &self.how.get_holder()) else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(PREFERRED_POLL).await;
+            match self
+                .manager
+                .hand_over_if_waiting(held, preferred, self.how.get_ttl())
+                .await
+            {
+                Ok(Some(token)) => return token,
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::debug!(name = self.name, %error, "cannot offer the term; asking again");
+                }
             }
         }
     }
@@ -551,6 +625,16 @@ mod tests {
         };
         assert_eq!(after_failure(&held), Retry::Now);
         assert_eq!(after_failure(&pinned), Retry::Now);
+    }
+
+    #[test]
+    fn only_the_preferred_candidate_waits_in_line_and_others_offer_it_their_term() {
+        assert!(campaigns_in_line(Some("a"), "a"));
+        assert!(!campaigns_in_line(Some("a"), "b"));
+        assert!(!campaigns_in_line(None, "a"));
+        assert_eq!(offers_to(Some("a"), "b"), Some("a"));
+        assert_eq!(offers_to(Some("a"), "a"), None);
+        assert_eq!(offers_to(None, "b"), None);
     }
 
     #[test]

@@ -483,7 +483,7 @@ impl Error {
 /// The arguments the SQL functions name (in the error's COLUMN field;
 /// checked against the schema by a unit test below). renew_many names an
 /// element's argument (name, token, ttl), or `names` for the arrays.
-const ARGUMENTS: [&str; 21] = [
+const ARGUMENTS: [&str; 22] = [
     "name",
     "holder",
     "ttl",
@@ -505,6 +505,7 @@ const ARGUMENTS: [&str; 21] = [
     "max_waiting",
     "ticket",
     "successor",
+    "release_otherwise",
 ];
 
 impl From<sqlx::Error> for Error {

@@ -289,10 +289,17 @@ pub(crate) fn release(name: &str, token: Token) -> String {
 }
 
 /// Move a held lease to `successor`, waiting in its line, for `ttl`: the
-/// new token, or NULL when it was released instead.
-pub(crate) fn hand_over(fence: &Fence, successor: &str, ttl: &PgInterval) -> String {
+/// new token, or NULL when it was released instead (kept, with
+/// `release_otherwise` false).
+pub(crate) fn hand_over(
+    fence: &Fence,
+    successor: &str,
+    ttl: &PgInterval,
+    release_otherwise: bool,
+) -> String {
+    let keep = if release_otherwise { "" } else { ", false" };
     format!(
-        "SELECT pglease.hand_over({}, {}::bigint, {}, {})",
+        "SELECT pglease.hand_over({}, {}::bigint, {}, {}{keep})",
         Text(fence.name()),
         fence.token().get(),
         Text(successor),

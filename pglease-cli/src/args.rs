@@ -370,6 +370,12 @@ pub(crate) struct ElectArgs {
     /// The pause before a failed CMD is started again.
     #[arg(long, default_value = "1s", value_parser = Checked(pause), allow_hyphen_values = true)]
     pub(crate) restart_delay: Duration,
+    /// Prefer the candidate whose --holder is this (give every candidate
+    /// the same): it campaigns in line, and any other leader hands its
+    /// term over to it within about a second of its campaigning (CMD
+    /// stopped there, started here).
+    #[arg(long, value_parser = Checked(text))]
+    pub(crate) prefer: Option<String>,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
     pub(crate) cmd: Vec<String>,

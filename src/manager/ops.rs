@@ -232,9 +232,42 @@ impl LeaseManager {
         successor: &str,
         ttl: Duration,
     ) -> Result<Option<Token>> {
+        self.hand_over_or(lease.as_ref(), successor, ttl, true)
+            .await
+    }
+
+    /// [`hand_over`](LeaseManager::hand_over), but when `successor` does not
+    /// wait in line the lease stays held and nothing is written (a read):
+    /// `None`. What a leader that prefers a candidate asks repeatedly.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`hand_over`](LeaseManager::hand_over).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`hand_over`](LeaseManager::hand_over).
+    pub async fn hand_over_if_waiting(
+        &self,
+        lease: impl AsRef<Fence>,
+        successor: &str,
+        ttl: Duration,
+    ) -> Result<Option<Token>> {
+        self.hand_over_or(lease.as_ref(), successor, ttl, false)
+            .await
+    }
+
+    async fn hand_over_or(
+        &self,
+        fence: &Fence,
+        successor: &str,
+        ttl: Duration,
+        release_otherwise: bool,
+    ) -> Result<Option<Token>> {
         check_text("successor", successor)?;
         let ttl = crate::lease::interval(ttl)?;
-        let token: Option<i64> = sql::query(sql::hand_over(lease.as_ref(), successor, &ttl))
+        let statement = sql::hand_over(fence, successor, &ttl, release_otherwise);
+        let token: Option<i64> = sql::query(statement)
             .fetch_one(self.pool())
             .await?
             .try_get(0)?;

@@ -359,10 +359,81 @@ async fn a_campaign_without_the_schema_fails_at_once() {
     assert_eq!(elector.leadership(), Leadership::Stopped);
 }
 
+/// A preferred candidate: the leader ("candidate-0") hands its term over
+/// within about a second of the preferred one ("candidate-1") joining the
+/// campaign, its work stopped and its writes refused from the move on;
+/// when the preferred leader resigns, the first leads again.
+async fn the_leader_hands_over_to_the_preferred_candidate_when_it_campaigns() {
+    let db = TestDb::new().await;
+    create_log(&db).await;
+    let electors: Vec<Arc<Elector>> = candidates(&db, 2, Duration::from_secs(5))
+        .await
+        .into_iter()
+        .map(|e| Arc::new(Arc::into_inner(e).expect("one owner").prefer("candidate-1")))
+        .collect();
+    let stopped = Arc::new(AtomicBool::new(false));
+    let first = {
+        let (e, stopped) = (Arc::clone(&electors[0]), Arc::clone(&stopped));
+        tokio::spawn(async move {
+            e.run(async move |held| lead_until_dropped(held, Arc::clone(&stopped)).await)
+                .await
+        })
+    };
+    poll_until("candidate-0 to lead", BOUND, || async {
+        electors[0].is_leader()
+    })
+    .await;
+    let old = electors[0].term().expect("candidate-0's term").token();
+    let joined = Instant::now();
+    let second = {
+        let e = Arc::clone(&electors[1]);
+        tokio::spawn(async move { e.run(async |held| lead(held).await).await })
+    };
+    poll_until("the preferred candidate to lead", BOUND, || async {
+        electors[1].is_leader()
+    })
+    .await;
+    let took = joined.elapsed();
+    eprintln!("the preferred candidate led {took:?} after it began to campaign");
+    assert!(took < Duration::from_secs(5), "liveness: {took:?}");
+    let new = electors[1].term().expect("the preferred term").token();
+    assert!(new > old, "a new token");
+    poll_until("candidate-0's work to stop", BOUND, || async {
+        stopped.load(Ordering::SeqCst)
+    })
+    .await;
+    assert!(!electors[0].is_leader());
+    // Safety: candidate-0's token is refused from the move on.
+    let stale = crate::common::fence("leader", old.get());
+    assert!(db.manager().begin_fenced(&stale).await.is_err());
+    // When the preferred leader resigns, candidate-0 (campaigning again)
+    // leads.
+    electors[1].resign();
+    poll_until("candidate-0 to lead again", BOUND, || async {
+        electors[0].is_leader()
+    })
+    .await;
+    electors[0].resign();
+    join(vec![first, second]).await;
+    assert_terms_in_order(&db).await;
+    let events: Vec<Option<String>> = sqlx::query_scalar(
+        "SELECT detail FROM pglease.history WHERE name = 'leader' AND event = 'acquired' \
+          ORDER BY id",
+    )
+    .fetch_all(db.pool())
+    .await
+    .expect("history");
+    assert!(
+        events.contains(&Some("handed over by candidate-0".to_owned())),
+        "{events:?}"
+    );
+}
+
 tests![
     candidates_lead_one_at_a_time_and_resigning_hands_over(4),
     a_lost_term_stops_the_work_and_the_campaign_goes_on(4),
     followers_see_the_leader_and_a_step_down_request_is_honoured(4),
     a_leader_that_ignores_a_step_down_request_keeps_its_lease(4),
     a_campaign_without_the_schema_fails_at_once,
+    the_leader_hands_over_to_the_preferred_candidate_when_it_campaigns(4),
 ];

@@ -56,7 +56,10 @@ pub(crate) async fn elect(
     if let Some(value) = &args.value {
         how = how.value(value);
     }
-    let elector = manager.elector(&args.name, how).map_err(|e| (e, "elect"))?;
+    let mut elector = manager.elector(&args.name, how).map_err(|e| (e, "elect"))?;
+    if let Some(candidate) = &args.prefer {
+        elector = elector.prefer(candidate.as_str());
+    }
     note!("pglease: campaigning for {:?}", args.name);
     let shared = Arc::new(Shared {
         elector,

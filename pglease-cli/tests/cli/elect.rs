@@ -281,6 +281,55 @@ async fn elect_hands_over_on_request_on_sigkill_and_resigns_on_sigterm() {
     }
 }
 
+/// `elect --prefer e1`: e0 leads alone; once e1 campaigns, e0 hands its
+/// term over within about a second (its command stopped, e1's started
+/// under a new token); no term wrote after a later one began.
+async fn elect_hands_over_to_the_preferred_candidate() {
+    let db = crate::common::new_db().await;
+    create_log(&db).await;
+    let files = [outcomes(&db, "p0"), outcomes(&db, "p1")];
+    let prefer = |who: &str, file: &Path| {
+        let script = crate::common::fenced_writer(file);
+        command(
+            &db,
+            &[
+                "elect", "svc", "--ttl", "5s", "--grace", "2s", "--holder", who, "--prefer", "p1",
+                "--", "sh", "-c", &script,
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start pglease elect")
+    };
+    let first = prefer("p0", &files[0]);
+    until_leader(&db, "p0 to lead", |h| h == "p0").await;
+    poll_until("p0's first fenced write", BOUND, || async {
+        read(&files[0]).contains("ok")
+    })
+    .await;
+    let joined = Instant::now();
+    let second = prefer("p1", &files[1]);
+    until_leader(&db, "the preferred p1 to lead", |h| h == "p1").await;
+    let took = joined.elapsed();
+    eprintln!("the preferred candidate led {took:?} after it started");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    until_commands_gone(&files[0]).await;
+    poll_until("p1's first fenced write", BOUND, || async {
+        read(&files[1]).contains("ok")
+    })
+    .await;
+    for elector in [first, second] {
+        kill(Pid::from_raw(elector.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+        let _ = wait_bounded(elector).await;
+    }
+    until_commands_gone(&files[1]).await;
+    assert_terms_in_order(&db).await;
+    for file in &files {
+        let _ = std::fs::remove_file(file);
+    }
+}
+
 async fn a_stopped_leader_loses_its_writes_are_refused_and_it_campaigns_again() {
     let db = crate::common::new_db().await;
     create_log(&db).await;
@@ -386,4 +435,5 @@ tests![
     a_stopped_leader_loses_its_writes_are_refused_and_it_campaigns_again(2),
     elect_without_the_schema_exits_5_and_a_bad_requester_exits_2,
     a_failing_command_is_restarted_a_bounded_number_of_times(2),
+    elect_hands_over_to_the_preferred_candidate(2),
 ];
