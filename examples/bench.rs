@@ -30,6 +30,8 @@
 //! leases held at `synchronous_commit = off`);
 //! `BENCH_ONLY=p2b` only one manager holding 100,000 leases (in a
 //! database of its own, `pglease_bench_p2b`); `BENCH_ONLY=p3` only the handover from a release to a waiter;
+//! `BENCH_ONLY=p3h` only the handover to a named successor against a release
+//! and the successor's acquisition, and shared acquisition beside exclusive;
 //! `BENCH_ONLY=p4` only the takeover after a holder dies or freezes;
 //! `BENCH_ONLY=p4c` only the takeover of a session-bound lease whose
 //! holder's session ended, beside an advisory lock's.
@@ -304,6 +306,7 @@ async fn main() -> Result<(), Error> {
         "fenced" => Some(fenced_round_trips(&pool, &m, &tokens, secs).await.map(drop)),
         "p2b" => Some(many_leases().await),
         "p3" => Some(handover(&pool).await),
+        "p3h" => Some(named_handover_and_shared(&pool, secs).await),
         "p4" => Some(takeover(&pool).await),
         "p4c" => Some(session_bound_takeover(&pool).await),
         "flushes" => Some(renewal_flushes().await),
@@ -553,6 +556,131 @@ async fn handover(pool: &PgPool) -> Result<(), Error> {
         ms(median(&latencies)),
         ms(percentile(&latencies, 0.99))
     );
+    Ok(())
+}
+
+/// P3-style rows of issue 36. (1) From the holder's call to a successor
+/// waiting in line holding the lease: `hand_over` to it, against the
+/// minimal hand-made way with the same guarantee, `release` followed by
+/// the same fair waiter's acquisition (the line makes it the next
+/// holder); rounds alternated, 40 each. (2) Acquire + release cycles,
+/// shared against exclusive, one client on one name, and eight clients
+/// on one name (shared: all hold it together) against eight clients on
+/// eight names (exclusive: the most exclusive leases can share); pairs
+/// alternated, `BENCH_ROUNDS` of them.
+async fn named_handover_and_shared(pool: &PgPool, secs: f64) -> Result<(), Error> {
+    const ROUNDS: usize = 40;
+    println!(
+        "\nHandover to a named successor waiting in line, from the holder's call to the \
+         successor holding the lease ({ROUNDS} rounds each, alternated)"
+    );
+    println!("| way | p50 ms | p99 ms | call p50 ms |\n|---|---:|---:|---:|");
+    let holder = LeaseManager::new(pool.clone());
+    let waiter = LeaseManager::new(pool.clone());
+    let (mut handed, mut released) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+    for round in 0..ROUNDS * 2 {
+        let by_handover = round % 2 == 0;
+        let name = format!("named-{round}");
+        let held = holder
+            .acquire(&name, AcquireOptions::ttl(LONG).holder("holder"))
+            .await?;
+        let task = {
+            let (waiter, name) = (waiter.clone(), name.clone());
+            tokio::spawn(async move {
+                let how = AcquireOptions::ttl(LONG)
+                    .holder("successor")
+                    .fair(true)
+                    .wait(LONG);
+                let got = waiter.acquire(&name, how).await;
+                (got, Instant::now())
+            })
+        };
+        while !waiter
+            .line(&name)
+            .await?
+            .iter()
+            .any(|p| p.holder == "successor")
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let called = Instant::now();
+        if by_handover {
+            holder.hand_over(&held, "successor", LONG).await?;
+        } else {
+            holder.release(&held).await?;
+        }
+        let call = called.elapsed();
+        let (got, at) = task.await.expect("successor task");
+        let lease = got?;
+        let into = if by_handover { &mut handed } else { &mut released };
+        into.0.push(at - called);
+        into.1.push(call);
+        waiter.release(&lease).await?;
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    for (label, (latencies, calls)) in [
+        ("hand_over to the waiting successor", &handed),
+        (
+            "release, then the same fair waiter's acquisition (baseline)",
+            &released,
+        ),
+    ] {
+        println!(
+            "| {label} | {:.2} | {:.2} | {:.2} |",
+            ms(median(latencies)),
+            ms(percentile(latencies, 0.99)),
+            ms(median(calls))
+        );
+    }
+    println!(
+        "handover / baseline, p50: {:.2}",
+        median(&handed.0).as_secs_f64() / median(&released.0).as_secs_f64()
+    );
+
+    let rounds: u32 = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    println!(
+        "\nShared beside exclusive: acquire + release cycles through the library \
+         ({rounds} pairs alternated, {secs} s each)"
+    );
+    println!(
+        "| cycle | clients | exclusive ops/s | shared ops/s | shared / exclusive |\n|---|---:|---:|---:|---:|"
+    );
+    let m = LeaseManager::new(pool.clone());
+    for (clients, names) in [(1_usize, "one name"), (8, "exclusive: 8 names; shared: 1 name")] {
+        let cycle = |shared: bool| {
+            let m = m.clone();
+            op(move |c| {
+                let m = m.clone();
+                async move {
+                    let name = if shared {
+                        "shared-bench".to_owned()
+                    } else {
+                        format!("exclusive-bench-{c}")
+                    };
+                    let how = AcquireOptions::ttl(LONG).holder("bench").shared(shared);
+                    let lease = m.acquire(&name, how).await?;
+                    m.release(&lease).await?;
+                    Ok(())
+                }
+            })
+        };
+        let (exclusive, shared) = alternate(
+            clients,
+            secs * 2.0,
+            rounds,
+            cycle(false),
+            cycle(true),
+        )
+        .await;
+        println!(
+            "| acquire + release ({names}) | {clients} | {exclusive:.0} | {shared:.0} | {:.2} |",
+            shared / exclusive
+        );
+    }
     Ok(())
 }
 
