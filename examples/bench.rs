@@ -613,7 +613,11 @@ async fn named_handover_and_shared(pool: &PgPool, secs: f64) -> Result<(), Error
         let call = called.elapsed();
         let (got, at) = task.await.expect("successor task");
         let lease = got?;
-        let into = if by_handover { &mut handed } else { &mut released };
+        let into = if by_handover {
+            &mut handed
+        } else {
+            &mut released
+        };
         into.0.push(at - called);
         into.1.push(call);
         waiter.release(&lease).await?;
@@ -650,7 +654,10 @@ async fn named_handover_and_shared(pool: &PgPool, secs: f64) -> Result<(), Error
         "| cycle | clients | exclusive ops/s | shared ops/s | shared / exclusive |\n|---|---:|---:|---:|---:|"
     );
     let m = LeaseManager::new(pool.clone());
-    for (clients, names) in [(1_usize, "one name"), (8, "exclusive: 8 names; shared: 1 name")] {
+    for (clients, names) in [
+        (1_usize, "one name"),
+        (8, "exclusive: 8 names; shared: 1 name"),
+    ] {
         let cycle = |shared: bool| {
             let m = m.clone();
             op(move |c| {
@@ -668,14 +675,8 @@ async fn named_handover_and_shared(pool: &PgPool, secs: f64) -> Result<(), Error
                 }
             })
         };
-        let (exclusive, shared) = alternate(
-            clients,
-            secs * 2.0,
-            rounds,
-            cycle(false),
-            cycle(true),
-        )
-        .await;
+        let (exclusive, shared) =
+            alternate(clients, secs * 2.0, rounds, cycle(false), cycle(true)).await;
         println!(
             "| acquire + release ({names}) | {clients} | {exclusive:.0} | {shared:.0} | {:.2} |",
             shared / exclusive

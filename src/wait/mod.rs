@@ -184,6 +184,14 @@ trait GiveBack: Send + 'static {
     fn give_back(self, context: &Context);
 }
 
+impl GiveBack for (line::Place, u32) {
+    /// A place joined for a waiter that stopped waiting: dropping it
+    /// leaves the line in the background.
+    fn give_back(self, _context: &Context) {
+        drop(self);
+    }
+}
+
 impl GiveBack for Attempt {
     fn give_back(self, context: &Context) {
         if let Attempt::Acquired { lease, .. } = self {
@@ -547,13 +555,17 @@ impl Line {
         if !how.get_fair() || self.place.is_some() {
             return Ok(false);
         }
-        let (place, position) = line::Place::join(
-            context,
-            names,
-            &how.get_holder(),
-            ttl,
+        // On a task of its own, as attempts are: a waiter cancelled while
+        // its join is in flight leaves the place in the background.
+        let (joining, holder, ttl, max) = (
+            names.to_vec(),
+            how.get_holder().into_owned(),
+            *ttl,
             how.get_max_waiting(),
-        )
+        );
+        let (place, position) = detached(context, move |context| async move {
+            line::Place::join(&context, &joining, &holder, &ttl, max).await
+        })
         .await?;
         tracing::debug!(?names, position, "waiting in line");
         self.place = Some(place);
