@@ -158,14 +158,21 @@ impl LeaseManager {
     /// # Errors
     ///
     /// [`Error::InvalidInput`] for a bad name, holder, value or TTL, a
-    /// TTL too short for the manager's renewal timing, or a
-    /// [`limit`](AcquireOptions::limit) (an election has one leader).
+    /// TTL too short for the manager's renewal timing, a
+    /// [`limit`](AcquireOptions::limit) or [`shared`](AcquireOptions::shared)
+    /// (an election has one leader).
     pub fn elector(&self, name: &str, how: AcquireOptions) -> Result<Elector> {
         how.check(name)?;
         if how.get_limit().is_some() {
             return Err(Error::invalid(
                 "limit",
                 "an election has one leader: a counted lease cannot be campaigned for",
+            ));
+        }
+        if how.get_shared() {
+            return Err(Error::invalid(
+                "shared",
+                "an election has one leader: a shared lease cannot be campaigned for",
             ));
         }
         self.options().timing(how.get_ttl())?;

@@ -558,6 +558,12 @@ async fn bad_input_to_a_shared_acquisition_is_refused() {
         }) => {}
         other => panic!("{other:?}"),
     }
+    match m.elector("n", shared("h")) {
+        Err(Error::InvalidInput {
+            argument: "shared", ..
+        }) => {}
+        other => panic!("an election of shared holders: {other:?}"),
+    }
     let row = sqlx::query("SELECT count(*) AS n FROM pglease.leases")
         .fetch_one(&mut conn)
         .await
