@@ -37,7 +37,7 @@
 -- 10. Several leases at once, all or none: _max_set_names, _check_names,
 --     type set_acquisition, acquire_all.
 -- 11. First-come-first-served waiting: _max_waiting, line_seq, _line,
---     type place, _ahead, enqueue, dequeue, view line.
+--     type place, _ahead, enqueue, dequeue, view line, set_fair.
 -- 12. Shared leases, many holders or one: _shared, _writer_waits,
 --     acquire_shared, _renew_shared, _release_shared, assert_shared,
 --     view shared.
@@ -292,7 +292,9 @@ CREATE TABLE pglease.leases (
     writer_waits_until timestamptz,
     -- The place in line (its ticket) this term was handed over to (see
     -- HANDOVER): an attempt with that ticket is answered the term.
-    handed_to          bigint
+    handed_to          bigint,
+    -- Every waiter for this name waits in line (set_fair; see LINES).
+    fair               boolean     NOT NULL DEFAULT false
     -- The primary key is the table's only index, and no function changes
     -- the name: every update is a HOT update (see LOCKS above for why the
     -- token needs no index).
@@ -452,7 +454,11 @@ CREATE TYPE pglease.acquisition AS (
     -- How many acquirers wait in line before this one (see LINES): set
     -- for an acquisition with a ticket, and when the line is why the
     -- lease was not acquired; NULL otherwise.
-    ahead integer
+    ahead integer,
+    -- The name is served first come, first served for every acquirer
+    -- (set_fair): a waiter should join its line. Set in the answers of
+    -- a refused acquisition that read it; NULL otherwise.
+    fair boolean
 );
 
 -- Result of acquire_counted: acquire's answer, and the slot it concerns.
@@ -1128,6 +1134,8 @@ DECLARE
     -- The place the current term was handed over to (see HANDOVER).
     handed     bigint;
     cur_role   name;
+    -- Every waiter for the name waits in line (set_fair).
+    name_fair  boolean;
 BEGIN
     IF NOT coalesce(octet_length(acquire.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND octet_length(acquire.holder) BETWEEN 1 AND pglease._max_text_bytes()
@@ -1145,9 +1153,9 @@ BEGIN
     -- transactions hold it. A session-bound one is held while its session
     -- lives.
     SELECT l.holder, l.expires_at, l.token, l.session_pid, l.session_start, l.queued,
-           l.readers_until, l.handed_to, l.role
+           l.readers_until, l.handed_to, l.role, l.fair
       INTO cur_holder, cur_expiry, cur_token, cur_pid, cur_start, line_set, readers,
-           handed, cur_role
+           handed, cur_role, name_fair
       FROM pglease.leases AS l WHERE l.name = acquire.name;
     found_row := FOUND;
     t := clock_timestamp();
@@ -1157,14 +1165,15 @@ BEGIN
         IF handed = acquire.ticket AND cur_holder = acquire.holder
            AND (cur_role = session_user OR pglease._may_act(cur_role)) THEN
             RETURN ROW(cur_token, cur_expiry, cur_holder, t, 'handed over', NULL, NULL,
-                       0)::pglease.acquisition;
+                       0, NULL)::pglease.acquisition;
         END IF;
         IF cur_pid IS NULL OR NOT pglease._session_gone(cur_pid, cur_start) THEN
             -- A waiter in line keeps its place with every attempt.
             IF acquire.ticket IS NOT NULL AND NOT pg_is_in_recovery() THEN
                 ahead := pglease._ahead(acquire.name, acquire.ticket, acquire.ttl);
             END IF;
-            RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, ahead)::pglease.acquisition;
+            RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, ahead,
+                       name_fair)::pglease.acquisition;
         END IF;
         gone_token := cur_token;
     END IF;
@@ -1189,7 +1198,7 @@ BEGIN
             RETURN ROW(NULL, coalesce(cur_expiry, t), cur_holder, t,
                        format('first come, first served: %s acquirer(s) wait in line before '
                               'this one', ahead),
-                       cur_pid, NULL, ahead)::pglease.acquisition;
+                       cur_pid, NULL, ahead, name_fair)::pglease.acquisition;
         END IF;
     END IF;
 
@@ -1199,6 +1208,7 @@ BEGIN
     IF readers > t THEN
         result := pglease._writer_waits(acquire.name, acquire.holder, ahead);
         IF result.expires_at > result.checked_at THEN
+            result.fair := name_fair;
             RETURN result;
         END IF;
         result := NULL;
@@ -1231,7 +1241,7 @@ BEGIN
                     RETURN ROW(NULL, coalesce(cur_expiry, t), cur_holder, t,
                                'another transaction checking the server''s timeline has not '
                                'committed for 1 s (call acquire in a transaction of its own)',
-                               cur_pid, NULL, NULL)::pglease.acquisition;
+                               cur_pid, NULL, NULL, NULL)::pglease.acquisition;
                 END IF;
             END IF;
             t := clock_timestamp();
@@ -1242,7 +1252,7 @@ BEGIN
                                   'pglease.set_grant_delay): an acquisition lost with the old '
                                   'timeline may still be in use; renewals of the leases this '
                                   'server knows go on', here.timeline, here.grant_after),
-                           cur_pid, here.grant_after, NULL)::pglease.acquisition;
+                           cur_pid, here.grant_after, NULL, NULL)::pglease.acquisition;
             END IF;
 
             -- Names granted by prefix (see AUTHORITY), checked before anything
@@ -1255,7 +1265,7 @@ BEGIN
                 note := pglease._create(acquire.name);
                 IF note IS NOT NULL THEN
                     t := clock_timestamp();
-                    RETURN ROW(NULL, t, NULL, t, note, NULL, NULL, NULL)::pglease.acquisition;
+                    RETURN ROW(NULL, t, NULL, t, note, NULL, NULL, NULL, NULL)::pglease.acquisition;
                 END IF;
             END IF;
 
@@ -1278,7 +1288,7 @@ BEGIN
                 END IF;
                 IF note = '' THEN
                     -- Held, as decided (see _take_over).
-                    RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, NULL)::pglease.acquisition;
+                    RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, NULL, NULL)::pglease.acquisition;
                 END IF;
                 -- The committed row: locked by this transaction if taken;
                 -- otherwise the lease has ended (expires_at <= checked_at, or
@@ -1292,13 +1302,13 @@ BEGIN
                     RAISE WARNING USING MESSAGE = format('pglease: lease %L has ended, but %s',
                                                          acquire.name, note);
                     RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(),
-                               note, cur_pid, NULL, NULL)::pglease.acquisition;
+                               note, cur_pid, NULL, NULL, NULL)::pglease.acquisition;
                 END IF;
             END IF;
             -- Decide on the latest row version and a clock read after the lock.
             t := clock_timestamp();
             IF cur_holder IS NOT NULL AND t < cur_expiry AND cur_token IS DISTINCT FROM gone_token THEN
-                RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, NULL)::pglease.acquisition;
+                RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, NULL, NULL)::pglease.acquisition;
             END IF;
             IF readers > t THEN
                 RETURN pglease._writer_waits(acquire.name, acquire.holder, NULL);
@@ -1395,7 +1405,7 @@ BEGIN
     -- ended, so the second try takes it. Report the row as it is.
     SELECT l.holder, l.expires_at, l.session_pid INTO cur_holder, cur_expiry, cur_pid
       FROM pglease.leases AS l WHERE l.name = acquire.name;
-    RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(), NULL, cur_pid, NULL, NULL)::pglease.acquisition;
+    RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(), NULL, cur_pid, NULL, NULL, NULL)::pglease.acquisition;
 END
 $$;
 
@@ -3758,6 +3768,55 @@ BEGIN
 END
 $$;
 
+-- Per name: an administrator makes every waiter for NAME wait in line
+-- (FAIR true), as if each asked for it; false undoes it. Acquire's
+-- refusals then answer fair = true, and the library's waiter joins the
+-- line. It changes who is served next, never who may hold: administrators
+-- only, like name grants.
+CREATE FUNCTION pglease.set_fair(name text, fair boolean)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    checked text;
+    note    text;
+BEGIN
+    checked := pglease._check_text('name', set_fair.name);
+    IF set_fair.fair IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'fair',
+            MESSAGE = 'pglease: fair must be true or false, got NULL';
+    END IF;
+    IF NOT pglease.is_admin() THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('pglease: role %I may not set how lease %L is waited for: pglease '
+                             'administrators only', session_user, set_fair.name);
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pglease.leases AS l WHERE l.name = set_fair.name) THEN
+        note := pglease._create(set_fair.name);
+        IF note IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '55P03',
+                MESSAGE = format('pglease: cannot set lease %L: %s', set_fair.name, note);
+        END IF;
+    END IF;
+    UPDATE pglease.leases AS l SET fair = set_fair.fair WHERE l.name = set_fair.name;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease.set_fair(text, boolean) FROM PUBLIC;
+
+COMMENT ON FUNCTION pglease.set_fair(text, boolean) IS
+    'Administrators only: with FAIR true every waiter for lease NAME waits in line (first '
+    'come, first served; acquire''s refusals answer fair = true); false undoes it.';
+
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pglease_admin') THEN
+        GRANT EXECUTE ON FUNCTION pglease.set_fair(text, boolean) TO pglease_admin;
+    END IF;
+END
+$$;
+
 -- =====================================================================
 -- 12. SHARED LEASES: MANY HOLDERS AT ONCE, OR ONE
 --
@@ -3858,7 +3917,7 @@ BEGIN
      WHERE s.name = _writer_waits.name AND s.expires_at > clock_timestamp()
      ORDER BY s.expires_at DESC LIMIT 1;
     RETURN ROW(NULL, until, reader, clock_timestamp(), NULL, NULL, NULL,
-               _writer_waits.ahead)::pglease.acquisition;
+               _writer_waits.ahead, NULL)::pglease.acquisition;
 END
 $$;
 
@@ -3902,7 +3961,7 @@ BEGIN
             RETURN ROW(NULL, t, NULL, t,
                        'another transaction checking the server''s timeline has not committed '
                        'for 1 s (call acquire_shared in a transaction of its own)',
-                       NULL, NULL, NULL)::pglease.acquisition;
+                       NULL, NULL, NULL, NULL)::pglease.acquisition;
         END IF;
     END IF;
     t := clock_timestamp();
@@ -3911,7 +3970,7 @@ BEGIN
                    format('the database changed to timeline %s (a failover or a restore) and '
                           'grants no lease until %s (the grant delay)', here.timeline,
                           here.grant_after),
-                   NULL, here.grant_after, NULL)::pglease.acquisition;
+                   NULL, here.grant_after, NULL, NULL)::pglease.acquisition;
     END IF;
     IF NOT pglease._may_use_name(acquire_shared.name) THEN
         PERFORM pglease._refuse_name(acquire_shared.name, 'acquire');
@@ -3920,7 +3979,7 @@ BEGIN
         note := pglease._create(acquire_shared.name);
         IF note IS NOT NULL THEN
             t := clock_timestamp();
-            RETURN ROW(NULL, t, NULL, t, note, NULL, NULL, NULL)::pglease.acquisition;
+            RETURN ROW(NULL, t, NULL, t, note, NULL, NULL, NULL, NULL)::pglease.acquisition;
         END IF;
     END IF;
 
@@ -3938,7 +3997,7 @@ BEGIN
                        'its row has been locked for over 1 s by a transaction that has not '
                        'committed (call acquire, acquire_shared, renew and release in '
                        'transactions of their own)',
-                       lease.session_pid, NULL, NULL)::pglease.acquisition;
+                       lease.session_pid, NULL, NULL, NULL)::pglease.acquisition;
         END IF;
         PERFORM pg_sleep(0.002);
     END LOOP;
@@ -3948,13 +4007,13 @@ BEGIN
             AND pglease._session_gone(lease.session_pid, lease.session_start);
     IF lease.holder IS NOT NULL AND t < lease.expires_at AND NOT gone THEN
         RETURN ROW(NULL, lease.expires_at, lease.holder, t, NULL, lease.session_pid, NULL,
-                   NULL)::pglease.acquisition;
+                   NULL, NULL)::pglease.acquisition;
     END IF;
     IF lease.writer_waits_until > t THEN
         RETURN ROW(NULL, lease.writer_waits_until, lease.writer_waiting, t,
                    'an exclusive acquisition waits for the shared holders to end (writer '
                    'preference): new shared holders wait behind it',
-                   NULL, NULL, NULL)::pglease.acquisition;
+                   NULL, NULL, NULL, NULL)::pglease.acquisition;
     END IF;
     IF lease.queued THEN
         ahead := pglease._ahead(acquire_shared.name, NULL, acquire_shared.ttl);
@@ -3962,7 +4021,7 @@ BEGIN
             RETURN ROW(NULL, t, NULL, t,
                        format('first come, first served: %s acquirer(s) wait in line before '
                               'this one', ahead),
-                       NULL, NULL, ahead)::pglease.acquisition;
+                       NULL, NULL, ahead, NULL)::pglease.acquisition;
         END IF;
     END IF;
 
@@ -3978,7 +4037,7 @@ BEGIN
             IF note IS NOT NULL THEN
                 -- '' cannot be: nobody acquires while this holds the row.
                 RETURN ROW(NULL, lease.expires_at, lease.holder, clock_timestamp(),
-                           nullif(note, ''), lease.session_pid, NULL, NULL)::pglease.acquisition;
+                           nullif(note, ''), lease.session_pid, NULL, NULL, NULL)::pglease.acquisition;
             END IF;
         END IF;
     END IF;
@@ -4003,7 +4062,7 @@ BEGIN
                             clock_timestamp(), NULL, 'shared');
     PERFORM pglease._changed(acquire_shared.name);
     RETURN ROW(new_token, expiry, acquire_shared.holder, t, NULL, NULL, NULL,
-               NULL)::pglease.acquisition;
+               NULL, NULL)::pglease.acquisition;
 END
 $$;
 

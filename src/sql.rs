@@ -138,9 +138,9 @@ pub(crate) fn acquire(
     // A counted lease answers the slot too: the lease it acquired, or the
     // one that expires first; it has no line.
     let ahead = if slots.is_some() {
-        "NULL::integer AS ahead"
+        "NULL::integer AS ahead, NULL::boolean AS fair"
     } else {
-        "ahead"
+        "ahead, fair"
     };
     let (acquire, slot) = match slots {
         None if mode == Mode::Shared => (
@@ -286,6 +286,11 @@ pub(crate) fn release(name: &str, token: Token) -> String {
         Text(name),
         token.get()
     )
+}
+
+/// Make every waiter for `name` wait in line (or not): administrators.
+pub(crate) fn set_fair(name: &str, fair: bool) -> String {
+    format!("SELECT pglease.set_fair({}, {fair})", Text(name))
 }
 
 /// Move a held lease to `successor`, waiting in its line, for `ttl`: the

@@ -120,6 +120,16 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Make every waiter for NAME wait in line, first come, first served
+    /// (`on`), or not (`off`). Administrators only (exit 5 otherwise).
+    SetFair {
+        /// The lease name.
+        #[arg(value_parser = Checked(text))]
+        name: String,
+        /// `on` or `off`.
+        #[arg(value_parser = clap::builder::PossibleValuesParser::new(["on", "off"]))]
+        setting: String,
+    },
     /// Show one lease (exit 3 if it is not held), or all of them.
     Status(StatusArgs),
     /// Hold a lease while CMD runs: renew it, stop CMD if it is lost.

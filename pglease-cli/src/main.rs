@@ -112,6 +112,23 @@ async fn dispatch(
             Ok(fence) => cmd::hand_over::hand_over(manager, &fence, &successor, ttl, json).await,
             Err(e) => Err((e, "hand-over")),
         },
+        Command::SetFair { name, setting } => {
+            let fair = setting == "on";
+            match manager.set_fair(&name, fair).await {
+                Ok(()) => {
+                    note!(
+                        "pglease: {name:?}: {}",
+                        if fair {
+                            "every waiter waits in line (first come, first served)"
+                        } else {
+                            "waiters wait in line only when they ask (--fair)"
+                        }
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => Err((e, "set-fair")),
+            }
+        }
         Command::Status(args) => cmd::status::status(manager, args).await,
         Command::Run(args) => cmd::run::run(manager, database_url, args).await,
         Command::History { name, since, json } => {

@@ -202,6 +202,31 @@ impl LeaseManager {
         db::release_checked(self.pool(), lease.as_ref()).await
     }
 
+    /// Makes every waiter for lease `name` wait in line, first come, first
+    /// served, as if each acquisition had
+    /// [`AcquireOptions::fair`](crate::AcquireOptions::fair) (`fair`
+    /// true), or undoes it: the acquisitions refused while it is held are
+    /// told so, and a waiting one joins the line (not an
+    /// [`acquire_all`](LeaseManager::acquire_all), which waits in line only
+    /// when asked). Administrators only (`pglease.set_fair`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad name (nothing sent);
+    /// [`Error::NotPermitted`] for a role that is not an administrator;
+    /// [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the setting may or may not commit; set it again.
+    pub async fn set_fair(&self, name: &str, fair: bool) -> Result<()> {
+        check_text("name", name)?;
+        sql::query(sql::set_fair(name, fair))
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
     /// Hands `lease` over to `successor` for `ttl`, in one step: when a
     /// holder named `successor` waits in the lease's line (an acquisition
     /// with [`AcquireOptions::fair`](crate::AcquireOptions::fair) and

@@ -76,6 +76,8 @@ pub(crate) struct Held {
     /// How many wait in line before this acquisition (with a place in
     /// line, or when the line refused it).
     ahead: Option<i32>,
+    /// Every waiter for the name waits in line (`pglease.set_fair`).
+    fair: bool,
 }
 
 impl Held {
@@ -98,6 +100,12 @@ impl Held {
             holder_session: row.try_get("holder_session")?,
             delayed_until: row.try_get("delayed_until")?,
             ahead: row.try_get("ahead")?,
+            // A set's answer (`acquire_all`) has no such column.
+            fair: row
+                .try_get::<Option<bool>, _>("fair")
+                .ok()
+                .flatten()
+                .unwrap_or(false),
         };
         telemetry::acquire_attempt(held.refused().label());
         Ok(held)
@@ -491,7 +499,10 @@ impl Acquirer {
             if context.is_shut_down() {
                 return Err(Error::ShutDown);
             }
-            if line.join(context, &[name.to_owned()], how, &ttl).await? {
+            if line
+                .join(context, &[name.to_owned()], how, held.fair, &ttl)
+                .await?
+            {
                 // Attempt at once with the ticket: the lease may be free
                 // for the first in line.
                 continue;
@@ -550,9 +561,10 @@ impl Line {
         context: &Arc<Context>,
         names: &[String],
         how: &AcquireOptions,
+        name_fair: bool,
         ttl: &PgInterval,
     ) -> Result<bool> {
-        if !how.get_fair() || self.place.is_some() {
+        if !(how.get_fair() || name_fair) || self.place.is_some() {
             return Ok(false);
         }
         // On a task of its own, as attempts are: a waiter cancelled while

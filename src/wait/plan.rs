@@ -399,6 +399,7 @@ mod tests {
             slot: "job".to_owned(),
             holder_session: None,
             ahead: None,
+            fair: false,
             delayed_until: None,
         }
     }

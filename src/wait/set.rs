@@ -232,7 +232,7 @@ impl Acquirer {
             if context.is_shut_down() {
                 return Err(Error::ShutDown);
             }
-            if line.join(context, &names, how, &ttl).await? {
+            if line.join(context, &names, how, false, &ttl).await? {
                 continue;
             }
             let Some(blocking) = names.iter().find(|n| **n == held.slot) else {

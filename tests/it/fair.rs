@@ -361,6 +361,83 @@ async fn only_the_role_that_joined_acts_with_its_ticket() {
     db.manager().release(&held).await.expect("release");
 }
 
+/// Per name: once an administrator has made a name fair
+/// (`LeaseManager::set_fair`), plain waiters (no `fair`) join its line
+/// and are served in the order they joined; only administrators may set
+/// it (42501, `NotPermitted`); undone, a plain waiter waits outside the
+/// line again.
+async fn a_name_made_fair_serves_plain_waiters_in_turn() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    m.set_fair("pf", true)
+        .await
+        .expect("an administrator makes pf fair");
+    let h = m
+        .acquire("pf", AcquireOptions::ttl(TTL).holder("H"))
+        .await
+        .expect("H acquires");
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let (m2, served) = (m.clone(), Arc::clone(&served));
+        waiters.push(tokio::spawn(async move {
+            let how = AcquireOptions::ttl(TTL).holder(format!("P{i}")).wait(TTL);
+            let lease = m2
+                .acquire("pf", how)
+                .await
+                .expect("a plain waiter acquires");
+            served.lock().expect("lock").push(i);
+            m2.release(&lease).await.expect("release");
+        }));
+        until_in_line(&m, "pf", i + 1).await;
+    }
+    m.release(&h).await.expect("H releases");
+    for w in waiters {
+        w.await.expect("waiter");
+    }
+    assert_eq!(
+        *served.lock().expect("lock"),
+        [0, 1, 2],
+        "served in the order they joined"
+    );
+
+    // Authority: only administrators set it.
+    let roles = db.login_roles(&["app"], &[]).await;
+    let app = db.manager_as(&roles[0], Default::default()).await;
+    match app.set_fair("pf", false).await {
+        Err(Error::NotPermitted { .. }) => {}
+        other => panic!("an application role set a name's fairness: {other:?}"),
+    }
+    let mut conn = db.connect_as(&roles[0]).await;
+    assert_eq!(
+        sqlstate_of(&mut conn, "SELECT pglease.set_fair('pf', false)")
+            .await
+            .as_deref(),
+        Some("42501")
+    );
+
+    // Undone: a plain waiter waits outside the line.
+    m.set_fair("pf", false).await.expect("undo");
+    let h = m
+        .acquire("pf", AcquireOptions::ttl(TTL).holder("H"))
+        .await
+        .expect("H acquires again");
+    let waiter = {
+        let m2 = m.clone();
+        tokio::spawn(async move {
+            m2.acquire("pf", AcquireOptions::ttl(TTL).holder("Q").wait(TTL))
+                .await
+        })
+    };
+    pglease::testing::poll_until("Q to wait", TTL, || async { m.stats().waiting > 0 }).await;
+    assert!(
+        m.line("pf").await.expect("line").is_empty(),
+        "Q takes no place"
+    );
+    m.release(&h).await.expect("release");
+    waiter.await.expect("task").expect("Q acquires");
+}
+
 tests![
     waiters_are_served_in_the_order_they_joined(4),
     a_dead_waiter_is_skipped_at_once_and_a_frozen_one_after_its_ttl(2),
@@ -368,4 +445,5 @@ tests![
     a_set_waits_in_line_like_a_single_lease(4),
     only_the_role_that_joined_acts_with_its_ticket,
     a_join_during_a_first_acquisition_is_not_overtaken(2),
+    a_name_made_fair_serves_plain_waiters_in_turn(2),
 ];

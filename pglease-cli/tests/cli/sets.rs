@@ -480,6 +480,48 @@ async fn wait_bounded_output(child: std::process::Child) -> std::process::Output
     }
 }
 
+/// `set-fair NAME on`: a plain `run --wait` (no `--fair`) takes a place
+/// in NAME's line and is served when the holder releases; a setting other
+/// than on or off exits 2.
+async fn set_fair_makes_plain_runs_wait_in_line() {
+    let db = crate::common::new_db().await;
+    let out = pglease(&db, &["set-fair", "q", "on"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let held = pglease(
+        &db,
+        &["acquire", "q", "--ttl", "1m", "--holder", "H", "--json"],
+    );
+    assert_eq!(code(&held), 0, "{}", stderr(&held));
+    let token = crate::common::json(&held)["token"]
+        .as_i64()
+        .expect("a token")
+        .to_string();
+    let run = crate::common::command(
+        &db,
+        &[
+            "run", "q", "--ttl", "5s", "--wait", "30s", "--holder", "W", "--", "true",
+        ],
+    )
+    .stdout(Stdio::null())
+    .spawn()
+    .expect("start the run");
+    poll_until("W to wait in line", BOUND, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pglease.line WHERE name = 'q' AND holder = 'W')",
+        )
+        .fetch_one(db.pool())
+        .await
+        .expect("read the line")
+    })
+    .await;
+    let out = pglease(&db, &["release", "q", "--token", &token]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let status = crate::common::wait_bounded(run).await;
+    assert_eq!(status.code(), Some(0), "W ran in its turn");
+    let out = pglease(&db, &["set-fair", "q", "maybe"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+}
+
 tests![
     run_takes_every_lease_or_none_and_hands_each_token_over,
     a_set_run_that_loses_one_lease_is_stopped_and_fenced_off_on_all,
@@ -487,4 +529,5 @@ tests![
     a_name_granted_to_another_role_refuses_the_set,
     several_names_are_checked_before_connecting,
     fair_runs_are_served_in_turn_and_told_their_position,
+    set_fair_makes_plain_runs_wait_in_line,
 ];
