@@ -1163,8 +1163,20 @@ BEGIN
         -- Handed over to this acquisition's place in line (see HANDOVER):
         -- the term is its own.
         IF handed = acquire.ticket AND cur_holder = acquire.holder
-           AND (cur_role = session_user OR pglease._may_act(cur_role)) THEN
-            RETURN ROW(cur_token, cur_expiry, cur_holder, t, 'handed over', NULL, NULL,
+           AND (cur_role = session_user OR pglease._may_act(cur_role))
+           AND NOT pg_is_in_recovery() THEN
+            IF acquire.session_bound THEN
+                -- Bound to the session that takes the term (see
+                -- SESSION-BOUND LEASES).
+                UPDATE pglease.leases AS l
+                   SET session_pid = pg_backend_pid(),
+                       session_start = (SELECT a.backend_start
+                                          FROM pg_stat_get_activity(pg_backend_pid()) AS a)
+                 WHERE l.name = acquire.name AND l.token = cur_token;
+                PERFORM pg_try_advisory_lock(1886155618, pg_backend_pid());
+                cur_pid := pg_backend_pid();
+            END IF;
+            RETURN ROW(cur_token, cur_expiry, cur_holder, t, 'handed over', cur_pid, NULL,
                        0, NULL)::pglease.acquisition;
         END IF;
         IF cur_pid IS NULL OR NOT pglease._session_gone(cur_pid, cur_start) THEN
@@ -1206,6 +1218,10 @@ BEGIN
     -- acquisition (see SHARED LEASES), unless the last one has just
     -- released.
     IF readers > t THEN
+        -- The mark is a write: names granted to other roles refuse first.
+        IF NOT pglease._may_use_name(acquire.name) THEN
+            PERFORM pglease._refuse_name(acquire.name, 'acquire');
+        END IF;
         result := pglease._writer_waits(acquire.name, acquire.holder, ahead);
         IF result.expires_at > result.checked_at THEN
             result.fair := name_fair;
@@ -4026,8 +4042,10 @@ BEGIN
     END IF;
 
     -- The first shared holder after an exclusive term: that term's stale
-    -- fenced transactions end first (see FENCING above).
-    IF lease.token > 0 AND lease.readers_after IS DISTINCT FROM lease.token THEN
+    -- fenced transactions end first (see FENCING above). While shared
+    -- holders are valid, that was done when the first of them came.
+    IF lease.token > 0 AND lease.readers_after IS DISTINCT FROM lease.token
+       AND NOT coalesce(lease.readers_until > t, false) THEN
         PERFORM 1 FROM pglease.leases AS l
          WHERE l.name = acquire_shared.name FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
@@ -4035,10 +4053,21 @@ BEGIN
               FROM pglease._take_over(acquire_shared.name,
                                       CASE WHEN gone THEN lease.token END) AS o;
             IF note IS NOT NULL THEN
-                -- '' cannot be: nobody acquires while this holds the row.
+                -- '' cannot be: nobody acquires while this holds the row,
+                -- and no shared holder is valid.
                 RETURN ROW(NULL, lease.expires_at, lease.holder, clock_timestamp(),
                            nullif(note, ''), lease.session_pid, NULL, NULL, NULL)::pglease.acquisition;
             END IF;
+        END IF;
+        IF gone THEN
+            -- The term of a session-bound holder whose session has ended
+            -- ends now, on the row too: its token is refused from here on
+            -- even if its process id comes back (see SESSION-BOUND LEASES).
+            PERFORM pglease._record(lease.name, lease.token, 'expired', lease.holder,
+                                    clock_timestamp(), lease.renewals,
+                                    'its holder''s session ended');
+            UPDATE pglease.leases AS l SET expires_at = clock_timestamp()
+             WHERE l.name = acquire_shared.name;
         END IF;
     END IF;
 
@@ -4073,6 +4102,61 @@ COMMENT ON FUNCTION pglease.acquire_shared(text, text, interval) IS
     'the token is this holder''s own. Renew and release it with renew and release; check '
     'it in a transaction with assert_shared. Answers within about 2 s.';
 
+-- Locks NAME's row FOR NO KEY UPDATE for a change of a shared holder,
+-- waiting at most 1 s for the transaction that holds it (an acquisition
+-- or another shared holder's change, milliseconds); 55P03 after that, so
+-- that a transaction left open delays a renewal but never blocks it.
+-- Internal.
+CREATE FUNCTION pglease._lock_for_shared(name text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    give_up timestamptz := clock_timestamp() + interval '1 second';
+BEGIN
+    LOOP
+        PERFORM 1 FROM pglease.leases AS l
+         WHERE l.name = _lock_for_shared.name FOR NO KEY UPDATE SKIP LOCKED;
+        EXIT WHEN FOUND;
+        IF clock_timestamp() >= give_up THEN
+            RAISE EXCEPTION USING ERRCODE = '55P03',
+                MESSAGE = format('pglease: lease %L: its row has been locked for over 1 s by a '
+                                 'transaction that has not committed (call acquire, renew and '
+                                 'release in transactions of their own); try again',
+                                 _lock_for_shared.name);
+        END IF;
+        PERFORM pg_sleep(0.002);
+    END LOOP;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._lock_for_shared(text) FROM PUBLIC;
+
+-- The valid shared holder of NAME under TOKEN, if this session may act
+-- under it (42501 if it may not); NULL if there is none. Read before any
+-- lock is taken, so that nobody locks a row under a token not its own.
+CREATE FUNCTION pglease._own_shared(name text, token bigint)
+RETURNS pglease._shared
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    reader pglease._shared;
+BEGIN
+    SELECT * INTO reader FROM pglease._shared AS s
+     WHERE s.token = _own_shared.token AND s.name = _own_shared.name
+       AND clock_timestamp() < s.expires_at;
+    IF reader.token IS NOT NULL AND reader.role IS DISTINCT FROM session_user
+       AND NOT pglease._may_act(reader.role) THEN
+        PERFORM pglease._refuse_owner(_own_shared.name, reader.role, 'act under');
+    END IF;
+    RETURN reader;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._own_shared(text, bigint) FROM PUBLIC;
+
 -- renew(NAME, TOKEN, TTL) for a shared holder's TOKEN: the new expiry,
 -- or NULL if TOKEN is no valid shared holder's of NAME (42501 if it is
 -- one this session may not act under). The name's row is locked first,
@@ -4084,13 +4168,11 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     new_expiry timestamptz;
-    owner      name;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pglease._shared AS s
-                    WHERE s.token = _renew_shared.token AND s.name = _renew_shared.name) THEN
+    IF (pglease._own_shared(_renew_shared.name, _renew_shared.token)).token IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM 1 FROM pglease.leases AS l WHERE l.name = _renew_shared.name FOR NO KEY UPDATE;
+    PERFORM pglease._lock_for_shared(_renew_shared.name);
     UPDATE pglease._shared AS s
        SET expires_at = clock_timestamp()
                         + make_interval(secs => date_part('epoch', _renew_shared.ttl)),
@@ -4098,19 +4180,12 @@ BEGIN
            renewals = s.renewals + 1
      WHERE s.token = _renew_shared.token AND s.name = _renew_shared.name
        AND clock_timestamp() < s.expires_at
-       AND (s.role = session_user OR pglease._may_act(s.role))
     RETURNING s.expires_at INTO new_expiry;
-    IF new_expiry IS NULL THEN
-        SELECT s.role INTO owner FROM pglease._shared AS s
-         WHERE s.token = _renew_shared.token AND clock_timestamp() < s.expires_at;
-        IF FOUND THEN
-            PERFORM pglease._refuse_owner(_renew_shared.name, owner, 'renew');
-        END IF;
-        RETURN NULL;
+    IF new_expiry IS NOT NULL THEN
+        UPDATE pglease.leases AS l
+           SET readers_until = greatest(l.readers_until, new_expiry)
+         WHERE l.name = _renew_shared.name;
     END IF;
-    UPDATE pglease.leases AS l
-       SET readers_until = greatest(l.readers_until, new_expiry)
-     WHERE l.name = _renew_shared.name;
     RETURN new_expiry;
 END
 $$;
@@ -4119,33 +4194,29 @@ REVOKE ALL ON FUNCTION pglease._renew_shared(text, bigint, interval) FROM PUBLIC
 
 -- release(NAME, TOKEN) for a shared holder's TOKEN: true if it ended a
 -- valid shared lease (42501 if it is one this session may not act
--- under). readers_until becomes the latest expiry of the others, read
--- after the name's row is locked.
+-- under). The row stays, ended (expires_at now), until the name's next
+-- shared acquisition purges it: a shared holder's check in a REPEATABLE
+-- READ transaction that began before the release then fails to serialize
+-- instead of reading the row as it was. readers_until becomes the latest
+-- expiry of the others, read after the name's row is locked.
 CREATE FUNCTION pglease._release_shared(name text, token bigint)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    gone  pglease._shared;
-    owner name;
+    gone pglease._shared;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pglease._shared AS s
-                    WHERE s.token = _release_shared.token AND s.name = _release_shared.name) THEN
+    IF (pglease._own_shared(_release_shared.name, _release_shared.token)).token IS NULL THEN
         RETURN false;
     END IF;
-    PERFORM 1 FROM pglease.leases AS l WHERE l.name = _release_shared.name FOR NO KEY UPDATE;
-    DELETE FROM pglease._shared AS s
+    PERFORM pglease._lock_for_shared(_release_shared.name);
+    UPDATE pglease._shared AS s
+       SET expires_at = clock_timestamp()
      WHERE s.token = _release_shared.token AND s.name = _release_shared.name
        AND clock_timestamp() < s.expires_at
-       AND (s.role = session_user OR pglease._may_act(s.role))
     RETURNING s.* INTO gone;
     IF gone.token IS NULL THEN
-        SELECT s.role INTO owner FROM pglease._shared AS s
-         WHERE s.token = _release_shared.token AND clock_timestamp() < s.expires_at;
-        IF FOUND THEN
-            PERFORM pglease._refuse_owner(_release_shared.name, owner, 'release');
-        END IF;
         RETURN false;
     END IF;
     UPDATE pglease.leases AS l
@@ -4182,8 +4253,11 @@ BEGIN
     -- every exclusive acquisition of the name from committing.
     SELECT l.secret INTO secret FROM pglease.leases AS l
      WHERE l.name = assert_shared.name FOR KEY SHARE;
+    -- FOR KEY SHARE: in a REPEATABLE READ transaction, a release or
+    -- renewal committed since its snapshot fails to serialize (40001)
+    -- rather than pass unseen; it conflicts with neither.
     SELECT * INTO reader FROM pglease._shared AS s
-     WHERE s.token = assert_shared.token AND s.name = assert_shared.name;
+     WHERE s.token = assert_shared.token AND s.name = assert_shared.name FOR KEY SHARE;
     -- The clock is read after the lock is held.
     t := clock_timestamp();
     IF reader.token IS NULL THEN
@@ -4257,8 +4331,9 @@ $$;
 -- ticket is recorded (leases.handed_to), and SUCCESSOR's next attempt
 -- with that ticket is answered the term (the release notification wakes
 -- it at commit). When SUCCESSOR does not wait, the lease is released, as
--- release would, or with RELEASE_OTHERWISE false kept as it is (a read
--- only: what a leader that prefers a candidate asks every second). Either way the old token is refused from the commit on:
+-- release would. successor_waits(name, token, successor) asks first,
+-- read-only (what a leader that prefers a candidate asks every second,
+-- before it stops its work and hands over). Either way the old token is refused from the commit on:
 -- the row lock hand_over takes (FOR UPDATE, as an acquisition's) first
 -- ends the sessions of the holder's fenced transactions still open, as
 -- force_release does, so none of them commits after the move. A handover
@@ -4268,8 +4343,7 @@ $$;
 -- 'released' and the new term's 'acquired', each naming the other holder.
 -- =====================================================================
 
-CREATE FUNCTION pglease.hand_over(name text, token bigint, successor text, ttl interval,
-                                  release_otherwise boolean DEFAULT true)
+CREATE FUNCTION pglease.hand_over(name text, token bigint, successor text, ttl interval)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -4288,22 +4362,11 @@ BEGIN
     IF NOT coalesce(octet_length(hand_over.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND hand_over.token IS NOT NULL
                     AND octet_length(hand_over.successor) BETWEEN 1 AND pglease._max_text_bytes()
-                    AND seconds > 0 AND seconds <= pglease._max_ttl_seconds()
-                    AND hand_over.release_otherwise IS NOT NULL, false) THEN
+                    AND seconds > 0 AND seconds <= pglease._max_ttl_seconds(), false) THEN
         checked := pglease._check_text('name', hand_over.name);
         PERFORM pglease._check_token(hand_over.token);
         checked := pglease._check_text('successor', hand_over.successor);
         PERFORM pglease._check_ttl(hand_over.ttl);
-        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'release_otherwise',
-            MESSAGE = 'pglease: release_otherwise must be true or false, got NULL';
-    END IF;
-    -- Nobody waits and the lease is to be kept: nothing to do, read-only.
-    IF NOT hand_over.release_otherwise
-       AND NOT EXISTS (SELECT 1 FROM pglease._line AS q
-                        WHERE q.name = hand_over.name AND q.holder = hand_over.successor
-                          AND q.expires_at > clock_timestamp()
-                          AND NOT pglease._session_gone(q.session_pid, q.session_start)) THEN
-        RETURN NULL;
     END IF;
     IF pg_is_in_recovery() THEN
         PERFORM pglease._refuse_standby('hand over a lease');
@@ -4365,19 +4428,12 @@ BEGIN
 
     -- The successor's live place in this name's line, for this name alone.
     SELECT q.* INTO place FROM pglease._line AS q
-     WHERE q.name = hand_over.name AND q.holder = hand_over.successor
-       AND q.expires_at > clock_timestamp()
-       AND NOT pglease._session_gone(q.session_pid, q.session_start)
-       AND NOT EXISTS (SELECT 1 FROM pglease._line AS o
-                        WHERE o.ticket = q.ticket AND o.name <> q.name)
-     ORDER BY q.ticket
-     LIMIT 1
+     WHERE q.ticket = pglease._successor_place(hand_over.name, hand_over.successor)
+       AND q.name = hand_over.name
        FOR UPDATE OF q;
     IF place.ticket IS NULL THEN
-        -- Nobody to hand it to: released, as release would (or kept).
-        IF hand_over.release_otherwise THEN
-            PERFORM pglease.release(hand_over.name, hand_over.token);
-        END IF;
+        -- Nobody to hand it to: released, as release would.
+        PERFORM pglease.release(hand_over.name, hand_over.token);
         RETURN NULL;
     END IF;
 
@@ -4414,9 +4470,65 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION pglease.hand_over(text, bigint, text, interval, boolean) IS
+COMMENT ON FUNCTION pglease.hand_over(text, bigint, text, interval) IS
     'Move lease NAME, held under TOKEN, to SUCCESSOR for TTL when SUCCESSOR waits in its '
     'line (first come, first served): a new token, refused to the old holder at once (its '
     'open fenced transactions are ended first). Returns the new token, or NULL when '
-    'SUCCESSOR does not wait and the lease was released instead (kept, read-only, with '
-    'RELEASE_OTHERWISE false). LE001 if TOKEN is not valid; 42501 for another role''s lease.';
+    'SUCCESSOR does not wait and the lease was released instead. LE001 if TOKEN is not '
+    'valid; 42501 for another role''s lease.';
+
+-- The ticket of SUCCESSOR's live place in NAME's line for this name alone
+-- (the one hand_over would take), or NULL. Internal.
+CREATE FUNCTION pglease._successor_place(name text, successor text)
+RETURNS bigint
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT q.ticket FROM pglease._line AS q
+     WHERE q.name = $1 AND q.holder = $2
+       AND q.expires_at > clock_timestamp()
+       AND NOT pglease._session_gone(q.session_pid, q.session_start)
+       AND NOT EXISTS (SELECT 1 FROM pglease._line AS o
+                        WHERE o.ticket = q.ticket AND o.name <> q.name)
+     ORDER BY q.ticket
+     LIMIT 1
+$$;
+
+REVOKE ALL ON FUNCTION pglease._successor_place(text, text) FROM PUBLIC;
+
+CREATE FUNCTION pglease.successor_waits(name text, token bigint, successor text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    checked text;
+    lease   pglease.leases;
+BEGIN
+    IF NOT coalesce(octet_length(successor_waits.name) BETWEEN 1 AND pglease._max_text_bytes()
+                    AND successor_waits.token IS NOT NULL
+                    AND octet_length(successor_waits.successor)
+                        BETWEEN 1 AND pglease._max_text_bytes(), false) THEN
+        checked := pglease._check_text('name', successor_waits.name);
+        PERFORM pglease._check_token(successor_waits.token);
+        checked := pglease._check_text('successor', successor_waits.successor);
+    END IF;
+    SELECT * INTO lease FROM pglease.leases AS l WHERE l.name = successor_waits.name;
+    IF lease.name IS NULL OR lease.token <> successor_waits.token OR lease.holder IS NULL
+       OR clock_timestamp() >= lease.expires_at THEN
+        RAISE EXCEPTION USING ERRCODE = 'LE001',
+            MESSAGE = format('pglease: lease %L is not held under token %s',
+                             successor_waits.name, successor_waits.token),
+            DETAIL = format('reason=not_held token=%s name=%s', successor_waits.token,
+                            successor_waits.name);
+    END IF;
+    IF lease.role IS DISTINCT FROM session_user AND NOT pglease._may_act(lease.role) THEN
+        PERFORM pglease._refuse_owner(successor_waits.name, lease.role, 'hand over');
+    END IF;
+    RETURN pglease._successor_place(successor_waits.name, successor_waits.successor) IS NOT NULL;
+END
+$$;
+
+COMMENT ON FUNCTION pglease.successor_waits(text, bigint, text) IS
+    'Whether hand_over(NAME, TOKEN, SUCCESSOR, ...) would hand the lease over now: SUCCESSOR '
+    'waits in its line. Read-only; LE001 if TOKEN is not valid, 42501 for another role''s lease.';

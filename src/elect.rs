@@ -79,6 +79,9 @@ pub struct Elector {
     /// The candidate the leader hands over to when it campaigns
     /// (`Elector::prefer`).
     preferred: Option<String>,
+    /// The term this candidate hands over to the preferred candidate: its
+    /// work is told (`Elector::until_handover_due`) before it is dropped.
+    handing_over: watch::Sender<Option<Token>>,
     /// Every term up to this token is observed to have ended.
     ended: watch::Sender<Option<Token>>,
 }
@@ -91,8 +94,8 @@ enum Ended {
     Observed,
     Resigned,
     SteppedDown,
-    /// Handed over to the preferred candidate, whose term has this token.
-    HandedOver(Token),
+    /// The preferred candidate (this holder name) campaigns: hand over.
+    HandingOver(String),
 }
 
 /// Whether a candidate named `holder` campaigns in line (first come,
@@ -188,6 +191,7 @@ impl LeaseManager {
             asked: watch::Sender::new(None),
             stepping_down: watch::Sender::new(None),
             preferred: None,
+            handing_over: watch::Sender::new(None),
             ended: watch::Sender::new(None),
         })
     }
@@ -198,8 +202,10 @@ impl Elector {
     /// elector of the name the same): that candidate campaigns in line
     /// ([`AcquireOptions::fair`]), so no other overtakes it, and any other
     /// leader hands its term over to it
-    /// ([`LeaseManager::hand_over_if_waiting`]) within a second of its
-    /// joining the line: a new token, the old
+    /// ([`LeaseManager::hand_over`]) within a second of its joining the
+    /// line: its work is told ([`Elector::until_handover_due`]) and given
+    /// up to a TTL to finish, then dropped; the term moves with a new
+    /// token, the old
     /// leader's work stopped and its writes refused from the move on. The
     /// old leader then campaigns again. See docs/library.md, "Leader
     /// election".
@@ -409,16 +415,29 @@ impl Elector {
                 reason = held.lost() => Ended::Lost(reason),
                 _ = stepping_down.wait_for(|t| *t == Some(token)) => Ended::SteppedDown,
                 _ = observed_end.wait_for(|t| *t >= Some(token)) => Ended::Observed,
-                successor = self.offer(held) => Ended::HandedOver(successor),
+                successor = self.offer(held) => Ended::HandingOver(successor),
             }
         });
-        tokio::select! {
+        let mut work = std::pin::pin!(work(held.clone()));
+        let ended = tokio::select! {
             biased;
             ended = &mut ends => ended,
             // The work is done (or gave up, say after a refused fenced
             // write): the term goes on until it is lost or resigned.
-            () = work(held.clone()) => ends.await,
+            () = &mut work => return ends.await,
+        };
+        if matches!(ended, Ended::HandingOver(_)) {
+            // The work is told first, and has up to a TTL to finish (a
+            // command to stop) before it is dropped and the term moves;
+            // the lease is renewed meanwhile.
+            self.handing_over.send_replace(Some(token));
+            tokio::select! {
+                () = &mut work => {}
+                _ = held.lost() => {}
+                () = tokio::time::sleep(self.how.get_ttl()) => {}
+            }
         }
+        ended
     }
 
     /// Acts on how the term of `held` ended (releases it when resigning or
@@ -443,11 +462,20 @@ impl Elector {
                 }
                 true
             }
-            Ended::HandedOver(successor) => {
+            Ended::HandingOver(successor) => {
                 self.state.send_replace(Leadership::Candidate);
-                // The handle stops renewing; its token is stale already.
-                let _ = held.release().await;
-                tracing::info!(name = self.name, %token, %successor, "handed over to the preferred candidate");
+                // Released instead if the candidate stopped waiting.
+                match held.hand_over(&successor, self.how.get_ttl()).await {
+                    Ok(Some(new)) => {
+                        tracing::info!(name = self.name, %token, %new, successor, "handed over to the preferred candidate");
+                    }
+                    Ok(None) => {
+                        tracing::info!(name = self.name, %token, successor, "the preferred candidate stopped waiting; released");
+                    }
+                    Err(error) => {
+                        tracing::warn!(name = self.name, %error, "could not hand over; released");
+                    }
+                }
                 self.sit_out(token).await
             }
             Ended::SteppedDown => {
@@ -461,24 +489,20 @@ impl Elector {
         }
     }
 
-    /// Hands the term of `held` over to the preferred candidate once it
-    /// campaigns: asks every [`PREFERRED_POLL`]; the successor's token.
+    /// Waits until the preferred candidate campaigns (it waits in the
+    /// line), asking every [`PREFERRED_POLL`] (a read); its holder name.
     /// Never returns for a leader that prefers nobody else.
-    async fn offer(&self, held: &HeldLease) -> Token {
+    async fn offer(&self, held: &HeldLease) -> String {
         let Some(preferred) = offers_to(self.preferred.as_deref(), &self.how.get_holder()) else {
             return std::future::pending().await;
         };
         loop {
             tokio::time::sleep(PREFERRED_POLL).await;
-            match self
-                .manager
-                .hand_over_if_waiting(held, preferred, self.how.get_ttl())
-                .await
-            {
-                Ok(Some(token)) => return token,
-                Ok(None) => {}
+            match self.manager.successor_waits(held, preferred).await {
+                Ok(true) => return preferred.to_owned(),
+                Ok(false) => {}
                 Err(error) => {
-                    tracing::debug!(name = self.name, %error, "cannot offer the term; asking again");
+                    tracing::debug!(name = self.name, %error, "cannot ask for the preferred candidate; asking again");
                 }
             }
         }
@@ -544,6 +568,34 @@ impl Elector {
         };
         match &*self.asked.borrow() {
             Some((asked, by)) if *asked == token => Some(by.clone()),
+            _ => None,
+        }
+    }
+
+    /// Waits until this candidate, leading, is about to hand its term over
+    /// to the preferred candidate ([`Elector::prefer`]): the work should
+    /// finish now (stop what it started); it is dropped after one TTL
+    /// otherwise, and the term then moves.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only waits.
+    pub async fn until_handover_due(&self) {
+        let mut handing_over = self.handing_over.subscribe();
+        let gone = handing_over
+            .wait_for(|t| t.is_some() && *t == self.leading_token())
+            .await
+            .is_err();
+        if gone {
+            // The elector is gone: nothing will be due.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// The token of the term this candidate leads, if any.
+    fn leading_token(&self) -> Option<Token> {
+        match self.leadership() {
+            Leadership::Leading { token } => Some(token),
             _ => None,
         }
     }

@@ -483,7 +483,7 @@ impl Error {
 /// The arguments the SQL functions name (in the error's COLUMN field;
 /// checked against the schema by a unit test below). renew_many names an
 /// element's argument (name, token, ttl), or `names` for the arrays.
-const ARGUMENTS: [&str; 23] = [
+const ARGUMENTS: [&str; 22] = [
     "name",
     "holder",
     "ttl",
@@ -505,7 +505,6 @@ const ARGUMENTS: [&str; 23] = [
     "max_waiting",
     "ticket",
     "successor",
-    "release_otherwise",
     "fair",
 ];
 

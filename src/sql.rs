@@ -294,21 +294,24 @@ pub(crate) fn set_fair(name: &str, fair: bool) -> String {
 }
 
 /// Move a held lease to `successor`, waiting in its line, for `ttl`: the
-/// new token, or NULL when it was released instead (kept, with
-/// `release_otherwise` false).
-pub(crate) fn hand_over(
-    fence: &Fence,
-    successor: &str,
-    ttl: &PgInterval,
-    release_otherwise: bool,
-) -> String {
-    let keep = if release_otherwise { "" } else { ", false" };
+/// new token, or NULL when it was released instead.
+pub(crate) fn hand_over(fence: &Fence, successor: &str, ttl: &PgInterval) -> String {
     format!(
-        "SELECT pglease.hand_over({}, {}::bigint, {}, {}{keep})",
+        "SELECT pglease.hand_over({}, {}::bigint, {}, {})",
         Text(fence.name()),
         fence.token().get(),
         Text(successor),
         Interval(ttl)
+    )
+}
+
+/// Whether `hand_over` would hand the lease over to `successor` now.
+pub(crate) fn successor_waits(fence: &Fence, successor: &str) -> String {
+    format!(
+        "SELECT pglease.successor_waits({}, {}::bigint, {})",
+        Text(fence.name()),
+        fence.token().get(),
+        Text(successor)
     )
 }
 

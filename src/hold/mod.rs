@@ -264,21 +264,23 @@ impl HeldLease {
     /// Dropped before the database answers, the handover may or may not
     /// commit; the lease is not renewed any more either way.
     pub async fn hand_over(self, successor: &str, ttl: Duration) -> Result<Option<Token>> {
-        crate::limits::check_text("successor", successor)?;
+        crate::manager::check_hand_over(self.as_ref(), successor)?;
         let pg_ttl = crate::lease::interval(ttl)?;
         self.inner.registry.forget(&self.inner.state.lease);
         self.inner.state.fire(LossReason::Released, Instant::now());
-        let outcome = crate::sql::query(crate::sql::hand_over(
-            self.as_ref(),
-            successor,
-            &pg_ttl,
-            true,
-        ))
-        .fetch_one(&self.inner.context.pool)
-        .await;
+        let outcome = crate::sql::query(crate::sql::hand_over(self.as_ref(), successor, &pg_ttl))
+            .fetch_one(&self.inner.context.pool)
+            .await;
         // Only now: dropped before the answer, `Drop` releases instead.
         self.inner.released.store(true, Ordering::Release);
-        let token: Option<i64> = sqlx::Row::try_get(&outcome?, 0)?;
+        let token = outcome
+            .and_then(|row| sqlx::Row::try_get::<Option<i64>, _>(&row, 0))
+            .inspect_err(|_| {
+                // Not handed over (a grant delay, a transaction that could
+                // not be ended, the network): nobody renews it any more, so
+                // release it (a no-op if the handover did commit).
+                self.inner.context.release_in_background(self.as_ref());
+            })?;
         Ok(token.map(Token::issued))
     }
 

@@ -4,6 +4,7 @@
 
 mod acquire;
 mod ops;
+pub(crate) use ops::check_hand_over;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -257,46 +257,34 @@ impl LeaseManager {
         successor: &str,
         ttl: Duration,
     ) -> Result<Option<Token>> {
-        self.hand_over_or(lease.as_ref(), successor, ttl, true)
-            .await
-    }
-
-    /// [`hand_over`](LeaseManager::hand_over), but when `successor` does not
-    /// wait in line the lease stays held and nothing is written (a read):
-    /// `None`. What a leader that prefers a candidate asks repeatedly.
-    ///
-    /// # Errors
-    ///
-    /// Those of [`hand_over`](LeaseManager::hand_over).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`hand_over`](LeaseManager::hand_over).
-    pub async fn hand_over_if_waiting(
-        &self,
-        lease: impl AsRef<Fence>,
-        successor: &str,
-        ttl: Duration,
-    ) -> Result<Option<Token>> {
-        self.hand_over_or(lease.as_ref(), successor, ttl, false)
-            .await
-    }
-
-    async fn hand_over_or(
-        &self,
-        fence: &Fence,
-        successor: &str,
-        ttl: Duration,
-        release_otherwise: bool,
-    ) -> Result<Option<Token>> {
-        check_text("successor", successor)?;
+        let fence = lease.as_ref();
+        check_hand_over(fence, successor)?;
         let ttl = crate::lease::interval(ttl)?;
-        let statement = sql::hand_over(fence, successor, &ttl, release_otherwise);
-        let token: Option<i64> = sql::query(statement)
+        let token: Option<i64> = sql::query(sql::hand_over(fence, successor, &ttl))
             .fetch_one(self.pool())
             .await?
             .try_get(0)?;
         Ok(token.map(Token::issued))
+    }
+
+    /// Whether [`hand_over`](LeaseManager::hand_over) would hand `lease`
+    /// over to `successor` now (it waits in the lease's line): a read,
+    /// what a leader that prefers a candidate asks every second.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`hand_over`](LeaseManager::hand_over) but 55P03.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn successor_waits(&self, lease: impl AsRef<Fence>, successor: &str) -> Result<bool> {
+        let fence = lease.as_ref();
+        check_hand_over(fence, successor)?;
+        Ok(sql::query(sql::successor_waits(fence, successor))
+            .fetch_one(self.pool())
+            .await?
+            .try_get(0)?)
     }
 
     /// The status of lease `name`; a name never acquired is reported with
@@ -497,4 +485,17 @@ impl LeaseManager {
             }
         }
     }
+}
+
+/// What a handover checks before anything is sent: a successor's name, and
+/// an exclusive holder's fence (a shared holder's term is its own alone).
+pub(crate) fn check_hand_over(fence: &Fence, successor: &str) -> Result<()> {
+    check_text("successor", successor)?;
+    if fence.is_shared() {
+        return Err(crate::error::Error::invalid(
+            "shared",
+            "a shared holder's lease cannot be handed over",
+        ));
+    }
+    Ok(())
 }

@@ -328,9 +328,13 @@ async fn attempt(
     )
     .shared_if(how.get_shared());
     let window = context.options.confirm_after(ttl_duration(ttl));
-    if sent.elapsed() <= window {
+    if sent.elapsed() <= window && plan::granted_in_full(expires_at, checked_at, ttl_duration(ttl))
+    {
         return Ok(Attempt::Acquired { lease, sent });
     }
+    // Late, or a term handed over with less than this TTL left (see
+    // `pglease.hand_over`): a renewal sets the expiry the local deadline
+    // is counted against.
     confirm(context, lease, ttl).await
 }
 

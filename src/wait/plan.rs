@@ -82,6 +82,20 @@ pub(crate) fn step(outcome: Result<Attempt>, out_of_time: bool) -> Step {
     }
 }
 
+/// Whether a grant decided at `checked_at` runs for the whole `ttl` asked
+/// (an acquisition's does), so that the local deadline may be counted
+/// from the request: a term handed over by its holder runs for the TTL
+/// that holder gave, from the handover, and needs a confirming renewal.
+pub(crate) fn granted_in_full(
+    expires_at: DateTime<Utc>,
+    checked_at: DateTime<Utc>,
+    ttl: Duration,
+) -> bool {
+    (expires_at - checked_at)
+        .to_std()
+        .is_ok_and(|left| left >= ttl)
+}
+
 /// How long after the expiry of the holder seen last (`expired`, if a
 /// holder was seen) a lease acquired at `acquired_at` was taken over;
 /// `None` if it was not (a release ends a lease sooner), both on the
@@ -243,6 +257,16 @@ pub(crate) fn plan(seen: &Seen, counts: &mut Counts) -> Plan {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_handed_over_term_with_less_than_the_ttl_left_is_not_granted_in_full() {
+        let at = DateTime::<Utc>::UNIX_EPOCH;
+        let ttl = Duration::from_secs(60);
+        let full = at + chrono::Duration::seconds(60) + chrono::Duration::microseconds(3);
+        assert!(granted_in_full(full, at, ttl));
+        assert!(!granted_in_full(at + chrono::Duration::seconds(2), at, ttl));
+        assert!(!granted_in_full(at, at, ttl));
+    }
     use super::*;
     use crate::error::LossReason;
     use crate::token::Token;

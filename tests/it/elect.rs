@@ -359,10 +359,10 @@ async fn a_campaign_without_the_schema_fails_at_once() {
     assert_eq!(elector.leadership(), Leadership::Stopped);
 }
 
-/// A preferred candidate: the leader ("candidate-0") hands its term over
-/// within about a second of the preferred one ("candidate-1") joining the
-/// campaign, its work stopped and its writes refused from the move on;
-/// when the preferred leader resigns, the first leads again.
+/// A preferred candidate: the leader ("candidate-0") is told, stops its
+/// work and hands its term over within about a second of the preferred
+/// one ("candidate-1") joining the campaign; its writes are refused from
+/// the move on; when the preferred leader resigns, the first leads again.
 async fn the_leader_hands_over_to_the_preferred_candidate_when_it_campaigns() {
     let db = TestDb::new().await;
     create_log(&db).await;
@@ -372,11 +372,18 @@ async fn the_leader_hands_over_to_the_preferred_candidate_when_it_campaigns() {
         .map(|e| Arc::new(Arc::into_inner(e).expect("one owner").prefer("candidate-1")))
         .collect();
     let stopped = Arc::new(AtomicBool::new(false));
+    // candidate-0's work finishes when told that the term moves.
     let first = {
         let (e, stopped) = (Arc::clone(&electors[0]), Arc::clone(&stopped));
+        let me = Arc::clone(&e);
         tokio::spawn(async move {
-            e.run(async move |held| lead_until_dropped(held, Arc::clone(&stopped)).await)
-                .await
+            e.run(async move |held| {
+                tokio::select! {
+                    () = lead_until_dropped(held, Arc::clone(&stopped)) => {}
+                    () = me.until_handover_due() => {}
+                }
+            })
+            .await
         })
     };
     poll_until("candidate-0 to lead", BOUND, || async {

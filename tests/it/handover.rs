@@ -236,8 +236,49 @@ async fn only_the_holders_role_hands_over_and_the_successors_role_holds() {
     assert_eq!(row.get::<i64, _>("token"), token.get(), "nothing changed");
 }
 
+/// A term handed over with a shorter TTL than the successor asked for
+/// is confirmed by a renewal before the successor's acquisition returns:
+/// the successor's local deadline is never later than the database's
+/// expiry.
+async fn a_short_handed_over_term_is_renewed_to_the_successors_ttl() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let a = m
+        .acquire("relay", AcquireOptions::ttl(TTL).holder("A"))
+        .await
+        .expect("A acquires");
+    let successor = {
+        let m = m.clone();
+        tokio::spawn(async move {
+            m.acquire(
+                "relay",
+                AcquireOptions::ttl(TTL).holder("B").fair(true).wait(TTL),
+            )
+            .await
+        })
+    };
+    until_waiting(&m, "relay", "B").await;
+    m.hand_over(&a, "B", Duration::from_secs(2))
+        .await
+        .expect("the handover")
+        .expect("B waited");
+    let b = successor.await.expect("task").expect("B gets the lease");
+    let left = m
+        .inspect("relay")
+        .await
+        .expect("inspect")
+        .remaining
+        .expect("held");
+    assert!(
+        left > Duration::from_secs(20),
+        "renewed to B's TTL: {left:?} left"
+    );
+    assert!(b.expires_at() - b.acquired_at() > chrono::Duration::seconds(20));
+}
+
 tests![
     a_waiting_successor_gets_the_lease_at_once_and_the_old_holder_is_fenced(2),
     a_handover_to_a_successor_not_waiting_releases,
+    a_short_handed_over_term_is_renewed_to_the_successors_ttl(2),
     only_the_holders_role_hands_over_and_the_successors_role_holds(2),
 ];

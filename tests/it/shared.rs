@@ -423,6 +423,49 @@ async fn only_the_acquiring_role_acts_under_a_shared_token() {
         .await
         .expect("release");
     assert!(released);
+    // A role that may not use a name marks nothing: refused (42501)
+    // before the writer-preference mark is written.
+    db.execute(&[format!("SELECT pglease.grant_names('g/', '{}')", roles[0])])
+        .await;
+    let token = acquire_shared(&mut c1, "g/x", "app1", "1 min")
+        .await
+        .expect("app1 acquires g/x shared");
+    assert_eq!(
+        sqlstate_of(
+            &mut c2,
+            "SELECT * FROM pglease.acquire('g/x', 'evil', '1 min')"
+        )
+        .await
+        .as_deref(),
+        Some("42501")
+    );
+    assert_eq!(
+        writer_waiting(&db, "g/x").await,
+        None,
+        "no mark by a role without the name"
+    );
+    // Another role's renewal of an ended shared token takes no lock.
+    let released: bool = sqlx::query_scalar("SELECT pglease.release('g/x', $1)")
+        .bind(token)
+        .fetch_one(&mut c1)
+        .await
+        .expect("release");
+    assert!(released);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; SELECT pglease.renew('g/x', {token}, '1 min')"
+    )))
+    .execute(&mut c2)
+    .await
+    .expect("a renewal of an ended token answers NULL");
+    let started = Instant::now();
+    acquire_shared(&mut c1, "g/x", "app1", "1 min")
+        .await
+        .expect("app1 acquires again beside the open transaction");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "not blocked"
+    );
+    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut c2).await;
     c1.close().await.expect("close");
     c2.close().await.expect("close");
 }

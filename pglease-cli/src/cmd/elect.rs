@@ -188,6 +188,11 @@ async fn term(shared: &Shared, held: HeldLease) {
                     () = shared.stopping.cancelled() => return,
                 }
             }
+            () = shared.elector.until_handover_due() => {
+                note!("pglease: the preferred candidate campaigns; stopping the command to hand over");
+                running.stop().await;
+                return;
+            }
             by = shared.elector.until_step_down_requested() => {
                 note!("pglease: {by:?} asked this leader to step down; stopping the command");
                 running.stop().await;
