@@ -3621,10 +3621,12 @@ DECLARE
     owner name;
     n     integer;
 BEGIN
+    -- Places past their TTL go. A place whose session has ended is
+    -- skipped (not counted) but kept until its TTL: its waiter, back with
+    -- its ticket on another connection (a pool closes idle ones), takes
+    -- it up again; a waiter that died never comes back.
     DELETE FROM pglease._line AS q
-     WHERE q.name = _ahead.name
-       AND (q.expires_at <= clock_timestamp()
-            OR pglease._session_gone(q.session_pid, q.session_start));
+     WHERE q.name = _ahead.name AND q.expires_at <= clock_timestamp();
     IF _ahead.ticket IS NOT NULL THEN
         SELECT q.role INTO owner FROM pglease._line AS q
          WHERE q.name = _ahead.name AND q.ticket = _ahead.ticket;
@@ -3632,8 +3634,8 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = 'LE003',
                 MESSAGE = format('pglease: ticket %s has no place in the line for %L', _ahead.ticket,
                                  _ahead.name),
-                DETAIL = 'The place was taken, left, or ended: its session ended, or no attempt '
-                         'kept it within its TTL.',
+                DETAIL = 'The place was taken, left, or ended: no attempt kept it within its '
+                         'TTL.',
                 HINT = 'Join the line again (pglease.enqueue).';
         END IF;
         IF NOT pglease._may_act(owner) THEN
@@ -3650,7 +3652,8 @@ BEGIN
          WHERE q.name = _ahead.name AND q.ticket = _ahead.ticket;
     END IF;
     SELECT count(*) INTO n FROM pglease._line AS q
-     WHERE q.name = _ahead.name AND (_ahead.ticket IS NULL OR q.ticket < _ahead.ticket);
+     WHERE q.name = _ahead.name AND (_ahead.ticket IS NULL OR q.ticket < _ahead.ticket)
+       AND NOT pglease._session_gone(q.session_pid, q.session_start);
     RETURN n;
 END
 $$;
@@ -3709,10 +3712,14 @@ BEGIN
      WHERE l.name = ANY (sorted) AND NOT l.queued;
     SELECT coalesce(max(c.k), 0) INTO before
       FROM (SELECT count(*) AS k FROM pglease._line AS q
-             WHERE q.name = ANY (sorted) AND q.ticket < mine GROUP BY q.name) AS c;
+             WHERE q.name = ANY (sorted) AND q.ticket < mine
+               AND NOT pglease._session_gone(q.session_pid, q.session_start)
+             GROUP BY q.name) AS c;
     SELECT max(c.k) INTO longest
       FROM (SELECT count(*) AS k FROM pglease._line AS q
-             WHERE q.name = ANY (sorted) GROUP BY q.name) AS c;
+             WHERE q.name = ANY (sorted)
+               AND NOT pglease._session_gone(q.session_pid, q.session_start)
+             GROUP BY q.name) AS c;
     RETURN ROW(mine, before + 1, longest)::pglease.place;
 END
 $$;

@@ -438,6 +438,48 @@ async fn a_name_made_fair_serves_plain_waiters_in_turn() {
     waiter.await.expect("task").expect("Q acquires");
 }
 
+/// A waiter whose connection closed between two attempts (a pool closes
+/// idle connections) is skipped by the others meanwhile, and takes its
+/// place up again with its next attempt on another connection: it is
+/// not sent to the end of the line.
+async fn a_waiter_back_on_another_connection_keeps_its_place() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let _h = m
+        .acquire("rv", AcquireOptions::ttl(TTL).holder("H"))
+        .await
+        .expect("H acquires");
+    let mut a_first = db.connect().await;
+    let mut b = db.connect().await;
+    let (ta, _, _) = enqueue(&mut a_first, &["rv"], "A", "10 min", None).await;
+    let (tb, _, _) = enqueue(&mut b, &["rv"], "B", "10 min", None).await;
+    let (ta, tb) = (ta.expect("A's ticket"), tb.expect("B's ticket"));
+    let ahead = |ticket: i64, holder: &'static str| {
+        sqlx::query_scalar::<_, Option<i32>>(
+            "SELECT ahead FROM pglease.acquire('rv', $1, '10 min', false, $2)",
+        )
+        .bind(holder)
+        .bind(ticket)
+    };
+    a_first.close().await.expect("A's connection closes");
+    pglease::testing::poll_until("A's session to end", TTL, || async {
+        ahead(tb, "B")
+            .fetch_one(db.pool())
+            .await
+            .expect("B's attempt")
+            == Some(0)
+    })
+    .await;
+    // A comes back on another connection with its ticket: first again.
+    let a_again = ahead(ta, "A")
+        .fetch_one(db.pool())
+        .await
+        .expect("A's attempt");
+    assert_eq!(a_again, Some(0), "A keeps its place");
+    let b_now = ahead(tb, "B").fetch_one(&mut b).await.expect("B's attempt");
+    assert_eq!(b_now, Some(1), "B is behind A again");
+}
+
 tests![
     waiters_are_served_in_the_order_they_joined(4),
     a_dead_waiter_is_skipped_at_once_and_a_frozen_one_after_its_ttl(2),
@@ -446,4 +488,5 @@ tests![
     only_the_role_that_joined_acts_with_its_ticket,
     a_join_during_a_first_acquisition_is_not_overtaken(2),
     a_name_made_fair_serves_plain_waiters_in_turn(2),
+    a_waiter_back_on_another_connection_keeps_its_place,
 ];
