@@ -18,17 +18,25 @@ async fn waiting(db: &TestDb, name: &str, holder: &str) -> bool {
         .expect("read the line")
 }
 
+/// `pglease acquire job --holder HOLDER`: its token, as the command line
+/// takes it.
+fn acquired(db: &TestDb, holder: &str) -> String {
+    let out = pglease(
+        db,
+        &[
+            "acquire", "job", "--ttl", "1m", "--holder", holder, "--json",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    json(&out)["token"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{holder}'s token"))
+        .to_string()
+}
+
 async fn hand_over_to_a_waiting_run_and_to_nobody() {
     let db = crate::common::new_db().await;
-    let acquired = pglease(
-        &db,
-        &["acquire", "job", "--ttl", "1m", "--holder", "A", "--json"],
-    );
-    assert_eq!(code(&acquired), 0, "{}", stderr(&acquired));
-    let old = json(&acquired)["token"]
-        .as_i64()
-        .expect("A's token")
-        .to_string();
+    let old = acquired(&db, "A");
     let successor = command(
         &db,
         &[
@@ -105,15 +113,7 @@ async fn hand_over_to_a_waiting_run_and_to_nobody() {
     assert_ne!(code(&renew), 0, "{}", stderr(&renew));
 
     // Nobody waits under the name given: the lease is released (exit 3).
-    let acquired = pglease(
-        &db,
-        &["acquire", "job", "--ttl", "1m", "--holder", "C", "--json"],
-    );
-    assert_eq!(code(&acquired), 0, "{}", stderr(&acquired));
-    let token = json(&acquired)["token"]
-        .as_i64()
-        .expect("C's token")
-        .to_string();
+    let token = acquired(&db, "C");
     let out = pglease(
         &db,
         &[
