@@ -16,32 +16,36 @@
 --     _refuse_owner, _refuse_foreign, grant_names, revoke_names;
 --     _session_gone, view status.
 --  2. Taking, keeping and giving up leases: _marker, _fenced_pids,
---     _key_holders, _end_fenced, _take_over, acquire, renew, renew_many,
---     _watch_key, watch, unwatch, release, can_end_stale_transactions.
+--     _key_holders, _end_fenced, _take_over, _create, acquire, renew,
+--     renew_many, _watch_key, watch, unwatch, release,
+--     can_end_stale_transactions.
 --  3. Fencing, the database as the enforcement point: assert_held, view
 --     fenced, _guard, _check_may_alter, _bind, protect, unprotect, view
 --     protected, admit.
 --  4. Timelines, a server that forgot commits (failover to an
 --     asynchronous standby, restore from backup): _refuse_standby,
---     server_timeline, _forgotten, forgotten_in, _timeline_checked, view
---     timelines, restored, set_grant_delay, view grant_delay.
+--     server_timeline, _forgotten, forgotten_in, _timeline_checked,
+--     _no_grant_now, view timelines, restored, set_grant_delay, view
+--     grant_delay.
 --  5. A value per lease: set_value.
 --  6. Changes notified to observers, and step-down requests: observe,
 --     unobserve, request_step_down.
 --  7. The history, and the break-glass release that fences: view
 --     history, set_history, view history_settings, _record,
 --     _purge_history, _changed (the observers' notification, called with
---     _record), force_release.
+--     _record), _lock_to_end, force_release.
 --  8. Counted leases: acquire_counted.
 --  9. The security posture, for `pglease doctor`: audit.
 -- 10. Several leases at once, all or none: _max_set_names, _check_names,
 --     type set_acquisition, acquire_all.
 -- 11. First-come-first-served waiting: _max_waiting, line_seq, _line,
---     type place, _ahead, enqueue, dequeue, view line, set_fair.
+--     _place_lives, type place, _ahead, enqueue, dequeue, view line,
+--     set_fair.
 -- 12. Shared leases, many holders or one: _shared, _writer_waits,
---     acquire_shared, _renew_shared, _release_shared, assert_shared,
---     view shared.
--- 13. Handover to a named successor: hand_over.
+--     acquire_shared, _lock_for_shared, _own_shared, _renew_shared,
+--     _release_shared, assert_shared, view shared.
+-- 13. Handover to a named successor: hand_over, _successor_place,
+--     successor_waits.
 -- =====================================================================
 -- 0. THE RULES EVERY FUNCTION KEEPS
 -- =====================================================================
@@ -1123,7 +1127,7 @@ DECLARE
     name_ok    boolean := false;
     note       text;
     t          timestamptz;
-    here       pglease._checked;
+    delayed    timestamptz;
     result     pglease.acquisition;
     -- Someone may wait in line for the name (see LINES); how many do
     -- before this acquisition.
@@ -1249,26 +1253,12 @@ BEGIN
             -- No token before this server's timeline has been checked, and
             -- none during the grant delay after a change (see TIMELINES):
             -- the first try's statement takes nothing until both are so.
-            SELECT * INTO here FROM pglease._checked;
-            IF NOT FOUND THEN
-                here := pglease._timeline_checked(NULL);
-                IF here.timeline IS NULL THEN
-                    t := clock_timestamp();
-                    RETURN ROW(NULL, coalesce(cur_expiry, t), cur_holder, t,
-                               'another transaction checking the server''s timeline has not '
-                               'committed for 1 s (call acquire in a transaction of its own)',
-                               cur_pid, NULL, NULL, NULL)::pglease.acquisition;
-                END IF;
-            END IF;
+            SELECT g.why, g.delayed_until INTO note, delayed
+              FROM pglease._no_grant_now('acquire') AS g;
             t := clock_timestamp();
-            IF here.grant_after > t THEN
-                RETURN ROW(NULL, coalesce(cur_expiry, t), cur_holder, t,
-                           format('the database changed to timeline %s (a failover or a '
-                                  'restore) and grants no lease until %s (the grant delay, '
-                                  'pglease.set_grant_delay): an acquisition lost with the old '
-                                  'timeline may still be in use; renewals of the leases this '
-                                  'server knows go on', here.timeline, here.grant_after),
-                           cur_pid, here.grant_after, NULL, NULL)::pglease.acquisition;
+            IF note IS NOT NULL THEN
+                RETURN ROW(NULL, coalesce(cur_expiry, t), cur_holder, t, note, cur_pid, delayed,
+                           NULL, NULL)::pglease.acquisition;
             END IF;
 
             -- Names granted by prefix (see AUTHORITY), checked before anything
@@ -2568,6 +2558,41 @@ REVOKE ALL ON FUNCTION pglease._timeline_checked(text) FROM PUBLIC;
 INSERT INTO pglease._timelines (timeline, previous, seen, floor, at, cause)
 VALUES (pglease.server_timeline(), NULL, 0, 0, clock_timestamp(), 'migrated');
 
+-- Whether a lease may be granted now (a token drawn for a new term):
+-- WHY is NULL if so; else why not, worded for a refusal, with
+-- DELAYED_UNTIL the end of the grant delay (NULL while another
+-- transaction's timeline check has not committed). Checks this server's
+-- timeline first if it has not been. CALL names the function called, for
+-- the advice to call it in a transaction of its own. The one wording of
+-- these refusals.
+CREATE FUNCTION pglease._no_grant_now(call text, OUT why text, OUT delayed_until timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    here pglease._checked;
+BEGIN
+    SELECT * INTO here FROM pglease._checked;
+    IF NOT FOUND THEN
+        here := pglease._timeline_checked(NULL);
+        IF here.timeline IS NULL THEN
+            why := format('another transaction checking the server''s timeline has not '
+                          'committed for 1 s (call %s in a transaction of its own)', call);
+            RETURN;
+        END IF;
+    END IF;
+    IF here.grant_after > clock_timestamp() THEN
+        why := format('the database changed to timeline %s (a failover or a restore) and '
+                      'grants no lease until %s (the grant delay, pglease.set_grant_delay): an '
+                      'acquisition lost with the old timeline may still be in use; renewals of '
+                      'the leases this server knows go on', here.timeline, here.grant_after);
+        delayed_until := here.grant_after;
+    END IF;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._no_grant_now(text) FROM PUBLIC;
+
 CREATE VIEW pglease.timelines AS
 SELECT c.timeline, c.previous, c.seen, c.floor, c.at, c.grant_after, c.cause
   FROM pglease._timelines AS c
@@ -3064,18 +3089,67 @@ REVOKE ALL ON FUNCTION pglease._changed(text) FROM PUBLIC;
 -- force_release(name, reason): end a held lease at once, moving its fence.
 ------------------------------------------------------------------------
 
+-- Locks NAME's row FOR UPDATE to end the term held under TOKEN (NULL:
+-- whoever holds it): the fence, a key, moves. The holder's fenced
+-- transactions still open hold the row FOR KEY SHARE; their sessions are
+-- ended (_end_fenced), since the token they declared is the one to end,
+-- after a 42501 if this session may not act for the lease's role. Returns
+-- the row, locked, for the caller to check again; or NULL, nothing locked,
+-- when nobody holds the lease under TOKEN. 55P03 if the row is still
+-- locked after 2 s by a transaction that cannot be ended. ACTION words the
+-- refusals ('force', 'hand over'). Internal.
+CREATE FUNCTION pglease._lock_to_end(name text, token bigint, action text)
+RETURNS pglease.leases
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    give_up timestamptz := clock_timestamp() + interval '2 seconds';
+    lease   pglease.leases;
+    note    text;
+BEGIN
+    LOOP
+        SELECT * INTO lease FROM pglease.leases AS l
+         WHERE l.name = _lock_to_end.name FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            RETURN lease;
+        END IF;
+        SELECT * INTO lease FROM pglease.leases AS l WHERE l.name = _lock_to_end.name;
+        IF NOT FOUND OR lease.holder IS NULL OR clock_timestamp() >= lease.expires_at
+           OR lease.token <> coalesce(_lock_to_end.token, lease.token) THEN
+            RETURN NULL;
+        END IF;
+        IF NOT pglease._may_act(lease.role) THEN
+            PERFORM pglease._refuse_owner(_lock_to_end.name, lease.role, _lock_to_end.action);
+        END IF;
+        note := pglease._end_fenced(_lock_to_end.name);
+        IF note IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '55P03',
+                MESSAGE = format('pglease: cannot %s lease %L: %s', _lock_to_end.action,
+                                 _lock_to_end.name, note);
+        END IF;
+        IF clock_timestamp() >= give_up THEN
+            RAISE EXCEPTION USING ERRCODE = '55P03',
+                MESSAGE = format('pglease: cannot %s lease %L: its row is still locked after '
+                                 '2 s by a transaction that pglease cannot end (a prepared '
+                                 'transaction, or a lock taken without pglease.assert_held)',
+                                 _lock_to_end.action, _lock_to_end.name);
+        END IF;
+        PERFORM pg_sleep(0.002);
+    END LOOP;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._lock_to_end(text, bigint, text) FROM PUBLIC;
+
 CREATE FUNCTION pglease.force_release(name text, reason text)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    give_up    timestamptz := clock_timestamp() + interval '2 seconds';
     checked    text;
-    cur_token  bigint;
-    cur_holder text;
-    cur_expiry timestamptz;
-    note       text;
+    lease      pglease.leases;
 BEGIN
     IF NOT coalesce(octet_length(force_release.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND octet_length(force_release.reason) BETWEEN 1 AND 1000, false) THEN
@@ -3108,54 +3182,29 @@ BEGIN
                              'server''s timeline has not committed for 1 s; try again',
                              force_release.name);
     END IF;
-    LOOP
-        -- FOR UPDATE: the fence (a key) moves. The holder's fenced
-        -- transactions hold FOR KEY SHARE, which this waits for: they are
-        -- ended below, since the token they declared is the one to end.
-        SELECT l.token, l.holder, l.expires_at
-          INTO cur_token, cur_holder, cur_expiry
-          FROM pglease.leases AS l WHERE l.name = force_release.name FOR UPDATE SKIP LOCKED;
-        IF FOUND THEN
-            IF cur_holder IS NULL OR clock_timestamp() >= cur_expiry THEN
-                RETURN NULL; -- nobody holds it: nothing to break
-            END IF;
-            IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
-                PERFORM set_config('synchronous_commit', 'on', true);
-            END IF;
-            PERFORM pglease._record(l.name, l.token, 'force_released', l.holder,
-                                    clock_timestamp(), l.renewals, force_release.reason)
-               FROM pglease.leases AS l WHERE l.name = force_release.name;
-            UPDATE pglease.leases AS l
-               SET token = nextval('pglease.fence_seq'),
-                   holder = NULL,
-                   expires_at = clock_timestamp(),
-                   released_at = clock_timestamp()
-             WHERE l.name = force_release.name;
-            -- Wake waiting acquirers at commit, as a release does (rare
-            -- enough to notify whether or not anyone watches).
-            PERFORM pg_notify('pglease_release', hashtext(force_release.name)::text);
-            PERFORM pglease._changed(force_release.name);
-            RETURN cur_token;
-        END IF;
-        SELECT l.holder, l.expires_at INTO cur_holder, cur_expiry
-          FROM pglease.leases AS l WHERE l.name = force_release.name;
-        IF NOT FOUND OR cur_holder IS NULL OR clock_timestamp() >= cur_expiry THEN
-            RETURN NULL;
-        END IF;
-        note := pglease._end_fenced(force_release.name);
-        IF note IS NOT NULL THEN
-            RAISE EXCEPTION USING ERRCODE = '55P03',
-                MESSAGE = format('pglease: cannot force lease %L: %s', force_release.name, note);
-        END IF;
-        IF clock_timestamp() >= give_up THEN
-            RAISE EXCEPTION USING ERRCODE = '55P03',
-                MESSAGE = format('pglease: cannot force lease %L: its row is still locked after '
-                                 '2 s by a transaction that pglease cannot end (a prepared '
-                                 'transaction, or a lock taken without pglease.assert_held)',
-                                 force_release.name);
-        END IF;
-        PERFORM pg_sleep(0.002);
-    END LOOP;
+    -- FOR UPDATE: the fence (a key) moves; the holder's open fenced
+    -- transactions are ended first, since the token they declared is the
+    -- one to end.
+    lease := pglease._lock_to_end(force_release.name, NULL, 'force');
+    IF lease.name IS NULL OR lease.holder IS NULL OR clock_timestamp() >= lease.expires_at THEN
+        RETURN NULL; -- nobody holds it: nothing to break
+    END IF;
+    IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    PERFORM pglease._record(lease.name, lease.token, 'force_released', lease.holder,
+                            clock_timestamp(), lease.renewals, force_release.reason);
+    UPDATE pglease.leases AS l
+       SET token = nextval('pglease.fence_seq'),
+           holder = NULL,
+           expires_at = clock_timestamp(),
+           released_at = clock_timestamp()
+     WHERE l.name = force_release.name;
+    -- Wake waiting acquirers at commit, as a release does (rare enough to
+    -- notify whether or not anyone watches).
+    PERFORM pg_notify('pglease_release', hashtext(force_release.name)::text);
+    PERFORM pglease._changed(force_release.name);
+    RETURN lease.token;
 END
 $$;
 
@@ -3599,6 +3648,17 @@ CREATE TABLE pglease._line (
 
 REVOKE ALL ON pglease._line, pglease.line_seq FROM PUBLIC;
 
+-- Whether PLACE still waits: its TTL has not passed and its session
+-- lives. The one statement of a live place (the view line, the counts of
+-- who is ahead, the place a handover takes). Inlined where it is called.
+CREATE FUNCTION pglease._place_lives(place pglease._line)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT $1.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
+       AND NOT pglease._session_gone($1.session_pid, $1.session_start)
+$$;
+
 -- Result of enqueue: the ticket (NULL: the line is full), the position
 -- (1: first in line; for a set, its furthest from the front) and how
 -- many wait in the longest of its lines, itself included.
@@ -3653,7 +3713,7 @@ BEGIN
     END IF;
     SELECT count(*) INTO n FROM pglease._line AS q
      WHERE q.name = _ahead.name AND (_ahead.ticket IS NULL OR q.ticket < _ahead.ticket)
-       AND NOT pglease._session_gone(q.session_pid, q.session_start);
+       AND pglease._place_lives(q);
     RETURN n;
 END
 $$;
@@ -3712,13 +3772,11 @@ BEGIN
      WHERE l.name = ANY (sorted) AND NOT l.queued;
     SELECT coalesce(max(c.k), 0) INTO before
       FROM (SELECT count(*) AS k FROM pglease._line AS q
-             WHERE q.name = ANY (sorted) AND q.ticket < mine
-               AND NOT pglease._session_gone(q.session_pid, q.session_start)
+             WHERE q.name = ANY (sorted) AND q.ticket < mine AND pglease._place_lives(q)
              GROUP BY q.name) AS c;
     SELECT max(c.k) INTO longest
       FROM (SELECT count(*) AS k FROM pglease._line AS q
-             WHERE q.name = ANY (sorted)
-               AND NOT pglease._session_gone(q.session_pid, q.session_start)
+             WHERE q.name = ANY (sorted) AND pglease._place_lives(q)
              GROUP BY q.name) AS c;
     RETURN ROW(mine, before + 1, longest)::pglease.place;
 END
@@ -3773,8 +3831,7 @@ SELECT q.name,
        q.expires_at,
        q.session_pid AS waiter_session
   FROM pglease._line AS q
- WHERE q.expires_at > clock_timestamp()
-   AND NOT pglease._session_gone(q.session_pid, q.session_start);
+ WHERE pglease._place_lives(q);
 
 REVOKE ALL ON pglease.line FROM PUBLIC;
 
@@ -3955,10 +4012,9 @@ DECLARE
     seconds   numeric := extract(epoch FROM acquire_shared.ttl);
     checked   text;
     lease     pglease.leases;
-    here      pglease._checked;
+    delayed   timestamptz;
     gone      boolean;
     t         timestamptz;
-    give_up   timestamptz;
     note      text;
     ahead     integer;
     new_token bigint;
@@ -3976,24 +4032,10 @@ BEGIN
     END IF;
     -- No token before the timeline is checked, none in a grant delay
     -- (see TIMELINES).
-    SELECT * INTO here FROM pglease._checked;
-    IF NOT FOUND THEN
-        here := pglease._timeline_checked(NULL);
-        IF here.timeline IS NULL THEN
-            t := clock_timestamp();
-            RETURN ROW(NULL, t, NULL, t,
-                       'another transaction checking the server''s timeline has not committed '
-                       'for 1 s (call acquire_shared in a transaction of its own)',
-                       NULL, NULL, NULL, NULL)::pglease.acquisition;
-        END IF;
-    END IF;
-    t := clock_timestamp();
-    IF here.grant_after > t THEN
-        RETURN ROW(NULL, t, NULL, t,
-                   format('the database changed to timeline %s (a failover or a restore) and '
-                          'grants no lease until %s (the grant delay)', here.timeline,
-                          here.grant_after),
-                   NULL, here.grant_after, NULL, NULL)::pglease.acquisition;
+    SELECT g.why, g.delayed_until INTO note, delayed FROM pglease._no_grant_now('acquire_shared') AS g;
+    IF note IS NOT NULL THEN
+        t := clock_timestamp();
+        RETURN ROW(NULL, t, NULL, t, note, NULL, delayed, NULL, NULL)::pglease.acquisition;
     END IF;
     IF NOT pglease._may_use_name(acquire_shared.name) THEN
         PERFORM pglease._refuse_name(acquire_shared.name, 'acquire');
@@ -4009,21 +4051,12 @@ BEGIN
     -- The row's lock, as renew's: concurrent shared acquisitions take
     -- turns on it for milliseconds, and no exclusive acquisition decides
     -- meanwhile. Bounded like every wait here.
-    give_up := clock_timestamp() + interval '1 second';
-    LOOP
-        SELECT * INTO lease FROM pglease.leases AS l
-         WHERE l.name = acquire_shared.name FOR NO KEY UPDATE SKIP LOCKED;
-        EXIT WHEN FOUND;
-        IF clock_timestamp() >= give_up THEN
-            SELECT * INTO lease FROM pglease.leases AS l WHERE l.name = acquire_shared.name;
-            RETURN ROW(NULL, lease.expires_at, lease.holder, clock_timestamp(),
-                       'its row has been locked for over 1 s by a transaction that has not '
-                       'committed (call acquire, acquire_shared, renew and release in '
-                       'transactions of their own)',
-                       lease.session_pid, NULL, NULL, NULL)::pglease.acquisition;
-        END IF;
-        PERFORM pg_sleep(0.002);
-    END LOOP;
+    note := pglease._lock_for_shared(acquire_shared.name, false);
+    SELECT * INTO lease FROM pglease.leases AS l WHERE l.name = acquire_shared.name;
+    IF note IS NOT NULL THEN
+        RETURN ROW(NULL, lease.expires_at, lease.holder, clock_timestamp(), note,
+                   lease.session_pid, NULL, NULL, NULL)::pglease.acquisition;
+    END IF;
 
     t := clock_timestamp();
     gone := lease.session_pid IS NOT NULL
@@ -4111,34 +4144,41 @@ COMMENT ON FUNCTION pglease.acquire_shared(text, text, interval) IS
 
 -- Locks NAME's row FOR NO KEY UPDATE for a change of a shared holder,
 -- waiting at most 1 s for the transaction that holds it (an acquisition
--- or another shared holder's change, milliseconds); 55P03 after that, so
--- that a transaction left open delays a renewal but never blocks it.
--- Internal.
-CREATE FUNCTION pglease._lock_for_shared(name text)
-RETURNS void
+-- or another shared holder's change, milliseconds), so that a transaction
+-- left open delays a change but never blocks it. NULL once locked; after
+-- 1 s, why not: raised as 55P03 when REFUSE, else returned (for a refusal
+-- row). Internal.
+CREATE FUNCTION pglease._lock_for_shared(name text, refuse boolean)
+RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     give_up timestamptz := clock_timestamp() + interval '1 second';
+    why     text;
 BEGIN
     LOOP
         PERFORM 1 FROM pglease.leases AS l
          WHERE l.name = _lock_for_shared.name FOR NO KEY UPDATE SKIP LOCKED;
-        EXIT WHEN FOUND;
+        IF FOUND THEN
+            RETURN NULL;
+        END IF;
         IF clock_timestamp() >= give_up THEN
+            why := 'its row has been locked for over 1 s by a transaction that has not '
+                   'committed (call acquire, acquire_shared, renew and release in transactions '
+                   'of their own)';
+            IF NOT refuse THEN
+                RETURN why;
+            END IF;
             RAISE EXCEPTION USING ERRCODE = '55P03',
-                MESSAGE = format('pglease: lease %L: its row has been locked for over 1 s by a '
-                                 'transaction that has not committed (call acquire, renew and '
-                                 'release in transactions of their own); try again',
-                                 _lock_for_shared.name);
+                MESSAGE = format('pglease: lease %L: %s; try again', _lock_for_shared.name, why);
         END IF;
         PERFORM pg_sleep(0.002);
     END LOOP;
 END
 $$;
 
-REVOKE ALL ON FUNCTION pglease._lock_for_shared(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglease._lock_for_shared(text, boolean) FROM PUBLIC;
 
 -- The valid shared holder of NAME under TOKEN, if this session may act
 -- under it (42501 if it may not); NULL if there is none. Read before any
@@ -4179,7 +4219,7 @@ BEGIN
     IF (pglease._own_shared(_renew_shared.name, _renew_shared.token)).token IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM pglease._lock_for_shared(_renew_shared.name);
+    PERFORM pglease._lock_for_shared(_renew_shared.name, true);
     UPDATE pglease._shared AS s
        SET expires_at = clock_timestamp()
                         + make_interval(secs => date_part('epoch', _renew_shared.ttl)),
@@ -4217,7 +4257,7 @@ BEGIN
     IF (pglease._own_shared(_release_shared.name, _release_shared.token)).token IS NULL THEN
         RETURN false;
     END IF;
-    PERFORM pglease._lock_for_shared(_release_shared.name);
+    PERFORM pglease._lock_for_shared(_release_shared.name, true);
     UPDATE pglease._shared AS s
        SET expires_at = clock_timestamp()
      WHERE s.token = _release_shared.token AND s.name = _release_shared.name
@@ -4357,10 +4397,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     seconds  numeric := extract(epoch FROM hand_over.ttl);
-    give_up  timestamptz := clock_timestamp() + interval '2 seconds';
     checked  text;
     lease    pglease.leases;
-    here     pglease._checked;
     place    pglease._line;
     note     text;
     t        timestamptz;
@@ -4380,45 +4418,16 @@ BEGIN
     END IF;
     -- It draws a token: as acquire, not before the timeline is checked and
     -- not in a grant delay (see TIMELINES).
-    SELECT * INTO here FROM pglease._checked;
-    IF NOT FOUND THEN
-        here := pglease._timeline_checked(NULL);
-    END IF;
-    IF here.timeline IS NULL OR here.grant_after > clock_timestamp() THEN
+    note := (pglease._no_grant_now('hand_over')).why;
+    IF note IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '55P03',
             MESSAGE = format('pglease: cannot hand lease %L over now: %s; release it instead',
-                             hand_over.name,
-                             CASE WHEN here.timeline IS NULL
-                                  THEN 'the server''s timeline is being checked'
-                                  ELSE format('no token is issued until %s (the grant delay)',
-                                              here.grant_after) END);
+                             hand_over.name, note);
     END IF;
 
     -- The row, FOR UPDATE, once the holder's open fenced transactions have
-    -- ended (their sessions are ended, as by force_release); bounded.
-    LOOP
-        SELECT * INTO lease FROM pglease.leases AS l
-         WHERE l.name = hand_over.name FOR UPDATE SKIP LOCKED;
-        EXIT WHEN FOUND;
-        SELECT * INTO lease FROM pglease.leases AS l WHERE l.name = hand_over.name;
-        EXIT WHEN NOT FOUND OR lease.token <> hand_over.token OR lease.holder IS NULL
-                  OR clock_timestamp() >= lease.expires_at;
-        IF lease.role IS DISTINCT FROM session_user AND NOT pglease._may_act(lease.role) THEN
-            PERFORM pglease._refuse_owner(hand_over.name, lease.role, 'hand over');
-        END IF;
-        note := pglease._end_fenced(hand_over.name);
-        IF note IS NOT NULL THEN
-            RAISE EXCEPTION USING ERRCODE = '55P03',
-                MESSAGE = format('pglease: cannot hand lease %L over: %s', hand_over.name, note);
-        END IF;
-        IF clock_timestamp() >= give_up THEN
-            RAISE EXCEPTION USING ERRCODE = '55P03',
-                MESSAGE = format('pglease: cannot hand lease %L over: its row is still locked '
-                                 'after 2 s by a transaction that pglease cannot end',
-                                 hand_over.name);
-        END IF;
-        PERFORM pg_sleep(0.002);
-    END LOOP;
+    -- ended (as by force_release).
+    lease := pglease._lock_to_end(hand_over.name, hand_over.token, 'hand over');
     t := clock_timestamp();
     IF lease.name IS NULL OR lease.token <> hand_over.token OR lease.holder IS NULL
        OR t >= lease.expires_at
@@ -4492,9 +4501,7 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT q.ticket FROM pglease._line AS q
-     WHERE q.name = $1 AND q.holder = $2
-       AND q.expires_at > clock_timestamp()
-       AND NOT pglease._session_gone(q.session_pid, q.session_start)
+     WHERE q.name = $1 AND q.holder = $2 AND pglease._place_lives(q)
        AND NOT EXISTS (SELECT 1 FROM pglease._line AS o
                         WHERE o.ticket = q.ticket AND o.name <> q.name)
      ORDER BY q.ticket
