@@ -1162,14 +1162,12 @@ async fn output_an_operator_can_script_against() {
 
     // release and renew answer in JSON, also when the token is not held
     // (stale: an earlier term's).
-    let earlier =
-        json(&pglease(&db, &["acquire", "gone", "--ttl", "5s", "--json"]))["token"].to_string();
+    let earlier = crate::common::acquired(&db, &["gone", "--ttl", "5s"]);
     assert_eq!(
         code(&pglease(&db, &["release", "gone", "--token", &earlier])),
         0
     );
-    let again =
-        json(&pglease(&db, &["acquire", "gone", "--ttl", "5s", "--json"]))["token"].to_string();
+    let again = crate::common::acquired(&db, &["gone", "--ttl", "5s"]);
     let out = pglease(&db, &["release", "gone", "--token", &earlier, "--json"]);
     assert_eq!(code(&out), 4);
     assert_eq!(json(&out)["released"], false);

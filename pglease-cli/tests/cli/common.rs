@@ -58,6 +58,20 @@ pub fn json(output: &Output) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(output)))
 }
 
+/// Runs `pglease acquire ARGS --json`, which must grant the lease, and
+/// returns the token it printed, as the command line takes it back.
+pub fn acquired(db: &TestDb, args: &[&str]) -> String {
+    let mut all = vec!["acquire"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let out = pglease(db, &all);
+    assert_eq!(code(&out), 0, "{all:?}: {}", stderr(&out));
+    json(&out)["token"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{all:?} printed no token: {}", stdout(&out)))
+        .to_string()
+}
+
 /// Waits for `child` to exit, killing it and failing after [`BOUND`].
 pub async fn wait_bounded(mut child: std::process::Child) -> std::process::ExitStatus {
     let deadline = tokio::time::Instant::now() + BOUND;

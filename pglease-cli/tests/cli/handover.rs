@@ -18,20 +18,25 @@ async fn waiting(db: &TestDb, name: &str, holder: &str) -> bool {
         .expect("read the line")
 }
 
-/// `pglease acquire job --holder HOLDER`: its token, as the command line
-/// takes it.
+/// `pglease hand-over job --token TOKEN --to SUCCESSOR --ttl 10s EXTRA`.
+fn hand_over(db: &TestDb, token: &str, successor: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "hand-over",
+        "job",
+        "--token",
+        token,
+        "--to",
+        successor,
+        "--ttl",
+        "10s",
+    ];
+    args.extend_from_slice(extra);
+    pglease(db, &args)
+}
+
+/// `pglease acquire job --holder HOLDER`: its token.
 fn acquired(db: &TestDb, holder: &str) -> String {
-    let out = pglease(
-        db,
-        &[
-            "acquire", "job", "--ttl", "1m", "--holder", holder, "--json",
-        ],
-    );
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    json(&out)["token"]
-        .as_i64()
-        .unwrap_or_else(|| panic!("{holder}'s token"))
-        .to_string()
+    crate::common::acquired(db, &["job", "--ttl", "1m", "--holder", holder])
 }
 
 async fn hand_over_to_a_waiting_run_and_to_nobody() {
@@ -61,19 +66,7 @@ async fn hand_over_to_a_waiting_run_and_to_nobody() {
     poll_until("B to wait in line", BOUND, || waiting(&db, "job", "B")).await;
 
     let handed = Instant::now();
-    let out = pglease(
-        &db,
-        &[
-            "hand-over",
-            "job",
-            "--token",
-            &old,
-            "--to",
-            "B",
-            "--ttl",
-            "10s",
-        ],
-    );
+    let out = hand_over(&db, &old, "B", &[]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let new = stdout(&out).trim().to_owned();
     let ran = successor.wait_with_output().expect("the successor's run");
@@ -95,39 +88,14 @@ async fn hand_over_to_a_waiting_run_and_to_nobody() {
     assert!(new.parse::<i64>().expect("a token") > old.parse::<i64>().expect("a token"));
 
     // The old token is refused from the move on.
-    let again = pglease(
-        &db,
-        &[
-            "hand-over",
-            "job",
-            "--token",
-            &old,
-            "--to",
-            "B",
-            "--ttl",
-            "10s",
-        ],
-    );
+    let again = hand_over(&db, &old, "B", &[]);
     assert_eq!(code(&again), 4, "{}", stderr(&again));
     let renew = pglease(&db, &["renew", "job", "--token", &old, "--ttl", "1m"]);
     assert_ne!(code(&renew), 0, "{}", stderr(&renew));
 
     // Nobody waits under the name given: the lease is released (exit 3).
     let token = acquired(&db, "C");
-    let out = pglease(
-        &db,
-        &[
-            "hand-over",
-            "job",
-            "--token",
-            &token,
-            "--to",
-            "Z",
-            "--ttl",
-            "10s",
-            "--json",
-        ],
-    );
+    let out = hand_over(&db, &token, "Z", &["--json"]);
     assert_eq!(code(&out), 3, "{}", stderr(&out));
     assert_eq!(json(&out)["released"], true);
     let status = pglease(&db, &["status", "job"]);

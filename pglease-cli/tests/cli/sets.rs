@@ -487,15 +487,7 @@ async fn set_fair_makes_plain_runs_wait_in_line() {
     let db = crate::common::new_db().await;
     let out = pglease(&db, &["set-fair", "q", "on"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let held = pglease(
-        &db,
-        &["acquire", "q", "--ttl", "1m", "--holder", "H", "--json"],
-    );
-    assert_eq!(code(&held), 0, "{}", stderr(&held));
-    let token = crate::common::json(&held)["token"]
-        .as_i64()
-        .expect("a token")
-        .to_string();
+    let token = crate::common::acquired(&db, &["q", "--ttl", "1m", "--holder", "H"]);
     let run = crate::common::command(
         &db,
         &[
