@@ -19,7 +19,8 @@ impl LeaseManager {
     /// locked by transactions fenced under an earlier token, the database
     /// ends those transactions first; each attempt answers within about
     /// 2 s. An answer that came later than a renewal period is confirmed
-    /// with a renewal before it is returned.
+    /// with a renewal before it is returned (a term handed over counts as
+    /// late by what it lacks of the TTL).
     ///
     /// A waiting acquisition wakes as soon as the holder releases (the
     /// manager starts listening for releases when a first attempt fails,
@@ -91,7 +92,8 @@ impl LeaseManager {
         Ok(self.shared.acquirer.acquire_all(names, &how).await?.0)
     }
 
-    /// [`LeaseManager::acquire`], and when its confirming statement was sent.
+    /// [`LeaseManager::acquire`], and the instant its term is counted from
+    /// (its confirming statement's send, see `wait::plan::counted_from`).
     async fn acquire_sent(&self, name: &str, how: &AcquireOptions) -> Result<(Lease, Instant)> {
         self.shared.acquirer.acquire(name, how).await
     }

@@ -44,9 +44,10 @@ const WATCH_CONFIRM: Duration = Duration::from_secs(1);
 pub(crate) enum Attempt {
     Acquired {
         lease: Lease,
-        /// When the statement that last confirmed the lease was sent (the
-        /// start of the local deadline): the acquisition, or the renewal
-        /// that confirmed a late one.
+        /// The instant the term is counted from (the start of the local
+        /// deadline): the acquisition's send, earlier by what a term
+        /// handed over lacks of the TTL (`plan::counted_from`), or the
+        /// send of the renewal that confirmed a late or short one.
         sent: Instant,
     },
     /// Not acquired: held, ended but pinned, or refused for a grant delay.
@@ -328,13 +329,15 @@ async fn attempt(
     )
     .shared_if(how.get_shared());
     let window = context.options.confirm_after(ttl_duration(ttl));
-    if sent.elapsed() <= window && plan::granted_in_full(expires_at, checked_at, ttl_duration(ttl))
+    // A term handed over (see `pglease.hand_over`) runs from the handover:
+    // it is counted from earlier than the send by what it lacks.
+    if let Some(from) = plan::counted_from(sent, expires_at, checked_at, ttl_duration(ttl))
+        && from.elapsed() <= window
     {
-        return Ok(Attempt::Acquired { lease, sent });
+        return Ok(Attempt::Acquired { lease, sent: from });
     }
-    // Late, or a term handed over with less than this TTL left (see
-    // `pglease.hand_over`): a renewal sets the expiry the local deadline
-    // is counted against.
+    // Late, or short by more than a renewal period: a renewal sets the
+    // expiry the local deadline is counted against.
     confirm(context, lease, ttl).await
 }
 

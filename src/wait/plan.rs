@@ -82,20 +82,24 @@ pub(crate) fn step(outcome: Result<Attempt>, out_of_time: bool) -> Step {
     }
 }
 
-/// Whether a grant decided at `checked_at` runs for the whole `ttl` asked
-/// (an acquisition's does), so that the local deadline may be counted
-/// from the request: a term handed over by its holder runs for the TTL
-/// that holder gave, from the handover, and needs a confirming renewal.
-pub(crate) fn granted_in_full(
+/// The instant an acquired term is counted from, as if the acquisition
+/// had granted the whole `ttl`: its statement's send, moved earlier by
+/// what the term the database granted (`expires_at - checked_at`, on its
+/// clock, as the statement saw it) falls short of `ttl`. The statement ran
+/// after its send, so the database's expiry comes after this instant plus
+/// `ttl` (the timing model's reasoning, unchanged). An acquisition's term
+/// is short by microseconds (the database reads its clock twice); a term
+/// handed over runs from the handover, before the successor's statement;
+/// an expired one is short by more than `ttl`. `None` if the instant would
+/// precede the process's clock.
+pub(crate) fn counted_from(
+    sent: Instant,
     expires_at: DateTime<Utc>,
     checked_at: DateTime<Utc>,
     ttl: Duration,
-) -> bool {
-    // The database reads its clock twice in an acquisition (the expiry,
-    // then the decision time): microseconds apart.
-    (expires_at - checked_at)
-        .to_std()
-        .is_ok_and(|left| left + Duration::from_millis(1) >= ttl)
+) -> Option<Instant> {
+    let granted = (expires_at - checked_at).to_std().unwrap_or(Duration::ZERO);
+    sent.checked_sub(ttl.saturating_sub(granted))
 }
 
 /// How long after the expiry of the holder seen last (`expired`, if a
@@ -261,18 +265,37 @@ pub(crate) fn plan(seen: &Seen, counts: &mut Counts) -> Plan {
 mod tests {
 
     #[test]
-    fn a_handed_over_term_with_less_than_the_ttl_left_is_not_granted_in_full() {
+    fn a_term_is_counted_from_the_send_less_its_shortfall() {
         let at = DateTime::<Utc>::UNIX_EPOCH;
         let ttl = Duration::from_secs(60);
-        let full = at + chrono::Duration::seconds(60) + chrono::Duration::microseconds(3);
-        assert!(granted_in_full(full, at, ttl));
-        let read_twice = at + chrono::Duration::seconds(60) - chrono::Duration::microseconds(4);
-        assert!(
-            granted_in_full(read_twice, at, ttl),
-            "two clock reads apart"
+        let sent = Instant::now() + Duration::from_secs(3600);
+        let micros = chrono::Duration::microseconds;
+        // A full term, or longer: from the send.
+        let full = at + chrono::Duration::seconds(60) + micros(3);
+        assert_eq!(counted_from(sent, full, at, ttl), Some(sent));
+        // The database read its clock twice: microseconds earlier.
+        let read_twice = at + chrono::Duration::seconds(60) - micros(4);
+        assert_eq!(
+            counted_from(sent, read_twice, at, ttl),
+            Some(sent - Duration::from_micros(4))
         );
-        assert!(!granted_in_full(at + chrono::Duration::seconds(2), at, ttl));
-        assert!(!granted_in_full(at, at, ttl));
+        // Handed over 2 ms before the successor's statement ran.
+        let handed = at + chrono::Duration::seconds(60) - chrono::Duration::milliseconds(2);
+        assert_eq!(
+            counted_from(sent, handed, at, ttl),
+            Some(sent - Duration::from_millis(2))
+        );
+        // Handed over with 2 s left: counted as if sent 58 s earlier.
+        let short = at + chrono::Duration::seconds(2);
+        assert_eq!(
+            counted_from(sent, short, at, ttl),
+            Some(sent - Duration::from_secs(58))
+        );
+        // Already over: a whole TTL earlier, at least.
+        assert_eq!(
+            counted_from(sent, at - micros(1), at, ttl),
+            Some(sent - ttl)
+        );
     }
     use super::*;
     use crate::error::LossReason;
