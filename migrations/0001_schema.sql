@@ -1155,15 +1155,16 @@ BEGIN
     -- Fast path, read-only: a held, unexpired lease is reported without a
     -- row lock, a token, WAL or a commit flush, also while fenced
     -- transactions hold it. A session-bound one is held while its session
-    -- lives.
-    SELECT l.holder, l.expires_at, l.token, l.session_pid, l.session_start, l.queued,
-           l.readers_until, l.handed_to, l.role, l.fair
-      INTO cur_holder, cur_expiry, cur_token, cur_pid, cur_start, line_set, readers,
-           handed, cur_role, name_fair
-      FROM pglease.leases AS l WHERE l.name = acquire.name;
-    found_row := FOUND;
-    t := clock_timestamp();
-    IF cur_holder IS NOT NULL AND t < cur_expiry THEN
+    -- lives. Read twice at most (see the handover below).
+    FOR look IN 1 .. 2 LOOP
+        SELECT l.holder, l.expires_at, l.token, l.session_pid, l.session_start, l.queued,
+               l.readers_until, l.handed_to, l.role, l.fair
+          INTO cur_holder, cur_expiry, cur_token, cur_pid, cur_start, line_set, readers,
+               handed, cur_role, name_fair
+          FROM pglease.leases AS l WHERE l.name = acquire.name;
+        found_row := FOUND;
+        t := clock_timestamp();
+        EXIT WHEN cur_holder IS NULL OR t >= cur_expiry;
         -- Handed over to this acquisition's place in line (see HANDOVER):
         -- the term is its own.
         IF handed = acquire.ticket AND cur_holder = acquire.holder
@@ -1187,12 +1188,18 @@ BEGIN
             -- A waiter in line keeps its place with every attempt.
             IF acquire.ticket IS NOT NULL AND NOT pg_is_in_recovery() THEN
                 ahead := pglease._ahead(acquire.name, acquire.ticket, acquire.ttl);
+                -- -1: a handover to this place committed after the row was
+                -- read, ending the place: the row, read again, is this
+                -- acquisition's term.
+                CONTINUE WHEN ahead < 0 AND look = 1;
+                ahead := greatest(ahead, 0);
             END IF;
             RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, ahead,
                        name_fair)::pglease.acquisition;
         END IF;
         gone_token := cur_token;
-    END IF;
+        EXIT;
+    END LOOP;
     IF acquire.session_bound THEN
         my_pid := pg_backend_pid();
         SELECT a.backend_start INTO my_start FROM pg_stat_get_activity(my_pid) AS a;
@@ -1208,7 +1215,7 @@ BEGIN
     -- for a name never acquired (its line has no row to mark): nobody who
     -- waits in line is overtaken by a later acquirer.
     IF line_set OR acquire.ticket IS NOT NULL OR NOT found_row THEN
-        ahead := pglease._ahead(acquire.name, acquire.ticket, acquire.ttl);
+        ahead := greatest(pglease._ahead(acquire.name, acquire.ticket, acquire.ttl), 0);
         IF ahead > 0 THEN
             t := clock_timestamp();
             RETURN ROW(NULL, coalesce(cur_expiry, t), cur_holder, t,
@@ -3671,7 +3678,9 @@ CREATE TYPE pglease.place AS (
 -- Ends the places in NAME's line whose session has ended or whose TTL has
 -- passed; with TICKET, keeps that place for another TTL on this session
 -- (LE003 if it has ended, 42501 if it is another role's). Returns how
--- many live places come before TICKET (before everyone, without one).
+-- many live places come before TICKET (before everyone, without one);
+-- -1 when TICKET's place ended because the lease was handed over to it
+-- (see HANDOVER) after the caller read the lease's row.
 CREATE FUNCTION pglease._ahead(name text, ticket bigint, ttl interval)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -3691,6 +3700,11 @@ BEGIN
         SELECT q.role INTO owner FROM pglease._line AS q
          WHERE q.name = _ahead.name AND q.ticket = _ahead.ticket;
         IF NOT FOUND THEN
+            -- Committed with the place's end, so seen with it.
+            IF EXISTS (SELECT 1 FROM pglease.leases AS l
+                        WHERE l.name = _ahead.name AND l.handed_to = _ahead.ticket) THEN
+                RETURN -1;
+            END IF;
             RAISE EXCEPTION USING ERRCODE = 'LE003',
                 MESSAGE = format('pglease: ticket %s has no place in the line for %L', _ahead.ticket,
                                  _ahead.name),

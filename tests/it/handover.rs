@@ -74,6 +74,11 @@ async fn a_waiting_successor_gets_the_lease_at_once_and_the_old_holder_is_fenced
     assert_eq!(b.token(), token, "B's acquisition returns the handed term");
     assert!(token > a.token(), "a new token");
     assert_eq!(b.holder(), "B");
+    // The same TTL: the handed term lacks only the milliseconds since the
+    // handover, counted off B's local deadline, so B's acquisition
+    // returned without a confirming renewal (a round trip).
+    let renewals = m.inspect("deploy").await.expect("inspect").renewals;
+    assert_eq!(renewals, 0, "no confirming renewal of B's term");
 
     // Safety: A's open transaction cannot commit; A's token is refused.
     assert!(
@@ -276,9 +281,81 @@ async fn a_short_handed_over_term_is_renewed_to_the_successors_ttl() {
     assert!(b.expires_at() - b.acquired_at() > chrono::Duration::seconds(20));
 }
 
+/// A handover that commits while the successor's attempt is running: the
+/// attempt read the row before the commit, and its place is gone after
+/// it. Over 150 rounds, the successor retries without pause (as a waiter
+/// woken by some other release would) while the holder hands over after
+/// a varying delay: every attempt either sees the old term or returns the
+/// handed one; none finds its place gone (LE003, which made the waiter
+/// join the line again and lose the term for a TTL). Safety: B's token is
+/// the handover's, and greater than A's.
+async fn a_handover_committing_during_the_successors_attempt_is_not_lost() {
+    const ROUNDS: usize = 150;
+    let db = TestDb::new().await;
+    let mut holder = db.connect().await;
+    let mut successor = db.connect().await;
+    let mut caught = 0;
+    for round in 0..ROUNDS {
+        let a: i64 = sqlx::query_scalar("SELECT token FROM pglease.acquire('relay', 'A', '30 s')")
+            .fetch_one(&mut holder)
+            .await
+            .expect("A acquires");
+        let ticket: i64 =
+            sqlx::query_scalar("SELECT ticket FROM pglease.enqueue(ARRAY['relay'], 'B', '30 s')")
+                .fetch_one(&mut successor)
+                .await
+                .expect("B joins the line");
+        let attempts = tokio::spawn(async move {
+            let started = Instant::now();
+            let mut tries = 0u32;
+            loop {
+                tries += 1;
+                let got: Option<i64> = sqlx::query_scalar(
+                    "SELECT token FROM pglease.acquire('relay', 'B', '30 s', false, $1)",
+                )
+                .bind(ticket)
+                .fetch_one(&mut successor)
+                .await
+                .unwrap_or_else(|e| panic!("B's attempt {tries} with ticket {ticket}: {e}"));
+                if let Some(token) = got {
+                    return (successor, token, tries);
+                }
+                assert!(started.elapsed() < TTL, "B never got the handed term");
+            }
+        });
+        // Let B's attempts run for 0 to 2 ms before the handover.
+        tokio::time::sleep(Duration::from_micros((round as u64 * 137) % 2000)).await;
+        let handed: Option<i64> =
+            sqlx::query_scalar("SELECT pglease.hand_over('relay', $1, 'B', '30 s')")
+                .bind(a)
+                .fetch_one(&mut holder)
+                .await
+                .expect("the handover");
+        let handed = handed.expect("B waits: handed over");
+        let (back, b, tries) = attempts.await.expect("B's attempts");
+        successor = back;
+        assert_eq!(b, handed, "B's attempt returns the handed term");
+        assert!(b > a, "a new token");
+        if tries > 1 {
+            caught += 1;
+        }
+        sqlx::query("SELECT pglease.release('relay', $1)")
+            .bind(b)
+            .execute(&mut successor)
+            .await
+            .expect("B releases");
+    }
+    println!("{caught} of {ROUNDS} handovers committed while B was retrying");
+    assert!(
+        caught > 0,
+        "no round overlapped B's attempts: the test saw nothing"
+    );
+}
+
 tests![
     a_waiting_successor_gets_the_lease_at_once_and_the_old_holder_is_fenced(2),
     a_handover_to_a_successor_not_waiting_releases,
     a_short_handed_over_term_is_renewed_to_the_successors_ttl(2),
     only_the_holders_role_hands_over_and_the_successors_role_holds(2),
+    a_handover_committing_during_the_successors_attempt_is_not_lost(2),
 ];
