@@ -4417,6 +4417,7 @@ DECLARE
     note     text;
     t        timestamptz;
     new_token bigint;
+    waiting  bigint;
 BEGIN
     IF NOT coalesce(octet_length(hand_over.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND hand_over.token IS NOT NULL
@@ -4457,9 +4458,9 @@ BEGIN
     END IF;
 
     -- The successor's live place in this name's line, for this name alone.
+    waiting := pglease._successor_place(hand_over.name, hand_over.successor);
     SELECT q.* INTO place FROM pglease._line AS q
-     WHERE q.ticket = pglease._successor_place(hand_over.name, hand_over.successor)
-       AND q.name = hand_over.name
+     WHERE q.ticket = waiting AND q.name = hand_over.name
        FOR UPDATE OF q;
     IF place.ticket IS NULL THEN
         -- Nobody to hand it to: released, as release would.
@@ -4508,18 +4509,22 @@ COMMENT ON FUNCTION pglease.hand_over(text, bigint, text, interval) IS
     'valid; 42501 for another role''s lease.';
 
 -- The ticket of SUCCESSOR's live place in NAME's line for this name alone
--- (the one hand_over would take), or NULL. Internal.
+-- (the one hand_over would take), or NULL. Internal; PL/pgSQL so that its
+-- plan is kept for the session (see _may_act).
 CREATE FUNCTION pglease._successor_place(name text, successor text)
 RETURNS bigint
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT q.ticket FROM pglease._line AS q
-     WHERE q.name = $1 AND q.holder = $2 AND pglease._place_lives(q)
-       AND NOT EXISTS (SELECT 1 FROM pglease._line AS o
-                        WHERE o.ticket = q.ticket AND o.name <> q.name)
-     ORDER BY q.ticket
-     LIMIT 1
+BEGIN
+    RETURN (SELECT q.ticket FROM pglease._line AS q
+             WHERE q.name = _successor_place.name AND q.holder = _successor_place.successor
+               AND pglease._place_lives(q)
+               AND NOT EXISTS (SELECT 1 FROM pglease._line AS o
+                                WHERE o.ticket = q.ticket AND o.name <> q.name)
+             ORDER BY q.ticket
+             LIMIT 1);
+END
 $$;
 
 REVOKE ALL ON FUNCTION pglease._successor_place(text, text) FROM PUBLIC;
