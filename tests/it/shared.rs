@@ -348,11 +348,13 @@ async fn a_stale_exclusive_transaction_ends_before_a_shared_holder_reads() {
 async fn a_held_shared_lease_is_renewed_and_released() {
     let db = TestDb::new().await;
     let m = db.manager();
-    let how = AcquireOptions::ttl(Duration::from_secs(1))
+    // 2 s: a 1 s lease's renewal times out after about 0.6 s, which a
+    // commit flush stalled by a busy disk has exceeded here.
+    let how = AcquireOptions::ttl(Duration::from_secs(2))
         .holder("R")
         .shared(true);
     let held = m.hold("feed", how).await.expect("R holds shared");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(5000)).await;
     let mut tx = held
         .begin_fenced()
         .await
