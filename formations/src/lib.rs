@@ -9,6 +9,9 @@
 //! - [`AutoFailover`]: pg_auto_failover's monitor and two nodes.
 //! - [`Patroni`]: etcd and two Patroni nodes (`hold_stream` to make a
 //!   failover lose commits).
+//! - [`TlsServer`]: TLS only, `scram-sha-256`, a CA made at test time and
+//!   a database owned by a role with no special rights, as managed
+//!   services give.
 //! - [`harness`]: async tests on runtimes of their own, with the standard
 //!   harness's command line, and "ignored (why)" for a test that cannot
 //!   run here.
@@ -25,9 +28,11 @@ mod patroni;
 mod pgbouncer;
 mod process;
 mod replicated;
+mod tls;
 
 pub use auto_failover::{AutoFailover, AutoNode, FAST, Timeouts};
 pub use patroni::{FAST_PATRONI, Patroni, PatroniNode};
 pub use pgbouncer::{PgBouncer, PgBouncerBuilder};
 pub use pglease::testing::SetupError;
 pub use replicated::{Backup, Endpoint, Node, Replicated, Restored, Standby};
+pub use tls::TlsServer;

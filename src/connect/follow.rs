@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use sqlx::PgConnection;
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPool};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -118,8 +118,8 @@ impl Follow {
                     () = stop.cancelled() => return,
                     found = self.search() => found,
                 };
-                if let Some((connection, index)) = found {
-                    self.point(&pool, index, started);
+                if let Some((connection, index, options)) = found {
+                    self.point(&pool, index, options, started);
                     watcher = Some(connection);
                     break;
                 }
@@ -141,22 +141,24 @@ impl Follow {
     }
 
     /// Tries the hosts in order; the first with the attributes.
-    async fn search(&self) -> Option<(PgConnection, usize)> {
+    async fn search(&self) -> Option<(PgConnection, usize, PgConnectOptions)> {
         for index in 0..self.target.len() {
-            if let Ok(Ok(connection)) = self.target.connect_host(index, PER_HOST_TIMEOUT).await {
-                return Some((connection, index));
+            if let Ok(Ok((connection, options))) =
+                self.target.connect_host(index, PER_HOST_TIMEOUT).await
+            {
+                return Some((connection, index, options));
             }
         }
         None
     }
 
     /// Points the pool at host `index` if it is not there already.
-    fn point(&self, pool: &PgPool, index: usize, started: Instant) {
+    fn point(&self, pool: &PgPool, index: usize, options: PgConnectOptions, started: Instant) {
         let before = self.current.swap(index, Ordering::AcqRel);
         if before == index {
             return;
         }
-        pool.set_connect_options(self.target.host_options(index));
+        pool.set_connect_options(options);
         *crate::sync::lock(&self.switched) = Some(Instant::now());
         tracing::warn!(
             from = %self.target.host(before),

@@ -6,7 +6,9 @@
 
 mod follow;
 mod parse;
+mod passfile;
 mod target;
+mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,12 +17,13 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection};
 
 use crate::error::{Error, Result};
-use crate::human::Human;
 use crate::sql;
 
 pub(crate) use follow::Follow;
 pub use follow::{PER_HOST_TIMEOUT, WATCH_PERIOD};
+pub use parse::WAIT_INDEFINITELY;
 pub use target::{SessionAttrs, Target};
+pub use tls::SslMode;
 
 /// How long [`LeaseManager::connect`](crate::LeaseManager::connect) waits
 /// for a server that does not answer.
@@ -66,7 +69,7 @@ pub(crate) async fn connect_pool(
     timeout: Duration,
 ) -> Result<(PgPool, Option<Arc<Follow>>)> {
     if !target.is_plain() {
-        let (connection, index) = target.connect(timeout).await?;
+        let (connection, index, options) = target.connect_first(timeout).await?;
         let _ = connection.close().await;
         let follow = Arc::new(Follow::new(target.clone(), index));
         let (on_connect, on_acquire) = (Arc::clone(&follow), Arc::clone(&follow));
@@ -84,42 +87,27 @@ pub(crate) async fn connect_pool(
                 let current = on_acquire.is_current(meta.age);
                 Box::pin(async move { Ok(current) })
             })
-            .connect_lazy_with(target.host_options(index).extra_float_digits(None));
+            .connect_lazy_with(options);
         return Ok((pool, Some(follow)));
     }
-    // Not sent at startup: PgBouncer before 1.20 refuses unknown startup
-    // parameters, and nothing here reads floats (PostgreSQL 12 and later
-    // print them exactly by default anyway).
-    let options = target.host_options(0).extra_float_digits(None);
-    match tokio::time::timeout(timeout, options.connect()).await {
-        Ok(Ok(connection)) => {
+    let options = match target.open(0, timeout).await {
+        Ok((connection, options)) => {
             let _ = connection.close().await;
+            options
         }
         // Something answered, but not in PostgreSQL's protocol (another
         // kind of server on that port: its answer reads as a length that
         // never arrives, or as nonsense): said as such, not as sqlx's
         // "expected to read 1414811696 bytes".
-        Ok(Err(error)) if not_postgres(&error) => {
+        Err(Error::Database(error)) if not_postgres(&error) => {
             return Err(Error::Database(sqlx::Error::Protocol(format!(
-                "the server at {}:{} does not answer in PostgreSQL's protocol: is it another \
+                "the server at {} does not answer in PostgreSQL's protocol: is it another \
                  kind of server? Check the host and port",
-                options.get_host(),
-                options.get_port()
+                target.host(0),
             ))));
         }
-        Ok(Err(error)) => return Err(Error::from(error)),
-        Err(_) => {
-            return Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "no answer from {}:{} within {}",
-                    options.get_host(),
-                    options.get_port(),
-                    Human(timeout)
-                ),
-            ))));
-        }
-    }
+        Err(error) => return Err(error),
+    };
     let pool = pool_options()
         .acquire_timeout(timeout)
         .connect_lazy_with(options);

@@ -1,38 +1,62 @@
 //! Reading where to connect (`Target::parse`, `Target::from_env`): a
-//! URL or libpq's `keyword=value` string, host and port lists, and
-//! `target_session_attrs`, as libpq reads them. Connecting is in
-//! `target.rs`.
+//! URL or libpq's `keyword=value` string, host and port lists,
+//! `target_session_attrs`, TLS (`tls.rs`), the password file
+//! (`passfile.rs`) and `connect_timeout`, as libpq reads them, with the
+//! same environment variables as defaults. Both forms become one list of
+//! libpq keywords, read by one function. Connecting is in `target.rs`.
+
+use std::path::PathBuf;
+use std::time::Duration;
 
 use percent_encoding::percent_decode_str;
-use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use sqlx::postgres::PgConnectOptions;
 
 use super::target::{SessionAttrs, Target};
+use super::tls::{Files, Plan, SslMode, TlsSettings};
 use crate::error::{Error, Result};
+
+/// The keywords pglease takes, as libpq names them (and sqlx's URL
+/// spellings of the TLS ones), listed in the message for any other.
+const KEYWORDS: &str = "host, hostaddr, port, dbname, user, password, passfile, \
+    application_name, fallback_application_name, options, connect_timeout, sslmode, \
+    sslrootcert, sslcert, sslkey, sslnegotiation, gssencmode, channel_binding, \
+    target_session_attrs";
+
+/// What `connect_timeout=0` (or a negative value) means: libpq waits
+/// indefinitely; pglease waits this long.
+pub const WAIT_INDEFINITELY: Duration = Duration::from_secs(365 * 86_400);
 
 impl Target {
     /// Parses a PostgreSQL URL (`postgres://` or `postgresql://`) or a
-    /// libpq `keyword=value` string. Hosts come from the URL's authority
-    /// (`db1:5432,db2:5433`, `[::1]:5432`, a percent-encoded socket
-    /// directory) or from `host` / `hostaddr` and `port` (one port for all
-    /// hosts, or one per host); `target_session_attrs` from the URL's query
-    /// or the keyword (or `PGTARGETSESSIONATTRS`). Everything else is read
-    /// as sqlx reads a URL.
+    /// libpq `keyword=value` string, as libpq reads them: hosts from the
+    /// URL's authority (`db1:5432,db2:5433`, `[::1]:5432`, a
+    /// percent-encoded socket directory) or from `host` / `hostaddr` and
+    /// `port` (one port for all hosts, or one per host), then
+    /// `target_session_attrs`, `sslmode`, `sslrootcert` (a file or
+    /// `system`), `sslcert`, `sslkey`, `passfile`, `connect_timeout`, ...
+    /// Whatever is not given comes from libpq's environment variables
+    /// (`PGHOST`, `PGSSLMODE`, `PGPASSFILE`, `PGCONNECT_TIMEOUT`, ...), then
+    /// libpq's defaults (`~/.postgresql/root.crt`, `~/.pgpass`, ...).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] (argument `url`) for another scheme
-    /// (`mysql://`, which sqlx would read as PostgreSQL's), an empty host
-    /// in a list, a port that is not a number, a port list that does not
-    /// match the hosts, a `target_session_attrs` that is not `any`,
-    /// `read-write` or `primary`, or an unknown keyword; [`Error::Database`]
-    /// for a URL sqlx cannot parse.
+    /// [`Error::InvalidInput`] (argument `url`), saying which key or value,
+    /// for another scheme (`mysql://`, which sqlx would read as
+    /// PostgreSQL's), a key pglease does not take, an empty host in a list,
+    /// a port that is not a number, a port list that does not match the
+    /// hosts, a `target_session_attrs` that is not `any`, `read-write` or
+    /// `primary`, an `sslmode` libpq does not know, TLS settings libpq
+    /// refuses (`verify-full` without a root certificate file, a weak
+    /// sslmode with `sslrootcert=system`, a client key others may read),
+    /// or a `connect_timeout` that is not a whole number of seconds.
     pub fn parse(conninfo: &str) -> Result<Target> {
         let conninfo = conninfo.trim();
         if conninfo.contains("://") {
-            return parse_url(conninfo);
+            let (hosts, pairs) = url_pairs(conninfo)?;
+            return build(pairs, hosts);
         }
         if conninfo.contains('=') {
-            return parse_keywords(conninfo);
+            return build(split_keywords(conninfo)?, None);
         }
         Err(Error::invalid(
             "url",
@@ -41,40 +65,28 @@ impl Target {
         ))
     }
 
-    /// The libpq environment: `PGHOST` (or `PGHOSTADDR`) and `PGPORT`,
-    /// which may be lists as in a URL, `PGTARGETSESSIONATTRS`, and
-    /// `PGUSER`, `PGPASSWORD`, `PGDATABASE`, ... as sqlx reads them;
-    /// without `PGHOST`, the local socket or `localhost:5432`.
+    /// The libpq environment alone: `PGHOST` (or `PGHOSTADDR`) and
+    /// `PGPORT`, which may be lists as in a URL, `PGTARGETSESSIONATTRS`,
+    /// `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, `PGPASSFILE`,
+    /// `PGCONNECT_TIMEOUT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`,
+    /// `PGAPPNAME`; without `PGHOST`, the local socket or `localhost:5432`.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for lists that do not fit together or a
-    /// `PGTARGETSESSIONATTRS` pglease does not take.
+    /// As [`Target::parse`], naming the variable.
     pub fn from_env() -> Result<Target> {
-        let options = PgConnectOptions::new();
-        let hosts = std::env::var("PGHOSTADDR")
-            .or_else(|_| std::env::var("PGHOST"))
-            .ok()
-            .filter(|hosts| !hosts.is_empty());
-        let ports = std::env::var("PGPORT").ok().filter(|p| !p.is_empty());
-        let attrs = std::env::var("PGTARGETSESSIONATTRS").ok();
-        let hosts = match hosts {
-            Some(hosts) => split_hosts(&hosts, "PGHOST")?,
-            None => vec![(options.get_host().to_owned(), None)],
-        };
-        Target::assemble(options, hosts, ports.as_deref(), attrs.as_deref())
+        build(Vec::new(), None)
     }
 
     /// The target of `hosts`, on `ports` (one for all, or one per host;
-    /// else each host's own, else `options`') with `attrs` (by default
+    /// else each host's own, else `default_port`) with `attrs` (by default
     /// read-write for several hosts).
     fn assemble(
-        options: PgConnectOptions,
+        settings: Settings,
         hosts: Vec<(String, Option<u16>)>,
         ports: Option<&str>,
-        attrs: Option<&str>,
+        default_port: u16,
     ) -> Result<Target> {
-        let default_port = options.get_port();
         let ports = match ports {
             None => Vec::new(),
             Some(ports) => ports
@@ -109,18 +121,225 @@ impl Target {
                 (host, port)
             })
             .collect();
-        let attrs = match attrs.map(str::trim).filter(|a| !a.is_empty()) {
+        let attrs = match settings
+            .attrs
+            .as_deref()
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+        {
             Some(attrs) => SessionAttrs::parse(attrs)?,
             None if hosts.len() > 1 => SessionAttrs::ReadWrite,
             None => SessionAttrs::Any,
         };
+        // libpq makes no TLS attempt over a socket, so TLS settings that
+        // cannot be used matter only where a host is reached over TCP.
+        let files = Files::read(&settings.tls);
+        let tls = match Plan::decide(&settings.tls, &files) {
+            Ok(plan) => plan,
+            Err(_) if hosts.iter().all(|(host, _)| host.starts_with('/')) => {
+                Plan::decide(&TlsSettings::default(), &Files::default())?
+            }
+            Err(e) => return Err(e),
+        };
         let (first, port) = hosts[0].clone();
         Ok(Target {
-            options: options.host(&first).port(port),
+            options: settings.options.host(&first).port(port),
             hosts,
             attrs,
+            tls: Some(tls),
+            passfile: if settings.password_given {
+                None
+            } else {
+                super::passfile::location(settings.passfile.as_deref())
+            },
+            connect_timeout: settings.connect_timeout,
         })
     }
+}
+
+/// What the keywords (and the environment) say, before the hosts are
+/// put together.
+struct Settings {
+    options: PgConnectOptions,
+    attrs: Option<String>,
+    tls: TlsSettings,
+    password_given: bool,
+    passfile: Option<PathBuf>,
+    connect_timeout: Option<Duration>,
+}
+
+/// An environment variable, unset when empty.
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// Reads libpq's `pairs` (a later pair of a key replaces an earlier one,
+/// as in libpq) over the environment's defaults; `url_hosts` are a URL's
+/// authority, used unless `host` or `hostaddr` is given.
+fn build(
+    pairs: Vec<(String, String)>,
+    url_hosts: Option<Vec<(String, Option<u16>)>>,
+) -> Result<Target> {
+    // sqlx reads PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME and PGOPTIONS
+    // here (and its own reading of the TLS variables is replaced below).
+    let mut options = PgConnectOptions::new_without_pgpass();
+    let mut hosts = None;
+    let mut addrs = None;
+    let mut ports = None;
+    let mut attrs = env("PGTARGETSESSIONATTRS");
+    let mut tls = TlsSettings {
+        mode: env("PGSSLMODE")
+            .map(|mode| SslMode::parse(&mode, "PGSSLMODE"))
+            .transpose()?,
+        root: env("PGSSLROOTCERT"),
+        cert: env("PGSSLCERT").map(PathBuf::from),
+        key: env("PGSSLKEY").map(PathBuf::from),
+    };
+    let mut negotiation = env("PGSSLNEGOTIATION").map(|v| ("PGSSLNEGOTIATION", v));
+    let mut password_given = env("PGPASSWORD").is_some();
+    let mut passfile = None;
+    let mut timeout = env("PGCONNECT_TIMEOUT").map(|v| ("PGCONNECT_TIMEOUT", v));
+    let mut fallback_name = None;
+    let mut app_name_given = env("PGAPPNAME").is_some();
+    for (key, value) in pairs {
+        match key.as_str() {
+            "host" => hosts = Some(value),
+            "hostaddr" => addrs = Some(value),
+            "port" => ports = Some(value),
+            "target_session_attrs" => attrs = Some(value),
+            "dbname" => options = options.database(&value),
+            "user" => options = options.username(&value),
+            "password" => {
+                options = options.password(&value);
+                password_given = true;
+            }
+            "passfile" => passfile = Some(PathBuf::from(value)),
+            "application_name" => {
+                options = options.application_name(&value);
+                app_name_given = true;
+            }
+            "fallback_application_name" => fallback_name = Some(value),
+            "options" => options = options.options(split_server_options(&value)),
+            "connect_timeout" => timeout = Some(("connect_timeout", value)),
+            "sslmode" | "ssl-mode" => tls.mode = Some(SslMode::parse(&value, "sslmode")?),
+            "sslrootcert" | "ssl-root-cert" | "ssl-ca" => tls.root = Some(value),
+            "sslcert" | "ssl-cert" => tls.cert = Some(PathBuf::from(value)),
+            "sslkey" | "ssl-key" => tls.key = Some(PathBuf::from(value)),
+            "sslnegotiation" => negotiation = Some(("sslnegotiation", value)),
+            "gssencmode" | "channel_binding" => {
+                if !matches!(value.as_str(), "disable" | "prefer") {
+                    return Err(Error::invalid(
+                        "url",
+                        format!(
+                            "{key}={value} cannot be met: pglease's driver (sqlx) has no \
+                             {what}; use {key}=prefer or disable",
+                            what = if key == "gssencmode" {
+                                "GSSAPI encryption"
+                            } else {
+                                "channel binding"
+                            }
+                        ),
+                    ));
+                }
+            }
+            other => {
+                return Err(Error::invalid(
+                    "url",
+                    format!("has the keyword {other:?}, which pglease does not take ({KEYWORDS})"),
+                ));
+            }
+        }
+    }
+    if let (Some(name), false) = (fallback_name, app_name_given) {
+        options = options.application_name(&name);
+    }
+    match negotiation {
+        None => {}
+        Some((_, value)) if value == "postgres" => {}
+        Some((what, value)) => {
+            return Err(Error::invalid(
+                "url",
+                format!(
+                    "{what}={value} is not supported: pglease's driver (sqlx) negotiates TLS \
+                     the PostgreSQL way only (sslnegotiation=postgres)"
+                ),
+            ));
+        }
+    }
+    let settings = Settings {
+        options,
+        attrs,
+        tls,
+        password_given,
+        passfile,
+        connect_timeout: timeout
+            .map(|(what, value)| connect_timeout(what, &value))
+            .transpose()?,
+    };
+    let env_port = env("PGPORT");
+    let default_port = match &env_port {
+        Some(port) if !port.contains(',') => port.trim().parse().unwrap_or(5432),
+        _ => 5432,
+    };
+    if let Some(list) = addrs.or(hosts).filter(|list| !list.is_empty()) {
+        let hosts = split_hosts(&list, "host=")?;
+        let ports = ports.or(env_port);
+        return Target::assemble(settings, hosts, ports.as_deref(), default_port);
+    }
+    if let Some(hosts) = url_hosts.filter(|hosts| !hosts.is_empty()) {
+        // A URL's own ports come with its hosts; PGPORT only for those
+        // without one.
+        let ports = ports.or_else(|| env_port.filter(|p| p.contains(',')));
+        return Target::assemble(settings, hosts, ports.as_deref(), default_port);
+    }
+    if let Some(list) = env("PGHOSTADDR").or_else(|| env("PGHOST")) {
+        let hosts = split_hosts(&list, "PGHOST")?;
+        let ports = ports.or(env_port);
+        return Target::assemble(settings, hosts, ports.as_deref(), default_port);
+    }
+    // No host at all: the local socket if there is one, else localhost.
+    let port = match ports.as_deref().or(env_port.as_deref()) {
+        Some(port) => port
+            .trim()
+            .parse::<u16>()
+            .map_err(|_| Error::invalid("url", format!("port {port:?} is not a port number")))?,
+        None => 5432,
+    };
+    let host = PgConnectOptions::new_without_pgpass()
+        .port(port)
+        .get_host()
+        .to_owned();
+    let host = default_socket(port).unwrap_or(host);
+    Target::assemble(settings, vec![(host, Some(port))], None, port)
+}
+
+/// sqlx's default, a socket directory where the server's socket for `port`
+/// exists (else `localhost`).
+fn default_socket(port: u16) -> Option<String> {
+    ["/var/run/postgresql", "/private/tmp", "/tmp"]
+        .into_iter()
+        .find(|dir| {
+            std::path::Path::new(dir)
+                .join(format!(".s.PGSQL.{port}"))
+                .exists()
+        })
+        .map(str::to_owned)
+}
+
+/// `connect_timeout` as libpq reads it: whole seconds, at least 2; zero or
+/// less waits indefinitely.
+fn connect_timeout(what: &str, value: &str) -> Result<Duration> {
+    let seconds: i64 = value.trim().parse().map_err(|_| {
+        Error::invalid(
+            "url",
+            format!("{what}={value} is not a whole number of seconds"),
+        )
+    })?;
+    Ok(match seconds {
+        ..=0 => WAIT_INDEFINITELY,
+        1 => Duration::from_secs(2),
+        n => Duration::from_secs(n.unsigned_abs().min(WAIT_INDEFINITELY.as_secs())),
+    })
 }
 
 /// A `host=` (or `PGHOST`) list, `a,b,/var/run/postgresql`: the names
@@ -182,10 +401,11 @@ fn url_host(entry: &str, list: &str) -> Result<(String, Option<u16>)> {
     Ok((host, port))
 }
 
-/// A `postgres://` URL: hosts, ports and `target_session_attrs` read as
-/// libpq reads them (from the authority or the query, else from the
-/// environment), the rest as sqlx reads it.
-fn parse_url(url: &str) -> Result<Target> {
+/// A `postgres://` URL as libpq reads it: the authority's hosts (if any),
+/// and the rest as keyword pairs (user and password from the user info,
+/// dbname from the path, the query's pairs percent-decoded).
+#[allow(clippy::type_complexity)]
+fn url_pairs(url: &str) -> Result<(Option<Vec<(String, Option<u16>)>>, Vec<(String, String)>)> {
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
     if !matches!(scheme, "postgres" | "postgresql") {
         return Err(Error::invalid(
@@ -203,155 +423,60 @@ fn parse_url(url: &str) -> Result<Target> {
         None => (None, authority),
     };
     let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
-    let query = Query::split(query)?;
-    let options = sqlx_options(userinfo, path, &query.kept)?;
-    let mut hosts = Vec::new();
-    if let Some(list) = query.addrs.or(query.hosts) {
-        hosts = split_hosts(&list, "host=")?;
-    } else if !hostlist.is_empty() {
-        for entry in hostlist.split(',') {
-            hosts.push(url_host(entry, hostlist)?);
+    let mut pairs = Vec::new();
+    if let Some(userinfo) = userinfo {
+        let (user, password) = match userinfo.split_once(':') {
+            Some((user, password)) => (user, Some(password)),
+            None => (userinfo, None),
+        };
+        if !user.is_empty() {
+            pairs.push(("user".to_owned(), decode(user, "the user name", false)?));
+        }
+        if let Some(password) = password {
+            pairs.push((
+                "password".to_owned(),
+                decode(password, "the password", false)?,
+            ));
         }
     }
-    let attrs = query
-        .attrs
-        .or_else(|| std::env::var("PGTARGETSESSIONATTRS").ok());
-    if hosts.is_empty()
-        && let Some(list) = std::env::var("PGHOST").ok().filter(|h| !h.is_empty())
-    {
-        // No host in the URL (`postgres:///db`): PGHOST's, as libpq does.
-        hosts = split_hosts(&list, "PGHOST")?;
-        let ports = query.ports.or_else(|| std::env::var("PGPORT").ok());
-        return Target::assemble(options, hosts, ports.as_deref(), attrs.as_deref());
+    let path = path.trim_start_matches('/');
+    if !path.is_empty() {
+        pairs.push((
+            "dbname".to_owned(),
+            decode(path, "the database name", false)?,
+        ));
     }
-    if hosts.is_empty() {
-        // No host at all: sqlx's default, one host.
-        hosts.push(default_host(query.ports.as_deref())?);
-        return Target::assemble(options, hosts, None, attrs.as_deref());
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let key = decode(key, "a query key", true)?;
+        let value = decode(value, &format!("{key}="), true)?;
+        pairs.push((key, value));
     }
-    Target::assemble(options, hosts, query.ports.as_deref(), attrs.as_deref())
-}
-
-/// A URL's query, split: what libpq takes from it itself, percent-decoded,
-/// and the pairs left for sqlx to read, as written.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Query<'a> {
-    /// `host=`: a host list.
-    hosts: Option<String>,
-    /// `hostaddr=`: a host list, taken before `host=`'s.
-    addrs: Option<String>,
-    /// `port=`: one port, or one per host.
-    ports: Option<String>,
-    /// `target_session_attrs=`.
-    attrs: Option<String>,
-    /// The other pairs.
-    kept: Vec<&'a str>,
-}
-
-impl Query<'_> {
-    /// Splits `query` (what follows the URL's `?`); a later pair of a key
-    /// libpq reads replaces an earlier one.
-    fn split(query: &str) -> Result<Query<'_>> {
-        let mut split = Query::default();
-        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let decoded = || {
-                percent_decode_str(&value.replace('+', " "))
-                    .decode_utf8()
-                    .map(|v| v.into_owned())
-                    .map_err(|_| Error::invalid("url", format!("{key}= is not UTF-8 once decoded")))
-            };
-            match key {
-                "host" => split.hosts = Some(decoded()?),
-                "hostaddr" => split.addrs = Some(decoded()?),
-                "port" => split.ports = Some(decoded()?),
-                "target_session_attrs" => split.attrs = Some(decoded()?),
-                _ => split.kept.push(pair),
-            }
-        }
-        Ok(split)
-    }
-}
-
-/// What sqlx reads from a URL (user, password, database, the query's
-/// `kept` pairs), read with a placeholder host (and no socket), so that
-/// each host's options differ only in host and port.
-fn sqlx_options(userinfo: Option<&str>, path: &str, kept: &[&str]) -> Result<PgConnectOptions> {
-    let mut single = format!(
-        "postgres://{}",
-        userinfo.map_or(String::new(), |u| format!("{u}@"))
-    );
-    single.push_str("localhost");
-    single.push_str(path);
-    if !kept.is_empty() {
-        single.push('?');
-        single.push_str(&kept.join("&"));
-    }
-    Ok(single.parse()?)
-}
-
-/// sqlx's default host, for a URL that names none (nor does `PGHOST`),
-/// on the query's `port` if it gives one.
-fn default_host(port: Option<&str>) -> Result<(String, Option<u16>)> {
-    let default = PgConnectOptions::new_without_pgpass();
-    let port = port.map_or(Ok(None), |p| {
-        p.trim()
-            .parse::<u16>()
-            .map(Some)
-            .map_err(|_| Error::invalid("url", format!("port {p:?} is not a port number")))
-    })?;
-    Ok((
-        default.get_host().to_owned(),
-        port.or(Some(default.get_port())),
-    ))
-}
-
-/// libpq's `keyword=value ...` form: values may be single-quoted, with
-/// `\'` and `\\` inside.
-fn parse_keywords(conninfo: &str) -> Result<Target> {
-    let pairs = split_keywords(conninfo)?;
-    let mut options = PgConnectOptions::new();
-    let mut hosts = None;
-    let mut addrs = None;
-    let mut ports = std::env::var("PGPORT").ok();
-    let mut attrs = std::env::var("PGTARGETSESSIONATTRS").ok();
-    for (key, value) in pairs {
-        match key.as_str() {
-            "host" => hosts = Some(value),
-            "hostaddr" => addrs = Some(value),
-            "port" => ports = Some(value),
-            "target_session_attrs" => attrs = Some(value),
-            "dbname" => options = options.database(&value),
-            "user" => options = options.username(&value),
-            "password" => options = options.password(&value),
-            "application_name" => options = options.application_name(&value),
-            "options" => options = options.options(split_server_options(&value)),
-            "sslmode" => {
-                let mode: PgSslMode = value.parse().map_err(|_| {
-                    Error::invalid("url", format!("sslmode={value} is not one libpq knows"))
-                })?;
-                options = options.ssl_mode(mode);
-            }
-            "sslrootcert" => options = options.ssl_root_cert(&value),
-            "sslcert" => options = options.ssl_client_cert(&value),
-            "sslkey" => options = options.ssl_client_key(&value),
-            other => {
-                return Err(Error::invalid(
-                    "url",
-                    format!(
-                        "has the keyword {other:?}, which pglease does not take (host, \
-                         hostaddr, port, dbname, user, password, application_name, options, \
-                         sslmode, sslrootcert, sslcert, sslkey, target_session_attrs)"
-                    ),
-                ));
-            }
-        }
-    }
-    let hosts = match addrs.or(hosts).or_else(|| std::env::var("PGHOST").ok()) {
-        Some(list) if !list.is_empty() => split_hosts(&list, "host=")?,
-        _ => vec![(options.get_host().to_owned(), None)],
+    let hosts = if hostlist.is_empty() {
+        None
+    } else {
+        Some(
+            hostlist
+                .split(',')
+                .map(|entry| url_host(entry, hostlist))
+                .collect::<Result<Vec<_>>>()?,
+        )
     };
-    Target::assemble(options, hosts, ports.as_deref(), attrs.as_deref())
+    Ok((hosts, pairs))
+}
+
+/// Percent-decodes `text` (in a query, `+` is a space); `what` names it in
+/// the message.
+fn decode(text: &str, what: &str, query: bool) -> Result<String> {
+    let text = if query {
+        text.replace('+', " ")
+    } else {
+        text.to_owned()
+    };
+    percent_decode_str(&text)
+        .decode_utf8()
+        .map(|v| v.into_owned())
+        .map_err(|_| Error::invalid("url", format!("{what} is not UTF-8 once decoded")))
 }
 
 /// `-c a=b -c c=d` as (name, value) pairs for [`PgConnectOptions::options`].
@@ -510,29 +635,97 @@ mod tests {
     }
 
     #[test]
-    fn a_query_gives_libpq_its_keys_decoded_and_keeps_the_rest_as_written() {
-        let query =
-            Query::split("sslmode=disable&host=a,b&&port=1%2C2&application_name=my+app&hostaddr")
+    fn a_url_becomes_libpqs_keywords_decoded() {
+        let (hosts, pairs) =
+            url_pairs("postgres://al%40x:p%3Ass@a,b:2/d%2Fb?sslmode=disable&port=1%2C2&application_name=my+app")
                 .expect("split");
         assert_eq!(
-            query,
-            Query {
-                hosts: Some("a,b".to_owned()),
-                addrs: Some(String::new()),
-                ports: Some("1,2".to_owned()),
-                attrs: None,
-                kept: vec!["sslmode=disable", "application_name=my+app"],
-            }
+            hosts,
+            Some(vec![("a".to_owned(), None), ("b".to_owned(), Some(2))])
         );
-        let attrs = Query::split("target_session_attrs=any&target_session_attrs=read-write")
-            .expect("split");
-        assert_eq!(attrs.attrs.as_deref(), Some("read-write"));
-        match Query::split("host=%FF") {
+        let pairs: Vec<(&str, &str)> = pairs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("user", "al@x"),
+                ("password", "p:ss"),
+                ("dbname", "d/b"),
+                ("sslmode", "disable"),
+                ("port", "1,2"),
+                ("application_name", "my app"),
+            ]
+        );
+        let t = Target::parse(
+            "postgres://u@a/db?target_session_attrs=any&target_session_attrs=read-write",
+        )
+        .expect("parse");
+        assert_eq!(t.attrs(), SessionAttrs::ReadWrite);
+        match Target::parse("postgres://u@a/db?host=%FF") {
             Err(e @ Error::InvalidInput { .. }) => {
                 assert!(e.to_string().contains("host= is not UTF-8"), "{e}");
             }
             other => panic!("expected InvalidInput, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn unknown_keys_and_values_are_refused_naming_them() {
+        for (conninfo, said) in [
+            (
+                "postgres://u@a/db?target_sesion_attrs=read-write",
+                "\"target_sesion_attrs\"",
+            ),
+            (
+                "postgres://u@a/db?sslmode=requir",
+                "sslmode=requir is not one libpq knows",
+            ),
+            (
+                "host=a sslmode=requir",
+                "sslmode=requir is not one libpq knows",
+            ),
+            (
+                "postgres://u@a/db?connect_timeout=5s",
+                "connect_timeout=5s is not a whole number",
+            ),
+            (
+                "postgres://u@a/db?sslnegotiation=direct",
+                "sslnegotiation=direct is not supported",
+            ),
+            (
+                "postgres://u@a/db?gssencmode=require",
+                "gssencmode=require cannot be met",
+            ),
+            (
+                "postgres://u@a/db?sslmode=prefer&sslrootcert=system",
+                "weak sslmode \"prefer\"",
+            ),
+        ] {
+            match Target::parse(conninfo) {
+                Err(e @ Error::InvalidInput { .. }) => {
+                    let text = e.to_string();
+                    assert!(text.contains(said), "{conninfo}: {text}");
+                    assert!(
+                        !text.contains("error with configuration"),
+                        "{conninfo}: {text}"
+                    );
+                }
+                other => panic!("{conninfo}: expected InvalidInput, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn connect_timeout_as_libpq_reads_it() {
+        let timeout = |s: &str| connect_timeout("connect_timeout", s).expect("parse");
+        assert_eq!(timeout("10"), Duration::from_secs(10));
+        assert_eq!(timeout("1"), Duration::from_secs(2));
+        assert_eq!(timeout("0"), WAIT_INDEFINITELY);
+        assert_eq!(timeout("-3"), WAIT_INDEFINITELY);
+        let t = Target::parse("postgres://u@a/db?connect_timeout=7").expect("parse");
+        assert_eq!(t.connect_timeout(), Some(Duration::from_secs(7)));
     }
 
     #[test]

@@ -4,11 +4,14 @@
 //! says which of them will do: the type, and connecting to it. Reading it
 //! from a URL, a `keyword=value` string or the environment is `parse.rs`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::{ConnectOptions, Connection, PgConnection, Row};
 
+use super::passfile::{self, Login, Lookup};
+use super::tls::{Attempt, Failure, Plan, Roots, SslMode};
 use crate::error::{Error, Result};
 use crate::human::Human;
 use crate::sql;
@@ -103,16 +106,28 @@ pub struct Target {
     pub(super) options: PgConnectOptions,
     pub(super) hosts: Vec<(String, u16)>,
     pub(super) attrs: SessionAttrs,
+    /// How TLS is set up, as libpq would; `None` for options given as
+    /// they are (`From<PgConnectOptions>`): sqlx's own use of their
+    /// sslmode.
+    pub(super) tls: Option<Plan>,
+    /// The password file read for each connection, when no password was
+    /// given.
+    pub(super) passfile: Option<PathBuf>,
+    pub(super) connect_timeout: Option<Duration>,
 }
 
 impl From<PgConnectOptions> for Target {
-    /// One host, any server ([`SessionAttrs::Any`]): what sqlx does.
+    /// One host, any server ([`SessionAttrs::Any`]), the options used as
+    /// they are: what sqlx does.
     fn from(options: PgConnectOptions) -> Target {
         let host = (options.get_host().to_owned(), options.get_port());
         Target {
             options,
             hosts: vec![host],
             attrs: SessionAttrs::Any,
+            tls: None,
+            passfile: None,
+            connect_timeout: None,
         }
     }
 }
@@ -163,15 +178,217 @@ impl Target {
         self.hosts.len() == 1 && self.attrs == SessionAttrs::Any
     }
 
+    /// `connect_timeout` (or `PGCONNECT_TIMEOUT`), when one was given: how
+    /// long to wait for each host.
+    pub fn connect_timeout(&self) -> Option<Duration> {
+        self.connect_timeout
+    }
+
+    /// The `sslmode` in force (libpq's default `prefer`, `verify-full`
+    /// with `sslrootcert=system`), or `None` for a target made from
+    /// [`PgConnectOptions`], whose own sslmode sqlx uses.
+    pub fn sslmode(&self) -> Option<SslMode> {
+        self.tls.as_ref().map(|plan| plan.mode)
+    }
+
     /// The connect options of the host at `index` (in [`Target::hosts`]'
-    /// order), for sqlx.
+    /// order), for sqlx: its password read from the password file now,
+    /// when none was given, and the TLS of libpq's first attempt (for
+    /// `allow`, sqlx's: without TLS only; pglease's own connections make
+    /// libpq's second attempt too).
     ///
     /// # Panics
     ///
     /// If `index` is out of range.
     pub fn host_options(&self, index: usize) -> PgConnectOptions {
+        let mode = self.tls.as_ref().map(|plan| plan.settled(plan.first));
+        self.options_with(index, mode).0
+    }
+
+    /// The options of host `index` with TLS `mode` (`None`: as the options
+    /// say), and what the password file said.
+    fn options_with(&self, index: usize, mode: Option<Attempt>) -> (PgConnectOptions, Lookup) {
         let (host, port) = &self.hosts[index];
-        self.options.clone().host(host).port(*port)
+        // extra_float_digits is not sent at startup: PgBouncer before 1.20
+        // refuses unknown startup parameters, and nothing here reads
+        // floats (PostgreSQL 12 and later print them exactly by default).
+        let mut options = self
+            .options
+            .clone()
+            .host(host)
+            .port(*port)
+            .extra_float_digits(None);
+        if let (Some(plan), Some(mode)) = (&self.tls, mode) {
+            // libpq makes no TLS attempt over a socket.
+            let mode = if host.starts_with('/') {
+                Attempt::Plain
+            } else {
+                mode
+            };
+            options = options.ssl_mode(mode.sqlx());
+            match &plan.roots {
+                Roots::File(file) => options = options.ssl_root_cert(file),
+                // sqlx took PGSSLROOTCERT as a file: no file, no roots added
+                // to the platform's.
+                _ if std::env::var_os("PGSSLROOTCERT").is_some() => {
+                    options = options.ssl_root_cert_from_pem(Vec::new());
+                }
+                _ => {}
+            }
+            if let Some((cert, key)) = &plan.client {
+                options = options.ssl_client_cert(cert).ssl_client_key(key);
+            }
+        }
+        let mut lookup = Lookup::None;
+        if let Some(file) = &self.passfile {
+            let user = options.get_username().to_owned();
+            let database = options.get_database().unwrap_or(&user).to_owned();
+            lookup = passfile::lookup(
+                file,
+                Login {
+                    host,
+                    port: *port,
+                    database: &database,
+                    user: &user,
+                },
+            );
+            if let Lookup::Found(password, _) = &lookup {
+                options = options.password(password);
+            }
+        }
+        (options, lookup)
+    }
+
+    /// One connection to host `index` as libpq makes it: the plan's first
+    /// attempt and, where libpq would, its second; each bounded by
+    /// `per_host`. With it, the options the host's later connections use
+    /// (the TLS that worked).
+    pub(crate) async fn open(
+        &self,
+        index: usize,
+        per_host: Duration,
+    ) -> Result<(PgConnection, PgConnectOptions)> {
+        let Some(plan) = self
+            .tls
+            .as_ref()
+            .filter(|_| !self.hosts[index].0.starts_with('/'))
+        else {
+            let options = self.options_with(index, None).0;
+            let options = match &self.tls {
+                Some(_) => options.ssl_mode(PgSslMode::Disable),
+                None => options,
+            };
+            let connection = self.attempt(index, &options, per_host).await?;
+            return Ok((connection, options));
+        };
+        let (second, failed) = match self.try_mode(index, plan, plan.first, per_host).await {
+            Ok(done) => return Ok(done),
+            Err(failed) => (plan.retry_after(failed.1), failed),
+        };
+        let Some(second) = second else {
+            return Err(failed.0);
+        };
+        match self.try_mode(index, plan, second, per_host).await {
+            Ok(done) => Ok(done),
+            // The attempt made with TLS says more than the plain one
+            // (which a server that requires TLS refuses).
+            Err(again) if second.encrypts() => Err(again.0),
+            Err(_) => Err(failed.0),
+        }
+    }
+
+    /// One attempt of `plan` with TLS `mode`: the connection and the options
+    /// later connections use, or the error (explained) and how it failed.
+    async fn try_mode(
+        &self,
+        index: usize,
+        plan: &Plan,
+        mode: Attempt,
+        per_host: Duration,
+    ) -> std::result::Result<(PgConnection, PgConnectOptions), (Error, Failure)> {
+        let (options, lookup) = self.options_with(index, Some(mode));
+        match self.attempt(index, &options, per_host).await {
+            Ok(connection) => Ok((
+                connection,
+                self.options_with(index, Some(plan.settled(mode))).0,
+            )),
+            Err(error) => {
+                let failed = failure(&error, mode.encrypts());
+                Err((self.explain(error, failed, mode, plan, &lookup), failed))
+            }
+        }
+    }
+
+    /// One attempt, bounded by `per_host`.
+    async fn attempt(
+        &self,
+        index: usize,
+        options: &PgConnectOptions,
+        per_host: Duration,
+    ) -> Result<PgConnection> {
+        match tokio::time::timeout(per_host, options.connect()).await {
+            Ok(connection) => Ok(connection?),
+            Err(_) => Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no answer from {} within {}",
+                    self.host(index),
+                    Human(per_host)
+                ),
+            )))),
+        }
+    }
+
+    /// `error` said with what the user can act on: a TLS failure with the
+    /// sslmode and the roots the certificate was checked against, a
+    /// failed login with where its password came from.
+    fn explain(
+        &self,
+        error: Error,
+        failure: Failure,
+        mode: Attempt,
+        plan: &Plan,
+        lookup: &Lookup,
+    ) -> Error {
+        match (failure, &error) {
+            (Failure::Tls, Error::Database(inner)) => {
+                let why = match inner {
+                    sqlx::Error::Tls(tls) => tls.to_string(),
+                    sqlx::Error::Io(io) => io.to_string(),
+                    other => other.to_string(),
+                };
+                let checked = match mode {
+                    Attempt::VerifyCa | Attempt::VerifyFull => format!(
+                        "; the server's certificate was checked against {} (sslmode={}{})",
+                        plan.describe_roots(),
+                        plan.mode,
+                        if mode == Attempt::VerifyFull {
+                            ", and must name the host connected to"
+                        } else {
+                            ""
+                        }
+                    ),
+                    _ => format!(" (sslmode={})", plan.mode),
+                };
+                Error::Database(sqlx::Error::Tls(format!("{why}{checked}").into()))
+            }
+            (Failure::Refused, _) => {
+                if let Lookup::Ignored(why) = lookup {
+                    tracing::warn!(%why, "login refused");
+                }
+                error
+            }
+            _ => error,
+        }
+    }
+
+    /// Why the password file gave no password for host `index`, if it was
+    /// there but not read (others may read it, ...).
+    pub fn passfile_problem(&self, index: usize) -> Option<String> {
+        match self.options_with(index, None).1 {
+            Lookup::Ignored(why) => Some(why),
+            _ => None,
+        }
     }
 
     /// How many hosts there are (at least one).
@@ -203,10 +420,20 @@ impl Target {
     ///
     /// Cancel-safe: dropped early, the connection being opened is closed.
     pub async fn connect(&self, per_host: Duration) -> Result<(PgConnection, usize)> {
+        let (connection, index, _) = self.connect_first(per_host).await?;
+        Ok((connection, index))
+    }
+
+    /// [`Target::connect`], with the options the chosen host's later
+    /// connections use.
+    pub(crate) async fn connect_first(
+        &self,
+        per_host: Duration,
+    ) -> Result<(PgConnection, usize, PgConnectOptions)> {
         let mut why = Vec::with_capacity(self.hosts.len());
         for index in 0..self.hosts.len() {
             match self.connect_host(index, per_host).await {
-                Ok(Ok(connection)) => return Ok((connection, index)),
+                Ok(Ok((connection, options))) => return Ok((connection, index, options)),
                 Ok(Err(refusal)) => why.push(format!("{}: {refusal}", self.host(index))),
                 Err(error) => {
                     if self.hosts.len() == 1 {
@@ -227,25 +454,17 @@ impl Target {
         ))))
     }
 
-    /// One host: `Ok(Ok(connection))` if it will do, `Ok(Err(why not))` if
-    /// it answered but lacks the attributes, `Err` if it cannot be reached.
+    /// One host: `Ok(Ok((connection, options)))` if it will do, with the
+    /// options its later connections use, `Ok(Err(why not))` if it
+    /// answered but lacks the attributes, `Err` if it cannot be reached.
     pub(crate) async fn connect_host(
         &self,
         index: usize,
         per_host: Duration,
-    ) -> Result<std::result::Result<PgConnection, String>> {
-        let options = self.host_options(index).extra_float_digits(None);
-        let mut connection = match tokio::time::timeout(per_host, options.connect()).await {
-            Ok(connection) => connection?,
-            Err(_) => {
-                return Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no answer within {}", Human(per_host)),
-                ))));
-            }
-        };
+    ) -> Result<std::result::Result<(PgConnection, PgConnectOptions), String>> {
+        let (mut connection, options) = self.open(index, per_host).await?;
         match tokio::time::timeout(per_host, refusal(&mut connection, self.attrs)).await {
-            Ok(Ok(None)) => Ok(Ok(connection)),
+            Ok(Ok(None)) => Ok(Ok((connection, options))),
             Ok(Ok(Some(why))) => {
                 let _ = connection.close().await;
                 Ok(Err(why))
@@ -259,6 +478,23 @@ impl Target {
                 ),
             )))),
         }
+    }
+}
+
+/// How a connection attempt failed, for libpq's retries: a TLS attempt's
+/// handshake errors come from the TLS library as I/O errors of kind
+/// `InvalidData`.
+fn failure(error: &Error, encrypted: bool) -> Failure {
+    match error {
+        Error::Database(sqlx::Error::Database(_)) => Failure::Refused,
+        Error::Database(sqlx::Error::Tls(_)) => Failure::Tls,
+        Error::Database(sqlx::Error::Io(io))
+            if encrypted && io.kind() == std::io::ErrorKind::InvalidData =>
+        {
+            Failure::Tls
+        }
+        _ if error.sqlstate().is_some() => Failure::Refused,
+        _ => Failure::Other,
     }
 }
 

@@ -281,7 +281,7 @@ pub(super) async fn hosts(target: &Target) -> Vec<std::result::Result<Host, Stri
 /// server answers) says of itself, or why it cannot be asked.
 async fn host(any: &Target, index: usize) -> std::result::Result<Host, String> {
     let mut connection = match any.connect_host(index, PER_HOST_TIMEOUT).await {
-        Ok(Ok(connection)) => connection,
+        Ok(Ok((connection, _))) => connection,
         Ok(Err(why)) => return Err(why),
         Err(error) => return Err(error.to_string()),
     };

@@ -62,6 +62,7 @@ mod status;
 mod takeover;
 mod testing_kit;
 mod timeline;
+mod tls;
 mod values;
 mod waiting;
 mod watch;
@@ -105,6 +106,7 @@ fn main() -> std::process::ExitCode {
             takeover::tests(),
             testing_kit::tests(),
             timeline::tests(),
+            tls::tests(),
             values::tests(),
             waiting::tests(),
             watch::tests(),
