@@ -472,6 +472,46 @@ impl Error {
         }
     }
 
+    /// For a privilege the server refused (SQLSTATE `42501`, "permission
+    /// denied for schema pglease", "... for view status", "... for
+    /// function force_release"), the `GRANT` that gives it to `role`, run
+    /// by the schema's owner or a superuser. `None` for anything else, and
+    /// for pglease's own refusals of acting under another role's lease,
+    /// which no grant fixes.
+    pub fn grant_needed(&self, role: &str) -> Option<String> {
+        if self.sqlstate() != Some(NOT_PERMITTED) {
+            return None;
+        }
+        let message = match self {
+            Error::NotPermitted { message } => message.as_str(),
+            Error::Database(e) => e.as_database_error()?.message(),
+            _ => return None,
+        };
+        let (kind, object) = message
+            .strip_prefix("permission denied for ")?
+            .split_once(' ')?;
+        let object = object.trim().trim_matches('"');
+        let role = format!("\"{}\"", role.replace('"', "\"\""));
+        let qualified = |o: &str| {
+            if o.contains('.') {
+                o.to_owned()
+            } else {
+                format!("pglease.{o}")
+            }
+        };
+        Some(match kind {
+            "schema" => format!("GRANT USAGE ON SCHEMA {object} TO {role}"),
+            "table" | "view" => format!("GRANT SELECT ON {} TO {role}", qualified(object)),
+            "sequence" => format!("GRANT USAGE ON SEQUENCE {} TO {role}", qualified(object)),
+            "function" => format!(
+                "GRANT EXECUTE ON FUNCTION {} TO {role} (for administrators' functions: \
+                 GRANT pglease_admin TO {role})",
+                qualified(object)
+            ),
+            _ => return None,
+        })
+    }
+
     pub(crate) fn invalid(argument: &'static str, reason: impl Into<String>) -> Self {
         Error::InvalidInput {
             argument,

@@ -537,7 +537,24 @@ pub(crate) const DOCTOR_FACTS: &str = "SELECT current_setting('server_version_nu
      (SELECT count(*) FROM pg_stat_replication) AS standbys, \
      (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')) AS sync, \
      (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL) AS hidden, \
-     to_regclass('pglease._pglease_migrations') IS NOT NULL AS migrated";
+     EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+              WHERE n.nspname = 'pglease' AND c.relname = '_pglease_migrations') AS migrated";
+
+/// How the connection `doctor` asks through is secured.
+pub(crate) const CONNECTION_SECURITY: &str =
+    "SELECT ssl, version, cipher FROM pg_stat_ssl WHERE pid = pg_backend_pid()";
+
+/// What the connected role may do with the schema: use it, and which of
+/// the views an application reads (docs/design.md, "Roles and grants") it
+/// may not read. The views are found by their catalogue rows, readable
+/// without USAGE on the schema (a name would need it to resolve).
+pub(crate) const PRIVILEGE_FACTS: &str = "SELECT current_user::text AS role, \
+     has_schema_privilege('pglease', 'USAGE') AS usage, \
+     coalesce((SELECT string_agg('pglease.' || c.relname, ', ' ORDER BY t.o) \
+                 FROM unnest(ARRAY['status', 'history', 'shared']) WITH ORDINALITY AS t(r, o) \
+                 JOIN pg_class c ON c.relname = t.r \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'pglease' \
+                WHERE NOT has_table_privilege(c.oid, 'SELECT')), '') AS unreadable";
 
 /// The security posture (`pglease.audit()`).
 pub(crate) const AUDIT: &str = "SELECT level, topic, message FROM pglease.audit()";

@@ -40,9 +40,10 @@ pub(crate) struct Cli {
     #[arg(long, global = true)]
     pub(crate) database_url: Option<String>,
 
-    /// Give up connecting after this long (exit status 5).
-    #[arg(long, global = true, default_value = "10s", value_parser = Checked(connect_timeout), allow_hyphen_values = true)]
-    pub(crate) connect_timeout: Duration,
+    /// Give up connecting after this long (exit status 5) [default: the
+    /// URL's connect_timeout, else PGCONNECT_TIMEOUT, else 10s].
+    #[arg(long, global = true, value_parser = Checked(connect_timeout), allow_hyphen_values = true)]
+    pub(crate) connect_timeout: Option<Duration>,
 
     /// Print nothing but errors and the requested output (no progress
     /// or confirmation on stderr).

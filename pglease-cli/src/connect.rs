@@ -52,7 +52,16 @@ pub(crate) async fn connect(target: &Target, timeout: Duration) -> Result<LeaseM
             // The server answered and refused (a role, a password or a
             // database that does not exist), or it could not be reached.
             let answered = e.sqlstate().is_some();
-            let next = if answered {
+            let next = if matches!(e, Error::Database(sqlx::Error::Tls(_))) {
+                "Check sslrootcert (the CA that signed the server's certificate, or \
+                 sslrootcert=system for a public CA) and that the host name in the URL is one \
+                 the certificate names; sslmode=require encrypts without verifying."
+            } else if e.sqlstate() == Some("28000")
+                && target.sslmode() == Some(pglease::connect::SslMode::Disable)
+            {
+                "The server refused a connection without TLS: it requires TLS. Use \
+                 sslmode=verify-full with sslrootcert=CA-FILE (or sslmode=require)."
+            } else if answered {
                 "Check the user, password and database name in --database-url or DATABASE_URL \
                  (or PGUSER, PGPASSWORD, PGDATABASE)."
             } else if target.len() > 1 {
@@ -62,7 +71,12 @@ pub(crate) async fn connect(target: &Target, timeout: Duration) -> Result<LeaseM
                 "Set --database-url or DATABASE_URL (or PGHOST, PGPORT, PGUSER, PGDATABASE) \
                  to a reachable PostgreSQL server."
             };
-            let why = format!("cannot connect to PostgreSQL at {}: {e}", target.describe());
+            let mut why = format!("cannot connect to PostgreSQL at {}: {e}", target.describe());
+            // A password file that was there but not read: why the login
+            // had no password.
+            if let Some(problem) = target.passfile_problem(0).filter(|_| answered) {
+                why.push_str(&format!(" ({problem})"));
+            }
             eprintln!("pglease: {why}\n{next}");
             why
         })

@@ -2,9 +2,11 @@
 //! on stderr).
 
 use std::process::ExitCode;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use pglease::Error;
+use pglease::connect::Target;
 
 /// Exit status of `doctor` when a check is not ok.
 pub(crate) const PROBLEMS: u8 = 1;
@@ -26,6 +28,19 @@ pub(crate) const CANNOT_START: u8 = 127;
 pub(crate) type Outcome = Result<ExitCode, (Error, &'static str)>;
 
 static CONFLICT: AtomicU8 = AtomicU8::new(NOT_ACQUIRED);
+
+/// Where this run connects: the database, the hosts and the user, for
+/// messages that must say which server they mean.
+static PLACE: OnceLock<(String, String, String)> = OnceLock::new();
+
+/// Records where this run connects.
+pub(crate) fn set_place(target: &Target) {
+    let _ = PLACE.set((
+        target.database().to_owned(),
+        target.describe(),
+        target.user().to_owned(),
+    ));
+}
 
 /// Records `--conflict-exit-code`.
 pub(crate) fn set_conflict(code: u8) {
@@ -53,11 +68,20 @@ pub(crate) fn fail(e: &Error, what: &str) -> u8 {
             LOST
         }
         Error::SchemaMissing(_) => {
-            eprintln!("pglease: {what} failed: {e}; run `pglease migrate` first");
+            let place = PLACE.get().map_or(String::new(), |(database, hosts, _)| {
+                format!(" (database {database:?} on {hosts})")
+            });
+            eprintln!("pglease: {what} failed: {e}{place}; run `pglease migrate` first");
             DATABASE
         }
         _ => {
-            eprintln!("pglease: {what} failed: {e}");
+            let grant = PLACE
+                .get()
+                .and_then(|(_, _, user)| e.grant_needed(user))
+                .map_or(String::new(), |grant| {
+                    format!("\nThe schema's owner (or a superuser) grants it: {grant};")
+                });
+            eprintln!("pglease: {what} failed: {e}{grant}");
             DATABASE
         }
     }

@@ -52,16 +52,23 @@ async fn main() -> ExitCode {
             return ExitCode::from(exit::USAGE);
         }
     };
+    // --connect-timeout, else the URL's connect_timeout (or
+    // PGCONNECT_TIMEOUT), else 10 s.
+    let connect_timeout = cli
+        .connect_timeout
+        .or(target.connect_timeout())
+        .unwrap_or(pglease::connect::DEFAULT_TIMEOUT);
+    exit::set_place(&target);
     if let Command::Demo = cli.command {
         // Without a URL, the demo finds a server as the tests do, down to
         // a throwaway cluster.
         // Several hosts in PGHOST name a deployment too: not a search.
         let explicit = database_url.is_some() || target.len() > 1;
-        return cmd::demo::demo(&target, explicit, cli.connect_timeout).await;
+        return cmd::demo::demo(&target, explicit, connect_timeout).await;
     }
     // With --json, failures are answered in JSON on stdout too.
     let json = cli.command.wants_json();
-    let manager = match connect::connect(&target, cli.connect_timeout).await {
+    let manager = match connect::connect(&target, connect_timeout).await {
         Ok(manager) => manager,
         Err(why) => {
             if json {

@@ -178,6 +178,18 @@ impl Target {
         self.hosts.len() == 1 && self.attrs == SessionAttrs::Any
     }
 
+    /// The user name connected as.
+    pub fn user(&self) -> &str {
+        self.options.get_username()
+    }
+
+    /// The database connected to (libpq's default: the user's name).
+    pub fn database(&self) -> &str {
+        self.options
+            .get_database()
+            .unwrap_or(self.options.get_username())
+    }
+
     /// `connect_timeout` (or `PGCONNECT_TIMEOUT`), when one was given: how
     /// long to wait for each host.
     pub fn connect_timeout(&self) -> Option<Duration> {

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use sqlx::Row;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 use super::{DoctorOptions, PatroniTiming};
 use crate::connect::{PER_HOST_TIMEOUT, SessionAttrs, Target};
@@ -51,6 +52,32 @@ pub(super) struct Finding {
     pub(super) message: String,
 }
 
+/// The connection `doctor` asks through, and how it is secured.
+#[derive(Debug, Clone)]
+pub(super) struct Connection {
+    /// Encrypted (`pg_stat_ssl.ssl`), with this TLS version and cipher.
+    pub(super) ssl: bool,
+    pub(super) version: Option<String>,
+    pub(super) cipher: Option<String>,
+    /// The sslmode the pool's connections are made with.
+    pub(super) mode: PgSslMode,
+    /// The host, or the socket's directory.
+    pub(super) host: String,
+    /// A Unix-domain socket or a loopback address: nothing crosses a
+    /// network.
+    pub(super) local: bool,
+}
+
+/// What the connected role may do with the schema.
+#[derive(Debug, Clone)]
+pub(super) struct Privileges {
+    pub(super) role: String,
+    /// USAGE on the schema: every lease operation needs it.
+    pub(super) usage: bool,
+    /// The views an application reads that this role may not, in order.
+    pub(super) unreadable: Vec<String>,
+}
+
 /// What `doctor` reads of timelines.
 #[derive(Debug, Clone)]
 pub(super) struct Timelines {
@@ -77,9 +104,12 @@ pub(super) struct Here {
     /// Whether the manager is configured to LISTEN.
     pub(super) notify: bool,
     pub(super) timelines: Option<std::result::Result<Timelines, String>>,
-    /// Whether the functions' owner may end stale fenced sessions.
-    pub(super) can_end: Option<bool>,
+    /// Whether the functions' owner may end stale fenced sessions, or why
+    /// this role may not ask.
+    pub(super) can_end: Option<std::result::Result<bool, String>>,
     pub(super) audit: Option<std::result::Result<Vec<Finding>, String>>,
+    pub(super) privileges: Option<Privileges>,
+    pub(super) connection: Connection,
 }
 
 /// What one host of several says of itself.
@@ -150,7 +180,11 @@ impl LeaseManager {
             None
         };
         let can_end = if migrated {
-            Some(self.can_end_stale_transactions().await?)
+            match self.can_end_stale_transactions().await {
+                Ok(can) => Some(Ok(can)),
+                Err(e @ Error::NotPermitted { .. }) => Some(Err(e.to_string())),
+                Err(e) => return Err(e),
+            }
         } else {
             None
         };
@@ -159,6 +193,12 @@ impl LeaseManager {
         } else {
             None
         };
+        let privileges = if migrated {
+            Some(self.privileges().await?)
+        } else {
+            None
+        };
+        let connection = self.connection(&options).await?;
         Ok(Here {
             server,
             applied,
@@ -167,6 +207,61 @@ impl LeaseManager {
             timelines,
             can_end,
             audit,
+            privileges,
+            connection,
+        })
+    }
+
+    async fn privileges(&self) -> Result<Privileges> {
+        let row = sql::query(sql::PRIVILEGE_FACTS)
+            .fetch_one(self.pool())
+            .await?;
+        let unreadable: String = row.try_get("unreadable")?;
+        Ok(Privileges {
+            role: row.try_get("role")?,
+            usage: row.try_get("usage")?,
+            unreadable: unreadable
+                .split(", ")
+                .filter(|r| !r.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        })
+    }
+
+    /// How the pool's connections (made with `options`) are secured.
+    async fn connection(&self, options: &PgConnectOptions) -> Result<Connection> {
+        let row = sql::query(sql::CONNECTION_SECURITY)
+            .fetch_optional(self.pool())
+            .await?;
+        let (ssl, version, cipher) = match row {
+            Some(row) => (
+                row.try_get("ssl")?,
+                row.try_get("version")?,
+                row.try_get("cipher")?,
+            ),
+            None => (false, None, None),
+        };
+        let (host, local) = match options.get_socket() {
+            Some(socket) => (socket.display().to_string(), true),
+            None => {
+                let host = options.get_host();
+                let local = host.starts_with('/')
+                    || host.eq_ignore_ascii_case("localhost")
+                    || host
+                        .trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback());
+                (host.to_owned(), local)
+            }
+        };
+        Ok(Connection {
+            ssl,
+            version,
+            cipher,
+            mode: options.get_ssl_mode(),
+            host,
+            local,
         })
     }
 

@@ -150,7 +150,8 @@ impl std::fmt::Display for Verdict {
 pub struct Check {
     /// What was checked: `schema`, `primary`, `pooler`, `durability`,
     /// `replication`, `timeline`, `takeover`, `security` (one per finding),
-    /// `server_version`; with
+    /// `server_version`, `privileges` (one per missing privilege),
+    /// `connection`; with
     /// several hosts also `host` (one per host), `promotion` (one per
     /// standby) and `failover`.
     pub name: &'static str,
@@ -217,7 +218,15 @@ impl LeaseManager {
     ///   TRIGGER privilege is granted, the history's bounds); see
     ///   docs/design.md, "Roles and grants";
     /// - `server_version`: PostgreSQL 14 or later, where a statement whose
-    ///   client has gone is abandoned (`client_connection_check_interval`).
+    ///   client has gone is abandoned (`client_connection_check_interval`);
+    /// - `privileges`, once the schema exists: one check per privilege the
+    ///   connected role lacks (USAGE on the schema, SELECT on the views an
+    ///   application reads), each with the `GRANT` that gives it;
+    /// - `connection`: whether the connection is encrypted (`pg_stat_ssl`),
+    ///   its TLS version and cipher, and whether the server's identity was
+    ///   verified (the sslmode in use); a warning for a connection that is
+    ///   not encrypted, or not verified, to a host that is neither a
+    ///   loopback address nor a socket.
     ///
     /// # Errors
     ///

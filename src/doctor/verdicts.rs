@@ -4,7 +4,11 @@
 
 use std::time::Duration;
 
-use super::facts::{Applied, Failover, FailoverTime, Finding, Here, Host, Timelines, Ttl};
+use sqlx::postgres::PgSslMode;
+
+use super::facts::{
+    Applied, Connection, Failover, FailoverTime, Finding, Here, Host, Privileges, Timelines, Ttl,
+};
 use super::{Check, Verdict};
 use crate::history::TimelineChange;
 use crate::human::Human;
@@ -34,13 +38,144 @@ pub(super) fn here(facts: &Here, known: i64) -> Vec<Check> {
         &server.sync_names,
         delay,
     ));
-    checks.extend(timelines(facts.timelines.as_ref()));
-    checks.push(takeover(facts.can_end));
+    let role = facts.privileges.as_ref().map(|p| p.role.as_str());
+    checks.extend(timelines(facts.timelines.as_ref(), role));
+    checks.push(takeover(facts.can_end.as_ref()));
     if let Some(audit) = &facts.audit {
         checks.extend(security(audit));
     }
     checks.push(server_version(server.version));
+    if let Some(privileges) = &facts.privileges {
+        checks.extend(privileges_checks(privileges));
+    }
+    checks.push(connection(&facts.connection));
     checks
+}
+
+/// `role` as an SQL identifier, quoted.
+fn quoted(role: &str) -> String {
+    format!("\"{}\"", role.replace('"', "\"\""))
+}
+
+/// The `privileges` checks, once the schema exists: one per privilege the
+/// connected role lacks, with the GRANT that gives it; one `ok` when it
+/// lacks none.
+fn privileges_checks(privileges: &Privileges) -> Vec<Check> {
+    let role = quoted(&privileges.role);
+    let mut checks = Vec::new();
+    if !privileges.usage {
+        checks.push(Check::new(
+            "privileges",
+            Verdict::Problem,
+            format!(
+                "role {role} may not use the pglease schema: every lease operation fails \
+                 with \"permission denied for schema pglease\"; the schema's owner (or a \
+                 superuser) grants it: GRANT USAGE ON SCHEMA pglease TO {role};"
+            ),
+        ));
+    }
+    if !privileges.unreadable.is_empty() {
+        let views = privileges.unreadable.join(", ");
+        checks.push(Check::new(
+            "privileges",
+            Verdict::Warning,
+            format!(
+                "role {role} may not read {views} (`pglease status`, `history` and \
+                 LeaseManager::status read them); the schema's owner grants it: GRANT \
+                 SELECT ON {views} TO {role};"
+            ),
+        ));
+    }
+    if checks.is_empty() {
+        checks.push(Check::new(
+            "privileges",
+            Verdict::Ok,
+            format!("role {role} may use the pglease schema and read its views"),
+        ));
+    }
+    checks
+}
+
+/// The `connection` check: whether the connection is encrypted, with
+/// which TLS version, and whether the server's identity was verified; a
+/// warning when neither protects a connection that crosses a network.
+fn connection(c: &Connection) -> Check {
+    let mode = match c.mode {
+        PgSslMode::Disable => "disable",
+        PgSslMode::Allow => "allow",
+        PgSslMode::Prefer => "prefer",
+        PgSslMode::Require => "require",
+        PgSslMode::VerifyCa => "verify-ca",
+        PgSslMode::VerifyFull => "verify-full",
+    };
+    let place = if c.local {
+        format!(
+            "{} is a loopback address or a socket: nothing crosses a network",
+            c.host
+        )
+    } else {
+        format!("{} is reached over a network", c.host)
+    };
+    let fix = "use sslmode=verify-full with sslrootcert set to the CA's certificate file (or \
+               sslrootcert=system for a server whose certificate a public CA signed)";
+    if !c.ssl {
+        let detail = format!("not encrypted (sslmode={mode}); {place}");
+        return if c.local {
+            Check::new("connection", Verdict::Ok, detail)
+        } else {
+            Check::new(
+                "connection",
+                Verdict::Warning,
+                format!(
+                    "{detail}: the leases, their tokens and the guarded writes cross it in \
+                     the clear, and anyone on the path can pose as the server; {fix}"
+                ),
+            )
+        };
+    }
+    let tls = match (&c.version, &c.cipher) {
+        (Some(version), Some(cipher)) => format!("encrypted ({version}, {cipher})"),
+        (Some(version), None) => format!("encrypted ({version})"),
+        _ => "encrypted".to_owned(),
+    };
+    match c.mode {
+        PgSslMode::VerifyFull => Check::new(
+            "connection",
+            Verdict::Ok,
+            format!("{tls}; the server's certificate and host name verified (sslmode={mode})"),
+        ),
+        PgSslMode::VerifyCa if c.local => Check::new(
+            "connection",
+            Verdict::Ok,
+            format!(
+                "{tls}; the server's certificate verified, not its host name \
+                 (sslmode={mode}); {place}"
+            ),
+        ),
+        PgSslMode::VerifyCa => Check::new(
+            "connection",
+            Verdict::Warning,
+            format!(
+                "{tls}; the server's certificate verified, not its host name \
+                 (sslmode={mode}); {place}: any server with a certificate from that CA can \
+                 pose as this one; {fix}"
+            ),
+        ),
+        _ if c.local => Check::new(
+            "connection",
+            Verdict::Ok,
+            format!("{tls}; the server's certificate not verified (sslmode={mode}); {place}"),
+        ),
+        _ => Check::new(
+            "connection",
+            Verdict::Warning,
+            format!(
+                "{tls}; the server's certificate not verified (sslmode={mode}); {place}: \
+                 anyone on the path can pose as the server and see the leases and the \
+                 password exchange; {fix}"
+            ),
+        ),
+    }
 }
 
 /// The `schema` check: migrated (`applied` is `None` before the schema
@@ -157,7 +292,7 @@ fn durability(fsync: &str, full_page_writes: &str) -> Check {
 
 /// The `timeline` check, once the schema exists: where tokens continue,
 /// or which grant this role lacks to tell. None on a standby.
-fn timelines(read: Option<&Result<Timelines, String>>) -> Option<Check> {
+fn timelines(read: Option<&Result<Timelines, String>>, role: Option<&str>) -> Option<Check> {
     match read? {
         Ok(Timelines {
             current: Some(current),
@@ -170,8 +305,9 @@ fn timelines(read: Option<&Result<Timelines, String>>) -> Option<Check> {
             "timeline",
             Verdict::Warning,
             format!(
-                "cannot read this server's timelines ({why}): GRANT SELECT ON \
-                 pglease.timelines, pglease.grant_delay to this role"
+                "cannot read this server's timelines ({why}); the schema's owner grants it: \
+                 GRANT SELECT ON pglease.timelines, pglease.grant_delay TO {};",
+                role.map_or_else(|| "this role".to_owned(), quoted)
             ),
         )),
     }
@@ -179,19 +315,24 @@ fn timelines(read: Option<&Result<Timelines, String>>) -> Option<Check> {
 
 /// The `takeover` check: whether the functions' owner may end stale
 /// fenced sessions (`None` before the schema exists).
-fn takeover(can_end: Option<bool>) -> Check {
+fn takeover(can_end: Option<&Result<bool, String>>) -> Check {
     match can_end {
         None => Check::new(
             "takeover",
             Verdict::Warning,
             "cannot tell before the schema exists (it depends on the functions' owner)",
         ),
-        Some(true) => Check::new(
+        Some(Err(why)) => Check::new(
+            "takeover",
+            Verdict::Warning,
+            format!("cannot tell: this role may not ask ({why})"),
+        ),
+        Some(Ok(true)) => Check::new(
             "takeover",
             Verdict::Ok,
             "the functions' owner may end stale fenced sessions: takeovers are bounded",
         ),
-        Some(false) => Check::new(
+        Some(Ok(false)) => Check::new(
             "takeover",
             Verdict::Warning,
             "the role owning the pglease functions is neither a superuser nor a member of \
@@ -789,18 +930,31 @@ mod tests {
                 latest: None,
                 delay: Duration::ZERO,
             })),
-            can_end: Some(true),
+            can_end: Some(Ok(true)),
             audit: Some(Ok(vec![Finding {
                 level: "ok".to_owned(),
                 topic: "admins".to_owned(),
                 message: "none".to_owned(),
             }])),
+            privileges: Some(Privileges {
+                role: "app".to_owned(),
+                usage: true,
+                unreadable: Vec::new(),
+            }),
+            connection: Connection {
+                ssl: false,
+                version: None,
+                cipher: None,
+                mode: PgSslMode::Prefer,
+                host: "/run/postgresql".to_owned(),
+                local: true,
+            },
         }
     }
 
     /// The checks of one server, in the order `LeaseManager::doctor`
     /// documents.
-    const ORDER: [&str; 9] = [
+    const ORDER: [&str; 11] = [
         "schema",
         "primary",
         "pooler",
@@ -810,6 +964,8 @@ mod tests {
         "takeover",
         "security",
         "server_version",
+        "privileges",
+        "connection",
     ];
 
     fn names(checks: &[Check]) -> Vec<&'static str> {
@@ -839,12 +995,13 @@ mod tests {
             timelines: None,
             can_end: None,
             audit: None,
+            privileges: None,
             ..healthy()
         };
         let checks = here(&facts, 1);
         let without: Vec<&str> = ORDER
             .into_iter()
-            .filter(|name| !["timeline", "security"].contains(name))
+            .filter(|name| !["timeline", "security", "privileges"].contains(name))
             .collect();
         assert_eq!(names(&checks), without);
         assert_eq!(checks[0].verdict, Verdict::Problem);
@@ -913,8 +1070,17 @@ mod tests {
 
     #[test]
     fn takeover_audit_and_timelines_a_role_may_not_read() {
-        assert_eq!(takeover(Some(false)).verdict, Verdict::Warning);
-        assert!(takeover(Some(false)).detail.contains("pg_signal_backend"));
+        assert_eq!(takeover(Some(&Ok(false))).verdict, Verdict::Warning);
+        assert!(
+            takeover(Some(&Ok(false)))
+                .detail
+                .contains("pg_signal_backend")
+        );
+        let unasked = takeover(Some(
+            &Err("permission denied for schema pglease".to_owned()),
+        ));
+        assert_eq!(unasked.verdict, Verdict::Warning);
+        assert!(unasked.detail.contains("cannot tell"), "{}", unasked.detail);
         let warned = security(&Ok(vec![Finding {
             level: "warn".to_owned(),
             topic: "public".to_owned(),
@@ -929,12 +1095,15 @@ mod tests {
                 .detail
                 .contains("may not run pglease.audit() (permission denied)")
         );
-        let unreadable = timelines(Some(&Err("permission denied".to_owned()))).expect("a check");
+        let unreadable =
+            timelines(Some(&Err("permission denied".to_owned())), Some("app")).expect("a check");
         assert_eq!(unreadable.verdict, Verdict::Warning);
         assert!(
             unreadable
                 .detail
-                .contains("GRANT SELECT ON pglease.timelines")
+                .contains("GRANT SELECT ON pglease.timelines, pglease.grant_delay TO \"app\";"),
+            "{}",
+            unreadable.detail
         );
         let on_a_standby = Timelines {
             current: None,
@@ -942,8 +1111,86 @@ mod tests {
             latest: None,
             delay: Duration::ZERO,
         };
-        assert!(timelines(Some(&Ok(on_a_standby))).is_none());
-        assert!(timelines(None).is_none());
+        assert!(timelines(Some(&Ok(on_a_standby)), None).is_none());
+        assert!(timelines(None, None).is_none());
+    }
+
+    #[test]
+    fn each_missing_privilege_comes_with_the_grant_that_gives_it() {
+        let none = privileges_checks(&Privileges {
+            role: "we\"ird".to_owned(),
+            usage: false,
+            unreadable: vec!["pglease.status".to_owned(), "pglease.shared".to_owned()],
+        });
+        assert_eq!(names(&none), ["privileges", "privileges"]);
+        assert_eq!(none[0].verdict, Verdict::Problem);
+        assert!(
+            none[0]
+                .detail
+                .ends_with("GRANT USAGE ON SCHEMA pglease TO \"we\"\"ird\";"),
+            "{}",
+            none[0].detail
+        );
+        assert_eq!(none[1].verdict, Verdict::Warning);
+        assert!(
+            none[1]
+                .detail
+                .ends_with("GRANT SELECT ON pglease.status, pglease.shared TO \"we\"\"ird\";"),
+            "{}",
+            none[1].detail
+        );
+        let all = privileges_checks(&Privileges {
+            role: "app".to_owned(),
+            usage: true,
+            unreadable: Vec::new(),
+        });
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].verdict, Verdict::Ok);
+    }
+
+    #[test]
+    fn a_connection_across_a_network_must_be_encrypted_and_verified() {
+        let at = |ssl: bool, mode: PgSslMode, local: bool| {
+            connection(&Connection {
+                ssl,
+                version: ssl.then(|| "TLSv1.3".to_owned()),
+                cipher: ssl.then(|| "TLS_AES_256_GCM_SHA384".to_owned()),
+                mode,
+                host: if local { "127.0.0.1" } else { "db.example.com" }.to_owned(),
+                local,
+            })
+        };
+        let full = at(true, PgSslMode::VerifyFull, false);
+        assert_eq!(full.verdict, Verdict::Ok);
+        assert_eq!(
+            full.detail,
+            "encrypted (TLSv1.3, TLS_AES_256_GCM_SHA384); the server's certificate and host \
+             name verified (sslmode=verify-full)"
+        );
+        for (ssl, mode) in [
+            (false, PgSslMode::Prefer),
+            (false, PgSslMode::Disable),
+            (true, PgSslMode::Require),
+            (true, PgSslMode::Prefer),
+            (true, PgSslMode::VerifyCa),
+        ] {
+            let remote = at(ssl, mode, false);
+            assert_eq!(remote.verdict, Verdict::Warning, "{remote:?}");
+            assert!(
+                remote
+                    .detail
+                    .contains("db.example.com is reached over a network")
+                    && remote.detail.contains("use sslmode=verify-full"),
+                "{}",
+                remote.detail
+            );
+            assert_eq!(at(ssl, mode, true).verdict, Verdict::Ok);
+        }
+        assert!(
+            at(false, PgSslMode::Prefer, false)
+                .detail
+                .starts_with("not encrypted (sslmode=prefer)")
+        );
     }
 
     fn primary_host(standbys: &[(&str, &str)]) -> Host {

@@ -126,8 +126,9 @@ impl LeaseManager {
     /// [`Error::InvalidInput`] for a connection string that cannot be used
     /// (see [`Target::parse`]); [`Error::Database`] for a URL that does not
     /// parse, or when no server can be reached: at once for a refused
-    /// connection or a failed login, after
-    /// [`DEFAULT_TIMEOUT`](crate::connect::DEFAULT_TIMEOUT) (10 s) for a
+    /// connection or a failed login, after the URL's `connect_timeout`
+    /// (or `PGCONNECT_TIMEOUT`), else
+    /// [`DEFAULT_TIMEOUT`](crate::connect::DEFAULT_TIMEOUT) (10 s), for a
     /// server that does not answer.
     ///
     /// # Cancel safety
@@ -135,7 +136,9 @@ impl LeaseManager {
     /// Cancel-safe: dropped early, the connection being opened is closed
     /// and no manager exists.
     pub async fn connect(url: &str) -> Result<Self> {
-        Self::connect_target(&Target::parse(url)?, DEFAULT_TIMEOUT).await
+        let target = Target::parse(url)?;
+        let timeout = target.connect_timeout().unwrap_or(DEFAULT_TIMEOUT);
+        Self::connect_target(&target, timeout).await
     }
 
     /// Like [`LeaseManager::connect`], with one host's connect options and

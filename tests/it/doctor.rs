@@ -31,7 +31,9 @@ async fn a_migrated_database_on_this_server_is_all_well() {
             "timeline",
             "takeover",
             "security",
-            "server_version"
+            "server_version",
+            "privileges",
+            "connection"
         ]
     );
     assert_eq!(diagnosis.verdict(), Verdict::Ok, "{diagnosis:#?}");
@@ -106,6 +108,48 @@ async fn an_application_role_gets_findings_not_an_error() {
             .contains("GRANT SELECT ON pglease.timelines"),
         "{}",
         timeline.detail
+    );
+    // Not granted the views: said, with the grant.
+    let privileges = check(&diagnosis, "privileges");
+    assert_eq!(privileges.verdict, Verdict::Warning, "{privileges:?}");
+    assert!(
+        privileges.detail.ends_with(&format!(
+            "GRANT SELECT ON pglease.status, pglease.history, pglease.shared TO \"{role}\";"
+        )),
+        "{}",
+        privileges.detail
+    );
+    pool.close().await;
+
+    // A role granted nothing (CONNECT only): findings, each missing
+    // privilege with its grant, not an error.
+    let bare = format!("pglease_doctor_bare_{}", std::process::id());
+    db.scratch_roles(&[&bare]).await;
+    db.execute(&[format!("CREATE ROLE {bare} LOGIN")]).await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(db.options().username(&bare))
+        .await
+        .expect("connect as a role granted nothing");
+    let diagnosis = pglease::LeaseManager::new(pool.clone())
+        .doctor()
+        .await
+        .expect("doctor as a role granted nothing");
+    assert_eq!(diagnosis.verdict(), Verdict::Problem);
+    let usage = check(&diagnosis, "privileges");
+    assert_eq!(usage.verdict, Verdict::Problem, "{usage:?}");
+    assert!(
+        usage
+            .detail
+            .ends_with(&format!("GRANT USAGE ON SCHEMA pglease TO \"{bare}\";")),
+        "{}",
+        usage.detail
+    );
+    let takeover = check(&diagnosis, "takeover");
+    assert!(
+        takeover.detail.contains("cannot tell"),
+        "{}",
+        takeover.detail
     );
     pool.close().await;
 }

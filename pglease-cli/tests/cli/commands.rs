@@ -988,10 +988,10 @@ async fn doctor_exits_0_when_all_is_well_and_1_otherwise() {
     let db = crate::common::new_db().await;
     let out = pglease(&db, &["doctor"]);
     assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
-    // Eight checks, the security posture one line per finding (five on a
+    // Ten checks, the security posture one line per finding (five on a
     // fresh database: schema, administrators, takeover, names, history).
     let said = stdout(&out);
-    assert_eq!(said.lines().count(), 13, "{said}");
+    assert_eq!(said.lines().count(), 15, "{said}");
     assert!(
         said.contains("timeline 1, the one the schema was made on"),
         "{said}"
@@ -1009,7 +1009,7 @@ async fn doctor_exits_0_when_all_is_well_and_1_otherwise() {
     assert_eq!(code(&out), 0);
     let report = json(&out);
     assert_eq!(report["verdict"], "ok");
-    assert_eq!(report["checks"].as_array().map(Vec::len), Some(13));
+    assert_eq!(report["checks"].as_array().map(Vec::len), Some(15));
 
     let empty = crate::common::empty_db().await;
     let out = pglease(&empty, &["doctor", "--json"]);

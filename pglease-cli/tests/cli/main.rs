@@ -36,6 +36,7 @@ mod pooler;
 mod sets;
 mod shared;
 mod timeline;
+mod tls;
 
 fn main() -> std::process::ExitCode {
     pglease_formations::harness::run(
@@ -54,6 +55,7 @@ fn main() -> std::process::ExitCode {
             sets::tests(),
             shared::tests(),
             timeline::tests(),
+            tls::tests(),
         ]
         .into_iter()
         .flatten(),
