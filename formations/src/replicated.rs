@@ -238,6 +238,72 @@ impl Replicated {
         self.pg_ctl(&self.standby, &["start", "-w", "-t", "60"])
     }
 
+    /// Turns TLS on for both servers (plain connections stay allowed):
+    /// a CA and a server certificate for `localhost` and 127.0.0.1 made
+    /// now, as [`TlsServer`](crate::TlsServer) makes them; waits until
+    /// each server answers a `verify-full` connection. Returns the CA's
+    /// certificate, for `sslrootcert`.
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError::Unavailable`] without `openssl`;
+    /// [`SetupError::Server`] with the step that failed.
+    pub async fn serve_tls(&self) -> Result<PathBuf, SetupError> {
+        crate::TlsServer::available()?;
+        let certs = self.root.join("certs");
+        std::fs::create_dir_all(&certs)
+            .map_err(|e| SetupError::Server(format!("create {}: {e}", certs.display())))?;
+        crate::tls::make_certificates(&certs, &self.user)?;
+        let file = |name: &str| {
+            crate::tls::certs_path(&certs, name)
+                .display()
+                .to_string()
+                .replace('\'', "''")
+        };
+        let statements = [
+            "ALTER SYSTEM SET ssl = on".to_owned(),
+            format!("ALTER SYSTEM SET ssl_cert_file = '{}'", file("server.crt")),
+            format!("ALTER SYSTEM SET ssl_key_file = '{}'", file("server.key")),
+            "SELECT pg_reload_conf()".to_owned(),
+        ];
+        let ca = crate::tls::certs_path(&certs, "ca.crt");
+        for node in [&self.primary, &self.standby] {
+            let mut admin = sqlx::ConnectOptions::connect(&node.options())
+                .await
+                .map_err(|e| SetupError::Server(format!("connect to the {}: {e}", node.name)))?;
+            for statement in &statements {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(statement.as_str()))
+                    .execute(&mut admin)
+                    .await
+                    .map_err(|e| SetupError::Server(format!("{}: {statement}: {e}", node.name)))?;
+            }
+            let _ = sqlx::Connection::close(admin).await;
+            // The reload is asynchronous: wait for a verified connection.
+            let verified = node
+                .options()
+                .host("localhost")
+                .ssl_mode(sqlx::postgres::PgSslMode::VerifyFull)
+                .ssl_root_cert(&ca);
+            let started = std::time::Instant::now();
+            loop {
+                match sqlx::ConnectOptions::connect(&verified).await {
+                    Ok(connection) => {
+                        let _ = sqlx::Connection::close(connection).await;
+                        break;
+                    }
+                    Err(e) if started.elapsed() > Duration::from_secs(30) => {
+                        return Err(SetupError::Server(format!(
+                            "no verified TLS connection to the {} within 30 s: {e}",
+                            node.name
+                        )));
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        }
+        Ok(ca)
+    }
+
     /// The primary.
     pub fn primary(&self) -> &Node {
         &self.primary

@@ -216,14 +216,14 @@ fn encoded_password() -> String {
         .collect()
 }
 
-fn certs_path(certs: &Path, name: &str) -> PathBuf {
+pub(crate) fn certs_path(certs: &Path, name: &str) -> PathBuf {
     certs.join(name)
 }
 
 /// A CA, a server certificate it signs (for `localhost` and 127.0.0.1,
 /// P-256 keys: fast handshakes), and a second CA that signs nothing; the
 /// server's key given to the server's user, private.
-fn make_certificates(certs: &Path, user: &ServerUser) -> Result<(), SetupError> {
+pub(crate) fn make_certificates(certs: &Path, user: &ServerUser) -> Result<(), SetupError> {
     let run = |args: &[&str]| -> Result<(), SetupError> {
         host::output(Command::new("openssl").args(args).current_dir(certs))
             .map(|_| ())

@@ -158,7 +158,8 @@ impl Follow {
         if before == index {
             return;
         }
-        pool.set_connect_options(options);
+        self.target
+            .apply_password(options, |options| pool.set_connect_options(options));
         *crate::sync::lock(&self.switched) = Some(Instant::now());
         tracing::warn!(
             from = %self.target.host(before),

@@ -153,6 +153,7 @@ impl Target {
                 super::passfile::location(settings.passfile.as_deref())
             },
             connect_timeout: settings.connect_timeout,
+            rotated: Default::default(),
         })
     }
 }

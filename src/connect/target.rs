@@ -5,6 +5,7 @@
 //! from a URL, a `keyword=value` string or the environment is `parse.rs`.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
@@ -114,6 +115,45 @@ pub struct Target {
     /// given.
     pub(super) passfile: Option<PathBuf>,
     pub(super) connect_timeout: Option<Duration>,
+    /// The password set since (`LeaseManager::set_password`), shared by
+    /// the target's clones; it wins over the options' and the file's.
+    pub(super) rotated: Rotated,
+}
+
+/// A password set after the target was made, shared by its clones.
+#[derive(Clone, Default)]
+pub(crate) struct Rotated(Arc<Mutex<Option<String>>>);
+
+impl std::fmt::Debug for Rotated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = crate::sync::lock(&self.0).is_some();
+        f.write_str(if set { "Rotated(set)" } else { "Rotated(none)" })
+    }
+}
+
+impl Target {
+    /// Sets the password every later connection from this target (and its
+    /// clones) logs in with, and runs `apply` (which sets it on a pool)
+    /// before [`Target::apply_password`] can run again.
+    pub(crate) fn set_password(&self, password: &str, apply: impl FnOnce()) {
+        let mut rotated = crate::sync::lock(&self.rotated.0);
+        *rotated = Some(password.to_owned());
+        apply();
+    }
+
+    /// `options` with the password set since (if one was), handed to
+    /// `apply` (which sets them on a pool) while no password is being set.
+    pub(crate) fn apply_password(
+        &self,
+        options: PgConnectOptions,
+        apply: impl FnOnce(PgConnectOptions),
+    ) {
+        let rotated = crate::sync::lock(&self.rotated.0);
+        apply(match rotated.as_deref() {
+            Some(password) => options.password(password),
+            None => options,
+        });
+    }
 }
 
 impl From<PgConnectOptions> for Target {
@@ -128,6 +168,7 @@ impl From<PgConnectOptions> for Target {
             tls: None,
             passfile: None,
             connect_timeout: None,
+            rotated: Rotated::default(),
         }
     }
 }
@@ -267,6 +308,9 @@ impl Target {
             if let Lookup::Found(password, _) = &lookup {
                 options = options.password(password);
             }
+        }
+        if let Some(password) = crate::sync::lock(&self.rotated.0).as_deref() {
+            options = options.password(password);
         }
         (options, lookup)
     }

@@ -197,6 +197,34 @@ impl LeaseManager {
         self.shared.context.follow.as_ref().map(|f| f.current())
     }
 
+    /// Sets the password the connections this manager opens from now on
+    /// log in with: the pool's, and, for a manager following the primary
+    /// among several hosts, those it opens to search them. Connections
+    /// already open stay open (PostgreSQL checks a password only at
+    /// login).
+    ///
+    /// The hook for a password that changes, such as a cloud IAM token
+    /// (Amazon RDS's expires 15 minutes after it is made): call it with
+    /// each new token, before the previous one expires. A password from a
+    /// password file is read when the manager connects and at each search
+    /// of the hosts; to follow a file that is rewritten while the manager
+    /// runs, read it again and call this (docs/library.md, "Connecting").
+    ///
+    /// # Cancel safety
+    ///
+    /// Not async; it takes effect before it returns.
+    pub fn set_password(&self, password: &str) {
+        let pool = self.pool();
+        let apply = || {
+            let options = (*pool.connect_options()).clone().password(password);
+            pool.set_connect_options(options);
+        };
+        match &self.context().follow {
+            Some(follow) => follow.target.set_password(password, apply),
+            None => apply(),
+        }
+    }
+
     /// The pool this manager uses.
     pub fn pool(&self) -> &PgPool {
         &self.shared.context.pool

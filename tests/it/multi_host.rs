@@ -123,7 +123,58 @@ async fn a_held_lease_follows_a_promotion_with_no_proxy() -> Result<(), SetupErr
     Ok(())
 }
 
+/// The same over TLS, as a production URL says it: both hosts by the
+/// name their certificate carries, `sslmode=verify-full` with the CA's
+/// file. The manager follows the promotion, every connection to the new
+/// primary verified and encrypted; the lease is never reported lost and
+/// keeps its token.
+async fn a_held_lease_follows_a_promotion_over_verify_full() -> Result<(), SetupError> {
+    let pair = Replicated::start(Standby::Synchronous).await?;
+    let ca = pair.serve_tls().await?;
+    let admin = pair.primary().pool().await?;
+    migrate_with_data_table(&admin).await;
+    admin.close().await;
+    let (primary, standby) = (pair.primary().port(), pair.standby().port());
+    let url = format!(
+        "postgres://postgres@localhost:{primary},localhost:{standby}/postgres\
+         ?sslmode=verify-full&sslrootcert={}",
+        ca.display()
+    );
+    let leases = LeaseManager::connect(&url).await.expect("connect");
+    let held = leases
+        .hold(
+            "job",
+            AcquireOptions::ttl(Duration::from_secs(10)).holder("A"),
+        )
+        .await
+        .expect("hold");
+    held_write(&held, "before").await.expect("write before");
+    let renewed_before = leases.stats().leases_renewed;
+    pair.crash_primary()?;
+    pair.promote().await?;
+    renewed_without_loss(&leases, &held, renewed_before, Duration::from_secs(9)).await;
+    assert_eq!(leases.current_host(), Some(format!("localhost:{standby}")));
+    held_write(&held, "after")
+        .await
+        .expect("write on the new primary");
+    let (ssl, port): (bool, i32) = sqlx::query_as(
+        "SELECT ssl, current_setting('port')::int FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+    )
+    .fetch_one(leases.pool())
+    .await
+    .expect("pg_stat_ssl on the new primary");
+    assert!(ssl, "the new primary's connection is encrypted");
+    assert_eq!(port, i32::from(standby));
+    let (token, value) = token_and_value(&pair.standby().pool().await?, "job").await;
+    assert_eq!(token, held.token().get());
+    assert_eq!(value, "after");
+    let other = LeaseManager::connect(&url).await.expect("connect");
+    handed_over_on_release(&other, held).await;
+    Ok(())
+}
+
 tests![
     the_primary_is_chosen_whatever_the_order(2),
     a_held_lease_follows_a_promotion_with_no_proxy(2),
+    a_held_lease_follows_a_promotion_over_verify_full(2),
 ];

@@ -295,6 +295,74 @@ async fn a_frozen_holder_of_another_role_pins_the_lease_and_says_so() -> Result<
     Ok(())
 }
 
+/// A password that changes while the manager runs (a cloud IAM token):
+/// once the pool's connections are gone, new ones fail to log in with the
+/// old password, and `set_password` makes the next one log in; the lease
+/// held across the change is renewed, not lost.
+async fn a_password_set_while_running_is_used_by_new_connections() -> Result<(), SetupError> {
+    let server = TlsServer::start().await?;
+    let owner = LeaseManager::connect(&server.url("sslmode=verify-full"))
+        .await
+        .expect("connect as the owner");
+    owner.migrate().await.expect("migrate");
+    let mut admin = sqlx::ConnectOptions::connect(&server.admin())
+        .await
+        .expect("admin");
+    sqlx::raw_sql("CREATE ROLE rotating LOGIN PASSWORD 'first-pw'")
+        .execute(&mut admin)
+        .await
+        .expect("create the role");
+    sqlx::raw_sql("GRANT USAGE ON SCHEMA pglease TO rotating")
+        .execute(owner.pool())
+        .await
+        .expect("grant");
+    let url = as_user(&server.url("sslmode=verify-full"), "rotating", "first-pw");
+    let m = LeaseManager::connect(&url).await.expect("connect");
+    let ttl = Duration::from_secs(30);
+    let lease = m
+        .acquire("rotated", AcquireOptions::ttl(ttl))
+        .await
+        .expect("acquire");
+    // The token expires: the server takes only the new password, and the
+    // connections made with the old one are gone.
+    sqlx::raw_sql(
+        "ALTER ROLE rotating PASSWORD 'second-pw';          SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'rotating'",
+    )
+    .execute(&mut admin)
+    .await
+    .expect("change the password, end the sessions");
+    pglease::testing::poll_until("the old sessions gone", Duration::from_secs(10), || {
+        let admin = server.admin();
+        async move {
+            let mut c = match sqlx::ConnectOptions::connect(&admin).await {
+                Ok(c) => c,
+                Err(_) => return false,
+            };
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE usename = 'rotating'",
+            )
+            .fetch_one(&mut c)
+            .await
+            .unwrap_or(-1);
+            n == 0
+        }
+    })
+    .await;
+    let refused = m.renew(&lease, ttl).await.expect_err("the old password");
+    assert_eq!(refused.sqlstate(), Some("28P01"), "{refused:?}");
+    m.set_password("second-pw");
+    let expires = m
+        .renew(&lease, ttl)
+        .await
+        .expect("renew with the new password");
+    // The lease held across the change: same token, the renewal recorded.
+    let status = owner.inspect("rotated").await.expect("inspect");
+    assert!(status.held, "{status:?}");
+    assert_eq!(status.token, Some(lease.token()));
+    assert_eq!(status.expires_at, Some(expires));
+    Ok(())
+}
+
 /// `url` for `user` with `password` (URL-safe as given).
 fn as_user(url: &str, user: &str, password: &str) -> String {
     let (scheme, rest) = url.split_once("://").expect("a URL");
@@ -309,4 +377,5 @@ tests![
     allow_and_prefer_reach_a_tls_only_server_over_tls,
     the_password_is_read_from_the_password_file_for_each_connection,
     a_frozen_holder_of_another_role_pins_the_lease_and_says_so,
+    a_password_set_while_running_is_used_by_new_connections,
 ];
