@@ -34,7 +34,8 @@
 //! and the successor's acquisition, and shared acquisition beside exclusive;
 //! `BENCH_ONLY=p4` only the takeover after a holder dies or freezes;
 //! `BENCH_ONLY=p4c` only the takeover of a session-bound lease whose
-//! holder's session ended, beside an advisory lock's.
+//! holder's session ended, beside an advisory lock's; `BENCH_ONLY=tls`
+//! only what TLS costs per operation, on the TLS formation.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -310,6 +311,7 @@ async fn main() -> Result<(), Error> {
         "p4" => Some(takeover(&pool).await),
         "p4c" => Some(session_bound_takeover(&pool).await),
         "flushes" => Some(renewal_flushes().await),
+        "tls" => Some(tls_cost(secs).await),
         _ => None,
     };
     if let Some(outcome) = part {
@@ -1533,6 +1535,73 @@ async fn through_pooler(
         for (label, direct, through) in rows {
             let (d, p) = alternate(clients, secs, 2, direct, through).await;
             println!("| {label} | {clients} | {d:.0} | {p:.0} | {:.2} |", p / d);
+        }
+    }
+    Ok(())
+}
+
+/// What TLS costs per operation: on the TLS formation (a non-superuser
+/// owner, `scram-sha-256`), plain connections allowed beside TLS for the
+/// baseline, the same operations through a manager connected with
+/// `sslmode=disable` and one with `sslmode=verify-full`, alternated.
+async fn tls_cost(secs: f64) -> Result<(), Error> {
+    let Some(server) = kit("TLS", pglease_formations::TlsServer::start().await)? else {
+        return Ok(());
+    };
+    server
+        .allow_plain()
+        .await
+        .map_err(|e| Error::Database(sqlx::Error::Configuration(Box::new(e))))?;
+    let plain = LeaseManager::connect(&server.url("sslmode=disable")).await?;
+    let tls = LeaseManager::connect(&server.url("sslmode=verify-full")).await?;
+    plain.migrate().await?;
+    sqlx::raw_sql(
+        "CREATE TABLE data (id int PRIMARY KEY, value bigint NOT NULL); \
+         INSERT INTO data SELECT g, 0 FROM generate_series(0, 15) g",
+    )
+    .execute(plain.pool())
+    .await?;
+    let mut held = Vec::new();
+    for c in 0..8 {
+        held.push(
+            plain
+                .acquire(
+                    &format!("held-{c}"),
+                    AcquireOptions::ttl(LONG).holder("bench"),
+                )
+                .await?,
+        );
+    }
+    let held = Arc::new(held);
+    let encrypted: bool =
+        sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            .fetch_one(tls.pool())
+            .await?;
+    let version: String = sqlx::query_scalar(
+        "SELECT coalesce(version || ' ' || cipher, 'none') FROM pg_stat_ssl \
+         WHERE pid = pg_backend_pid()",
+    )
+    .fetch_one(tls.pool())
+    .await?;
+    println!(
+        "\nTLS per operation: the TLS formation, as its non-superuser owner, \
+         sslmode=disable vs verify-full ({version}, encrypted: {encrypted}), alternated\n\
+         | operation | clients | without TLS ops/s | with TLS ops/s | with / without |\n\
+         |---|---:|---:|---:|---:|"
+    );
+    for clients in [1usize, 8] {
+        let rows: Vec<(&str, Op, Op)> = vec![
+            ("acquire + release", lib_cycle(&plain), lib_cycle(&tls)),
+            ("renew", lib_renew(&plain, &held), lib_renew(&tls, &held)),
+            (
+                "fenced transaction, one write",
+                lib_fenced(&plain, &held, false),
+                lib_fenced(&tls, &held, false),
+            ),
+        ];
+        for (label, without, with) in rows {
+            let (a, b) = alternate(clients, secs, 3, without, with).await;
+            println!("| {label} | {clients} | {a:.0} | {b:.0} | {:.2} |", b / a);
         }
     }
     Ok(())

@@ -142,6 +142,49 @@ impl TlsServer {
         }
     }
 
+    /// Allows plain connections over TCP too (`host ... scram-sha-256`
+    /// after the `hostssl` lines), for a benchmark's baseline without TLS
+    /// on the same server; waits until one succeeds.
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError::Server`] with the step that failed.
+    pub async fn allow_plain(&self) -> Result<(), SetupError> {
+        let hba = self.cluster.path().join("data").join("pg_hba.conf");
+        let mut rules = std::fs::read_to_string(&hba)
+            .map_err(|e| SetupError::Server(format!("read pg_hba.conf: {e}")))?;
+        rules.push_str("host all all 127.0.0.1/32 scram-sha-256\n");
+        std::fs::write(&hba, rules)
+            .map_err(|e| SetupError::Server(format!("write pg_hba.conf: {e}")))?;
+        let mut admin = self
+            .admin()
+            .connect()
+            .await
+            .map_err(|e| SetupError::Server(format!("connect over the socket: {e}")))?;
+        sqlx::raw_sql("SELECT pg_reload_conf()")
+            .execute(&mut admin)
+            .await
+            .map_err(|e| SetupError::Server(format!("reload: {e}")))?;
+        let _ = admin.close().await;
+        let plain = pglease::connect::Target::parse(&self.url("sslmode=disable"))
+            .map_err(|e| SetupError::Server(e.to_string()))?;
+        let started = Instant::now();
+        loop {
+            match plain.connect(Duration::from_secs(5)).await {
+                Ok((connection, _)) => {
+                    let _ = connection.close().await;
+                    return Ok(());
+                }
+                Err(e) if started.elapsed() > Duration::from_secs(30) => {
+                    return Err(SetupError::Server(format!(
+                        "no plain connection within 30 s of the reload: {e}"
+                    )));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
     /// Options for the superuser over the server's socket (trusted).
     pub fn admin(&self) -> PgConnectOptions {
         PgConnectOptions::new_without_pgpass()

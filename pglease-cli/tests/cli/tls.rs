@@ -122,40 +122,51 @@ async fn the_readmes_forms_connect_as_written() -> Result<(), SetupError> {
         ("PGPASSWORD", TlsServer::PASSWORD),
     ];
     check(&pglease(&env, &["status"]), 0, "environment form");
-    // The password file (PGPASSFILE), mode 0600.
+    // The password file, as the README writes it: ~/.pgpass (HOME a
+    // scratch directory here), mode 0600.
     let dir = std::env::temp_dir().join(format!("pglease-cli-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let passfile = dir.join("pgpass");
-    std::fs::write(&passfile, server.passfile_line()).expect("write");
-    let private = |mode| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(mode)).expect("chmod");
-    };
-    private(0o600);
-    let file = passfile.display().to_string();
+    let home = dir.display().to_string();
+    let line = server.passfile_line();
+    let written = Command::new("sh")
+        .env("HOME", &home)
+        .arg("-c")
+        .arg(format!(
+            "printf '%s\\n' '{}' >> ~/.pgpass && chmod 0600 ~/.pgpass",
+            line.trim_end()
+        ))
+        .status()
+        .expect("sh");
+    assert!(written.success());
     check(
-        &pglease(
-            &[("PGPASSFILE", &file)],
-            &["--database-url", &url, "status"],
-        ),
+        &pglease(&[("HOME", &home)], &["--database-url", &url, "status"]),
         0,
         "password file",
     );
     // libpq's refusal of a file others may read, said with what to do.
-    private(0o644);
-    let out = pglease(
-        &[("PGPASSFILE", &file)],
-        &["--database-url", &url, "status"],
-    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.join(".pgpass"), std::fs::Permissions::from_mode(0o644))
+        .expect("chmod");
+    let out = pglease(&[("HOME", &home)], &["--database-url", &url, "status"]);
     check(&out, 5, "a password file others may read");
     assert!(stderr(&out).contains("chmod 0600"), "{}", stderr(&out));
-    // sslrootcert=system: the test CA is in no system store, so the
-    // certificate is not trusted (and the message says against what).
-    let system = url.replace(&format!("sslrootcert={ca}"), "sslrootcert=system");
+    // sslrootcert=system, as the README writes it (no sslmode: it implies
+    // verify-full): the test CA is in no system store, so the certificate
+    // is not trusted, and the message says against what.
+    let system = format!(
+        "postgres://{}@localhost:{port}/{}?sslrootcert=system",
+        TlsServer::USER,
+        TlsServer::DATABASE
+    );
     let out = pglease(&password, &["--database-url", &system, "status"]);
     check(&out, 5, "sslrootcert=system with a private CA");
     assert!(
         stderr(&out).contains("system's trusted roots"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains("sslmode=verify-full"),
         "{}",
         stderr(&out)
     );
