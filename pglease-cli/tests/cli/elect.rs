@@ -381,7 +381,9 @@ async fn elect_without_the_schema_exits_5_and_a_bad_requester_exits_2() {
     assert_eq!(code(&out), 5, "{}", stderr(&out));
     assert!(
         stderr(&out).contains("schema is missing or out of date")
-            && stderr(&out).contains("run `pglease migrate` first"),
+            && stderr(&out).contains("run `pglease migrate` first")
+            // Which database, on which server.
+            && stderr(&out).contains(&format!("(database \"{}\" on ", db.name())),
         "{}",
         stderr(&out)
     );
