@@ -460,8 +460,10 @@ CREATE TYPE pglease.acquisition AS (
     -- lease was not acquired; NULL otherwise.
     ahead integer,
     -- The name is served first come, first served for every acquirer
-    -- (set_fair): a waiter should join its line. Set in the answers of
-    -- a refused acquisition that read it; NULL otherwise.
+    -- (set_fair): a waiter should join its line. Set in every refusal
+    -- by acquire of a name that exists (as read at its start); NULL in an
+    -- acquisition, for a name never acquired, and in the answers of the
+    -- other acquiring functions.
     fair boolean
 );
 
@@ -1093,7 +1095,9 @@ BEGIN
     -- Marked if someone joined its line meanwhile (enqueue holds this
     -- slot until it commits; see LINES).
     INSERT INTO pglease.leases AS l (name, holder, token, expires_at, acquired_at, queued)
-    VALUES (_create.name, NULL, 0, '-infinity', clock_timestamp(),
+    -- expires_at: its creation, so that a refusal that reports the row
+    -- answers a time (never -infinity, which clients cannot decode).
+    VALUES (_create.name, NULL, 0, clock_timestamp(), clock_timestamp(),
             EXISTS (SELECT 1 FROM pglease._line AS q WHERE q.name = _create.name))
     ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
     RETURN NULL;
@@ -1104,7 +1108,8 @@ REVOKE ALL ON FUNCTION pglease._create(text) FROM PUBLIC;
 
 CREATE FUNCTION pglease.acquire(name text, holder text, ttl interval,
                                 session_bound boolean DEFAULT false,
-                                ticket bigint DEFAULT NULL)
+                                ticket bigint DEFAULT NULL,
+                                waits boolean DEFAULT false)
 RETURNS pglease.acquisition
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1233,7 +1238,7 @@ BEGIN
         IF NOT pglease._may_use_name(acquire.name) THEN
             PERFORM pglease._refuse_name(acquire.name, 'acquire');
         END IF;
-        result := pglease._writer_waits(acquire.name, acquire.holder, ahead);
+        result := pglease._writer_waits(acquire.name, acquire.holder, ahead, acquire.waits);
         IF result.expires_at > result.checked_at THEN
             result.fair := name_fair;
             RETURN result;
@@ -1265,7 +1270,7 @@ BEGIN
             t := clock_timestamp();
             IF note IS NOT NULL THEN
                 RETURN ROW(NULL, coalesce(cur_expiry, t), cur_holder, t, note, cur_pid, delayed,
-                           NULL, NULL)::pglease.acquisition;
+                           NULL, name_fair)::pglease.acquisition;
             END IF;
 
             -- Names granted by prefix (see AUTHORITY), checked before anything
@@ -1278,7 +1283,7 @@ BEGIN
                 note := pglease._create(acquire.name);
                 IF note IS NOT NULL THEN
                     t := clock_timestamp();
-                    RETURN ROW(NULL, t, NULL, t, note, NULL, NULL, NULL, NULL)::pglease.acquisition;
+                    RETURN ROW(NULL, t, NULL, t, note, NULL, NULL, NULL, name_fair)::pglease.acquisition;
                 END IF;
             END IF;
 
@@ -1293,15 +1298,17 @@ BEGIN
                 SELECT l.readers_until INTO readers
                   FROM pglease.leases AS l WHERE l.name = acquire.name;
                 IF readers > clock_timestamp() THEN
-                    result := pglease._writer_waits(acquire.name, acquire.holder, NULL);
+                    result := pglease._writer_waits(acquire.name, acquire.holder, NULL,
+                                                    acquire.waits);
                     IF result.expires_at > result.checked_at THEN
+                        result.fair := name_fair;
                         RETURN result;
                     END IF;
                     result := NULL;
                 END IF;
                 IF note = '' THEN
                     -- Held, as decided (see _take_over).
-                    RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, NULL, NULL)::pglease.acquisition;
+                    RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, NULL, name_fair)::pglease.acquisition;
                 END IF;
                 -- The committed row: locked by this transaction if taken;
                 -- otherwise the lease has ended (expires_at <= checked_at, or
@@ -1315,16 +1322,23 @@ BEGIN
                     RAISE WARNING USING MESSAGE = format('pglease: lease %L has ended, but %s',
                                                          acquire.name, note);
                     RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(),
-                               note, cur_pid, NULL, NULL, NULL)::pglease.acquisition;
+                               note, cur_pid, NULL, NULL, name_fair)::pglease.acquisition;
                 END IF;
             END IF;
             -- Decide on the latest row version and a clock read after the lock.
             t := clock_timestamp();
             IF cur_holder IS NOT NULL AND t < cur_expiry AND cur_token IS DISTINCT FROM gone_token THEN
-                RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, NULL, NULL)::pglease.acquisition;
+                RETURN ROW(NULL, cur_expiry, cur_holder, t, NULL, cur_pid, NULL, NULL, name_fair)::pglease.acquisition;
             END IF;
             IF readers > t THEN
-                RETURN pglease._writer_waits(acquire.name, acquire.holder, NULL);
+                result := pglease._writer_waits(acquire.name, acquire.holder, NULL,
+                                                acquire.waits);
+                IF result.expires_at > result.checked_at THEN
+                    result.fair := name_fair;
+                    RETURN result;
+                END IF;
+                -- The last shared holder has just ended: take it.
+                result := NULL;
             END IF;
             name_ok := true;
             found_row := true;
@@ -1418,18 +1432,20 @@ BEGIN
     -- ended, so the second try takes it. Report the row as it is.
     SELECT l.holder, l.expires_at, l.session_pid INTO cur_holder, cur_expiry, cur_pid
       FROM pglease.leases AS l WHERE l.name = acquire.name;
-    RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(), NULL, cur_pid, NULL, NULL, NULL)::pglease.acquisition;
+    RETURN ROW(NULL, cur_expiry, cur_holder, clock_timestamp(), NULL, cur_pid, NULL, NULL, name_fair)::pglease.acquisition;
 END
 $$;
 
-COMMENT ON FUNCTION pglease.acquire(text, text, interval, boolean, bigint) IS
+COMMENT ON FUNCTION pglease.acquire(text, text, interval, boolean, bigint, boolean) IS
     'Acquire lease NAME for HOLDER for TTL if it is free or ended and nobody waits in line '
     'for it before this acquisition, ending the '
     'sessions of transactions still fenced on an ended lease. Answers within about 2 s. '
     'SESSION_BOUND (default false): the lease also ends when this server session ends '
     '(an acquirer takes it at once). TICKET (default none): the place in line that '
     'enqueue gave, kept for another TTL by this attempt (LE003 if it is no longer in '
-    'line). Returns (token, expires_at, holder, checked_at, note, '
+    'line). WAITS (default false): the caller will attempt again until it acquires; '
+    'refused because of shared holders, it keeps new shared holders out meanwhile '
+    '(writer preference; without WAITS, only a second refusal within 5 s does). Returns (token, expires_at, holder, checked_at, note, '
     'holder_session, delayed_until, ahead); token is NULL when not acquired, and then '
     'expires_at and holder '
     'describe the current holder (expires_at <= checked_at: the lease has ended but a '
@@ -1531,6 +1547,10 @@ BEGIN
     IF names IS NULL OR tokens IS NULL OR ttls IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
             MESSAGE = 'pglease: names, tokens and ttls must not be NULL';
+    END IF;
+    IF greatest(array_ndims(names), array_ndims(tokens), array_ndims(ttls)) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
+            MESSAGE = 'pglease: names, tokens and ttls must be lists (arrays of one dimension)';
     END IF;
     IF cardinality(names) <> cardinality(tokens) OR cardinality(names) <> cardinality(ttls) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
@@ -3481,6 +3501,11 @@ DECLARE
     sorted text[];
     n      text;
 BEGIN
+    IF array_ndims(_check_names.names) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
+            MESSAGE = format('pglease: names must be a list (an array of one dimension), got %s '
+                             'dimensions', array_ndims(_check_names.names));
+    END IF;
     IF _check_names.names IS NULL
        OR coalesce(cardinality(_check_names.names), 0) NOT BETWEEN 1 AND pglease._max_set_names() THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'names',
@@ -3922,14 +3947,20 @@ $$;
 -- no valid exclusive holder. What an exclusive acquisition decides on is
 -- on the name's row: readers_until, the latest expiry of a valid shared
 -- holder, which every change of a shared holder (acquire_shared, and
--- renew and release under a shared token) makes under that row's lock,
--- so that it never understates one; the decision is re-evaluated on the
+-- renew and release under a shared token) sets under that row's lock, so
+-- that it never understates one and never outlasts them all (a renewal
+-- that shortens the lease, or a release, recomputes it from the valid
+-- holders); the decision is re-evaluated on the
 -- latest row version like every other.
 --
 -- WRITER PREFERENCE. An exclusive acquisition refused because of shared
--- holders marks the name: writer_waiting (its holder) and
+-- holders marks the name if it waits: one sent with WAITS (the library's
+-- acquisitions that wait), or one that comes back within 5 s of its last
+-- refusal (a loop in SQL). The mark is writer_waiting (its holder) and
 -- writer_waits_until, 5 s from now (sooner if the shared holders' latest
--- expiry is sooner: then 3 s after it). While the mark lasts, a shared
+-- expiry is sooner: then 3 s after it). One that will not wait leaves
+-- only a note (its holder, and writer_waits_until at the refusal's time),
+-- so that nobody is kept out on behalf of an acquirer that has gone. While the mark lasts, a shared
 -- acquisition is refused and told that the waiting exclusive acquirer
 -- holds the name until the mark ends. The refused exclusive acquisition
 -- is told to come back within 2 s (its answer's expires_at is the shared
@@ -3976,37 +4007,50 @@ CREATE INDEX _shared_name ON pglease._shared (name, expires_at);
 REVOKE ALL ON pglease._shared FROM PUBLIC;
 
 -- An exclusive acquisition by HOLDER found NAME held shared: mark the
--- name (see WRITER PREFERENCE) unless another transaction changes its row
--- right now (the next attempt marks it then), and answer "held" by the
--- shared holder that expires last, until that expiry or for 2 s, whichever
--- ends first (NULL, or not after checked_at, if they have just ended: the
--- caller goes on). AHEAD as acquire answers it. Internal to acquire.
-CREATE FUNCTION pglease._writer_waits(name text, holder text, ahead integer)
+-- name (see WRITER PREFERENCE) if it WAITS or comes back within 5 s of
+-- its last refusal, else only note it (writer_waiting, and the refusal's
+-- time in writer_waits_until: no shared acquisition waits behind that),
+-- unless another transaction changes the row right now (the next attempt
+-- marks it then). Answers "held" by the shared holder that expires last,
+-- until that expiry or for 2 s, whichever ends first (not after
+-- checked_at if they have just ended: the caller goes on). AHEAD as
+-- acquire answers it. Internal to acquire.
+CREATE FUNCTION pglease._writer_waits(name text, holder text, ahead integer, waits boolean)
 RETURNS pglease.acquisition
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     until  timestamptz;
+    marked timestamptz;
+    noted  text;
     reader text;
+    t      timestamptz;
 BEGIN
-    SELECT l.readers_until INTO until FROM pglease.leases AS l
+    SELECT l.readers_until, l.writer_waits_until, l.writer_waiting INTO until, marked, noted
+      FROM pglease.leases AS l
      WHERE l.name = _writer_waits.name FOR NO KEY UPDATE SKIP LOCKED;
     IF FOUND THEN
-        IF until > clock_timestamp() THEN
+        t := clock_timestamp();
+        IF until > t AND (_writer_waits.waits
+                          OR (noted = _writer_waits.holder AND marked > t - interval '5 seconds')) THEN
             UPDATE pglease.leases AS l
                SET writer_waiting = _writer_waits.holder,
                    writer_waits_until = greatest(l.writer_waits_until,
-                                                 least(until, clock_timestamp()
-                                                              + interval '2 seconds')
+                                                 least(until, t + interval '2 seconds')
                                                  + interval '3 seconds')
+             WHERE l.name = _writer_waits.name;
+        ELSIF until > t AND NOT coalesce(marked > t, false) THEN
+            UPDATE pglease.leases AS l
+               SET writer_waiting = _writer_waits.holder, writer_waits_until = t
              WHERE l.name = _writer_waits.name;
         END IF;
     ELSE
         SELECT l.readers_until INTO until FROM pglease.leases AS l
          WHERE l.name = _writer_waits.name;
     END IF;
-    until := least(until, clock_timestamp() + interval '2 seconds');
+    t := clock_timestamp();
+    until := CASE WHEN until > t THEN least(until, t + interval '2 seconds') ELSE t END;
     SELECT s.holder INTO reader FROM pglease._shared AS s
      WHERE s.name = _writer_waits.name AND s.expires_at > clock_timestamp()
      ORDER BY s.expires_at DESC LIMIT 1;
@@ -4015,7 +4059,7 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON FUNCTION pglease._writer_waits(text, text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglease._writer_waits(text, text, integer, boolean) FROM PUBLIC;
 
 CREATE FUNCTION pglease.acquire_shared(name text, holder text, ttl interval)
 RETURNS pglease.acquisition
@@ -4243,8 +4287,13 @@ BEGIN
        AND clock_timestamp() < s.expires_at
     RETURNING s.expires_at INTO new_expiry;
     IF new_expiry IS NOT NULL THEN
+        -- Recomputed, not raised: a renewal may shorten the lease, and an
+        -- exclusive acquisition waits only for shared holders that are
+        -- valid (see SHARED LEASES).
         UPDATE pglease.leases AS l
-           SET readers_until = greatest(l.readers_until, new_expiry)
+           SET readers_until = (SELECT max(s.expires_at) FROM pglease._shared AS s
+                                 WHERE s.name = _renew_shared.name
+                                   AND s.expires_at > clock_timestamp())
          WHERE l.name = _renew_shared.name;
     END IF;
     RETURN new_expiry;

@@ -101,8 +101,9 @@ fn array<T>(items: &[T], element: impl Fn(&T) -> String, ty: &str) -> String {
 /// How a name is acquired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
-    /// One holder (`pglease.acquire`).
-    Exclusive,
+    /// One holder (`pglease.acquire`); `waits`: the acquirer attempts
+    /// again until it acquires, and keeps new shared holders out meanwhile.
+    Exclusive { waits: bool },
     /// One of N slots (`pglease.acquire_counted`).
     Counted(u32),
     /// Beside other shared holders (`pglease.acquire_shared`).
@@ -127,7 +128,7 @@ pub(crate) fn acquire(
 ) -> String {
     let slots = match mode {
         Mode::Counted(slots) => Some(slots),
-        Mode::Exclusive | Mode::Shared => None,
+        Mode::Exclusive { .. } | Mode::Shared => None,
     };
     // Only when wanted: the defaults are the function's own.
     let bound = match (session_bound, ticket) {
@@ -154,10 +155,16 @@ pub(crate) fn acquire(
         ),
         None => (
             format!(
-                "pglease.acquire({}, {}, {}{bound})",
+                "pglease.acquire({}, {}, {}{bound}{})",
                 Text(name),
                 Text(holder),
-                Interval(ttl)
+                Interval(ttl),
+                // A waiter keeps new shared holders out while it waits.
+                if mode == (Mode::Exclusive { waits: true }) {
+                    ", waits => true"
+                } else {
+                    ""
+                }
             ),
             format!("{}::text", Text(name)),
         ),
@@ -519,7 +526,7 @@ pub(crate) const CAN_END_STALE: &str = "SELECT pglease.can_end_stale_transaction
 /// The role that owns the functions (the one `CAN_END_STALE` is about).
 pub(crate) const FUNCTIONS_OWNER: &str = "SELECT r.rolname::text FROM pg_catalog.pg_proc AS p \
        JOIN pg_catalog.pg_roles AS r ON r.oid = p.proowner \
-      WHERE p.oid = 'pglease.acquire(text, text, interval, boolean, bigint)'::pg_catalog.regprocedure";
+      WHERE p.oid = 'pglease.acquire(text, text, interval, boolean, bigint, boolean)'::pg_catalog.regprocedure";
 
 /// The database server's clock, as every lease decision reads it.
 pub(crate) const DATABASE_TIME: &str = "SELECT clock_timestamp()";

@@ -287,7 +287,9 @@ async fn attempt(
         match (how.get_limit(), how.get_shared()) {
             (Some(slots), _) => sql::Mode::Counted(slots),
             (None, true) => sql::Mode::Shared,
-            (None, false) => sql::Mode::Exclusive,
+            (None, false) => sql::Mode::Exclusive {
+                waits: !how.get_wait().is_zero(),
+            },
         },
         how.get_session_bound(),
         ticket,
@@ -303,9 +305,13 @@ async fn attempt(
         .fetch_add(1, Ordering::Relaxed);
     let row = row.inspect_err(|_| telemetry::acquire_attempt("error"))?;
     let token: Option<i64> = row.try_get("token")?;
-    let expires_at: DateTime<Utc> = row.try_get("expires_at")?;
     let current_holder: Option<String> = row.try_get("holder")?;
     let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
+    // A refusal with no time to give (none does today) is one that has
+    // ended as it was decided.
+    let expires_at: DateTime<Utc> = row
+        .try_get::<Option<DateTime<Utc>>, _>("expires_at")?
+        .unwrap_or(checked_at);
     let Some(token) = token else {
         let held = Held::refused_in(
             &row,

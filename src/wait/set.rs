@@ -98,9 +98,13 @@ async fn attempt(
     for row in &rows {
         let name: String = row.try_get("name")?;
         let token: Option<i64> = row.try_get("token")?;
-        let expires_at: DateTime<Utc> = row.try_get("expires_at")?;
         let current_holder: Option<String> = row.try_get("holder")?;
         let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
+        // A refusal with no time to give (none does today) is one that has
+        // ended as it was decided.
+        let expires_at: DateTime<Utc> = row
+            .try_get::<Option<DateTime<Utc>>, _>("expires_at")?
+            .unwrap_or(checked_at);
         let Some(token) = token else {
             let held = Held::refused_in(row, current_holder, expires_at, checked_at, name)?;
             return Ok(SetAttempt::Held(held));

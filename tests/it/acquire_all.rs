@@ -282,6 +282,10 @@ async fn bad_sets_are_refused_before_anything_is_written() {
         ),
         ("'{a, \"\"}'::text[]", "name must not be empty"),
         (long_last.as_str(), "name is 300 bytes long"),
+        (
+            "ARRAY[['a', 'b'], ['c', 'd']]",
+            "names must be a list (an array of one dimension), got 2 dimensions",
+        ),
     ] {
         let failed = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT * FROM pglease.acquire_all({set}, 'X', '30 s')"

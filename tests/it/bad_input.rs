@@ -257,6 +257,10 @@ async fn sql_functions_reject_bad_input_with_22023() {
         "SELECT * FROM pglease.renew_many('{ok,x}', '{1,1}', '{1s,NULL}')",
         "SELECT * FROM pglease.renew_many('{ok,x}', '{1,1}', '{1s,0s}')",
         "SELECT * FROM pglease.renew_many('{ok,x}', '{1,1}', '{1s,8 days}')",
+        // Arrays of more than one dimension.
+        "SELECT * FROM pglease.renew_many('{{a},{b}}', '{{1},{2}}', '{{1s},{1s}}')",
+        "SELECT * FROM pglease.acquire_all(ARRAY[['a','b'],['c','d']], 'h', '1 min')",
+        "SELECT * FROM pglease.enqueue(ARRAY[['a','b'],['c','d']], 'h', '1 min')",
     ];
     for sql in calls {
         assert_eq!(sqlstate(&db, sql).await, "22023", "{sql}");

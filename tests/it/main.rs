@@ -29,6 +29,7 @@ mod common;
 mod acquire_all;
 mod acquire_race;
 mod advisory;
+mod answers;
 mod article_scenario;
 mod auto_failover;
 mod bad_input;
@@ -74,6 +75,7 @@ fn main() -> std::process::ExitCode {
             fair::tests(),
             acquire_race::tests(),
             advisory::tests(),
+            answers::tests(),
             article_scenario::tests(),
             auto_failover::tests(),
             bad_input::tests(),

@@ -215,9 +215,9 @@ async fn a_waiting_exclusive_acquirer_keeps_new_shared_holders_out() {
     assert!(r2.token() > w.token(), "no token is handed out twice");
 }
 
-/// Liveness for shared acquirers: an exclusive acquisition that is refused
-/// and never comes back (it gave up, or died) keeps new shared holders out
-/// for 5 s at most; a waiting shared acquirer then gets the lease.
+/// Liveness for shared acquirers: an exclusive acquirer that waited and
+/// gave up (or died) keeps new shared holders out for 5 s at most after
+/// its first refusal; a waiting shared acquirer then gets the lease.
 async fn an_exclusive_acquirer_that_gives_up_keeps_shared_ones_out_5_s_at_most() {
     let db = TestDb::new().await;
     let m = db.manager();
@@ -227,10 +227,15 @@ async fn an_exclusive_acquirer_that_gives_up_keeps_shared_ones_out_5_s_at_most()
         .expect("R1 acquires shared");
     let refused = Instant::now();
     assert!(
-        m.acquire("wiki", AcquireOptions::ttl(TTL).holder("W"))
-            .await
-            .is_err(),
-        "W is refused once and gives up"
+        m.acquire(
+            "wiki",
+            AcquireOptions::ttl(TTL)
+                .holder("W")
+                .wait(Duration::from_millis(300))
+        )
+        .await
+        .is_err(),
+        "W waits 300 ms and gives up"
     );
     let r2 = m
         .acquire("wiki", shared("R2").wait(TTL))
@@ -247,6 +252,146 @@ async fn an_exclusive_acquirer_that_gives_up_keeps_shared_ones_out_5_s_at_most()
         "liveness: 5 s and an attempt: {took:?}"
     );
     assert!(r2.is_shared());
+}
+
+/// An exclusive acquisition that will not wait keeps nobody out: refused
+/// once without a wait (the library's, or a bare SQL call), it leaves no
+/// mark, and a new shared acquisition is granted at once. A bare SQL
+/// acquirer that comes back within 5 s is taken to wait: its second
+/// refusal marks the name, and says so to shared acquirers.
+async fn an_exclusive_acquirer_that_will_not_wait_keeps_nobody_out() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let _r1 = m
+        .acquire("doc", shared("R1"))
+        .await
+        .expect("R1 acquires shared");
+    match m.acquire("doc", AcquireOptions::ttl(TTL).holder("W")).await {
+        Err(Error::Held { holder, .. }) => assert_eq!(holder, "R1"),
+        other => panic!("W refused while R1 holds it shared: {other:?}"),
+    }
+    assert_eq!(writer_waiting(&db, "doc").await, None, "no mark for W");
+    let r2 = m
+        .acquire("doc", shared("R2"))
+        .await
+        .expect("R2 is granted at once: nobody waits");
+    assert!(r2.is_shared());
+
+    let mut conn = db.connect().await;
+    let sql_acquire = "SELECT token, holder, note FROM pglease.acquire('doc', 'S', '30 s')";
+    for attempt in 1..=2 {
+        let row = sqlx::query(sql_acquire)
+            .fetch_one(&mut conn)
+            .await
+            .expect("acquire answers");
+        assert_eq!(
+            row.get::<Option<i64>, _>("token"),
+            None,
+            "attempt {attempt}"
+        );
+        assert!(
+            row.get::<Option<String>, _>("holder")
+                .is_some_and(|h| h == "R1" || h == "R2"),
+            "attempt {attempt}: held by a shared holder"
+        );
+        let marked = writer_waiting(&db, "doc").await;
+        let expected = (attempt == 2).then(|| "S".to_owned());
+        assert_eq!(marked, expected, "attempt {attempt}: the mark");
+    }
+    let row =
+        sqlx::query("SELECT token, holder, note FROM pglease.acquire_shared('doc', 'R3', '30 s')")
+            .fetch_one(&mut conn)
+            .await
+            .expect("acquire_shared answers");
+    assert_eq!(row.get::<Option<i64>, _>("token"), None);
+    assert_eq!(row.get::<Option<String>, _>("holder").as_deref(), Some("S"));
+    assert!(
+        row.get::<Option<String>, _>("note")
+            .is_some_and(|n| n.contains("writer preference")),
+        "the refusal says why"
+    );
+}
+
+/// Liveness with nobody holding: a shared holder that renews shorter and
+/// expires leaves the name free. Issue 49's sequence: `acquire_shared`
+/// for 30 s, `renew` to 1 s; an exclusive acquisition (one attempt each
+/// time, no wait: nothing marks the name) is granted within 1 s of the
+/// shorter expiry, not 30 s later; the same after a release.
+async fn a_shared_holder_that_renews_shorter_frees_the_name_when_it_expires() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let token = acquire_shared(&mut conn, "n", "r", "30 s")
+        .await
+        .expect("the shared holder acquires");
+    let expiry: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT pglease.renew('n', $1, '1 s')")
+            .bind(token)
+            .fetch_one(&mut conn)
+            .await
+            .expect("renew answers");
+    let until: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT readers_until FROM pglease.leases WHERE name = 'n'")
+            .fetch_one(&mut conn)
+            .await
+            .expect("readers_until");
+    assert_eq!(until, expiry, "readers_until follows the shortened lease");
+    let (taken, at): (Option<i64>, chrono::DateTime<chrono::Utc>) = loop {
+        let row = sqlx::query("SELECT token, checked_at FROM pglease.acquire('n', 'w', '30 s')")
+            .fetch_one(&mut conn)
+            .await
+            .expect("acquire answers");
+        let got: Option<i64> = row.get("token");
+        let at: chrono::DateTime<chrono::Utc> = row.get("checked_at");
+        if got.is_some() || at > expiry + chrono::Duration::seconds(2) {
+            break (got, at);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let late = at - expiry;
+    println!("exclusive acquisition {late} after the shortened shared lease expired");
+    let taken = taken.expect("liveness: the writer acquires once the reader expired");
+    assert!(late < chrono::Duration::seconds(1), "within 1 s: {late}");
+    assert!(taken > token, "a new token");
+    assert_eq!(
+        writer_waiting(&db, "n").await,
+        None,
+        "the acquisition cleared any mark"
+    );
+
+    // A release recomputes it too (already so before): the next shared
+    // holder, shortened then released, leaves nothing behind.
+    assert!(
+        sqlx::query_scalar::<_, bool>("SELECT pglease.release('n', $1)")
+            .bind(taken)
+            .fetch_one(&mut conn)
+            .await
+            .expect("release")
+    );
+    let second = acquire_shared(&mut conn, "n", "r", "30 s")
+        .await
+        .expect("acquired shared again");
+    let _: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT pglease.renew('n', $1, '1 s')")
+            .bind(second)
+            .fetch_one(&mut conn)
+            .await
+            .expect("renew");
+    assert!(
+        sqlx::query_scalar::<_, bool>("SELECT pglease.release('n', $1)")
+            .bind(second)
+            .fetch_one(&mut conn)
+            .await
+            .expect("release shared")
+    );
+    let again: Option<i64> =
+        sqlx::query_scalar("SELECT token FROM pglease.acquire('n', 'w', '30 s')")
+            .fetch_one(&mut conn)
+            .await
+            .expect("acquire");
+    assert!(
+        again.is_some(),
+        "granted at once after the last shared holder released"
+    );
 }
 
 /// A shared holder frozen inside its checked transaction: while its lease
@@ -620,6 +765,8 @@ tests![
     shared_holders_hold_together_and_exclude_an_exclusive_one,
     a_waiting_exclusive_acquirer_keeps_new_shared_holders_out(2),
     an_exclusive_acquirer_that_gives_up_keeps_shared_ones_out_5_s_at_most,
+    an_exclusive_acquirer_that_will_not_wait_keeps_nobody_out,
+    a_shared_holder_that_renews_shorter_frees_the_name_when_it_expires,
     a_frozen_shared_holder_is_ended_once_its_lease_has,
     a_stale_exclusive_transaction_ends_before_a_shared_holder_reads,
     a_held_shared_lease_is_renewed_and_released,
