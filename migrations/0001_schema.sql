@@ -4453,7 +4453,8 @@ $$;
 -- 'released' and the new term's 'acquired', each naming the other holder.
 -- =====================================================================
 
-CREATE FUNCTION pglease.hand_over(name text, token bigint, successor text, ttl interval)
+CREATE FUNCTION pglease.hand_over(name text, token bigint, successor text, ttl interval,
+                                  or_release boolean DEFAULT true)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -4489,6 +4490,20 @@ BEGIN
                              hand_over.name, note);
     END IF;
 
+    -- Kept when nobody waits under that name (OR_RELEASE false): a read
+    -- first, so that a mistyped successor ends nothing of a valid
+    -- holder's. Anything else goes the way below, which says what is
+    -- wrong.
+    IF NOT hand_over.or_release
+       AND pglease._successor_place(hand_over.name, hand_over.successor) IS NULL THEN
+        SELECT * INTO lease FROM pglease.leases AS l WHERE l.name = hand_over.name;
+        IF lease.token = hand_over.token AND lease.holder IS NOT NULL
+           AND clock_timestamp() < lease.expires_at AND lease.session_pid IS NULL
+           AND (lease.role = session_user OR pglease._may_act(lease.role)) THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+
     -- The row, FOR UPDATE, once the holder's open fenced transactions have
     -- ended (as by force_release).
     lease := pglease._lock_to_end(hand_over.name, hand_over.token, 'hand over');
@@ -4512,8 +4527,10 @@ BEGIN
      WHERE q.ticket = waiting AND q.name = hand_over.name
        FOR UPDATE OF q;
     IF place.ticket IS NULL THEN
-        -- Nobody to hand it to: released, as release would.
-        PERFORM pglease.release(hand_over.name, hand_over.token);
+        -- Nobody to hand it to: released, as release would, or kept.
+        IF hand_over.or_release THEN
+            PERFORM pglease.release(hand_over.name, hand_over.token);
+        END IF;
         RETURN NULL;
     END IF;
 
@@ -4550,11 +4567,12 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION pglease.hand_over(text, bigint, text, interval) IS
+COMMENT ON FUNCTION pglease.hand_over(text, bigint, text, interval, boolean) IS
     'Move lease NAME, held under TOKEN, to SUCCESSOR for TTL when SUCCESSOR waits in its '
     'line (first come, first served): a new token, refused to the old holder at once (its '
     'open fenced transactions are ended first). Returns the new token, or NULL when '
-    'SUCCESSOR does not wait and the lease was released instead. LE001 if TOKEN is not '
+    'SUCCESSOR does not wait: the lease was then released instead, or, with OR_RELEASE '
+    'false, kept as it was (nothing changed). LE001 if TOKEN is not '
     'valid; 42501 for another role''s lease.';
 
 -- The ticket of SUCCESSOR's live place in NAME's line for this name alone

@@ -301,14 +301,24 @@ pub(crate) fn set_fair(name: &str, fair: bool) -> String {
 }
 
 /// Move a held lease to `successor`, waiting in its line, for `ttl`: the
-/// new token, or NULL when it was released instead.
-pub(crate) fn hand_over(fence: &Fence, successor: &str, ttl: &PgInterval) -> String {
+/// new token, or NULL when it was released instead (`or_release`) or kept.
+pub(crate) fn hand_over(
+    fence: &Fence,
+    successor: &str,
+    ttl: &PgInterval,
+    or_release: bool,
+) -> String {
     format!(
-        "SELECT pglease.hand_over({}, {}::bigint, {}, {})",
+        "SELECT pglease.hand_over({}, {}::bigint, {}, {}{})",
         Text(fence.name()),
         fence.token().get(),
         Text(successor),
-        Interval(ttl)
+        Interval(ttl),
+        if or_release {
+            ""
+        } else {
+            ", or_release => false"
+        }
     )
 }
 

@@ -103,7 +103,7 @@ pub(crate) enum Command {
     /// Move a lease held under TOKEN to SUCCESSOR, waiting in its line
     /// (`run --fair --holder SUCCESSOR`), with a new token; the old one is
     /// refused at once. Exit 3 if SUCCESSOR does not wait (the lease is
-    /// then released), 4 if it was not held.
+    /// then kept, or released with --or-release), 4 if it was not held.
     HandOver {
         /// The lease name.
         #[arg(value_parser = Checked(text))]
@@ -117,6 +117,10 @@ pub(crate) enum Command {
         /// The successor's time to live until it renews.
         #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
         ttl: Duration,
+        /// Release the lease when SUCCESSOR does not wait (by default it is
+        /// kept, unchanged: a mistyped name costs nothing).
+        #[arg(long)]
+        or_release: bool,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,

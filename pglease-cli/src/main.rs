@@ -114,9 +114,17 @@ async fn dispatch(
             token,
             successor,
             ttl,
+            or_release,
             json,
         } => match Fence::new(name, token) {
-            Ok(fence) => cmd::hand_over::hand_over(manager, &fence, &successor, ttl, json).await,
+            Ok(fence) => {
+                let to = cmd::hand_over::To {
+                    successor: &successor,
+                    ttl,
+                    or_release,
+                };
+                cmd::hand_over::hand_over(manager, &fence, to, json).await
+            }
             Err(e) => Err((e, "hand-over")),
         },
         Command::SetFair { name, setting } => {

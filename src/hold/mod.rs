@@ -268,9 +268,14 @@ impl HeldLease {
         let pg_ttl = crate::lease::interval(ttl)?;
         self.inner.registry.forget(&self.inner.state.lease);
         self.inner.state.fire(LossReason::Released, Instant::now());
-        let outcome = crate::sql::query(crate::sql::hand_over(self.as_ref(), successor, &pg_ttl))
-            .fetch_one(&self.inner.context.pool)
-            .await;
+        let outcome = crate::sql::query(crate::sql::hand_over(
+            self.as_ref(),
+            successor,
+            &pg_ttl,
+            true,
+        ))
+        .fetch_one(&self.inner.context.pool)
+        .await;
         // Only now: dropped before the answer, `Drop` releases instead.
         self.inner.released.store(true, Ordering::Release);
         let token = outcome

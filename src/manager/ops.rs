@@ -257,10 +257,46 @@ impl LeaseManager {
         successor: &str,
         ttl: Duration,
     ) -> Result<Option<Token>> {
-        let fence = lease.as_ref();
+        self.hand_over_with(lease.as_ref(), successor, ttl, true)
+            .await
+    }
+
+    /// As [`hand_over`](LeaseManager::hand_over), but when no holder named
+    /// `successor` waits in the lease's line, `lease` is kept as it was:
+    /// nothing is changed, its fenced transactions are not ended, and it
+    /// stays valid under its token (`None`). What a mistyped successor
+    /// should cost: nothing. Successor found: the same as `hand_over`.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`hand_over`](LeaseManager::hand_over).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`hand_over`](LeaseManager::hand_over): dropped in flight, the
+    /// handover may or may not commit.
+    pub async fn hand_over_or_keep(
+        &self,
+        lease: impl AsRef<Fence>,
+        successor: &str,
+        ttl: Duration,
+    ) -> Result<Option<Token>> {
+        self.hand_over_with(lease.as_ref(), successor, ttl, false)
+            .await
+    }
+
+    /// `pglease.hand_over`, releasing the lease when nobody waits under
+    /// `successor` if `or_release`, else keeping it.
+    async fn hand_over_with(
+        &self,
+        fence: &Fence,
+        successor: &str,
+        ttl: Duration,
+        or_release: bool,
+    ) -> Result<Option<Token>> {
         check_hand_over(fence, successor)?;
         let ttl = crate::lease::interval(ttl)?;
-        let token: Option<i64> = sql::query(sql::hand_over(fence, successor, &ttl))
+        let token: Option<i64> = sql::query(sql::hand_over(fence, successor, &ttl, or_release))
             .fetch_one(self.pool())
             .await?
             .try_get(0)?;

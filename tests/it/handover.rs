@@ -152,6 +152,60 @@ async fn a_handover_to_a_successor_not_waiting_releases() {
     assert!(next.token() > old);
 }
 
+/// `hand_over_or_keep` to a successor that does not wait (a mistyped
+/// name): `None`, and nothing changed: the lease is still held under its
+/// token, the holder's fenced transaction left open commits its write,
+/// and no history row is added. Then a plain `hand_over` releases.
+async fn a_handover_or_keep_to_a_successor_not_waiting_changes_nothing() {
+    let db = TestDb::new().await;
+    create_data_table(&db).await;
+    let m = db.manager();
+    let a = m
+        .acquire("batch", AcquireOptions::ttl(TTL).holder("A"))
+        .await
+        .expect("A acquires");
+    let history = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pglease.history")
+            .fetch_one(db.pool())
+            .await
+            .expect("count the history")
+    };
+    let rows = history().await;
+    let mut in_flight = db.connect().await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; SELECT pglease.assert_held('batch', {}); \
+         UPDATE data SET value = 'A, open' WHERE id = 1",
+        a.token()
+    )))
+    .execute(&mut in_flight)
+    .await
+    .expect("A's fenced write, open");
+    assert_eq!(
+        m.hand_over_or_keep(&a, "typo", TTL)
+            .await
+            .expect("the call"),
+        None,
+        "nobody named typo waits"
+    );
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut in_flight)
+        .await
+        .expect("A's open transaction was not ended: it commits");
+    assert_eq!(data_value(&db).await, "A, open");
+    assert_eq!(history().await, rows, "no history row");
+    let status = m.inspect("batch").await.expect("inspect");
+    assert!(
+        status.held && status.token == Some(a.token()),
+        "kept: {status:?}"
+    );
+    m.renew(&a, TTL)
+        .await
+        .expect("still renewable under its token");
+    // The other call, for contrast: released.
+    assert_eq!(m.hand_over(&a, "typo", TTL).await.expect("the call"), None);
+    assert!(!m.inspect("batch").await.expect("inspect").held, "released");
+}
+
 /// Authority: the successor's role holds the new term (it renews; the old
 /// holder's role cannot act under the new token); another role cannot hand
 /// over a lease it does not hold; a stale token is refused (LE001); bad
@@ -355,6 +409,7 @@ async fn a_handover_committing_during_the_successors_attempt_is_not_lost() {
 tests![
     a_waiting_successor_gets_the_lease_at_once_and_the_old_holder_is_fenced(2),
     a_handover_to_a_successor_not_waiting_releases,
+    a_handover_or_keep_to_a_successor_not_waiting_changes_nothing,
     a_short_handed_over_term_is_renewed_to_the_successors_ttl(2),
     only_the_holders_role_hands_over_and_the_successors_role_holds(2),
     a_handover_committing_during_the_successors_attempt_is_not_lost(2),

@@ -10,17 +10,35 @@ use serde_json::json;
 use crate::exit::{self, Outcome};
 use crate::output::{note, out};
 
+/// To whom, for how long, and what if nobody waits under that name.
+pub(crate) struct To<'a> {
+    pub(crate) successor: &'a str,
+    pub(crate) ttl: Duration,
+    /// Release the lease when the successor does not wait (else keep it).
+    pub(crate) or_release: bool,
+}
+
 /// `pglease hand-over`: exit 0 handed over (the successor's token on
-/// stdout), 3 when the successor did not wait and the lease was released
-/// instead, 4 when the lease was not held under the token.
+/// stdout), 3 when the successor did not wait (the lease kept, or
+/// released with `--or-release`), 4 when the lease was not held under the
+/// token.
 pub(crate) async fn hand_over(
     manager: &LeaseManager,
     fence: &Fence,
-    successor: &str,
-    ttl: Duration,
+    to: To<'_>,
     json: bool,
 ) -> Outcome {
-    let handed = match manager.hand_over(fence, successor, ttl).await {
+    let To {
+        successor,
+        ttl,
+        or_release,
+    } = to;
+    let handed = if or_release {
+        manager.hand_over(fence, successor, ttl).await
+    } else {
+        manager.hand_over_or_keep(fence, successor, ttl).await
+    };
+    let handed = match handed {
         Ok(handed) => handed,
         Err(e @ (Error::NotHeld { .. } | Error::Lost { .. })) => {
             if json {
@@ -39,7 +57,7 @@ pub(crate) async fn hand_over(
         out!(
             "{}",
             json!({"name": fence.name(), "token": fence.token().get(),
-                   "handed_over": handed.is_some(), "released": handed.is_none(),
+                   "handed_over": handed.is_some(), "released": handed.is_none() && or_release,
                    "successor": successor, "successor_token": handed.map(|t| t.get())})
         );
     }
@@ -54,11 +72,20 @@ pub(crate) async fn hand_over(
             );
             Ok(ExitCode::SUCCESS)
         }
-        None => {
+        None if or_release => {
             eprintln!(
                 "pglease: {successor:?} does not wait in line for {:?}: the lease was \
                  released instead",
                 fence.name()
+            );
+            Ok(exit::conflict())
+        }
+        None => {
+            eprintln!(
+                "pglease: {successor:?} does not wait in line for {:?}: the lease is kept, \
+                 unchanged, under token {} (check the name; --or-release releases it instead)",
+                fence.name(),
+                fence.token().get()
             );
             Ok(exit::conflict())
         }

@@ -1,7 +1,7 @@
 //! `pglease hand-over`: a holder moves its lease to a `run --fair` that
 //! waits in line under the successor's name, which starts at once with the
 //! new token; the old token is refused from then on; a successor that
-//! does not wait means a release (exit 3).
+//! does not wait keeps the lease unless `--or-release` (exit 3 either way).
 
 use std::process::Stdio;
 use std::time::Instant;
@@ -93,9 +93,28 @@ async fn hand_over_to_a_waiting_run_and_to_nobody() {
     let renew = pglease(&db, &["renew", "job", "--token", &old, "--ttl", "1m"]);
     assert_ne!(code(&renew), 0, "{}", stderr(&renew));
 
-    // Nobody waits under the name given: the lease is released (exit 3).
+    // Nobody waits under the name given (a typo): the lease is kept,
+    // valid under its token (exit 3, nothing changed).
     let token = acquired(&db, "C");
     let out = hand_over(&db, &token, "Z", &["--json"]);
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert_eq!(json(&out)["released"], false);
+    assert_eq!(json(&out)["handed_over"], false);
+    assert!(
+        stderr(&out).contains("the lease is kept"),
+        "{}",
+        stderr(&out)
+    );
+    let renew = pglease(&db, &["renew", "job", "--token", &token, "--ttl", "1m"]);
+    assert_eq!(
+        code(&renew),
+        0,
+        "still held under its token: {}",
+        stderr(&renew)
+    );
+
+    // With --or-release, the lease is released instead (exit 3).
+    let out = hand_over(&db, &token, "Z", &["--json", "--or-release"]);
     assert_eq!(code(&out), 3, "{}", stderr(&out));
     assert_eq!(json(&out)["released"], true);
     let status = pglease(&db, &["status", "job"]);
