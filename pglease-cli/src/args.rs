@@ -416,6 +416,13 @@ impl RunArgs {
         {
             return Err(format!("NAME {twice:?} is given twice"));
         }
+        if self.fair && self.wait.is_zero() {
+            return Err(
+                "--fair needs --wait: a place in line is kept only while waiting \
+                        (without --wait, run makes one attempt)"
+                    .to_owned(),
+            );
+        }
         if names.len() > 1 {
             for (given, option) in [
                 (self.limit.is_some(), "--limit"),

@@ -20,7 +20,7 @@ use output::{json_failure, note, out};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|e| usage_error(e));
     if let Err((subcommand, why)) = cli.command.check() {
         // Said as clap says its own, with the subcommand's usage.
         let mut command = Cli::command();
@@ -205,4 +205,23 @@ fn man(dir: Option<&std::path::Path>) -> ExitCode {
     }
     out!("{}", String::from_utf8_lossy(&page).trim_end());
     ExitCode::SUCCESS
+}
+
+/// Exits on a command line clap refused, as clap does, with a hint when a
+/// `run` or `elect` has no CMD because its `--` was left out (the
+/// command's words were taken as lease names).
+fn usage_error(e: clap::Error) -> ! {
+    let no_separator = !std::env::args().any(|a| a == "--");
+    if e.kind() == clap::error::ErrorKind::MissingRequiredArgument
+        && no_separator
+        && e.to_string().contains("<CMD>")
+    {
+        eprint!("{}", e.render());
+        eprintln!(
+            "hint: put `--` before the command, as in `pglease run NAME --ttl 30s -- CMD ARGS...`: \
+             without it, the command's words are taken as lease names"
+        );
+        std::process::exit(i32::from(exit::USAGE));
+    }
+    e.exit()
 }

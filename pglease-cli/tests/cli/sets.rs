@@ -314,7 +314,8 @@ async fn a_name_granted_to_another_role_refuses_the_set() {
 
 /// What cannot work with several names exits 2 before connecting (the
 /// URL's port is closed): a name given twice, more than 100 names, and
-/// the single-lease options --limit and --session-bound.
+/// the single-lease options --limit and --session-bound; --fair without
+/// --wait; a CMD without its `--` (a hint).
 async fn several_names_are_checked_before_connecting() {
     let too_many: Vec<String> = (0..=pglease::limits::MAX_SET_NAMES)
         .map(|i| format!("n{i}"))
@@ -347,6 +348,15 @@ async fn several_names_are_checked_before_connecting() {
         (
             &many,
             "101 names given; at most 100 leases are taken at once",
+        ),
+        (
+            &["run", "a", "--fair", "--ttl", "1s", "--", "true"],
+            "--fair needs --wait",
+        ),
+        // The `--` left out: the hint says so.
+        (
+            &["run", "job", "--ttl", "1s", "./deploy.sh"],
+            "hint: put `--` before the command",
         ),
     ] {
         let out = Command::new(BIN)
