@@ -6,7 +6,7 @@
 --  0. The rules every function keeps (this header): VOCABULARY, CLOCK,
 --     LOCKS, SESSION-BOUND LEASES, DURABILITY, PRIVILEGES, AUTHORITY,
 --     NO TRIGGERS.
---  1. Limits, tables, input checks, authority and the status view:
+--  1. Limits, tables, input checks and authority:
 --     _max_text_bytes, _max_ttl_seconds, _max_value_bytes,
 --     _timeline_margin, _max_slots; fence_seq, lease_id_seq; leases,
 --     fences, _history, _history_config, name_grants, _protected,
@@ -14,7 +14,7 @@
 --     acquisition, counted_acquisition; _check_text, _check_token,
 --     _check_ttl; is_admin, _may_act, _may_use_name, _refuse_name,
 --     _refuse_owner, _refuse_foreign, grant_names, revoke_names;
---     _session_gone, view status.
+--     _session_gone.
 --  2. Taking, keeping and giving up leases: _marker, _fenced_pids,
 --     _key_holders, _end_fenced, _take_over, _create, acquire, renew,
 --     renew_many, _watch_key, watch, unwatch, release,
@@ -33,8 +33,8 @@
 --  7. The history, and the break-glass release that fences: view
 --     history, set_history, view history_settings, _record,
 --     _purge_history, _changed (the observers' notification, called with
---     _record), _lock_to_end, force_release.
---  8. Counted leases: acquire_counted.
+--     _record), _lock_to_end, _force_shared, force_release.
+--  8. Counted leases: _counted, acquire_counted.
 --  9. The security posture, for `pglease doctor`: audit.
 -- 10. Several leases at once, all or none: _max_set_names, _check_names,
 --     type set_acquisition, acquire_all.
@@ -46,6 +46,7 @@
 --     _release_shared, assert_shared, view shared.
 -- 13. Handover to a named successor: hand_over, _successor_place,
 --     successor_waits.
+-- 14. One picture of a name, whoever holds it: view status.
 -- =====================================================================
 -- 0. THE RULES EVERY FUNCTION KEEPS
 -- =====================================================================
@@ -156,11 +157,12 @@ COMMENT ON SCHEMA pglease IS
     'Leases with fencing tokens enforced by PostgreSQL (see the pglease README).';
 
 -- =====================================================================
--- 1. LIMITS, TABLES, INPUT CHECKS, AUTHORITY AND THE STATUS VIEW
+-- 1. LIMITS, TABLES, INPUT CHECKS AND AUTHORITY
 --
 -- What every later part relies on: the bounds on inputs, the tables and
 -- the types the functions return, the input checks and authority tests
--- the functions share, and the status view.
+-- the functions share (the status view, which reads the tables of every
+-- kind of holder, is part 14).
 -- =====================================================================
 
 ------------------------------------------------------------------------
@@ -741,7 +743,7 @@ COMMENT ON FUNCTION pglease.revoke_names(text, name) IS
     'Administrators only: undo grant_names(PREFIX, ROLE). Returns whether it was granted.';
 
 ------------------------------------------------------------------------
--- The status view: one row per name ever acquired.
+-- Sessions of session-bound leases (the status view is part 14).
 ------------------------------------------------------------------------
 
 -- Whether the server session PID (started at STARTED, if known) that a
@@ -760,41 +762,6 @@ AS $$
                           AND (a.backend_start IS NULL OR $2 IS NULL
                                OR a.backend_start OPERATOR(pg_catalog.=) $2))
 $$;
-
-CREATE VIEW pglease.status AS
-SELECT l.name,
-       l.holder,
-       l.token,
-       l.expires_at,
-       CASE WHEN v.held THEN l.expires_at - c.t END AS remaining,
-       v.held,
-       CASE WHEN l.value_token = l.token THEN l.value END AS value,
-       CASE WHEN l.step_down_token = l.token AND v.held
-            THEN l.step_down_by END AS step_down_requested_by,
-       CASE WHEN l.step_down_token = l.token AND v.held
-            THEN l.step_down_at END AS step_down_requested_at,
-       l.renewals,
-       -- A session-bound lease (see SESSION-BOUND LEASES): the process id
-       -- of its session, and whether that session has ended (the lease
-       -- then is not held, though its expiry has not come).
-       CASE WHEN l.holder IS NOT NULL THEN l.session_pid END AS holder_session,
-       coalesce(v.ended, false) AS session_ended
-  FROM pglease.leases AS l
- CROSS JOIN LATERAL (SELECT clock_timestamp() AS t) AS c
- CROSS JOIN LATERAL (SELECT l.holder IS NOT NULL AND c.t < l.expires_at AND l.session_pid IS NOT NULL
-                            AND pglease._session_gone(l.session_pid, l.session_start) AS ended) AS e
- CROSS JOIN LATERAL (SELECT l.holder IS NOT NULL AND c.t < l.expires_at
-                            AND NOT coalesce(e.ended, false) AS held,
-                            e.ended) AS v
- WHERE l.token > 0;
-
-COMMENT ON VIEW pglease.status IS
-    'One row per lease name ever acquired; holder is NULL once released, '
-    'remaining is NULL unless held, held uses the database clock; value is the '
-    'one the latest acquisition published (NULL if none); step_down_requested_by '
-    'and _at say who asked the current holder to step down, and when (NULL if '
-    'nobody did, or once the lease is not held); renewals counts the latest '
-    'acquisition''s renewals.';
 
 COMMENT ON COLUMN pglease.leases.value IS
     'The value published by the holder of token value_token (pglease.set_value).';
@@ -3169,6 +3136,54 @@ $$;
 
 REVOKE ALL ON FUNCTION pglease._lock_to_end(text, bigint, text) FROM PUBLIC;
 
+-- force_release of a name held shared: ends every valid shared holder at
+-- once, under the row's lock for shared changes (so that none renews or
+-- joins meanwhile), records each in the history with REASON, and ends
+-- their open checked transactions (assert_shared's marker), so that an
+-- exclusive acquisition is granted at once. Returns the greatest token
+-- ended; NULL if none was valid by then. Internal to force_release,
+-- which checks the caller.
+CREATE FUNCTION pglease._force_shared(name text, reason text)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    reader record;
+    ended  bigint;
+    note   text;
+BEGIN
+    PERFORM pglease._lock_for_shared(_force_shared.name, true);
+    IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    FOR reader IN
+        UPDATE pglease._shared AS s SET expires_at = clock_timestamp()
+         WHERE s.name = _force_shared.name AND s.expires_at > clock_timestamp()
+        RETURNING s.*
+    LOOP
+        PERFORM pglease._record(_force_shared.name, reader.token, 'force_released',
+                                reader.holder, clock_timestamp(), reader.renewals,
+                                _force_shared.reason);
+        ended := greatest(ended, reader.token);
+    END LOOP;
+    IF ended IS NULL THEN
+        RETURN NULL;
+    END IF;
+    UPDATE pglease.leases AS l SET readers_until = NULL WHERE l.name = _force_shared.name;
+    note := pglease._end_fenced(_force_shared.name);
+    IF note IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '55P03',
+            MESSAGE = format('pglease: cannot force lease %L: %s', _force_shared.name, note);
+    END IF;
+    PERFORM pg_notify('pglease_release', hashtext(_force_shared.name)::text);
+    PERFORM pglease._changed(_force_shared.name);
+    RETURN ended;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._force_shared(text, text) FROM PUBLIC;
+
 CREATE FUNCTION pglease.force_release(name text, reason text)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -3209,6 +3224,19 @@ BEGIN
                              'server''s timeline has not committed for 1 s; try again',
                              force_release.name);
     END IF;
+    -- A counted lease name (no lease of its own): each slot of its latest
+    -- limit, as the lease it is (see COUNTED LEASES).
+    IF NOT EXISTS (SELECT 1 FROM pglease.leases AS l WHERE l.name = force_release.name)
+       AND EXISTS (SELECT 1 FROM pglease._counted AS n WHERE n.name = force_release.name) THEN
+        RETURN (SELECT max(pglease.force_release(format('%s#%s', n.name, k), force_release.reason))
+                  FROM pglease._counted AS n, generate_series(1, n.slots) AS k
+                 WHERE n.name = force_release.name);
+    END IF;
+    -- Shared holders: every one of them (see SHARED LEASES).
+    IF EXISTS (SELECT 1 FROM pglease._shared AS s
+                WHERE s.name = force_release.name AND s.expires_at > clock_timestamp()) THEN
+        RETURN pglease._force_shared(force_release.name, force_release.reason);
+    END IF;
     -- FOR UPDATE: the fence (a key) moves; the holder's open fenced
     -- transactions are ended first, since the token they declared is the
     -- one to end.
@@ -3244,7 +3272,7 @@ BEGIN
         GRANT EXECUTE ON FUNCTION pglease.force_release(text, text) TO pglease_admin;
         GRANT EXECUTE ON FUNCTION pglease.restored(text), pglease.set_grant_delay(interval)
             TO pglease_admin;
-        GRANT SELECT ON pglease.status, pglease.history, pglease.fenced, pglease.protected,
+        GRANT SELECT ON pglease.history, pglease.fenced, pglease.protected,
                         pglease.history_settings, pglease.name_grants, pglease.timelines,
                         pglease.grant_delay TO pglease_admin;
     END IF;
@@ -3255,8 +3283,10 @@ COMMENT ON FUNCTION pglease.force_release(text, text) IS
     'Administrators only (pglease.is_admin()): end lease NAME at once and move its '
     'fence, so that the holder''s token is stale from now on (its renewal fails, its '
     'fenced writes are rejected, its release is ignored), ending its open fenced '
-    'transactions; recorded in pglease.history with REASON. Returns the token ended, or '
-    'NULL if nobody held the lease.';
+    'transactions; recorded in pglease.history with REASON. A name held shared: every '
+    'shared holder ended so, and their open checked transactions. A counted lease name: '
+    'each slot of its latest limit. Returns the token ended (the greatest, when several '
+    'were), or NULL if nobody held the lease.';
 
 -- =====================================================================
 -- 8. COUNTED LEASES: A NAME THAT UP TO N HOLDERS MAY HOLD AT ONCE
@@ -3268,14 +3298,28 @@ COMMENT ON FUNCTION pglease.force_release(text, text) IS
 -- renew, release, set_value, assert_held and protected tables by the
 -- slot's name and token, bounded takeover of an ended slot (also from a
 -- frozen holder inside a fenced transaction), history and observation.
--- The slots are visible as such in pglease.status.
+-- The slots are visible as such in pglease.status, and the name itself
+-- as "k of n slots" (n: the limit its latest acquisition passed).
 --
--- THE LIMIT is the caller's: N is not stored. Every caller of one name
--- must pass the same N; a caller that passes a larger one may use the
--- slots above the others' limit. A failed attempt is read-only (each held
--- slot is reported by acquire's fast path); it answers the slot that
--- expires first, so that a waiter knows when to try again.
+-- THE LIMIT is the caller's: N bounds nothing once passed. Every caller
+-- of one name must pass the same N; a caller that passes a larger one may
+-- use the slots above the others' limit. The latest N is kept in
+-- _counted, for the status view and force_release only (written when it
+-- changes). A failed attempt is otherwise read-only (each held slot is
+-- reported by acquire's fast path); it answers the slot that expires
+-- first, so that a waiter knows when to try again.
 -- =====================================================================
+
+-- The latest limit passed for each counted lease name, so that the status
+-- view can say "k of n slots": written by acquire_counted only when it
+-- differs (a read of one row otherwise). A fact for display and for
+-- force_release, which ends slots 1 to N; never a bound on acquisitions.
+CREATE TABLE pglease._counted (
+    name  pglease.bounded_text NOT NULL PRIMARY KEY,
+    slots integer              NOT NULL
+);
+
+REVOKE ALL ON pglease._counted FROM PUBLIC;
 
 CREATE FUNCTION pglease.acquire_counted(name text, slots integer, holder text, ttl interval,
                                         session_bound boolean DEFAULT false)
@@ -3304,6 +3348,14 @@ BEGIN
                              octet_length(acquire_counted.name), acquire_counted.slots,
                              pglease._max_text_bytes()
                              - octet_length(format('#%s', acquire_counted.slots)));
+    END IF;
+    IF NOT pg_is_in_recovery() AND NOT EXISTS (
+           SELECT 1 FROM pglease._counted AS c
+            WHERE c.name = acquire_counted.name AND c.slots = acquire_counted.slots) THEN
+        INSERT INTO pglease._counted AS c (name, slots)
+        VALUES (acquire_counted.name, acquire_counted.slots)
+        ON CONFLICT ON CONSTRAINT _counted_pkey DO UPDATE SET slots = EXCLUDED.slots
+         WHERE c.slots <> EXCLUDED.slots;
     END IF;
     FOR k IN 1 .. acquire_counted.slots LOOP
         slot := format('%s#%s', acquire_counted.name, k);
@@ -3985,9 +4037,10 @@ $$;
 --
 -- NOT SHARED: session-bound, counted and several-at-once acquisitions, a
 -- place in line (a shared acquisition waits behind everyone in line but
--- takes no place), values, step-down requests; force_release ends the
--- exclusive holder only. History: 'acquired' and 'released' rows with
--- detail 'shared'; an expiry is not recorded.
+-- takes no place), values, step-down requests (an election's leader is
+-- exclusive). force_release ends every shared holder at once
+-- (_force_shared). History: 'acquired' and 'released' rows with detail
+-- 'shared', 'force_released' with the reason; an expiry is not recorded.
 -- =====================================================================
 
 CREATE TABLE pglease._shared (
@@ -4632,3 +4685,107 @@ $$;
 COMMENT ON FUNCTION pglease.successor_waits(text, bigint, text) IS
     'Whether hand_over(NAME, TOKEN, SUCCESSOR, ...) would hand the lease over now: SUCCESSOR '
     'waits in its line. Read-only; LE001 if TOKEN is not valid, 42501 for another role''s lease.';
+
+-- =====================================================================
+-- 14. ONE PICTURE OF A NAME, WHOEVER HOLDS IT
+--
+-- STATUS. One row per lease name ever acquired, of every kind. KIND says
+-- who holds it now, on the database clock:
+--   'exclusive'  one holder: holder, token, expires_at, remaining;
+--   'shared'     READERS valid shared holders, the last of them expiring
+--                at READERS_UNTIL (each one in view shared);
+--   'counted'    a counted lease name (part 8): SLOTS_HELD of its SLOTS
+--                slots valid; each slot is also a row of its own, NAME#k;
+--   'free'       nobody.
+-- FAIR and WAITING: the name's line (see LINES), live places only. The
+-- columns before KIND are the exclusive term's, as they always were:
+-- held is true only while an exclusive holder holds the name. A column
+-- that a query does not select is not computed: the counts are scalar
+-- subqueries, which the planner drops when unused, so the failure paths
+-- that read this view for one name pay for none of them.
+-- =====================================================================
+
+CREATE VIEW pglease.status AS
+SELECT l.name::text AS name,
+       l.holder::text AS holder,
+       nullif(l.token, 0) AS token,
+       l.expires_at,
+       CASE WHEN v.held THEN l.expires_at - c.t END AS remaining,
+       v.held,
+       CASE WHEN l.value_token = l.token THEN l.value::text END AS value,
+       CASE WHEN l.step_down_token = l.token AND v.held
+            THEN l.step_down_by END AS step_down_requested_by,
+       CASE WHEN l.step_down_token = l.token AND v.held
+            THEN l.step_down_at END AS step_down_requested_at,
+       l.renewals,
+       -- A session-bound lease (see SESSION-BOUND LEASES): the process id
+       -- of its session, and whether that session has ended (the lease
+       -- then is not held, though its expiry has not come).
+       CASE WHEN l.holder IS NOT NULL THEN l.session_pid END AS holder_session,
+       coalesce(v.ended, false) AS session_ended,
+       CASE WHEN v.held THEN 'exclusive'
+            WHEN EXISTS (SELECT 1 FROM pglease._shared AS s
+                          WHERE s.name = l.name AND s.expires_at > c.t) THEN 'shared'
+            ELSE 'free' END AS kind,
+       (SELECT count(*)::integer FROM pglease._shared AS s
+         WHERE s.name = l.name AND s.expires_at > c.t) AS readers,
+       (SELECT max(s.expires_at) FROM pglease._shared AS s
+         WHERE s.name = l.name AND s.expires_at > c.t) AS readers_until,
+       NULL::integer AS slots,
+       NULL::integer AS slots_held,
+       l.fair,
+       CASE WHEN l.queued THEN (SELECT count(*)::integer FROM pglease._line AS p
+                                 WHERE p.name = l.name AND pglease._place_lives(p))
+            ELSE 0 END AS waiting
+  FROM pglease.leases AS l
+ CROSS JOIN LATERAL (SELECT clock_timestamp() AS t) AS c
+ CROSS JOIN LATERAL (SELECT l.holder IS NOT NULL AND c.t < l.expires_at AND l.session_pid IS NOT NULL
+                            AND pglease._session_gone(l.session_pid, l.session_start) AS ended) AS e
+ CROSS JOIN LATERAL (SELECT l.holder IS NOT NULL AND c.t < l.expires_at
+                            AND NOT coalesce(e.ended, false) AS held,
+                            e.ended) AS v
+ -- Acquired exclusive (a token drawn) or shared (readers_after set) at
+ -- least once; a row created by a refused first attempt is not shown.
+ WHERE l.token > 0 OR l.readers_after IS NOT NULL
+UNION ALL
+-- Typed as the columns above, so that the planner flattens the union
+-- (and so computes no column a query does not select).
+SELECT n.name::text, NULL::text, NULL::bigint, x.expires_at, NULL::interval, false,
+       NULL::text, NULL::text, NULL::timestamptz, 0, NULL::integer, false,
+       CASE WHEN x.held > 0 THEN 'counted' ELSE 'free' END, 0, NULL::timestamptz, n.slots,
+       x.held, false, 0
+  FROM pglease._counted AS n
+ CROSS JOIN LATERAL (SELECT clock_timestamp() AS t) AS c
+ -- The slots, 1 to the latest limit: how many are held, and until when
+ -- the last of them (or, with none held, the last that was) runs.
+ CROSS JOIN LATERAL (
+       SELECT coalesce(count(*) FILTER (WHERE h.valid), 0)::integer AS held,
+              coalesce(max(h.expires_at) FILTER (WHERE h.valid), max(h.expires_at)) AS expires_at
+         FROM (SELECT s.expires_at,
+                      s.holder IS NOT NULL AND c.t < s.expires_at
+                      AND NOT (s.session_pid IS NOT NULL
+                               AND pglease._session_gone(s.session_pid, s.session_start)) AS valid
+                 FROM pglease.leases AS s
+                WHERE s.name = ANY (ARRAY(SELECT format('%s#%s', n.name, k)
+                                            FROM generate_series(1, n.slots) AS k))
+                  AND s.token > 0) AS h) AS x
+ -- A name used both ways is shown once, as the lease it also is.
+ WHERE NOT EXISTS (SELECT 1 FROM pglease.leases AS o
+                    WHERE o.name = n.name AND (o.token > 0 OR o.readers_after IS NOT NULL));
+
+COMMENT ON VIEW pglease.status IS
+    'One row per lease name ever acquired, of every kind. kind: exclusive, shared, counted '
+    'or free, now (database clock). holder, token, expires_at, remaining, held, value, '
+    'step_down_requested_by/_at, renewals, holder_session and session_ended describe the '
+    'exclusive term (held: an exclusive holder holds it; holder is NULL once released); '
+    'readers and readers_until the valid shared holders (each in pglease.shared); slots '
+    'and slots_held a counted lease name (slots: the limit its latest acquisition passed; '
+    'slot k is the row NAME#k); fair and waiting its line (live places).';
+
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pglease_admin') THEN
+        GRANT SELECT ON pglease.status TO pglease_admin;
+    END IF;
+END
+$$;

@@ -233,9 +233,12 @@ impl AsRef<Fence> for Lease {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ListFilter {
-    /// Only leases held now.
+    /// Only names held now, by anyone: an exclusive holder, shared
+    /// holders, or slots of a counted lease ([`LeaseStatus::kind`] is not
+    /// [`LeaseKind::Free`]).
     pub held: bool,
-    /// Only leases that expired (ended without a release).
+    /// Only leases that expired (ended without a release) and that nobody
+    /// holds now.
     pub expired: bool,
     /// Only names that start with this.
     pub prefix: Option<String>,
@@ -244,7 +247,7 @@ pub struct ListFilter {
 }
 
 impl ListFilter {
-    /// Only leases held now.
+    /// Only names held now, by anyone (see [`ListFilter::held`](Self#structfield.held)).
     pub fn held(mut self) -> Self {
         self.held = true;
         self
@@ -269,7 +272,55 @@ impl ListFilter {
     }
 }
 
-/// One row of the `pglease.status` view.
+/// Who holds a name now ([`LeaseStatus::kind`], the status view's `kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseKind {
+    /// Nobody holds it.
+    Free,
+    /// One exclusive holder: [`LeaseStatus::holder`], `token`,
+    /// `expires_at`.
+    Exclusive,
+    /// Shared holders ([`AcquireOptions::shared`](crate::AcquireOptions::shared)):
+    /// [`LeaseStatus::readers`] of them, the last expiring at
+    /// [`LeaseStatus::readers_until`].
+    Shared,
+    /// A counted lease name ([`AcquireOptions::limit`](crate::AcquireOptions::limit))
+    /// with [`LeaseStatus::slots_held`] of its slots held; each slot is
+    /// the lease `NAME#k`, listed on its own.
+    Counted,
+}
+
+impl LeaseKind {
+    /// The view's word for it.
+    fn from_sql(kind: &str) -> Result<Self> {
+        Ok(match kind {
+            "free" => LeaseKind::Free,
+            "exclusive" => LeaseKind::Exclusive,
+            "shared" => LeaseKind::Shared,
+            "counted" => LeaseKind::Counted,
+            other => {
+                return Err(crate::Error::Database(sqlx::Error::Decode(
+                    format!("pglease.status answered kind {other:?}").into(),
+                )));
+            }
+        })
+    }
+
+    /// The view's word for it: `free`, `exclusive`, `shared`, `counted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseKind::Free => "free",
+            LeaseKind::Exclusive => "exclusive",
+            LeaseKind::Shared => "shared",
+            LeaseKind::Counted => "counted",
+        }
+    }
+}
+
+/// One row of the `pglease.status` view: a name, whoever holds it. The
+/// fields from `holder` to `session_ended` describe its exclusive term;
+/// [`kind`](Self::kind) says who holds it now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseStatus {
@@ -304,6 +355,21 @@ pub struct LeaseStatus {
     /// Whether the lease's session has ended before its expiry: it is not
     /// held, and the next acquirer takes it.
     pub session_ended: bool,
+    /// Who holds the name now (database clock).
+    pub kind: LeaseKind,
+    /// How many valid shared holders it has (each one in the
+    /// `pglease.shared` view).
+    pub readers: u32,
+    /// When the last valid shared holder expires; `None` without one.
+    pub readers_until: Option<DateTime<Utc>>,
+    /// For a counted lease name: the limit its latest acquisition passed.
+    pub slots: Option<u32>,
+    /// For a counted lease name: how many of its slots are held.
+    pub slots_held: u32,
+    /// Whether every waiter waits in line ([`LeaseManager::set_fair`](crate::LeaseManager::set_fair)).
+    pub fair: bool,
+    /// How many acquirers wait in its line (live places).
+    pub waiting: u32,
 }
 
 impl LeaseStatus {
@@ -321,7 +387,20 @@ impl LeaseStatus {
             renewals: 0,
             holder_session: None,
             session_ended: false,
+            kind: LeaseKind::Free,
+            readers: 0,
+            readers_until: None,
+            slots: None,
+            slots_held: 0,
+            fair: false,
+            waiting: 0,
         }
+    }
+
+    /// Whether anyone holds the name now: an exclusive holder, shared
+    /// holders or slots ([`kind`](Self::kind) is not [`LeaseKind::Free`]).
+    pub fn is_held_by_anyone(&self) -> bool {
+        self.kind != LeaseKind::Free
     }
 
     pub(crate) fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self> {
@@ -343,8 +422,59 @@ impl LeaseStatus {
                 .into(),
             holder_session: row.try_get("holder_session")?,
             session_ended: row.try_get("session_ended")?,
+            kind: LeaseKind::from_sql(row.try_get("kind")?)?,
+            readers: count(row, "readers")?,
+            readers_until: row.try_get("readers_until")?,
+            slots: row
+                .try_get::<Option<i32>, _>("slots")?
+                .map(|n| n.max(0).unsigned_abs()),
+            slots_held: count(row, "slots_held")?,
+            fair: row.try_get("fair")?,
+            waiting: count(row, "waiting")?,
         })
     }
+}
+
+/// One valid shared holder of a lease, as
+/// [`LeaseManager::shared_holders`](crate::LeaseManager::shared_holders)
+/// reads it from the `pglease.shared` view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SharedHolder {
+    /// Its own token.
+    pub token: Token,
+    /// Who holds it.
+    pub holder: String,
+    /// The login role that acquired it (the one that may act under it).
+    pub role: String,
+    /// When it was acquired (database clock).
+    pub acquired_at: DateTime<Utc>,
+    /// When it expires unless renewed.
+    pub expires_at: DateTime<Utc>,
+    /// How many times it has been renewed.
+    pub renewals: u64,
+}
+
+impl SharedHolder {
+    pub(crate) fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self> {
+        Ok(SharedHolder {
+            token: Token::issued(row.try_get("token")?),
+            holder: row.try_get("holder")?,
+            role: row.try_get("role")?,
+            acquired_at: row.try_get("acquired_at")?,
+            expires_at: row.try_get("expires_at")?,
+            renewals: u64::from(count(row, "renewals")?),
+        })
+    }
+}
+
+/// A count column of the status view (NULL as 0).
+fn count(row: &sqlx::postgres::PgRow, column: &str) -> Result<u32> {
+    Ok(row
+        .try_get::<Option<i32>, _>(column)?
+        .unwrap_or(0)
+        .max(0)
+        .unsigned_abs())
 }
 
 /// A validated TTL as a PostgreSQL interval of exact microseconds.

@@ -52,7 +52,7 @@ pub mod testing;
 pub use error::{Error, LossReason, NotHeldReason, Result};
 pub use fencing::{FencedTransaction, HighWaterMark, assert_held};
 pub use hold::{HeldLease, RenewalHealth};
-pub use lease::{Fence, Lease, LeaseStatus, ListFilter};
+pub use lease::{Fence, Lease, LeaseKind, LeaseStatus, ListFilter, SharedHolder};
 pub use manager::{LeaseManager, ManagerStats};
 pub use options::{AcquireOptions, ManagerOptions};
 #[cfg(feature = "signal")]

@@ -244,6 +244,15 @@ pub(crate) fn line(name: &str) -> String {
     )
 }
 
+/// The valid shared holders of `name`, the first acquired first.
+pub(crate) fn shared_holders(name: &str) -> String {
+    format!(
+        "SELECT token, holder, role::text AS role, acquired_at, expires_at, renewals \
+           FROM pglease.shared WHERE name = {} ORDER BY token",
+        Text(name)
+    )
+}
+
 /// Publish (or, with `None`, clear) the value of a valid lease; false when
 /// lost.
 pub(crate) fn set_value(name: &str, token: Token, value: Option<&str>) -> String {
@@ -390,7 +399,8 @@ macro_rules! status_select {
         concat!(
             "SELECT name, holder, token, expires_at, ",
             "(extract(epoch FROM remaining) * 1000000)::bigint AS remaining_us, held, value, ",
-            "step_down_requested_by, step_down_requested_at, renewals, holder_session, session_ended ",
+            "step_down_requested_by, step_down_requested_at, renewals, holder_session, session_ended, ",
+            "kind, readers, readers_until, slots, slots_held, fair, waiting ",
             "FROM pglease.status",
             $rest
         )
@@ -431,10 +441,10 @@ pub(crate) fn check(fence: &Fence) -> String {
 pub(crate) fn list(filter: &crate::lease::ListFilter) -> String {
     let mut conditions = Vec::new();
     if filter.held {
-        conditions.push("held".to_owned());
+        conditions.push("kind <> 'free'".to_owned());
     }
     if filter.expired {
-        conditions.push("NOT held AND holder IS NOT NULL".to_owned());
+        conditions.push("kind = 'free' AND holder IS NOT NULL".to_owned());
     }
     if let Some(prefix) = &filter.prefix {
         conditions.push(format!("starts_with(name, {})", Text(prefix)));
@@ -587,11 +597,14 @@ pub(crate) const HOST_FACTS: &str = "SELECT pg_is_in_recovery() AS recovering, \
      coalesce((SELECT string_agg(application_name || '=' || coalesce(sync_state, '?'), ' ') \
                  FROM pg_stat_replication), '') AS standbys";
 
-/// The shortest TTL among the leases held now, in microseconds (the
-/// doctor's failover check, when no TTL is given).
-pub(crate) const SHORTEST_HELD_TTL: &str = "SELECT (extract(epoch FROM min(expires_at - coalesce(renewed_at, \
-     acquired_at))) * 1000000)::bigint FROM pglease.leases \
-     WHERE holder IS NOT NULL AND expires_at > now()";
+/// The shortest TTL among the leases held now, exclusive and shared, in
+/// microseconds (the doctor's failover check, when no TTL is given).
+pub(crate) const SHORTEST_HELD_TTL: &str = "SELECT (extract(epoch FROM min(ttl)) * 1000000)::bigint \
+     FROM (SELECT expires_at - coalesce(renewed_at, acquired_at) AS ttl FROM pglease.leases \
+            WHERE holder IS NOT NULL AND expires_at > now() \
+           UNION ALL \
+           SELECT expires_at - coalesce(renewed_at, acquired_at) FROM pglease._shared \
+            WHERE expires_at > now()) AS held";
 
 /// pg_auto_failover's settings, on its monitor.
 pub(crate) const AUTO_FAILOVER_SETTINGS: &str =

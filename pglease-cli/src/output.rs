@@ -71,6 +71,13 @@ pub(crate) fn status_json(s: &LeaseStatus) -> serde_json::Value {
     value["value"] = json!(s.value);
     value["step_down_requested_by"] = json!(s.step_down_requested_by);
     value["step_down_requested_at"] = json!(s.step_down_requested_at.map(|t| t.to_rfc3339()));
+    value["kind"] = json!(s.kind.as_str());
+    value["readers"] = json!(s.readers);
+    value["readers_until"] = json!(s.readers_until.map(|t| t.to_rfc3339()));
+    value["slots"] = json!(s.slots);
+    value["slots_held"] = json!(s.slots_held);
+    value["fair"] = json!(s.fair);
+    value["waiting"] = json!(s.waiting);
     value
 }
 
@@ -93,6 +100,16 @@ pub(crate) fn short(d: Duration) -> String {
         format!("{}m {}s", secs / 60, secs % 60)
     } else {
         format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
+/// How far `at` (a database time) is from now, as `status` says it:
+/// `for another 9.9s`, or `until a moment ago`. Read on this machine's
+/// clock, for people; `--json` gives the time itself.
+pub(crate) fn from_now(at: chrono::DateTime<chrono::Utc>) -> String {
+    match (at - chrono::Utc::now()).to_std() {
+        Ok(left) => format!("for another {}", short(left)),
+        Err(_) => "until a moment ago".to_owned(),
     }
 }
 

@@ -358,6 +358,27 @@ impl LeaseManager {
         crate::wait::line(&self.shared.context, name).await
     }
 
+    /// The valid shared holders of lease `name`
+    /// ([`AcquireOptions::shared`](crate::AcquireOptions::shared)), the
+    /// first acquired first. Needs SELECT on `pglease.shared`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad name (nothing sent);
+    /// [`Error::NotPermitted`] without SELECT on the view;
+    /// [`Error::Database`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn shared_holders(&self, name: &str) -> Result<Vec<crate::SharedHolder>> {
+        check_text("name", name)?;
+        let rows = sql::query(sql::shared_holders(name))
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(crate::SharedHolder::from_row).collect()
+    }
+
     /// The status of every lease ever acquired, ordered by name.
     ///
     /// # Errors

@@ -38,7 +38,7 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs) -> Outcom
         }
         manager.acquire(name, how)
     };
-    match announced(wait, attempt).await {
+    match announced(wait, limit, attempt).await {
         Ok(lease) => {
             print_lease(&lease, json);
             Ok(ExitCode::SUCCESS)
@@ -69,7 +69,7 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs) -> Outcom
             if let (true, Some(found)) = (json, found) {
                 out!("{found}");
             }
-            not_acquired(e, "acquire")
+            not_acquired(e, "acquire", limit)
         }
     }
 }

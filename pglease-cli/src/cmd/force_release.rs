@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use pglease::{Error, LeaseManager};
+use pglease::{Error, LeaseKind, LeaseManager};
 use serde_json::json;
 
 use crate::exit::{self, Outcome};
@@ -16,15 +16,32 @@ pub(crate) async fn force_release(
     reason: &str,
     json: bool,
 ) -> Outcome {
+    // Who held it, for the message only (the force decides on its own).
+    let before = manager.inspect(name).await.ok();
     let forced = manager.force_release(name, reason).await;
     if let (true, Ok(token)) = (json, &forced) {
-        out!("{}", json!({"name": name, "token": token.map(|t| t.get())}));
+        let kind = before.as_ref().map(|s| s.kind.as_str());
+        out!(
+            "{}",
+            json!({"name": name, "token": token.map(|t| t.get()), "kind": kind})
+        );
     }
     match forced {
         Ok(Some(token)) => {
+            let whom = match &before {
+                Some(s) if s.kind == LeaseKind::Shared => format!(
+                    "its {} shared holder(s) ended, tokens up to {token}",
+                    s.readers
+                ),
+                Some(s) if s.kind == LeaseKind::Counted => format!(
+                    "its {} held slot(s) ended, tokens up to {token}",
+                    s.slots_held
+                ),
+                _ => format!("token {token} is stale from now on"),
+            };
             note!(
-                "pglease: forced {name:?}: token {token} is stale from now on (its holder's \
-                 renewal fails and its fenced writes are rejected); recorded in the history"
+                "pglease: forced {name:?}: {whom} (renewals fail and fenced writes are \
+                 rejected); recorded in the history"
             );
             Ok(ExitCode::SUCCESS)
         }

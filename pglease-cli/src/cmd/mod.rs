@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 use pglease::{Error, HeldLease, RenewalHealth};
 
 use crate::exit::{self, Outcome};
-use crate::output::{human, note};
+use crate::output::{from_now, human, note};
 
 /// Says on stderr, one line each time, when renewals of `held` start
 /// failing (with the time left before the command is stopped) and when
@@ -83,11 +83,31 @@ pub(crate) async fn first_of<F: Future>(
     .await
 }
 
+/// Who holds the lease, for a refusal: `"NAME" is held by "HOLDER", for
+/// another 9.9s`; with the `limit` of a counted lease, every slot is held
+/// and NAME is the slot that ends first.
+fn held_by(name: &str, holder: &str, expires_at: DateTime<Utc>, limit: Option<u32>) -> String {
+    let left = from_now(expires_at);
+    match (limit, name.rsplit_once('#')) {
+        (Some(limit), Some((counted, _))) => format!(
+            "{limit} of {limit} slots of {counted:?} are held; the first to end, {name:?}, is \
+             held by {holder:?} {left}"
+        ),
+        _ => format!("{name:?} is held by {holder:?} {left}"),
+    }
+}
+
 /// Tells the user, on stderr, who holds the lease and how long pglease waits.
-fn announce_wait(name: &str, current: &str, expires_at: DateTime<Utc>, wait: Duration) {
+fn announce_wait(
+    name: &str,
+    current: &str,
+    expires_at: DateTime<Utc>,
+    wait: Duration,
+    limit: Option<u32>,
+) {
     note!(
-        "pglease: {name:?} is held by {current:?} until {}; waiting up to {}",
-        expires_at.to_rfc3339(),
+        "pglease: {}; waiting up to {}",
+        held_by(name, current, expires_at, limit),
         human(wait)
     );
 }
@@ -95,7 +115,11 @@ fn announce_wait(name: &str, current: &str, expires_at: DateTime<Utc>, wait: Dur
 /// `attempt(Duration::ZERO)` first, so that a wait can be announced (for
 /// the lease that was held); then, if a lease is held and `wait` allows
 /// it, `attempt(wait)`.
-pub(crate) async fn announced<T, F, Fut>(wait: Duration, attempt: F) -> Result<T, Error>
+pub(crate) async fn announced<T, F, Fut>(
+    wait: Duration,
+    limit: Option<u32>,
+    attempt: F,
+) -> Result<T, Error>
 where
     F: Fn(Duration) -> Fut,
     Fut: std::future::Future<Output = Result<T, Error>>,
@@ -106,7 +130,7 @@ where
             holder: current,
             expires_at,
         }) if !wait.is_zero() => {
-            announce_wait(&name, &current, expires_at, wait);
+            announce_wait(&name, &current, expires_at, wait, limit);
             attempt(wait).await
         }
         Err(e @ (Error::Pinned { .. } | Error::GrantDelayed { .. } | Error::InLine { .. }))
@@ -122,15 +146,15 @@ where
 /// Exit 3 with the reason for an acquisition refused (held, pinned,
 /// delayed after a failover, or lost before it could be confirmed); any
 /// other error is `what` failing.
-pub(crate) fn not_acquired(e: Error, what: &'static str) -> Outcome {
+pub(crate) fn not_acquired(e: Error, what: &'static str, limit: Option<u32>) -> Outcome {
     match e {
         Error::Held {
             name,
             holder,
             expires_at,
         } => note!(
-            "pglease: not acquired: {name:?} is held by {holder:?} until {}",
-            expires_at.to_rfc3339()
+            "pglease: not acquired: {}",
+            held_by(&name, &holder, expires_at, limit)
         ),
         Error::Pinned { .. } | Error::InLine { .. } | Error::LineFull { .. } => {
             eprintln!("pglease: not acquired: {e}");

@@ -118,7 +118,7 @@ async fn acquire(
     holder: &str,
     signals: &mut StopSignals,
 ) -> Result<Vec<HeldLease>, Outcome> {
-    let acquisition = announced(args.wait, |wait| async move {
+    let acquisition = announced(args.wait, args.limit, |wait| async move {
         let mut how = AcquireOptions::ttl(args.ttl)
             .holder(holder)
             .wait(wait)
@@ -141,7 +141,7 @@ async fn acquire(
     });
     let positions = report_positions(manager, args, holder);
     tokio::select! {
-        held = acquisition => held.map_err(|e| not_acquired(e, "run")),
+        held = acquisition => held.map_err(|e| not_acquired(e, "run", args.limit)),
         () = positions => unreachable!("the position report never ends"),
         signal = signals.next() => {
             eprintln!(

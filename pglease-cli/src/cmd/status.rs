@@ -3,13 +3,14 @@
 use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
-use pglease::{Error, LeaseManager, LeaseStatus, ListFilter};
+use pglease::{Error, LeaseKind, LeaseManager, LeaseStatus, ListFilter};
+use serde_json::json;
 
 use crate::args::StatusArgs;
 use crate::exit::{self, Outcome};
 use crate::output::{note, out, printable, short, status_json};
 
-/// `pglease status [NAME]`: one lease (exit 3 if it is not held), or the
+/// `pglease status [NAME]`: one name (exit 3 if nobody holds it), or the
 /// leases the filters keep, with a summary line on stderr.
 pub(crate) async fn status(manager: &LeaseManager, args: StatusArgs) -> Outcome {
     let filter = filter(&args);
@@ -23,12 +24,12 @@ pub(crate) async fn status(manager: &LeaseManager, args: StatusArgs) -> Outcome 
             .map_err(|e| (e, "status"))?,
     };
     let code = match name {
-        Some(_) if !leases[0].held => ExitCode::from(exit::NOT_ACQUIRED),
+        Some(_) if !leases[0].is_held_by_anyone() => ExitCode::from(exit::NOT_ACQUIRED),
         _ => ExitCode::SUCCESS,
     };
     if args.json {
         let value = match name {
-            Some(_) => status_json(&leases[0]),
+            Some(_) => one_json(manager, &leases[0]).await?,
             None => serde_json::Value::Array(leases.iter().map(status_json).collect()),
         };
         out!("{value}");
@@ -61,32 +62,147 @@ fn filter(args: &StatusArgs) -> ListFilter {
     filter
 }
 
+/// The widest NAME column; a longer name is shortened in the table
+/// (`--json` gives it whole).
+const NAME_WIDTH: usize = 48;
+/// The HOLDER column's width, likewise.
+const HOLDER_WIDTH: usize = 28;
+
 /// Prints `leases` as a table, their expiries as seen at `now` (database
 /// clock).
 fn table(leases: &[LeaseStatus], now: DateTime<Utc>) {
-    let names: Vec<String> = leases.iter().map(|s| printable(&s.name)).collect();
+    let names: Vec<String> = leases
+        .iter()
+        .map(|s| fit(&printable(&s.name), NAME_WIDTH))
+        .collect();
     let width = names
         .iter()
         .map(|n| n.chars().count())
         .max()
         .unwrap_or(0)
-        .clamp(4, 48);
+        .max(4);
     out!(
-        "{:<width$} {:<28} {:>10}  EXPIRES",
+        "{:<width$} {:<HOLDER_WIDTH$} {:>10}  EXPIRES",
         "NAME",
         "HOLDER",
         "TOKEN"
     );
     for (s, shown) in leases.iter().zip(&names) {
-        let expires = expiry(s.expires_at, s.held, s.holder.is_none(), now);
+        let (holder, expires) = holder_and_expiry(s, now);
         out!(
-            "{shown:<width$} {:<28} {:>10}  {expires}",
+            "{shown:<width$} {:<HOLDER_WIDTH$} {:>10}  {expires}",
+            fit(&holder, HOLDER_WIDTH),
+            s.token
+                .filter(|_| s.kind != LeaseKind::Shared)
+                .map_or("-".to_owned(), |t| t.to_string()),
+        );
+    }
+}
+
+/// `text`, shortened to `width` characters with a `…` in its middle when
+/// it is longer.
+fn fit(text: &str, width: usize) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    if chars.len() <= width {
+        return text.to_owned();
+    }
+    let head = (width - 1) / 2;
+    let tail = width - 1 - head;
+    let mut fitted: String = chars[..head].iter().collect();
+    fitted.push('…');
+    fitted.extend(&chars[chars.len() - tail..]);
+    fitted
+}
+
+/// The HOLDER and EXPIRES columns of a name, as seen at `now`.
+fn holder_and_expiry(s: &LeaseStatus, now: DateTime<Utc>) -> (String, String) {
+    let until =
+        |at: DateTime<Utc>| format!("in {}", short((at - now).to_std().unwrap_or_default()));
+    match s.kind {
+        LeaseKind::Shared => (
+            format!("{} shared holder{}", s.readers, plural(s.readers)),
+            s.readers_until.map_or_else(|| "-".to_owned(), until),
+        ),
+        LeaseKind::Counted => (
+            format!(
+                "{} of {} slots held",
+                s.slots_held,
+                s.slots.map_or("?".to_owned(), |n| n.to_string())
+            ),
+            s.expires_at
+                .map_or_else(|| "-".to_owned(), |at| format!("last {}", until(at))),
+        ),
+        LeaseKind::Free if s.slots.is_some() => (
+            format!(
+                "0 of {} slots held",
+                s.slots.map_or("?".to_owned(), |n| n.to_string())
+            ),
+            s.expires_at.map_or_else(
+                || "never acquired".to_owned(),
+                |at| {
+                    format!(
+                        "ended {} ago",
+                        short((now - at).to_std().unwrap_or_default())
+                    )
+                },
+            ),
+        ),
+        _ => (
             s.holder
                 .as_deref()
                 .map_or_else(|| "-".to_owned(), printable),
-            s.token.map_or("-".to_owned(), |t| t.to_string()),
-        );
+            expiry(s.expires_at, s.held, s.holder.is_none(), now),
+        ),
     }
+}
+
+/// "s" unless `n` is 1.
+fn plural(n: u32) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// `status NAME --json`: the name's row, with each shared holder (when
+/// the role may read `pglease.shared`) or each slot of a counted name.
+async fn one_json(
+    manager: &LeaseManager,
+    s: &LeaseStatus,
+) -> Result<serde_json::Value, (Error, &'static str)> {
+    let mut value = status_json(s);
+    if s.readers > 0 {
+        match manager.shared_holders(&s.name).await {
+            Ok(holders) => {
+                value["holders"] = holders
+                    .iter()
+                    .map(|h| {
+                        json!({"token": h.token.get(), "holder": h.holder, "role": h.role,
+                               "acquired_at": h.acquired_at.to_rfc3339(),
+                               "expires_at": h.expires_at.to_rfc3339(), "renewals": h.renewals})
+                    })
+                    .collect();
+            }
+            Err(Error::NotPermitted { .. }) => {
+                note!("pglease: each shared holder needs SELECT on pglease.shared; left out");
+            }
+            Err(e) => return Err((e, "status")),
+        }
+    }
+    if let Some(slots) = s.slots {
+        let filter = ListFilter::default().prefix(format!("{}#", s.name));
+        let rows = manager
+            .list_matching(&filter)
+            .await
+            .map_err(|e| (e, "status"))?;
+        value["slot_leases"] = rows
+            .iter()
+            .filter(|row| {
+                row.name[s.name.len() + 1..]
+                    .parse::<u32>()
+                    .is_ok_and(|k| (1..=slots).contains(&k))
+            })
+            .map(status_json)
+            .collect();
+    }
+    Ok(value)
 }
 
 /// The EXPIRES column of a lease that expires (or ended) at `expires_at`,
@@ -118,8 +234,11 @@ async fn summary(
     leases: &[LeaseStatus],
 ) -> Result<(), (Error, &'static str)> {
     let total = manager.count_leases().await.map_err(|e| (e, "status"))?;
-    let held = leases.iter().filter(|s| s.held).count();
-    let released = leases.iter().filter(|s| s.holder.is_none()).count();
+    let held = leases.iter().filter(|s| s.is_held_by_anyone()).count();
+    let released = leases
+        .iter()
+        .filter(|s| !s.is_held_by_anyone() && s.holder.is_none())
+        .count();
     let expired = leases.len() - held - released;
     note!(
         "pglease: {} of {total} leases shown: {held} held, {expired} expired, {released} released",

@@ -1309,7 +1309,7 @@ async fn run_with_a_limit_runs_at_most_that_many_at_once() {
     assert_eq!(code(&out), 3);
     assert_eq!(json(&out)["name"], "jobs#1");
     assert!(
-        stderr(&out).contains("\"jobs#1\" is held"),
+        stderr(&out).contains("2 of 2 slots of \"jobs\" are held; the first to end, \"jobs#1\""),
         "{}",
         stderr(&out)
     );

@@ -31,6 +31,7 @@ mod engine;
 mod failover;
 mod handover;
 mod history;
+mod holders;
 mod patroni;
 mod pooler;
 mod sets;
@@ -50,6 +51,7 @@ fn main() -> std::process::ExitCode {
             failover::tests(),
             handover::tests(),
             history::tests(),
+            holders::tests(),
             patroni::tests(),
             pooler::tests(),
             sets::tests(),
