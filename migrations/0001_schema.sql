@@ -3849,6 +3849,12 @@ BEGIN
     PERFORM 1 FROM pglease._creators AS c
      WHERE c.slot IN (SELECT hashtext(u.n) & 255 FROM unnest(sorted) AS u(n))
        FOR SHARE;
+    -- Acquisitions read the line of a marked name (a name never acquired
+    -- has no row: its first acquisition reads the line anyway). Marked
+    -- before the place is made: this may wait for a transaction holding
+    -- the row, and the place's TTL starts only once nothing is waited for.
+    UPDATE pglease.leases AS l SET queued = true
+     WHERE l.name = ANY (sorted) AND NOT l.queued;
     mine := nextval('pglease.line_seq');
     INSERT INTO pglease._line AS q (name, ticket, holder, role, session_pid, session_start,
                                     joined_at, expires_at)
@@ -3857,17 +3863,15 @@ BEGIN
            clock_timestamp(),
            clock_timestamp() + make_interval(secs => extract(epoch FROM enqueue.ttl)::double precision)
       FROM unnest(sorted) AS u(n);
-    -- Acquisitions read the line of a marked name (a name never acquired
-    -- has no row: its first acquisition reads the line anyway).
-    UPDATE pglease.leases AS l SET queued = true
-     WHERE l.name = ANY (sorted) AND NOT l.queued;
     SELECT coalesce(max(c.k), 0) INTO before
       FROM (SELECT count(*) AS k FROM pglease._line AS q
              WHERE q.name = ANY (sorted) AND q.ticket < mine AND pglease._place_lives(q)
              GROUP BY q.name) AS c;
+    -- Its own place counts even if a TTL shorter than this statement
+    -- has already ended it (its next attempt is then told so, LE003).
     SELECT max(c.k) INTO longest
       FROM (SELECT count(*) AS k FROM pglease._line AS q
-             WHERE q.name = ANY (sorted) AND pglease._place_lives(q)
+             WHERE q.name = ANY (sorted) AND (q.ticket = mine OR pglease._place_lives(q))
              GROUP BY q.name) AS c;
     RETURN ROW(mine, before + 1, longest)::pglease.place;
 END

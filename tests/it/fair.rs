@@ -540,6 +540,67 @@ async fn every_refusal_of_a_fair_name_says_it_is_fair() {
     assert_eq!(unflagged, 0, "every refusal says fair = true");
 }
 
+/// A join held up by a transaction holding the lease's row for longer
+/// than the place's TTL: its place is made once the wait is over, so it
+/// lives a whole TTL after the join answers, and the answer counts it
+/// (the randomized test found `waiting` NULL: the place had ended inside
+/// the join that made it).
+async fn a_join_held_up_past_its_ttl_gets_a_whole_place() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    let first = m
+        .acquire("held-up", AcquireOptions::ttl(TTL).holder("H"))
+        .await
+        .expect("H acquires");
+    m.release(&first).await.expect("H releases");
+    let mut locker = db.connect().await;
+    let mut tx = locker.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM pglease.leases WHERE name = 'held-up' FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .expect("lock the row");
+    let mut waiter = db.connect().await;
+    let joining = tokio::spawn(async move {
+        let place = enqueue(&mut waiter, &["held-up"], "W", "1 s", None).await;
+        (place, waiter)
+    });
+    pglease::testing::poll_until("the join to wait for the row", TTL, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+              AND wait_event_type = 'Lock' AND query LIKE '%pglease.enqueue%')",
+        )
+        .fetch_one(db.pool())
+        .await
+        .expect("read pg_stat_activity")
+    })
+    .await;
+    // The fault: the row stays locked for longer than the place's TTL.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tx.commit().await.expect("release the row");
+    let ((ticket, position, waiting), _waiter) = joining.await.expect("join");
+    let answered = Instant::now();
+    let ticket = ticket.expect("a ticket");
+    let line = m.line("held-up").await.expect("read the line");
+    let read_after = answered.elapsed();
+    println!(
+        "join held up 1.5 s with a 1 s TTL: position {position:?}, waiting {waiting}, line read {read_after:?} after"
+    );
+    assert_eq!(
+        (position, waiting),
+        (Some(1), 1),
+        "the join counts its own place"
+    );
+    if read_after < Duration::from_millis(900) {
+        assert_eq!(
+            line.iter().map(|p| p.ticket).collect::<Vec<_>>(),
+            vec![ticket],
+            "the place lives after the join"
+        );
+    } else {
+        println!("line read too late to judge the place's life ({read_after:?})");
+    }
+}
+
 tests![
     every_refusal_of_a_fair_name_says_it_is_fair(4),
     waiters_are_served_in_the_order_they_joined(4),
@@ -550,4 +611,5 @@ tests![
     a_join_during_a_first_acquisition_is_not_overtaken(2),
     a_name_made_fair_serves_plain_waiters_in_turn(2),
     a_waiter_back_on_another_connection_keeps_its_place,
+    a_join_held_up_past_its_ttl_gets_a_whole_place(2),
 ];

@@ -47,6 +47,7 @@ mod history;
 mod holding;
 mod metrics;
 mod migrate;
+mod mixed;
 mod model;
 mod multi_host;
 mod observe;
@@ -92,6 +93,7 @@ fn main() -> std::process::ExitCode {
             holding::tests(),
             metrics::tests(),
             migrate::tests(),
+            mixed::tests(),
             model::tests(),
             multi_host::tests(),
             observe::tests(),
