@@ -185,7 +185,84 @@ async fn every_refusal_decodes_to_its_outcome() {
     }
 }
 
+/// The two refusals of the timeline check, driven on a single server:
+/// another transaction's check not committed within 1 s (the check's
+/// lock held by a transaction, this server's row missing as after a
+/// crash restart) and an administrator's grant delay after a declared
+/// restore. Each answers finite times in SQL, and the library reads the
+/// first as `Pinned` saying so, the second as `GrantDelayed` with its end;
+/// both kinds of acquisition, and a counted one, alike.
+async fn the_timeline_checks_refusals_decode() {
+    let db = TestDb::new().await;
+    let mut admin = db.connect().await;
+    let m = db.manager();
+    m.acquire("warm", opts("w"))
+        .await
+        .expect("the server's timeline checked");
+    // This server's row gone, as after a crash restart, and the check's
+    // lock held by a transaction that does not commit.
+    sqlx::query("TRUNCATE pglease._checked")
+        .execute(&mut admin)
+        .await
+        .expect("truncate");
+    let mut checker = db.connect().await;
+    let mut tx = checker.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM pglease._timeline_config FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .expect("hold the check's lock");
+    for sql in [
+        "pglease.acquire('t', 'raw', '10 s')",
+        "pglease.acquire_shared('t', 'raw', '10 s')",
+    ] {
+        assert_eq!(
+            infinite_times(&mut admin, sql).await,
+            Vec::<String>::new(),
+            "{sql}: finite times"
+        );
+    }
+    for how in [opts("a"), opts("b").shared(true), opts("c").limit(2)] {
+        match m.acquire("t", how.clone()).await {
+            Err(Error::Pinned { reason, .. }) => assert!(
+                reason.contains("checking the server's timeline"),
+                "{how:?}: {reason}"
+            ),
+            other => panic!("{how:?} with the check not committed: {other:?}"),
+        }
+    }
+    tx.rollback().await.expect("end the check's transaction");
+
+    sqlx::query("SELECT pglease.set_grant_delay('30 s')")
+        .execute(&mut admin)
+        .await
+        .expect("set the grant delay");
+    sqlx::query("SELECT pglease.restored('a restore, for the test')")
+        .execute(&mut admin)
+        .await
+        .expect("declare a restore");
+    for sql in [
+        "pglease.acquire('t', 'raw', '10 s')",
+        "pglease.acquire_shared('t', 'raw', '10 s')",
+    ] {
+        assert_eq!(
+            infinite_times(&mut admin, sql).await,
+            Vec::<String>::new(),
+            "{sql}: finite times"
+        );
+    }
+    for how in [opts("a"), opts("b").shared(true), opts("c").limit(2)] {
+        match m.acquire("t", how.clone()).await {
+            Err(Error::GrantDelayed { reason, until, .. }) => {
+                assert!(reason.contains("grant delay"), "{how:?}: {reason}");
+                assert!(until > chrono::Utc::now(), "{how:?}: ends later: {until}");
+            }
+            other => panic!("{how:?} during the grant delay: {other:?}"),
+        }
+    }
+}
+
 tests![
     a_locked_row_of_a_name_never_acquired_is_pinned,
     every_refusal_decodes_to_its_outcome,
+    the_timeline_checks_refusals_decode,
 ];
