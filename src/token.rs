@@ -55,10 +55,22 @@ impl std::str::FromStr for Token {
 
     /// A token from its decimal text, spaces around it ignored.
     fn from_str(s: &str) -> Result<Token, InvalidToken> {
-        let token: i64 = s
-            .trim()
-            .parse()
-            .map_err(|e| InvalidToken(format!("{s:?} is not a whole number ({e})")))?;
+        let digits = s.trim();
+        let token: i64 = digits.parse().map_err(|e: std::num::ParseIntError| {
+            let quoted = if s.len() <= 40 {
+                format!("{s:?}")
+            } else {
+                format!("a {}-byte text", s.len())
+            };
+            InvalidToken(match e.kind() {
+                std::num::IntErrorKind::Empty => "is empty".to_owned(),
+                std::num::IntErrorKind::PosOverflow => {
+                    format!("{quoted} is larger than any token (at most {})", i64::MAX)
+                }
+                std::num::IntErrorKind::NegOverflow => format!("must be positive, got {digits}"),
+                _ => format!("{quoted} is not a whole number (digits only)"),
+            })
+        })?;
         Token::new(token)
     }
 }

@@ -52,7 +52,7 @@ pub(crate) struct Cli {
 
     /// The exit status for "held by another" (acquire, run), instead of 3
     /// (like `flock -E`: a skipped cron run need not look like a failure).
-    #[arg(long, global = true, default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=255))]
+    #[arg(long, global = true, default_value_t = 3, value_parser = Checked(exit_code))]
     pub(crate) conflict_exit_code: u8,
 
     #[command(subcommand)]
@@ -79,7 +79,7 @@ pub(crate) enum Command {
         #[arg(value_parser = Checked(text))]
         name: String,
         /// The token from `acquire`.
-        #[arg(long, allow_negative_numbers = true)]
+        #[arg(long, allow_negative_numbers = true, value_parser = Checked(token))]
         token: Token,
         /// The new time to live from now.
         #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
@@ -94,7 +94,7 @@ pub(crate) enum Command {
         #[arg(value_parser = Checked(text))]
         name: String,
         /// The token from `acquire`.
-        #[arg(long, allow_negative_numbers = true)]
+        #[arg(long, allow_negative_numbers = true, value_parser = Checked(token))]
         token: Token,
         /// Print one JSON object (`released`: true or false).
         #[arg(long)]
@@ -109,7 +109,7 @@ pub(crate) enum Command {
         #[arg(value_parser = Checked(text))]
         name: String,
         /// The token from `acquire`.
-        #[arg(long, allow_negative_numbers = true)]
+        #[arg(long, allow_negative_numbers = true, value_parser = Checked(token))]
         token: Token,
         /// The successor, by its holder name.
         #[arg(long = "to", value_parser = Checked(text), value_name = "SUCCESSOR")]
@@ -264,8 +264,9 @@ pub(crate) struct AcquireArgs {
     /// read in `status`.
     #[arg(long, value_parser = Checked(value))]
     pub(crate) value: Option<String>,
-    /// A counted lease: one of N slots NAME#k (the output names it).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    /// A counted lease: one of N slots NAME#k (the output names it; 1 to
+    /// 1000).
+    #[arg(long, value_parser = Checked(limit))]
     pub(crate) limit: Option<u32>,
     /// Shared: beside other shared holders, while no exclusive holder
     /// holds it (renew and release with the token as usual).
@@ -320,8 +321,8 @@ pub(crate) struct RunArgs {
     #[arg(long, default_value = "10s", value_parser = Checked(grace), allow_hyphen_values = true)]
     pub(crate) grace: Duration,
     /// A counted lease: up to N runs of NAME at once, each holding a
-    /// slot NAME#k of its own (PGLEASE_NAME is the slot).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    /// slot NAME#k of its own (PGLEASE_NAME is the slot; 1 to 1000).
+    #[arg(long, value_parser = Checked(limit))]
     pub(crate) limit: Option<u32>,
     /// Stop CMD after this long (SIGTERM, SIGKILL after --grace) and
     /// exit 124, like timeout(1).
@@ -347,7 +348,7 @@ pub(crate) struct RunArgs {
     pub(crate) fair: bool,
     /// With --fair: exit 3 instead of joining a line that N already wait
     /// in (1 to 1000).
-    #[arg(long, requires = "fair", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, requires = "fair", value_parser = Checked(max_waiting))]
     pub(crate) max_waiting: Option<u32>,
     /// Shared: run beside other shared runs of NAME, while no exclusive
     /// run holds it; CMD also gets PGLEASE_SHARED=1 and checks its token
@@ -574,6 +575,45 @@ fn duration(text: &str, min: Duration, max: Duration) -> Result<Duration, String
 /// a shorter lease would expire about when its acquisition comes back).
 fn ttl(text: &str) -> Result<Duration, String> {
     duration(text, pglease::limits::MIN_TTL, pglease::limits::MAX_TTL)
+}
+
+/// A token as `acquire` printed it: a whole number above zero.
+fn token(text: &str) -> Result<Token, String> {
+    text.parse::<Token>().map_err(|e| e.reason().to_owned())
+}
+
+/// A whole number from `min` to `max`, said in words when it is not one.
+fn whole(text: &str, min: u32, max: u32) -> Result<u32, String> {
+    let digits = text.trim();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        let quoted = if text.len() <= 40 {
+            format!("{text:?}")
+        } else {
+            format!("a {}-byte argument", text.len())
+        };
+        return Err(format!(
+            "{quoted} is not a whole number; give one from {min} to {max}"
+        ));
+    }
+    match digits.parse::<u32>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!("must be from {min} to {max}, got {digits}")),
+    }
+}
+
+/// `--limit`: 1 to [`pglease::limits::MAX_SLOTS`] slots.
+fn limit(text: &str) -> Result<u32, String> {
+    whole(text, 1, pglease::limits::MAX_SLOTS)
+}
+
+/// `--max-waiting`: 1 to [`pglease::limits::MAX_WAITING`] waiters.
+fn max_waiting(text: &str) -> Result<u32, String> {
+    whole(text, 1, pglease::limits::MAX_WAITING)
+}
+
+/// `--conflict-exit-code`: an exit status, 0 to 255.
+fn exit_code(text: &str) -> Result<u8, String> {
+    whole(text, 0, u32::from(u8::MAX)).map(|n| u8::try_from(n).unwrap_or(u8::MAX))
 }
 
 /// A monitor's URL, checked as any connection string is.

@@ -26,10 +26,11 @@ async fn main() -> ExitCode {
         let mut command = Cli::command();
         command.build();
         let usage = command.find_subcommand_mut(subcommand).map(|c| c.clone());
-        usage
-            .unwrap_or(command)
-            .error(clap::error::ErrorKind::ArgumentConflict, why)
-            .exit();
+        usage_error(
+            usage
+                .unwrap_or(command)
+                .error(clap::error::ErrorKind::ArgumentConflict, why),
+        );
     }
     output::set_quiet(cli.quiet);
     exit::set_conflict(cli.conflict_exit_code);
@@ -207,21 +208,33 @@ fn man(dir: Option<&std::path::Path>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Exits on a command line clap refused, as clap does, with a hint when a
-/// `run` or `elect` has no CMD because its `--` was left out (the
+/// Exits on a command line clap refused: help and the version as clap
+/// prints them; an error with the prefix every other error has
+/// (`pglease: `, not clap's `error: `) and exit status 2, with a hint when
+/// a `run` or `elect` has no CMD because its `--` was left out (the
 /// command's words were taken as lease names).
 fn usage_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit()
+    }
+    let rendered = e.render().to_string();
+    eprint!(
+        "pglease: {}",
+        rendered.strip_prefix("error: ").unwrap_or(&rendered)
+    );
     let no_separator = !std::env::args().any(|a| a == "--");
-    if e.kind() == clap::error::ErrorKind::MissingRequiredArgument
-        && no_separator
-        && e.to_string().contains("<CMD>")
+    if e.kind() == ErrorKind::MissingRequiredArgument && no_separator && rendered.contains("<CMD>")
     {
-        eprint!("{}", e.render());
         eprintln!(
             "hint: put `--` before the command, as in `pglease run NAME --ttl 30s -- CMD ARGS...`: \
              without it, the command's words are taken as lease names"
         );
-        std::process::exit(i32::from(exit::USAGE));
     }
-    e.exit()
+    std::process::exit(i32::from(exit::USAGE))
 }

@@ -296,8 +296,10 @@ async fn several_hosts_are_taken_wherever_a_url_is() {
 /// port 1): every duration with its range in words, a negative one
 /// included (not clap's hint to write it after `--`, which would make it
 /// part of CMD); a TTL under the minimum, which would draw a token for a
-/// lease that expires before it is confirmed; and a long value, said by
-/// its length and not echoed.
+/// lease that expires before it is confirmed; a long value, said by its
+/// length and not echoed; tokens and counts in words with their bounds;
+/// and clap's own refusals. Every one starts `pglease: ` and says nothing
+/// in Rust's idiom (`0 is not in 1..=1000`, `invalid digit`).
 async fn every_argument_is_checked_before_connecting_and_said_without_echo() {
     let unreachable = ["--database-url", "postgres://nobody@127.0.0.1:1/none"];
     let long_value = "v".repeat(pglease::limits::MAX_VALUE_BYTES + 1);
@@ -369,6 +371,56 @@ async fn every_argument_is_checked_before_connecting_and_said_without_echo() {
             &["status", &long_name],
             "invalid NAME: is 300 bytes long; the limit is 255 bytes",
         ),
+        (
+            &["renew", "x", "--token", "abc", "--ttl", "1s"],
+            "invalid --token: \"abc\" is not a whole number (digits only)",
+        ),
+        (
+            &["release", "x", "--token", "0"],
+            "invalid --token: must be positive, got 0",
+        ),
+        (
+            &["release", "x", "--token", "99999999999999999999"],
+            "is larger than any token (at most 9223372036854775807)",
+        ),
+        (
+            &["acquire", "x", "--ttl", "1s", "--limit", "0"],
+            "invalid --limit: must be from 1 to 1000, got 0",
+        ),
+        (
+            &["run", "x", "--ttl", "1s", "--limit", "1001", "--", "true"],
+            "invalid --limit: must be from 1 to 1000, got 1001",
+        ),
+        (
+            &["acquire", "x", "--ttl", "1s", "--limit", "two"],
+            "\"two\" is not a whole number; give one from 1 to 1000",
+        ),
+        (
+            &[
+                "run",
+                "x",
+                "--ttl",
+                "1s",
+                "--wait",
+                "1s",
+                "--fair",
+                "--max-waiting",
+                "0",
+                "--",
+                "true",
+            ],
+            "invalid --max-waiting: must be from 1 to 1000, got 0",
+        ),
+        (
+            &["--conflict-exit-code", "256", "acquire", "x", "--ttl", "1s"],
+            "invalid --conflict-exit-code: must be from 0 to 255, got 256",
+        ),
+        (&["frob"], "unrecognized subcommand 'frob'"),
+        (
+            &["acquire", "x", "--ttl", "1s", "--shared", "--limit", "2"],
+            "cannot be used with",
+        ),
+        (&["acquire", "x"], "--ttl <TTL>"),
     ] {
         let out = Command::new(BIN)
             .args(unreachable)
@@ -380,6 +432,17 @@ async fn every_argument_is_checked_before_connecting_and_said_without_echo() {
         assert_eq!(code(&out), 2, "{shown:?}: {said}");
         assert!(said.contains(says), "{shown:?}: {said}");
         assert!(!said.contains("connect to"), "{shown:?}: {said}");
+        // One style: every error starts as every other does, in words.
+        assert!(said.starts_with("pglease: "), "{shown:?}: {said}");
+        for idiom in [
+            "error:",
+            "..=",
+            "invalid digit",
+            "ParseIntError",
+            "is not in ",
+        ] {
+            assert!(!said.contains(idiom), "{shown:?} says {idiom:?}: {said}");
+        }
         assert!(
             said.len() < 400,
             "{shown:?}: the value echoed ({} bytes)",
