@@ -209,7 +209,8 @@ pub(crate) fn signalled(signal: Signal) -> u8 {
 }
 
 /// Forwards the signals pglease gets to CMD's group: the first as it is,
-/// a second one as SIGKILL.
+/// a second one as SIGKILL; each said on stderr (unless `-q`), so that a
+/// user who pressed Ctrl-C knows pglease waits for the command.
 #[derive(Default)]
 pub(crate) struct Forwarding {
     forwarded: bool,
@@ -218,8 +219,13 @@ pub(crate) struct Forwarding {
 impl Forwarding {
     pub(crate) fn forward(&mut self, group: Group, signal: Signal) {
         if self.forwarded {
+            note!("pglease: {signal} again: killing the command (SIGKILL)");
             group.signal(Signal::SIGKILL);
         } else {
+            note!(
+                "pglease: {signal} sent on to the command; waiting for it to exit \
+                 (a second signal kills it)"
+            );
             group.signal(signal);
             self.forwarded = true;
         }

@@ -5,8 +5,11 @@ use std::time::Duration;
 
 use pglease::{AcquireOptions, Error, Lease, LeaseManager};
 
+use nix::sys::signal::Signal;
+
 use super::{announced, not_acquired};
 use crate::args::AcquireArgs;
+use crate::child::{StopSignals, signalled};
 use crate::exit::Outcome;
 use crate::output::{lease_json, out};
 
@@ -38,7 +41,21 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs) -> Outcom
         }
         manager.acquire(name, how)
     };
-    match announced(wait, limit, attempt).await {
+    // Waiting, a signal ends the wait, said on stderr (without signals
+    // to watch, said by StopSignals, the wait goes on).
+    let signals = if wait.is_zero() {
+        None
+    } else {
+        StopSignals::watch()
+    };
+    let outcome = match signals {
+        None => announced(wait, limit, attempt).await,
+        Some(mut signals) => tokio::select! {
+            outcome = announced(wait, limit, attempt) => outcome,
+            signal = signals.next() => return Ok(interrupted(manager, name, signal).await),
+        },
+    };
+    match outcome {
         Ok(lease) => {
             print_lease(&lease, json);
             Ok(ExitCode::SUCCESS)
@@ -72,6 +89,21 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs) -> Outcom
             not_acquired(e, "acquire", limit)
         }
     }
+}
+
+/// A signal while `acquire --wait` waited: the attempt in flight is
+/// dropped, and what it may have acquired released (the manager's
+/// shutdown waits for that release, bounded); said on stderr, exit 128 +
+/// the signal's number.
+async fn interrupted(manager: &LeaseManager, name: &str, signal: Signal) -> ExitCode {
+    let released = tokio::time::timeout(Duration::from_secs(5), manager.shutdown()).await;
+    let left = if matches!(released, Ok(Ok(()))) {
+        "nothing acquired is held"
+    } else {
+        "an acquisition in flight, if it succeeded, ends at its expiry"
+    };
+    eprintln!("pglease: interrupted ({signal}) while waiting for {name:?}; not acquired, {left}");
+    ExitCode::from(signalled(signal))
 }
 
 fn print_lease(lease: &Lease, json: bool) {

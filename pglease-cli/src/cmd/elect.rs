@@ -114,9 +114,14 @@ fn stop(shared: &Shared, code: &mut Option<u8>, signal: Signal) {
     if shared.stopping.is_cancelled() {
         let running = *lock(&shared.running);
         if let Some(group) = running {
-            eprintln!("pglease: second signal; killing the command");
+            note!("pglease: {signal} again: killing the command (SIGKILL)");
             group.signal(Signal::SIGKILL);
         }
+    } else if lock(&shared.running).is_some() {
+        note!(
+            "pglease: {signal}: stopping the command, then resigning \
+             (a second signal kills it)"
+        );
     }
     code.get_or_insert(signalled(signal));
     shared.stopping.cancel();

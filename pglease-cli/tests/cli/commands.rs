@@ -687,12 +687,63 @@ async fn a_run_held_up_in_the_database_past_its_ttl_runs_its_command() {
     assert_eq!(stdout(&out).trim(), "ran");
 }
 
+/// `acquire --wait` interrupted while it waits: said on stderr, exit
+/// 128 + 2, and the lease is as it was (its holder and token).
+async fn acquire_interrupted_while_waiting_says_so() {
+    let db = crate::common::new_db().await;
+    let out = pglease(
+        &db,
+        &["acquire", "w", "--ttl", "1m", "--holder", "H", "--json"],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let token = json(&out)["token"].as_i64().expect("a token");
+    let mut child = command(&db, &["acquire", "w", "--ttl", "5s", "--wait", "1m"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start pglease acquire");
+    let err_pipe = child.stderr.take().expect("stderr is piped");
+    // Its first line says it waits.
+    let (first, mut rest) = tokio::task::spawn_blocking(move || {
+        let mut reader = std::io::BufReader::new(err_pipe);
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut reader, &mut line).expect("read stderr");
+        (line, reader)
+    })
+    .await
+    .expect("join");
+    assert!(first.contains("waiting up to 1m"), "{first}");
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).expect("SIGINT");
+    let status = wait_bounded(child).await;
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut rest, &mut err).expect("read stderr");
+    assert_eq!(status.code(), Some(128 + 2), "{err}");
+    assert!(
+        err.contains("pglease: interrupted (SIGINT) while waiting for \"w\"; not acquired, nothing acquired is held"),
+        "{err}"
+    );
+    let lease = db.manager().inspect("w").await.expect("inspect");
+    assert_eq!(
+        (
+            lease.holder.as_deref(),
+            lease.token.map(|t| t.get()),
+            lease.held
+        ),
+        (Some("H"), Some(token), true),
+        "the lease as it was"
+    );
+}
+
+/// SIGTERM to `run` reaches its command, said on stderr; the lease is
+/// released.
 async fn run_forwards_sigterm_to_the_command_and_releases() {
     let db = crate::common::new_db().await;
-    let child = command(&db, &["run", "job", "--ttl", "10m", "--", "sleep", "600"])
+    let mut child = command(&db, &["run", "job", "--ttl", "10m", "--", "sleep", "600"])
         .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start pglease run");
+    let mut err_pipe = child.stderr.take().expect("stderr is piped");
     let m = db.manager();
     poll_until("the lease to be held", BOUND, || async {
         m.inspect("job").await.expect("inspect").held
@@ -700,8 +751,14 @@ async fn run_forwards_sigterm_to_the_command_and_releases() {
     .await;
     kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
     let status = wait_bounded(child).await;
-    // sleep died of the forwarded SIGTERM: 128 + 15.
-    assert_eq!(status.code(), Some(143));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut err_pipe, &mut err).expect("read stderr");
+    // sleep died of the forwarded SIGTERM: 128 + 15; said on stderr.
+    assert_eq!(status.code(), Some(143), "{err}");
+    assert!(
+        err.contains("pglease: SIGTERM sent on to the command; waiting for it to exit"),
+        "{err}"
+    );
     assert!(!m.inspect("job").await.expect("inspect").held);
 }
 
@@ -1398,6 +1455,7 @@ tests![
     min_hold_keeps_a_short_job_from_running_again_too_soon,
     a_run_held_up_in_the_database_past_its_ttl_runs_its_command,
     run_forwards_sigterm_to_the_command_and_releases,
+    acquire_interrupted_while_waiting_says_so,
     run_interrupted_while_acquiring_exits_without_its_command,
     a_stopped_run_loses_its_lease_and_its_command_is_fenced_off,
     demo_runs_in_a_scratch_database_and_exits_0,
