@@ -7,8 +7,9 @@ use pglease::Token;
 
 use crate::output::human;
 
-/// The exit statuses, for `--help`.
-const EXIT_STATUSES: &str = "\
+/// The exit statuses of all commands, for `pglease --help` and
+/// pglease(1); each command's own are in `manual.rs`.
+pub(crate) const EXIT_STATUSES: &str = "\
 Exit status:
   0    done (acquired, renewed, released, held, forced, ...)
   1    doctor: a check is not ok; elect, run: the command's own status
@@ -566,9 +567,24 @@ fn duration(text: &str, min: Duration, max: Duration) -> Result<Duration, String
         });
     }
     if d > max {
-        return Err(format!("must be at most {}, got {}", human(max), human(d)));
+        return Err(format!("must be at most {}, got {}", bound(max), human(d)));
     }
     Ok(d)
+}
+
+/// An upper bound as docs/cli.md gives it: whole days as days (`365days`,
+/// where humantime's 365.25-day years would say `11months 30days 3h 50m
+/// 24s`).
+fn bound(max: Duration) -> String {
+    let secs = max.as_secs();
+    if max.subsec_nanos() == 0 && secs >= 86_400 && secs.is_multiple_of(86_400) {
+        match secs / 86_400 {
+            1 => "1day".to_owned(),
+            days => format!("{days}days"),
+        }
+    } else {
+        human(max)
+    }
 }
 
 /// A TTL ([`pglease::limits::MIN_TTL`] to `MAX_TTL`, the library's limits:

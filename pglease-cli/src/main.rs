@@ -8,11 +8,12 @@ mod child;
 mod cmd;
 mod connect;
 mod exit;
+mod manual;
 mod output;
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser};
+use clap::{CommandFactory, FromArgMatches};
 use pglease::{AcquireOptions, Fence, LeaseManager};
 
 use args::{Cli, Command};
@@ -20,10 +21,13 @@ use output::{json_failure, note, out};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::try_parse().unwrap_or_else(|e| usage_error(e));
+    let cli = manual::command()
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches))
+        .unwrap_or_else(|e| usage_error(e));
     if let Err((subcommand, why)) = cli.command.check() {
         // Said as clap says its own, with the subcommand's usage.
-        let mut command = Cli::command();
+        let mut command = manual::command();
         command.build();
         let usage = command.find_subcommand_mut(subcommand).map(|c| c.clone());
         usage_error(
@@ -182,25 +186,29 @@ fn completions(shell: clap_complete::Shell) -> ExitCode {
 }
 
 /// `pglease man [--dir DIR]`: the top page on stdout, or every page into
-/// DIR.
+/// DIR (made if missing).
 fn man(dir: Option<&std::path::Path>) -> ExitCode {
-    let command = Cli::command();
     if let Some(dir) = dir {
-        if let Err(e) = clap_mangen::generate_to(command, dir) {
-            eprintln!(
-                "pglease: cannot write the manual pages to {}: {e}",
-                dir.display()
-            );
-            return ExitCode::from(1);
-        }
-        note!(
-            "pglease: wrote pglease.1 and a page per command to {}",
-            dir.display()
-        );
-        return ExitCode::SUCCESS;
+        return match manual::write_pages(dir) {
+            Ok(written) => {
+                note!(
+                    "pglease: wrote {} manual pages (pglease.1 and one per command) to {}",
+                    written.len(),
+                    dir.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!(
+                    "pglease: cannot write the manual pages to {}: {e}",
+                    dir.display()
+                );
+                ExitCode::from(1)
+            }
+        };
     }
     let mut page = Vec::new();
-    if let Err(e) = clap_mangen::Man::new(command).render(&mut page) {
+    if let Err(e) = manual::render_top(&mut page) {
         eprintln!("pglease: cannot render the manual page: {e}");
         return ExitCode::from(1);
     }

@@ -1346,8 +1346,16 @@ async fn output_an_operator_can_script_against() {
     let out = Command::new(BIN).arg("man").output().expect("run");
     assert_eq!(code(&out), 0);
     assert!(stdout(&out).contains(".TH pglease 1"), "{}", stdout(&out));
-    let pages = std::env::temp_dir().join(format!("pglease-man-{}", std::process::id()));
-    std::fs::create_dir_all(&pages).expect("a directory");
+    assert!(
+        stdout(&out).contains(".SH \"EXIT STATUS\""),
+        "{}",
+        stdout(&out)
+    );
+    assert!(!stdout(&out).contains("pglease\\-help"), "no page for help");
+    // A directory that does not exist yet is made.
+    let pages = std::env::temp_dir()
+        .join(format!("pglease-man-{}", std::process::id()))
+        .join("man1");
     let out = Command::new(BIN)
         .args(["man", "--dir"])
         .arg(&pages)
@@ -1356,9 +1364,22 @@ async fn output_an_operator_can_script_against() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let run_page = std::fs::read_to_string(pages.join("pglease-run.1")).expect("pglease-run.1");
     assert!(run_page.contains("\\-\\-timeout"), "{run_page}");
+    // Each command's page has its own exit statuses.
+    assert!(run_page.contains(".SH \"EXIT STATUS\""), "{run_page}");
+    assert!(run_page.contains("CMD cannot be started"), "{run_page}");
+    let out = Command::new(BIN)
+        .args(["step-down", "--help"])
+        .output()
+        .expect("run");
+    assert!(
+        stdout(&out).contains("Exit status:") && stdout(&out).contains("held shared or counted"),
+        "{}",
+        stdout(&out)
+    );
     assert!(pages.join("pglease.1").exists());
     assert!(pages.join("pglease-force-release.1").exists());
-    let _ = std::fs::remove_dir_all(&pages);
+    assert!(!pages.join("pglease-help.1").exists());
+    let _ = std::fs::remove_dir_all(pages.parent().unwrap_or(&pages));
     let out = Command::new(BIN)
         .arg("--help")
         .env("DATABASE_URL", "postgres://u:s3cret@127.0.0.1/x")
