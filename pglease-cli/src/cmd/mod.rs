@@ -97,6 +97,14 @@ fn held_by(name: &str, holder: &str, expires_at: DateTime<Utc>, limit: Option<u3
     }
 }
 
+/// How long ago `at` (a database time) was: `4.2s ago`, or `just now`.
+fn ago(at: DateTime<Utc>) -> String {
+    match (Utc::now() - at).to_std() {
+        Ok(past) => format!("{} ago", crate::output::short(past)),
+        Err(_) => "just now".to_owned(),
+    }
+}
+
 /// Tells the user, on stderr, who holds the lease and how long pglease waits.
 fn announce_wait(
     name: &str,
@@ -156,11 +164,30 @@ pub(crate) fn not_acquired(e: Error, what: &'static str, limit: Option<u32>) -> 
             "pglease: not acquired: {}",
             held_by(&name, &holder, expires_at, limit)
         ),
-        Error::Pinned { .. } | Error::InLine { .. } | Error::LineFull { .. } => {
+        // Times relative, as `status` says them (`--json` has them whole).
+        Error::Pinned {
+            name,
+            holder,
+            ended_at,
+            reason,
+        } => {
+            let ended = match holder {
+                Some(holder) => format!("{holder:?}'s lease on {name:?} expired {}", ago(ended_at)),
+                None => format!("{name:?} is free"),
+            };
+            eprintln!("pglease: not acquired: {ended}, but it cannot be taken yet: {reason}");
+        }
+        Error::InLine { .. } | Error::LineFull { .. } => {
             eprintln!("pglease: not acquired: {e}");
         }
-        Error::GrantDelayed { .. } => eprintln!(
-            "pglease: not acquired: {e}; try again after that, or wait for it with --wait"
+        Error::GrantDelayed {
+            name,
+            until,
+            reason,
+        } => eprintln!(
+            "pglease: not acquired: {name:?}: no lease is granted {}: {reason}; try again after \
+             that, or wait for it with --wait",
+            from_now(until)
         ),
         Error::Lost { .. } => eprintln!(
             "pglease: not acquired: the answer came later than a third of the TTL, and the \

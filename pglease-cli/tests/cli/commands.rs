@@ -736,6 +736,25 @@ async fn acquire_interrupted_while_waiting_says_so() {
 
 /// SIGTERM to `run` reaches its command, said on stderr; the lease is
 /// released.
+/// A lease that has ended but whose row a transaction holds: `acquire`
+/// exits 3 saying so with times relative to now (no raw timestamp), and
+/// `--json` gives the time itself.
+async fn a_pinned_lease_is_said_relative_to_now() {
+    let db = crate::common::new_db().await;
+    let (_old, blocker) = db.hold_up(&db.manager(), "pin").await;
+    let out = pglease(&db, &["acquire", "pin", "--ttl", "5s", "--json"]);
+    let said = stderr(&out);
+    assert_eq!(code(&out), 3, "{said}");
+    assert!(
+        said.contains("\"A\"'s lease on \"pin\" expired ")
+            && said.contains(" ago, but it cannot be taken yet: "),
+        "{said}"
+    );
+    assert!(!said.contains("+00:00") && !said.contains("UTC"), "{said}");
+    assert!(json(&out)["expires_at"].is_string(), "{}", stdout(&out));
+    blocker.rollback().await.expect("X gives up");
+}
+
 async fn run_forwards_sigterm_to_the_command_and_releases() {
     let db = crate::common::new_db().await;
     let mut child = command(&db, &["run", "job", "--ttl", "10m", "--", "sleep", "600"])
@@ -1477,6 +1496,7 @@ tests![
     a_run_held_up_in_the_database_past_its_ttl_runs_its_command,
     run_forwards_sigterm_to_the_command_and_releases,
     acquire_interrupted_while_waiting_says_so,
+    a_pinned_lease_is_said_relative_to_now,
     run_interrupted_while_acquiring_exits_without_its_command,
     a_stopped_run_loses_its_lease_and_its_command_is_fenced_off,
     demo_runs_in_a_scratch_database_and_exits_0,

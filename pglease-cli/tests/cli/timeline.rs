@@ -123,7 +123,8 @@ async fn a_forgotten_acquisition_stops_run_and_is_refused_with_its_reason() -> R
     let out = pglease(&new, &["acquire", "victim", "--ttl", "10s"]);
     if code(&out) == 3 {
         assert!(
-            stderr(&out).contains("not granted until") && stderr(&out).contains("grant delay"),
+            stderr(&out).contains("no lease is granted for another")
+                && stderr(&out).contains("grant delay"),
             "{}",
             stderr(&out)
         );
