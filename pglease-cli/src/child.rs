@@ -1,13 +1,20 @@
 //! CMD under a lease, as `run` and `elect` start and stop it: in a process
 //! group of its own with the lease in its environment, signals forwarded
 //! to the group, and a stop that escalates SIGTERM, then SIGKILL after a
-//! grace period, to every process of the group.
+//! grace period, to every process of the group. Started from a terminal
+//! on stdin in the foreground, CMD gets the terminal, as a shell's job
+//! does: the terminal's foreground process group is handed to CMD's
+//! group, taken back when CMD stops or exits, and given again when the
+//! job is continued (see [`Terminal`]).
 
+use std::io::IsTerminal;
+use std::os::fd::BorrowedFd;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
+use nix::sys::signal::{SigHandler, Signal, killpg, raise};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+use nix::unistd::{Pid, getpgrp, getpid, tcgetpgrp, tcsetpgrp};
 use pglease::Token;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -59,16 +66,69 @@ impl LeaseEnv<'_> {
     }
 }
 
+/// The terminal on pglease's stdin, when pglease runs in its foreground
+/// (a shell's foreground job): CMD's group gets it while CMD runs, so
+/// that CMD can read it (`read`, `psql`), and Ctrl-C, Ctrl-Z and the
+/// terminal's other signals go to CMD as they would without pglease.
+/// pglease ignores SIGTTOU from then on, so that it can take the terminal
+/// back from the background, as shells do.
+#[derive(Clone, Copy)]
+struct Terminal {
+    /// pglease's own process group, the job's.
+    own: Pid,
+}
+
+impl Terminal {
+    /// The terminal on stdin, if pglease leads its process group (a shell
+    /// started it as a job) and that group is the terminal's foreground.
+    /// Started by another program in that program's group (make, a test
+    /// harness), pglease leaves the terminal to it: Ctrl-C still reaches
+    /// that program.
+    fn foreground() -> Option<Terminal> {
+        let stdin = std::io::stdin();
+        if !stdin.is_terminal() {
+            return None;
+        }
+        let own = getpgrp();
+        if own != getpid() || tcgetpgrp(&stdin).ok()? != own {
+            return None;
+        }
+        // SAFETY: setting a signal's disposition to "ignore" runs no code
+        // of ours in a signal handler.
+        unsafe { nix::sys::signal::signal(Signal::SIGTTOU, SigHandler::SigIgn) }.ok()?;
+        Some(Terminal { own })
+    }
+
+    /// Whether the shell has given the job the terminal (`fg`).
+    fn is_ours(self) -> bool {
+        tcgetpgrp(std::io::stdin()).ok() == Some(self.own)
+    }
+
+    /// Hands the terminal to `group` (a failure leaves it where it is:
+    /// CMD then stops if it reads it, as a background job does).
+    fn give(self, group: Pid) {
+        let _ = tcsetpgrp(std::io::stdin(), group);
+    }
+
+    /// Takes the terminal back for pglease's group.
+    fn take_back(self) {
+        let _ = tcsetpgrp(std::io::stdin(), self.own);
+    }
+}
+
 /// A running CMD and its process group.
 pub(crate) struct Child {
     child: tokio::process::Child,
     group: Pid,
+    /// The terminal CMD was given, and the SIGCHLDs that say it stopped.
+    terminal: Option<(Terminal, tokio::signal::unix::Signal)>,
 }
 
 impl Child {
     /// Starts `cmd` (program and arguments) in a process group of its own
     /// with `lease` in its environment; its standard input is this one's
-    /// when `stdin` is set, else closed.
+    /// when `stdin` is set, else closed. With stdin a terminal whose
+    /// foreground pglease is in, CMD's group is made the foreground.
     pub(crate) fn spawn(
         cmd: &[String],
         lease: &LeaseEnv<'_>,
@@ -94,13 +154,45 @@ impl Child {
                 command.env_remove(key);
             }
         }
+        let terminal = if stdin { Terminal::foreground() } else { None };
+        let stops = match terminal {
+            // Registered before CMD starts, so that no stop is missed.
+            Some(_) => Some(signal(SignalKind::child())?),
+            None => None,
+        };
+        if terminal.is_some() {
+            // SAFETY: between fork and exec the closure only calls
+            // async-signal-safe functions (getpid, tcsetpgrp, sigaction)
+            // and allocates nothing.
+            unsafe {
+                command.pre_exec(|| {
+                    // In its own group already (process_group runs
+                    // first): take the terminal as a shell's child does,
+                    // SIGTTOU still ignored as in pglease, then restore it.
+                    let stdin = BorrowedFd::borrow_raw(0);
+                    let _ = tcsetpgrp(stdin, getpid());
+                    nix::sys::signal::signal(Signal::SIGTTOU, SigHandler::SigDfl)
+                        .map_err(std::io::Error::from)?;
+                    Ok(())
+                });
+            }
+        }
         let child = command.spawn()?;
         let group = child
             .id()
             .and_then(|id| i32::try_from(id).ok())
             .map(Pid::from_raw)
             .ok_or_else(|| std::io::Error::other("the command exited at once"))?;
-        Ok(Child { child, group })
+        let terminal = terminal.zip(stops).map(|(terminal, stops)| {
+            // Also from this side, whichever runs first (as shells do).
+            terminal.give(group);
+            (terminal, stops)
+        });
+        Ok(Child {
+            child,
+            group,
+            terminal,
+        })
     }
 
     /// Sends `signal` to CMD's whole group (a group already gone is
@@ -115,11 +207,54 @@ impl Child {
         Group(self.group)
     }
 
-    /// Waits for CMD to exit.
+    /// Waits for CMD to exit; with the terminal, follows CMD's stops
+    /// meanwhile (see [`Child::follow_stop`]) and takes the terminal back
+    /// when CMD has exited.
     ///
     /// Cancel-safe: CMD keeps running.
     pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        self.child.wait().await
+        loop {
+            let Some((terminal, stops)) = self.terminal.as_mut() else {
+                return self.child.wait().await;
+            };
+            let terminal = *terminal;
+            tokio::select! {
+                status = self.child.wait() => {
+                    terminal.take_back();
+                    return status;
+                }
+                _ = stops.recv() => {}
+            }
+            self.follow_stop(terminal);
+        }
+    }
+
+    /// After a SIGCHLD: if CMD has stopped (Ctrl-Z, or reading the
+    /// terminal without it), the job stops with it, as a shell's would:
+    /// pglease takes the terminal back and stops itself (SIGTSTP), so that
+    /// the shell sees the job stopped. Continued (`fg` or `bg`), it gives
+    /// the terminal to CMD again if the shell gave it to the job, and
+    /// continues CMD. While pglease is stopped its leases are not renewed:
+    /// one that has expired meanwhile is lost when it continues, and CMD
+    /// is stopped then. In an orphaned process group the stop is not taken
+    /// (POSIX), and CMD is continued at once.
+    fn follow_stop(&self, terminal: Terminal) {
+        // Stops only: WEXITED is not asked for, so an exit is left to
+        // `wait`, which reaps it.
+        let stopped = waitid(
+            Id::Pid(self.group),
+            WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG,
+        );
+        if !matches!(stopped, Ok(WaitStatus::Stopped(..))) {
+            return;
+        }
+        terminal.take_back();
+        let _ = raise(Signal::SIGTSTP);
+        // Continued.
+        if terminal.is_ours() {
+            terminal.give(self.group);
+        }
+        self.signal(Signal::SIGCONT);
     }
 
     /// Stops CMD: `signal` to its group, SIGKILL to the group if it has
@@ -131,16 +266,26 @@ impl Child {
         grace: Duration,
     ) -> std::io::Result<ExitStatus> {
         self.signal(signal);
-        if let Ok(status) = tokio::time::timeout(grace, self.child.wait()).await {
-            self.signal(Signal::SIGKILL);
-            return status;
+        // A stopped CMD takes the signal only once continued.
+        self.signal(Signal::SIGCONT);
+        let status = match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(status) => {
+                self.signal(Signal::SIGKILL);
+                status
+            }
+            Err(_) => {
+                note!(
+                    "pglease: the command did not stop within {}; killing it",
+                    human(grace)
+                );
+                self.signal(Signal::SIGKILL);
+                self.child.wait().await
+            }
+        };
+        if let Some((terminal, _)) = &self.terminal {
+            terminal.take_back();
         }
-        note!(
-            "pglease: the command did not stop within {}; killing it",
-            human(grace)
-        );
-        self.signal(Signal::SIGKILL);
-        self.child.wait().await
+        status
     }
 }
 

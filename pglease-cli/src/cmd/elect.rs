@@ -4,6 +4,7 @@
 //! the leader is asked to step down, and campaign again. A signal stops
 //! CMD, resigns and exits 128 + the signal's number.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -238,7 +239,10 @@ impl Running {
             value: args.value.as_deref(),
             database_url: shared.database_url.as_deref(),
         };
-        let child = Child::spawn(&args.cmd, &lease, false)?;
+        // Standard input only when it is a terminal (CMD then gets it, as
+        // a shell's job does); a pipe or file is not read again by each
+        // term's CMD.
+        let child = Child::spawn(&args.cmd, &lease, std::io::stdin().is_terminal())?;
         shared.busy.send_replace(true);
         *lock(&shared.running) = Some(child.group());
         Ok(Running {

@@ -36,6 +36,7 @@ mod patroni;
 mod pooler;
 mod sets;
 mod shared;
+mod terminal;
 mod timeline;
 mod tls;
 
@@ -56,6 +57,7 @@ fn main() -> std::process::ExitCode {
             pooler::tests(),
             sets::tests(),
             shared::tests(),
+            terminal::tests(),
             timeline::tests(),
             tls::tests(),
         ]

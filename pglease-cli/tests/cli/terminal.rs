@@ -1,0 +1,188 @@
+//! `run` and `elect` with a command that reads the terminal, as a user
+//! types them into an interactive shell with job control: bash on a
+//! pseudo-terminal (made by util-linux's `script`), this test typing into
+//! it. CMD reads what is typed, Ctrl-Z stops the job and `fg` resumes it
+//! (the lease held meanwhile), Ctrl-C reaches CMD, and the shell gets its
+//! terminal back after each.
+
+use std::io::{Read, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pglease_formations::SetupError;
+
+use crate::common::{BIN, TestDb, new_db, poll_until};
+
+/// How long a step may take before the test fails.
+const STEP: Duration = Duration::from_secs(20);
+
+/// bash -i on a pseudo-terminal, and all it has written.
+struct Shell {
+    child: Child,
+    input: ChildStdin,
+    output: Arc<Mutex<String>>,
+}
+
+impl Shell {
+    fn start(db: &TestDb) -> Result<Shell, SetupError> {
+        for tool in ["script", "bash"] {
+            let found = Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if !found {
+                return Err(SetupError::Unavailable(format!(
+                    "needs {tool}, which is not installed here (apt-get install {})",
+                    if tool == "script" { "bsdutils" } else { "bash" }
+                )));
+            }
+        }
+        let mut child = Command::new("script")
+            .args(["-q", "-e", "-c", "bash --norc --noprofile -i", "/dev/null"])
+            .env("DATABASE_URL", db.url())
+            .env("PS1", "$ ")
+            .env("TERM", "dumb")
+            .env("HISTFILE", "/dev/null")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| SetupError::Unavailable(format!("cannot start script: {e}")))?;
+        let input = child.stdin.take().expect("stdin is piped");
+        let mut out = child.stdout.take().expect("stdout is piped");
+        let output = Arc::new(Mutex::new(String::new()));
+        let collected = Arc::clone(&output);
+        std::thread::spawn(move || {
+            let mut buffer = [0_u8; 4096];
+            while let Ok(n) = out.read(&mut buffer) {
+                if n == 0 {
+                    break;
+                }
+                let text = String::from_utf8_lossy(&buffer[..n]).into_owned();
+                collected.lock().expect("output").push_str(&text);
+            }
+        });
+        Ok(Shell {
+            child,
+            input,
+            output,
+        })
+    }
+
+    /// Types `text` (control characters included).
+    fn tell(&mut self, text: &str) {
+        self.input.write_all(text.as_bytes()).expect("type");
+        self.input.flush().expect("flush");
+    }
+
+    /// Waits until the terminal shows `text`.
+    async fn shows(&self, text: &str) {
+        let output = Arc::clone(&self.output);
+        let seen = tokio::time::timeout(STEP, async {
+            loop {
+                if output.lock().expect("output").contains(text) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(
+            seen.is_ok(),
+            "the terminal never showed {text:?}; it shows:\n{}",
+            self.output.lock().expect("output")
+        );
+    }
+
+    /// Types a command line that prints `mark` and the previous
+    /// command's status, and waits for it: the shell has its terminal
+    /// back. The status.
+    async fn status(&mut self, mark: &str) -> String {
+        // Split in the typed text, whole in the output only.
+        self.tell(&format!("echo \"{mark}\"\"=$?=\"\n"));
+        let shown = format!("{mark}=");
+        self.shows(&shown).await;
+        let output = self.output.lock().expect("output").clone();
+        let after = &output[output.rfind(&shown).unwrap_or(0) + shown.len()..];
+        after.split('=').next().unwrap_or_default().to_owned()
+    }
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `run` whose command reads a line from the terminal gets what is
+/// typed (it hung before: CMD was not in the terminal's foreground group
+/// and stopped on SIGTTIN), exits 0 and releases; so does an `elect`
+/// whose command does the same.
+async fn a_command_under_run_or_elect_reads_the_terminal() -> Result<(), SetupError> {
+    let db = new_db().await;
+    let mut shell = Shell::start(&db)?;
+    let m = db.manager();
+    for (command, name) in [("run", "tty-run"), ("elect", "tty-elect")] {
+        shell.tell(&format!(
+            "{BIN} {command} {name} --ttl 30s -- sh -c 'echo {name}-re\"\"ady; read a; echo \"got:$a\"'\n"
+        ));
+        shell.shows(&format!("{name}-ready")).await;
+        assert!(
+            m.inspect(name).await.expect("inspect").held,
+            "{command}: held"
+        );
+        shell.tell(&format!("typed-to-{command}\n"));
+        shell.shows(&format!("got:typed-to-{command}")).await;
+        assert_eq!(
+            shell.status(&format!("{command}-done")).await,
+            "0",
+            "{command}"
+        );
+        assert!(
+            !m.inspect(name).await.expect("inspect").held,
+            "{command}: released"
+        );
+    }
+    Ok(())
+}
+
+/// Ctrl-Z stops the job (the shell says Stopped) with the lease still
+/// held, `fg` resumes it and its command reads the terminal again; Ctrl-C
+/// reaches the command, and run exits with its status (130).
+async fn ctrl_z_stops_the_job_and_fg_resumes_it() -> Result<(), SetupError> {
+    let db = new_db().await;
+    let mut shell = Shell::start(&db)?;
+    let m = db.manager();
+    shell.tell(&format!(
+        "{BIN} run tty-job --ttl 30s -- sh -c 'echo job-re\"\"ady; read a; echo \"got:$a\"'\n"
+    ));
+    shell.shows("job-ready").await;
+    shell.tell("\x1a");
+    shell.shows("Stopped").await;
+    let held = m.inspect("tty-job").await.expect("inspect");
+    assert!(held.held, "held while the job is stopped");
+    shell.tell("fg\n");
+    shell.tell("after-fg\n");
+    shell.shows("got:after-fg").await;
+    assert_eq!(shell.status("fg-done").await, "0");
+    poll_until("the lease released", STEP, || async {
+        !m.inspect("tty-job").await.expect("inspect").held
+    })
+    .await;
+
+    shell.tell(&format!(
+        "{BIN} run tty-int --ttl 30s -- sh -c 'echo int-re\"\"ady; sleep 600'\n"
+    ));
+    shell.shows("int-ready").await;
+    shell.tell("\x03");
+    assert_eq!(shell.status("int-done").await, "130", "128 + SIGINT");
+    assert!(!m.inspect("tty-int").await.expect("inspect").held);
+    Ok(())
+}
+
+tests![
+    a_command_under_run_or_elect_reads_the_terminal,
+    ctrl_z_stops_the_job_and_fg_resumes_it,
+];
