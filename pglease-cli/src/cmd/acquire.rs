@@ -7,7 +7,7 @@ use pglease::{AcquireOptions, Error, Lease, LeaseManager};
 
 use nix::sys::signal::Signal;
 
-use super::{announced, not_acquired};
+use super::{Asked, announced, not_acquired};
 use crate::args::AcquireArgs;
 use crate::child::{StopSignals, signalled};
 use crate::exit::Outcome;
@@ -41,6 +41,11 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs) -> Outcom
         }
         manager.acquire(name, how)
     };
+    let asked = Asked {
+        manager,
+        limit,
+        exclusive: !shared,
+    };
     // Waiting, a signal ends the wait, said on stderr (without signals
     // to watch, said by StopSignals, the wait goes on).
     let signals = if wait.is_zero() {
@@ -49,9 +54,9 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs) -> Outcom
         StopSignals::watch()
     };
     let outcome = match signals {
-        None => announced(wait, limit, attempt).await,
+        None => announced(asked, wait, attempt).await,
         Some(mut signals) => tokio::select! {
-            outcome = announced(wait, limit, attempt) => outcome,
+            outcome = announced(asked, wait, attempt) => outcome,
             signal = signals.next() => return Ok(interrupted(manager, name, signal).await),
         },
     };
@@ -86,7 +91,7 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs) -> Outcom
             if let (true, Some(found)) = (json, found) {
                 out!("{found}");
             }
-            not_acquired(e, "acquire", limit)
+            not_acquired(asked, e, "acquire").await
         }
     }
 }
@@ -120,12 +125,12 @@ fn print_lease(lease: &Lease, json: bool) {
         out!("{found}");
     } else {
         out!(
-            "acquired {:?}{} for {:?}: token {} until {}",
+            "acquired {:?}{} for {:?}: token {}, held {}",
             lease.name(),
             if lease.is_shared() { " shared" } else { "" },
             lease.holder(),
             lease.token(),
-            lease.expires_at().to_rfc3339()
+            crate::output::from_now(lease.expires_at())
         );
     }
 }

@@ -21,7 +21,7 @@ pub(crate) mod step_down;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pglease::{Error, HeldLease, RenewalHealth};
+use pglease::{Error, HeldLease, LeaseKind, LeaseManager, RenewalHealth};
 
 use crate::exit::{self, Outcome};
 use crate::output::{from_now, human, note};
@@ -52,11 +52,10 @@ pub(crate) async fn report_renewals(held: &HeldLease) {
             }
             _ => {
                 eprintln!(
-                    "pglease: renewals of {:?} (token {}) succeed again; the lease is held until \
-                     {}",
+                    "pglease: renewals of {:?} (token {}) succeed again; the lease is held {}",
                     held.name(),
                     held.token(),
-                    held.expires_at().to_rfc3339()
+                    from_now(held.expires_at())
                 );
             }
         }
@@ -83,17 +82,40 @@ pub(crate) async fn first_of<F: Future>(
     .await
 }
 
-/// Who holds the lease, for a refusal: `"NAME" is held by "HOLDER", for
-/// another 9.9s`; with the `limit` of a counted lease, every slot is held
-/// and NAME is the slot that ends first.
-fn held_by(name: &str, holder: &str, expires_at: DateTime<Utc>, limit: Option<u32>) -> String {
-    let left = from_now(expires_at);
-    match (limit, name.rsplit_once('#')) {
-        (Some(limit), Some((counted, _))) => format!(
-            "{limit} of {limit} slots of {counted:?} are held; the first to end, {name:?}, is \
-             held by {holder:?} {left}"
-        ),
-        _ => format!("{name:?} is held by {holder:?} {left}"),
+/// What an acquisition asked for, to word its refusal.
+#[derive(Clone, Copy)]
+pub(crate) struct Asked<'a> {
+    pub(crate) manager: &'a LeaseManager,
+    /// The `--limit` of a counted lease.
+    pub(crate) limit: Option<u32>,
+    /// Exclusive (not `--shared`).
+    pub(crate) exclusive: bool,
+}
+
+impl Asked<'_> {
+    /// Who holds the lease, for a refusal: `"NAME" is held by "HOLDER"
+    /// for another 9.9s`; with the `limit` of a counted lease, every slot
+    /// is held and NAME is the slot that ends first; an exclusive
+    /// acquisition refused by shared holders (the database names the one
+    /// that ends last, for at most 2 s, so that waiters look again) says
+    /// how many hold it shared and until when, read from `status`.
+    async fn held_by(self, name: &str, holder: &str, expires_at: DateTime<Utc>) -> String {
+        let left = from_now(expires_at);
+        match (self.limit, name.rsplit_once('#')) {
+            (Some(limit), Some((counted, _))) => format!(
+                "{limit} of {limit} slots of {counted:?} are held; the first to end, {name:?}, \
+                 is held by {holder:?} {left}"
+            ),
+            _ if self.exclusive => match self.manager.inspect(name).await {
+                Ok(status) if status.kind == LeaseKind::Shared => format!(
+                    "{name:?} is held shared by {} holder(s), the last {}",
+                    status.readers,
+                    status.readers_until.map_or(left, from_now)
+                ),
+                _ => format!("{name:?} is held by {holder:?} {left}"),
+            },
+            _ => format!("{name:?} is held by {holder:?} {left}"),
+        }
     }
 }
 
@@ -105,27 +127,12 @@ fn ago(at: DateTime<Utc>) -> String {
     }
 }
 
-/// Tells the user, on stderr, who holds the lease and how long pglease waits.
-fn announce_wait(
-    name: &str,
-    current: &str,
-    expires_at: DateTime<Utc>,
-    wait: Duration,
-    limit: Option<u32>,
-) {
-    note!(
-        "pglease: {}; waiting up to {}",
-        held_by(name, current, expires_at, limit),
-        human(wait)
-    );
-}
-
 /// `attempt(Duration::ZERO)` first, so that a wait can be announced (for
 /// the lease that was held); then, if a lease is held and `wait` allows
 /// it, `attempt(wait)`.
 pub(crate) async fn announced<T, F, Fut>(
+    asked: Asked<'_>,
     wait: Duration,
-    limit: Option<u32>,
     attempt: F,
 ) -> Result<T, Error>
 where
@@ -138,7 +145,11 @@ where
             holder: current,
             expires_at,
         }) if !wait.is_zero() => {
-            announce_wait(&name, &current, expires_at, wait, limit);
+            note!(
+                "pglease: {}; waiting up to {}",
+                asked.held_by(&name, &current, expires_at).await,
+                human(wait)
+            );
             attempt(wait).await
         }
         Err(e @ (Error::Pinned { .. } | Error::GrantDelayed { .. } | Error::InLine { .. }))
@@ -154,7 +165,7 @@ where
 /// Exit 3 with the reason for an acquisition refused (held, pinned,
 /// delayed after a failover, or lost before it could be confirmed); any
 /// other error is `what` failing.
-pub(crate) fn not_acquired(e: Error, what: &'static str, limit: Option<u32>) -> Outcome {
+pub(crate) async fn not_acquired(asked: Asked<'_>, e: Error, what: &'static str) -> Outcome {
     match e {
         Error::Held {
             name,
@@ -162,7 +173,7 @@ pub(crate) fn not_acquired(e: Error, what: &'static str, limit: Option<u32>) -> 
             expires_at,
         } => note!(
             "pglease: not acquired: {}",
-            held_by(&name, &holder, expires_at, limit)
+            asked.held_by(&name, &holder, expires_at).await
         ),
         // Times relative, as `status` says them (`--json` has them whole).
         Error::Pinned {

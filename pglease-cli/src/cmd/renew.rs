@@ -33,8 +33,8 @@ pub(crate) async fn renew(
                 );
             } else {
                 out!(
-                    "renewed {name:?} under token {token} until {}",
-                    expires_at.to_rfc3339()
+                    "renewed {name:?} under token {token}: held {}",
+                    crate::output::from_now(expires_at)
                 );
             }
             Ok(ExitCode::SUCCESS)

@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use pglease::{AcquireOptions, Error, HeldLease, LeaseManager, LossReason, Token};
 use tokio::time::Instant;
 
-use super::{announced, first_of, not_acquired};
+use super::{Asked, announced, first_of, not_acquired};
 use crate::args::RunArgs;
 use crate::child::{Child, Forwarding, Group, LeaseEnv, StopSignals, signalled, status_number};
 use crate::exit::{self, Outcome};
@@ -118,7 +118,12 @@ async fn acquire(
     holder: &str,
     signals: &mut StopSignals,
 ) -> Result<Vec<HeldLease>, Outcome> {
-    let acquisition = announced(args.wait, args.limit, |wait| async move {
+    let asked = Asked {
+        manager,
+        limit: args.limit,
+        exclusive: !args.shared,
+    };
+    let acquisition = announced(asked, args.wait, |wait| async move {
         let mut how = AcquireOptions::ttl(args.ttl)
             .holder(holder)
             .wait(wait)
@@ -141,7 +146,10 @@ async fn acquire(
     });
     let positions = report_positions(manager, args, holder);
     tokio::select! {
-        held = acquisition => held.map_err(|e| not_acquired(e, "run", args.limit)),
+        held = acquisition => match held {
+            Ok(held) => Ok(held),
+            Err(e) => Err(not_acquired(asked, e, "run").await),
+        },
         () = positions => unreachable!("the position report never ends"),
         signal = signals.next() => {
             eprintln!(
@@ -284,8 +292,8 @@ async fn expire_one(held: HeldLease, left: Duration, deadline: Instant) {
     let name = held.name().to_owned();
     match tokio::time::timeout_at(deadline, held.expire_in(left)).await {
         Ok(Ok(expires_at)) => note!(
-            "pglease: keeping {name:?} until {} (--min-hold)",
-            expires_at.to_rfc3339()
+            "pglease: keeping {name:?} {} (--min-hold)",
+            crate::output::from_now(expires_at)
         ),
         Ok(Err(e)) => eprintln!("pglease: could not keep {name:?} for --min-hold ({e})"),
         Err(_) => eprintln!(

@@ -67,6 +67,17 @@ async fn shared_holders_are_shown_and_forced() {
         .collect();
     assert_eq!(names, ["sh1"], "--held keeps a name held shared");
 
+    // An exclusive acquisition's refusal says how many hold it shared and
+    // for how long (the lease's 10 minutes, not the database's 2 s).
+    let refused = pglease(&db, &["acquire", "sh1", "--ttl", "5s"]);
+    assert_eq!(code(&refused), 3, "{}", stderr(&refused));
+    assert!(
+        stderr(&refused)
+            .contains("\"sh1\" is held shared by 2 holder(s), the last for another 9m "),
+        "{}",
+        stderr(&refused)
+    );
+
     // step-down addresses an exclusive holder only, and says so.
     let asked = pglease(&db, &["step-down", "sh1"]);
     assert_eq!(code(&asked), 2, "{}", stderr(&asked));
