@@ -26,7 +26,7 @@ async fn writer_waits(db: &TestDb, name: &str) -> bool {
 
 /// Two shared acquisitions hold the name; `run --shared` reads under its
 /// token and its write is refused; an exclusive acquisition exits 3
-/// naming a shared holder; an exclusive `run --wait` waits for the shared holders and
+/// saying how many hold it shared; an exclusive `run --wait` waits for the shared holders and
 /// starts once the last has released (exit 0); bad combinations exit 2.
 async fn shared_holders_from_the_command_line() {
     let db = crate::common::new_db().await;
@@ -79,10 +79,14 @@ async fn shared_holders_from_the_command_line() {
         .expect("count");
     assert_eq!(rows, 0, "no write under a shared token");
 
-    // A one-shot exclusive acquisition is refused, naming a shared holder.
+    // A one-shot exclusive acquisition is refused, saying it is held shared.
     let refused = pglease(&db, &["acquire", "doc", "--ttl", "10m", "--holder", "W"]);
     assert_eq!(code(&refused), 3, "{}", stderr(&refused));
-    assert!(stderr(&refused).contains("held by"), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("\"doc\" is held shared by 2 holder(s)"),
+        "{}",
+        stderr(&refused)
+    );
 
     // An exclusive run waits for A and B, and keeps new shared holders out.
     let writer = command(
