@@ -13,11 +13,13 @@ pub(crate) const EXIT_STATUSES: &str = "\
 Exit status:
   0    done (acquired, renewed, released, held, forced, ...)
   1    doctor: a check is not ok; elect, run: the command's own status
-  2    bad usage or input (nothing was changed)
-  3    not acquired: held by another (acquire, run: --conflict-exit-code
-       sets it); nobody holds it (status NAME, leader, step-down,
+  2    bad usage or input (nothing was changed); step-down: held shared
+       or counted
+  3    not acquired: held by another (acquire, run); hand-over: the
+       successor does not wait (--conflict-exit-code sets it for these
+       three); nobody holds it (status NAME, leader, step-down,
        force-release)
-  4    lease lost (renew, release, run)
+  4    lease lost (renew, release, hand-over, run)
   5    database unreachable or failing, the schema missing (run migrate),
        or a privilege missing
   124  run --timeout: the command ran out of time

@@ -80,13 +80,15 @@ struct Terminal {
 
 impl Terminal {
     /// The terminal on stdin, if pglease leads its process group (a shell
-    /// started it as a job) and that group is the terminal's foreground.
+    /// started it as a job) and that group is the terminal's foreground,
+    /// with stdout on a terminal too (in a pipeline, `run ... | less`, the
+    /// other commands share pglease's group and must keep the terminal).
     /// Started by another program in that program's group (make, a test
     /// harness), pglease leaves the terminal to it: Ctrl-C still reaches
     /// that program.
     fn foreground() -> Option<Terminal> {
         let stdin = std::io::stdin();
-        if !stdin.is_terminal() {
+        if !stdin.is_terminal() || !std::io::stdout().is_terminal() {
             return None;
         }
         let own = getpgrp();
@@ -110,18 +112,36 @@ impl Terminal {
         let _ = tcsetpgrp(std::io::stdin(), group);
     }
 
-    /// Takes the terminal back for pglease's group.
-    fn take_back(self) {
-        let _ = tcsetpgrp(std::io::stdin(), self.own);
+    /// Takes the terminal back for pglease's group if `group` (CMD's) has
+    /// it; not otherwise: a job the shell put in the background must not
+    /// take the terminal from the shell.
+    fn take_back_from(self, group: Pid) {
+        if tcgetpgrp(std::io::stdin()).ok() == Some(group) {
+            let _ = tcsetpgrp(std::io::stdin(), self.own);
+        }
     }
+}
+
+/// Whether CMD would be given the terminal (see [`Terminal`]): `elect`
+/// gives each term's CMD its stdin only then.
+pub(crate) fn in_terminal_foreground() -> bool {
+    Terminal::foreground().is_some()
+}
+
+/// The terminal CMD was given, and the signals that say what became of
+/// the job: SIGCHLD (CMD stopped) and SIGCONT (the job continued).
+struct Job {
+    terminal: Terminal,
+    stops: tokio::signal::unix::Signal,
+    continues: tokio::signal::unix::Signal,
 }
 
 /// A running CMD and its process group.
 pub(crate) struct Child {
     child: tokio::process::Child,
     group: Pid,
-    /// The terminal CMD was given, and the SIGCHLDs that say it stopped.
-    terminal: Option<(Terminal, tokio::signal::unix::Signal)>,
+    /// The terminal CMD was given, if it was.
+    job: Option<Job>,
 }
 
 impl Child {
@@ -155,44 +175,61 @@ impl Child {
             }
         }
         let terminal = if stdin { Terminal::foreground() } else { None };
-        let stops = match terminal {
-            // Registered before CMD starts, so that no stop is missed.
-            Some(_) => Some(signal(SignalKind::child())?),
+        let job = match terminal {
+            // Registered before CMD starts, so that nothing is missed.
+            Some(terminal) => Some(Job {
+                terminal,
+                stops: signal(SignalKind::child())?,
+                continues: signal(SignalKind::from_raw(Signal::SIGCONT as i32))?,
+            }),
             None => None,
         };
-        if terminal.is_some() {
-            // SAFETY: between fork and exec the closure only calls
-            // async-signal-safe functions (getpid, tcsetpgrp, sigaction)
-            // and allocates nothing.
-            unsafe {
-                command.pre_exec(|| {
+        let take_terminal = terminal.is_some();
+        // SAFETY: between fork and exec the closure only calls
+        // async-signal-safe functions (getpid, tcsetpgrp, sigaction) and
+        // allocates nothing.
+        unsafe {
+            command.pre_exec(move || {
+                if take_terminal {
                     // In its own group already (process_group runs
                     // first): take the terminal as a shell's child does,
-                    // SIGTTOU still ignored as in pglease, then restore it.
-                    let stdin = BorrowedFd::borrow_raw(0);
-                    let _ = tcsetpgrp(stdin, getpid());
-                    nix::sys::signal::signal(Signal::SIGTTOU, SigHandler::SigDfl)
-                        .map_err(std::io::Error::from)?;
-                    Ok(())
-                });
-            }
+                    // SIGTTOU ignored as in pglease.
+                    let _ = tcsetpgrp(BorrowedFd::borrow_raw(0), getpid());
+                }
+                // SIGTTOU as CMD expects it, whether or not an earlier
+                // term's handover made pglease ignore it.
+                nix::sys::signal::signal(Signal::SIGTTOU, SigHandler::SigDfl)
+                    .map_err(std::io::Error::from)?;
+                Ok(())
+            });
         }
-        let child = command.spawn()?;
+        let child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                // CMD may have taken the terminal before its exec failed.
+                if let Some(terminal) = terminal
+                    && tcgetpgrp(std::io::stdin()).ok() != Some(terminal.own)
+                {
+                    let _ = tcsetpgrp(std::io::stdin(), terminal.own);
+                }
+                return Err(e);
+            }
+        };
         let group = child
             .id()
             .and_then(|id| i32::try_from(id).ok())
             .map(Pid::from_raw)
             .ok_or_else(|| std::io::Error::other("the command exited at once"))?;
-        let terminal = terminal.zip(stops).map(|(terminal, stops)| {
+        if let Some(job) = &job {
             // Also from this side, whichever runs first (as shells do).
-            terminal.give(group);
-            (terminal, stops)
-        });
-        Ok(Child {
-            child,
-            group,
-            terminal,
-        })
+            job.terminal.give(group);
+        }
+        Ok(Child { child, group, job })
+    }
+
+    /// Whether CMD was given the terminal.
+    pub(crate) fn has_terminal(&self) -> bool {
+        self.job.is_some()
     }
 
     /// Sends `signal` to CMD's whole group (a group already gone is
@@ -214,18 +251,24 @@ impl Child {
     /// Cancel-safe: CMD keeps running.
     pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
         loop {
-            let Some((terminal, stops)) = self.terminal.as_mut() else {
+            let Some(job) = self.job.as_mut() else {
                 return self.child.wait().await;
             };
-            let terminal = *terminal;
-            tokio::select! {
+            let terminal = job.terminal;
+            let stopped = tokio::select! {
                 status = self.child.wait() => {
-                    terminal.take_back();
+                    terminal.take_back_from(self.group);
                     return status;
                 }
-                _ = stops.recv() => {}
+                _ = job.stops.recv() => true,
+                // `fg` after `bg`: the shell gave the job the terminal.
+                _ = job.continues.recv() => false,
+            };
+            if stopped {
+                self.follow_stop(terminal);
+            } else if terminal.is_ours() {
+                terminal.give(self.group);
             }
-            self.follow_stop(terminal);
         }
     }
 
@@ -234,7 +277,8 @@ impl Child {
     /// pglease takes the terminal back and stops itself (SIGTSTP), so that
     /// the shell sees the job stopped. Continued (`fg` or `bg`), it gives
     /// the terminal to CMD again if the shell gave it to the job, and
-    /// continues CMD. While pglease is stopped its leases are not renewed:
+    /// continues CMD; a later `fg` of a job continued with `bg` is seen by
+    /// its SIGCONT ([`Child::wait`]). While pglease is stopped its leases are not renewed:
     /// one that has expired meanwhile is lost when it continues, and CMD
     /// is stopped then. In an orphaned process group the stop is not taken
     /// (POSIX), and CMD is continued at once.
@@ -245,10 +289,17 @@ impl Child {
             Id::Pid(self.group),
             WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG,
         );
-        if !matches!(stopped, Ok(WaitStatus::Stopped(..))) {
+        let Ok(WaitStatus::Stopped(_, signal)) = stopped else {
+            return;
+        };
+        // CMD read (or wrote) the terminal just before it got it back
+        // after `fg`: not a stop of the job; hand it over and go on.
+        if matches!(signal, Signal::SIGTTIN | Signal::SIGTTOU) && terminal.is_ours() {
+            terminal.give(self.group);
+            self.signal(Signal::SIGCONT);
             return;
         }
-        terminal.take_back();
+        terminal.take_back_from(self.group);
         let _ = raise(Signal::SIGTSTP);
         // Continued.
         if terminal.is_ours() {
@@ -282,8 +333,8 @@ impl Child {
                 self.child.wait().await
             }
         };
-        if let Some((terminal, _)) = &self.terminal {
-            terminal.take_back();
+        if let Some(job) = &self.job {
+            job.terminal.take_back_from(self.group);
         }
         status
     }

@@ -236,7 +236,7 @@ fn usage_error(e: clap::Error) -> ! {
         "pglease: {}",
         rendered.strip_prefix("error: ").unwrap_or(&rendered)
     );
-    let no_separator = !std::env::args().any(|a| a == "--");
+    let no_separator = !std::env::args_os().any(|a| a == "--");
     if e.kind() == ErrorKind::MissingRequiredArgument && no_separator && rendered.contains("<CMD>")
     {
         eprintln!(

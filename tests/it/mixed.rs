@@ -359,16 +359,23 @@ async fn acquirable_within(manager: &LeaseManager, name: &str, seed: u64) -> Dur
 
 /// The logged writes: per name, tokens never decrease in commit order
 /// (a stale write committed after a newer term's would), and each is
-/// one of the name's exclusive tokens.
+/// one of the name's exclusive tokens. Commit order is the order of a
+/// deferred trigger's sequence, drawn as each transaction commits (the
+/// row's id is drawn at its INSERT, before the pause that makes a write
+/// stale, so it would not show a late commit).
 async fn no_stale_write(pool: &PgPool, seen: &Shared, seed: u64) {
-    let rows: Vec<(i64, String, i64)> =
-        sqlx::query_as("SELECT id, name, token FROM mixed_log ORDER BY id")
+    let rows: Vec<(i64, String, i64, Option<i64>)> =
+        sqlx::query_as("SELECT id, name, token, committed FROM mixed_log ORDER BY committed")
             .fetch_all(pool)
             .await
             .expect("read the log");
     let seen = lock(seen);
     let mut last: HashMap<&str, i64> = HashMap::new();
-    for (id, name, token) in &rows {
+    for (id, name, token, committed) in &rows {
+        assert!(
+            committed.is_some(),
+            "seed {seed}: row {id} without its commit's place"
+        );
         assert!(
             seen.exclusive.contains(&(name.clone(), *token)),
             "seed {seed}: row {id} under token {token} of {name}, never granted exclusive"
@@ -385,7 +392,17 @@ async fn no_stale_write(pool: &PgPool, seen: &Shared, seed: u64) {
 async fn one_seed(db: &TestDb, seed: u64) -> (Seen, Duration) {
     sqlx::raw_sql(
         "DROP TABLE IF EXISTS mixed_log; \
-         CREATE TABLE mixed_log (id bigserial PRIMARY KEY, name text NOT NULL, token bigint NOT NULL); \
+         DROP SEQUENCE IF EXISTS mixed_commits; \
+         CREATE TABLE mixed_log (id bigserial PRIMARY KEY, name text NOT NULL, token bigint NOT NULL, \
+                                 committed bigint); \
+         CREATE SEQUENCE mixed_commits; \
+         CREATE OR REPLACE FUNCTION mixed_committed() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN \
+             UPDATE mixed_log SET committed = nextval('mixed_commits') WHERE id = NEW.id; \
+             RETURN NULL; \
+         END $$; \
+         CREATE CONSTRAINT TRIGGER mixed_committed AFTER INSERT ON mixed_log \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION mixed_committed(); \
          SELECT pglease.set_fair('m1', true)",
     )
     .execute(db.pool())

@@ -4,7 +4,6 @@
 //! the leader is asked to step down, and campaign again. A signal stops
 //! CMD, resigns and exits 128 + the signal's number.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -170,6 +169,13 @@ async fn term(shared: &Shared, held: HeldLease) {
                     return;
                 }
                 let code = status_number(status);
+                // Ctrl-C or Ctrl-\ at the terminal CMD had reached CMD
+                // only: the user meant the election, as a shell takes it.
+                if running.terminal && interrupted(status) {
+                    note!("pglease: the command was interrupted from the terminal; resigning");
+                    shared.finished.send_replace(Some(code));
+                    return;
+                }
                 let failures = {
                     let mut failures = lock(&shared.failures);
                     *failures += 1;
@@ -213,6 +219,13 @@ async fn term(shared: &Shared, held: HeldLease) {
     }
 }
 
+/// Whether CMD was ended by SIGINT or SIGQUIT.
+fn interrupted(status: std::process::ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal() == Some(Signal::SIGINT as i32)
+        || status.signal() == Some(Signal::SIGQUIT as i32)
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
@@ -225,6 +238,8 @@ struct Running {
     child: Option<Child>,
     grace: Duration,
     busy: watch::Sender<bool>,
+    /// CMD was given the terminal: Ctrl-C reaches it, not `elect`.
+    terminal: bool,
 }
 
 impl Running {
@@ -239,16 +254,18 @@ impl Running {
             value: args.value.as_deref(),
             database_url: shared.database_url.as_deref(),
         };
-        // Standard input only when it is a terminal (CMD then gets it, as
-        // a shell's job does); a pipe or file is not read again by each
-        // term's CMD.
-        let child = Child::spawn(&args.cmd, &lease, std::io::stdin().is_terminal())?;
+        // Standard input only when CMD gets the terminal (as a shell's job
+        // does); a pipe or file is not read again by each term's CMD, and
+        // a CMD in the background would only stop reading the terminal.
+        let child = Child::spawn(&args.cmd, &lease, crate::child::in_terminal_foreground())?;
         shared.busy.send_replace(true);
         *lock(&shared.running) = Some(child.group());
+        let terminal = child.has_terminal();
         Ok(Running {
             child: Some(child),
             grace: args.grace,
             busy: shared.busy.clone(),
+            terminal,
         })
     }
 

@@ -150,7 +150,8 @@ async fn a_command_under_run_or_elect_reads_the_terminal() -> Result<(), SetupEr
 
 /// Ctrl-Z stops the job (the shell says Stopped) with the lease still
 /// held, `fg` resumes it and its command reads the terminal again; Ctrl-C
-/// reaches the command, and run exits with its status (130).
+/// reaches the command, and run exits with its status (130; so it did
+/// before the handover, when run forwarded SIGINT).
 async fn ctrl_z_stops_the_job_and_fg_resumes_it() -> Result<(), SetupError> {
     let db = new_db().await;
     let mut shell = Shell::start(&db)?;
@@ -182,7 +183,63 @@ async fn ctrl_z_stops_the_job_and_fg_resumes_it() -> Result<(), SetupError> {
     Ok(())
 }
 
+/// A job put in the background with `bg` leaves the shell its terminal
+/// when its command ends (pglease took it back from the shell before);
+/// `bg` then `fg` gives the command the terminal again, and it reads it.
+async fn bg_leaves_the_shell_its_terminal_and_fg_gives_it_back() -> Result<(), SetupError> {
+    let db = new_db().await;
+    let mut shell = Shell::start(&db)?;
+    let m = db.manager();
+    shell.tell(&format!(
+        "{BIN} run tty-bg --ttl 30s -- sh -c 'echo bg-re\"\"ady; sleep 1'\n"
+    ));
+    shell.shows("bg-ready").await;
+    shell.tell("\x1a");
+    shell.shows("Stopped").await;
+    shell.tell("bg\n");
+    poll_until("the background job to end", STEP, || async {
+        !m.inspect("tty-bg").await.expect("inspect").held
+    })
+    .await;
+    assert_eq!(shell.status("bg-done").await, "0", "the shell reads on");
+
+    shell.tell(&format!(
+        "{BIN} run tty-bgfg --ttl 30s -- sh -c 'echo bgfg-re\"\"ady; sleep 1; read a; echo \"got:$a\"'\n"
+    ));
+    shell.shows("bgfg-ready").await;
+    shell.tell("\x1a");
+    shell.shows("tty-bgfg").await;
+    shell.tell("bg\nfg\n");
+    shell.tell("after-bg-fg\n");
+    shell.shows("got:after-bg-fg").await;
+    assert_eq!(shell.status("bgfg-done").await, "0");
+    Ok(())
+}
+
+/// Ctrl-C at the terminal an `elect`'s command has ends the election
+/// (exit 130, resigned) instead of counting as a failure to restart.
+async fn ctrl_c_ends_an_election() -> Result<(), SetupError> {
+    let db = new_db().await;
+    let mut shell = Shell::start(&db)?;
+    let m = db.manager();
+    shell.tell(&format!(
+        "{BIN} elect tty-eint --ttl 30s --max-restarts 5 -- sh -c 'echo eint-re\"\"ady; sleep 600'\n"
+    ));
+    shell.shows("eint-ready").await;
+    shell.tell("\x03");
+    assert_eq!(shell.status("eint-done").await, "130", "128 + SIGINT");
+    assert!(
+        !m.inspect("tty-eint").await.expect("inspect").held,
+        "resigned"
+    );
+    let output = shell.output.lock().expect("output").clone();
+    assert!(!output.contains("restarting it"), "{output}");
+    Ok(())
+}
+
 tests![
     a_command_under_run_or_elect_reads_the_terminal,
     ctrl_z_stops_the_job_and_fg_resumes_it,
+    bg_leaves_the_shell_its_terminal_and_fg_gives_it_back,
+    ctrl_c_ends_an_election,
 ];
