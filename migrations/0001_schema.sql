@@ -4703,10 +4703,12 @@ COMMENT ON FUNCTION pglease.successor_waits(text, bigint, text) IS
 --   'free'       nobody.
 -- FAIR and WAITING: the name's line (see LINES), live places only. The
 -- columns before KIND are the exclusive term's, as they always were:
--- held is true only while an exclusive holder holds the name. A column
--- that a query does not select is not computed: the counts are scalar
--- subqueries, which the planner drops when unused, so the failure paths
--- that read this view for one name pay for none of them.
+-- held is true only while an exclusive holder holds the name. The counts
+-- are scalar subqueries over one name's rows; readers and readers_until
+-- are dropped by the planner when a query does not select them, waiting
+-- is not (it calls a volatile function) but costs nothing for a name
+-- without a line (queued false). No acquisition, renewal or release
+-- reads this view; failure paths and status do.
 -- =====================================================================
 
 CREATE VIEW pglease.status AS

@@ -103,7 +103,8 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs) -> Outcom
 async fn interrupted(manager: &LeaseManager, name: &str, signal: Signal) -> ExitCode {
     let released = tokio::time::timeout(Duration::from_secs(5), manager.shutdown()).await;
     let left = if matches!(released, Ok(Ok(()))) {
-        "nothing acquired is held"
+        "an acquisition in flight, if it succeeded, was released (or, if that failed, ends at \
+         its expiry)"
     } else {
         "an acquisition in flight, if it succeeded, ends at its expiry"
     };

@@ -719,7 +719,7 @@ async fn acquire_interrupted_while_waiting_says_so() {
     std::io::Read::read_to_string(&mut rest, &mut err).expect("read stderr");
     assert_eq!(status.code(), Some(128 + 2), "{err}");
     assert!(
-        err.contains("pglease: interrupted (SIGINT) while waiting for \"w\"; not acquired, nothing acquired is held"),
+        err.contains("pglease: interrupted (SIGINT) while waiting for \"w\"; not acquired, an acquisition in flight, if it succeeded, was released"),
         "{err}"
     );
     let lease = db.manager().inspect("w").await.expect("inspect");
