@@ -3333,6 +3333,7 @@ DECLARE
     first   pglease.acquisition;
     first_k integer;
     slot    text;
+    prior   text;
 BEGIN
     IF acquire_counted.slots IS NULL OR acquire_counted.slots NOT BETWEEN 1 AND pglease._max_slots() THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'slots',
@@ -3352,10 +3353,22 @@ BEGIN
     IF NOT pg_is_in_recovery() AND NOT EXISTS (
            SELECT 1 FROM pglease._counted AS c
             WHERE c.name = acquire_counted.name AND c.slots = acquire_counted.slots) THEN
-        INSERT INTO pglease._counted AS c (name, slots)
-        VALUES (acquire_counted.name, acquire_counted.slots)
-        ON CONFLICT ON CONSTRAINT _counted_pkey DO UPDATE SET slots = EXCLUDED.slots
-         WHERE c.slots <> EXCLUDED.slots;
+        -- For the status view and force_release only: never wait long
+        -- for another transaction writing the same name's row (this
+        -- acquisition would wait without bound behind it, and two
+        -- transactions writing two names in opposite orders would
+        -- deadlock). Skipped then; a later acquisition writes it.
+        prior := current_setting('lock_timeout');
+        PERFORM set_config('lock_timeout', '50ms', true);
+        BEGIN
+            INSERT INTO pglease._counted AS c (name, slots)
+            VALUES (acquire_counted.name, acquire_counted.slots)
+            ON CONFLICT ON CONSTRAINT _counted_pkey DO UPDATE SET slots = EXCLUDED.slots
+             WHERE c.slots <> EXCLUDED.slots;
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            NULL;
+        END;
+        PERFORM set_config('lock_timeout', prior, true);
     END IF;
     FOR k IN 1 .. acquire_counted.slots LOOP
         slot := format('%s#%s', acquire_counted.name, k);

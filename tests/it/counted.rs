@@ -159,7 +159,77 @@ async fn bad_limits_are_refused_before_anything_is_sent() {
     assert_eq!(fits.name(), format!("{}#1", "n".repeat(252)));
 }
 
+/// Two transactions that each acquire two counted names, in opposite
+/// orders and with new limits, neither committing yet: neither waits
+/// for the other on the status view's record of the limit (it waited
+/// without bound, and the two deadlocked); every attempt is answered
+/// (granted, or refused as new names whose creation another open
+/// transaction holds up), none with an error, within a bound.
+async fn counted_acquisitions_in_open_transactions_do_not_wait_for_each_other() {
+    let db = TestDb::new().await;
+    // The server's timeline checked once, in a transaction of its own.
+    db.manager()
+        .acquire("warm", AcquireOptions::ttl(TTL))
+        .await
+        .expect("warm");
+    let (mut a, mut b) = (db.connect().await, db.connect().await);
+    for conn in [&mut a, &mut b] {
+        sqlx::query("BEGIN")
+            .execute(&mut *conn)
+            .await
+            .expect("begin");
+    }
+    let acquire = "SELECT token FROM pglease.acquire_counted($1, $2, $3, '30 s')";
+    let started = Instant::now();
+    let first: Option<i64> = sqlx::query_scalar(acquire)
+        .bind("ca")
+        .bind(2)
+        .bind("A")
+        .fetch_one(&mut a)
+        .await
+        .expect("A: ca");
+    let second: Option<i64> = sqlx::query_scalar(acquire)
+        .bind("cb")
+        .bind(2)
+        .bind("B")
+        .fetch_one(&mut b)
+        .await
+        .expect("B: cb");
+    // Each now acquires the other's name, with another limit.
+    let (third, fourth) = tokio::join!(
+        sqlx::query_scalar::<_, Option<i64>>(acquire)
+            .bind("cb")
+            .bind(3)
+            .bind("A")
+            .fetch_one(&mut a),
+        sqlx::query_scalar::<_, Option<i64>>(acquire)
+            .bind("ca")
+            .bind(3)
+            .bind("B")
+            .fetch_one(&mut b),
+    );
+    let took = started.elapsed();
+    println!("two open transactions, counted names in opposite orders: {took:?}");
+    let (third, fourth) = (third.expect("A: cb"), fourth.expect("B: ca"));
+    println!("answers: {first:?} {second:?} {third:?} {fourth:?}");
+    assert!(
+        first.is_some() && second.is_some(),
+        "each one's first name, nobody else about"
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "answered within a bound: {took:?}"
+    );
+    for conn in [&mut a, &mut b] {
+        sqlx::query("COMMIT")
+            .execute(&mut *conn)
+            .await
+            .expect("commit");
+    }
+}
+
 tests![
+    counted_acquisitions_in_open_transactions_do_not_wait_for_each_other(2),
     up_to_the_limit_hold_at_once_each_with_its_own_token(2),
     an_expired_slot_is_taken_over_and_held_slots_are_renewed(2),
     bad_limits_are_refused_before_anything_is_sent,
