@@ -549,18 +549,27 @@ fn within(text: &str, limit: usize) -> Result<String, String> {
     Ok(text.to_owned())
 }
 
+/// A bad argument as an error names it: quoted when short, by its length
+/// when long (it is not echoed).
+fn quoted(text: &str) -> String {
+    if text.len() <= 40 {
+        format!("{text:?}")
+    } else {
+        format!("a {}-byte argument", text.len())
+    }
+}
+
 /// A `humantime` duration from `min` to `max`.
 fn duration(text: &str, min: Duration, max: Duration) -> Result<Duration, String> {
     if text.trim_start().starts_with('-') {
         return Err("must not be negative".to_owned());
     }
-    let quoted = if text.len() <= 40 {
-        format!("{text:?}")
-    } else {
-        format!("a {}-byte argument", text.len())
-    };
-    let d = humantime::parse_duration(text)
-        .map_err(|e| format!("{quoted} is not a duration ({e}); say 500ms, 30s, 5m or 2h"))?;
+    let d = humantime::parse_duration(text).map_err(|e| {
+        format!(
+            "{} is not a duration ({e}); say 500ms, 30s, 5m or 2h",
+            quoted(text)
+        )
+    })?;
     if d < min {
         return Err(if min <= Duration::from_nanos(1) {
             "must be greater than zero".to_owned()
@@ -604,13 +613,9 @@ fn token(text: &str) -> Result<Token, String> {
 fn whole(text: &str, min: u32, max: u32) -> Result<u32, String> {
     let digits = text.trim();
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        let quoted = if text.len() <= 40 {
-            format!("{text:?}")
-        } else {
-            format!("a {}-byte argument", text.len())
-        };
         return Err(format!(
-            "{quoted} is not a whole number; give one from {min} to {max}"
+            "{} is not a whole number; give one from {min} to {max}",
+            quoted(text)
         ));
     }
     match digits.parse::<u32>() {

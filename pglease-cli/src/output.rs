@@ -113,6 +113,15 @@ pub(crate) fn from_now(at: chrono::DateTime<chrono::Utc>) -> String {
     }
 }
 
+/// How long ago `at` (a database time) was, as `from_now` says the
+/// future: `4.2s ago`, or `just now`.
+pub(crate) fn ago(at: chrono::DateTime<chrono::Utc>) -> String {
+    match (chrono::Utc::now() - at).to_std() {
+        Ok(past) => format!("{} ago", short(past)),
+        Err(_) => "just now".to_owned(),
+    }
+}
+
 /// A duration as the command line takes it (`humantime`: `7days`,
 /// `1m 30s`, `500ms`).
 pub(crate) fn human(d: Duration) -> String {

@@ -34,20 +34,23 @@ async fn lock_row(conn: &mut PgConnection, name: &str) {
     assert_eq!(locked, Some(1), "the row of {name:?} exists");
 }
 
-/// Whether any timestamp column of an answer to `sql` is ±infinity (read
-/// as text, which always decodes).
-async fn infinite_times(conn: &mut PgConnection, sql: &str) -> Vec<String> {
-    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT expires_at::text AS e, checked_at::text AS c, delayed_until::text AS d FROM {sql}"
-    )))
-    .fetch_one(conn)
-    .await
-    .expect("the answer");
-    ["e", "c", "d"]
-        .into_iter()
-        .filter_map(|c| row.get::<Option<String>, _>(c))
-        .filter(|t| t.contains("infinity"))
-        .collect()
+/// Asserts that no timestamp column of the answer to each of `sqls` is
+/// ±infinity (read as text, which always decodes).
+async fn assert_finite_times(conn: &mut PgConnection, sqls: &[&str]) {
+    for sql in sqls {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT expires_at::text AS e, checked_at::text AS c, delayed_until::text AS d FROM {sql}"
+        )))
+        .fetch_one(&mut *conn)
+        .await
+        .expect("the answer");
+        let infinite: Vec<String> = ["e", "c", "d"]
+            .into_iter()
+            .filter_map(|c| row.get::<Option<String>, _>(c))
+            .filter(|t| t.contains("infinity"))
+            .collect();
+        assert_eq!(infinite, Vec::<String>::new(), "{sql}: finite times");
+    }
 }
 
 /// Issue 49's sequence: the row of a name never acquired, locked for over
@@ -66,16 +69,14 @@ async fn a_locked_row_of_a_name_never_acquired_is_pinned() {
     let mut locker = db.connect().await;
     lock_row(&mut locker, "hot").await;
 
-    for sql in [
-        "pglease.acquire('hot', 'raw', '10 s')",
-        "pglease.acquire_shared('hot', 'raw', '10 s')",
-    ] {
-        assert_eq!(
-            infinite_times(&mut admin, sql).await,
-            Vec::<String>::new(),
-            "{sql}: finite times"
-        );
-    }
+    assert_finite_times(
+        &mut admin,
+        &[
+            "pglease.acquire('hot', 'raw', '10 s')",
+            "pglease.acquire_shared('hot', 'raw', '10 s')",
+        ],
+    )
+    .await;
     let m = db.manager();
     for how in [opts("a"), opts("b").shared(true)] {
         match m.acquire("hot", how.clone()).await {
@@ -171,18 +172,16 @@ async fn every_refusal_decodes_to_its_outcome() {
         other => panic!("a full line: {other:?}"),
     }
 
-    for sql in [
-        "pglease.acquire('x', 'other', '10 s')",
-        "pglease.acquire_shared('s', 'r3', '10 s')",
-        "pglease.acquire('q', 'late', '10 s')",
-        "pglease.acquire('never', 'n', '10 s')",
-    ] {
-        assert_eq!(
-            infinite_times(&mut conn, sql).await,
-            Vec::<String>::new(),
-            "{sql}: finite times"
-        );
-    }
+    assert_finite_times(
+        &mut conn,
+        &[
+            "pglease.acquire('x', 'other', '10 s')",
+            "pglease.acquire_shared('s', 'r3', '10 s')",
+            "pglease.acquire('q', 'late', '10 s')",
+            "pglease.acquire('never', 'n', '10 s')",
+        ],
+    )
+    .await;
 }
 
 /// The two refusals of the timeline check, driven on a single server:
@@ -211,16 +210,14 @@ async fn the_timeline_checks_refusals_decode() {
         .execute(&mut *tx)
         .await
         .expect("hold the check's lock");
-    for sql in [
-        "pglease.acquire('t', 'raw', '10 s')",
-        "pglease.acquire_shared('t', 'raw', '10 s')",
-    ] {
-        assert_eq!(
-            infinite_times(&mut admin, sql).await,
-            Vec::<String>::new(),
-            "{sql}: finite times"
-        );
-    }
+    assert_finite_times(
+        &mut admin,
+        &[
+            "pglease.acquire('t', 'raw', '10 s')",
+            "pglease.acquire_shared('t', 'raw', '10 s')",
+        ],
+    )
+    .await;
     for how in [opts("a"), opts("b").shared(true), opts("c").limit(2)] {
         match m.acquire("t", how.clone()).await {
             Err(Error::Pinned { reason, .. }) => assert!(
@@ -240,16 +237,14 @@ async fn the_timeline_checks_refusals_decode() {
         .execute(&mut admin)
         .await
         .expect("declare a restore");
-    for sql in [
-        "pglease.acquire('t', 'raw', '10 s')",
-        "pglease.acquire_shared('t', 'raw', '10 s')",
-    ] {
-        assert_eq!(
-            infinite_times(&mut admin, sql).await,
-            Vec::<String>::new(),
-            "{sql}: finite times"
-        );
-    }
+    assert_finite_times(
+        &mut admin,
+        &[
+            "pglease.acquire('t', 'raw', '10 s')",
+            "pglease.acquire_shared('t', 'raw', '10 s')",
+        ],
+    )
+    .await;
     for how in [opts("a"), opts("b").shared(true), opts("c").limit(2)] {
         match m.acquire("t", how.clone()).await {
             Err(Error::GrantDelayed { reason, until, .. }) => {

@@ -24,6 +24,20 @@ async fn until_in_line(m: &LeaseManager, name: &str, n: usize) {
     .await;
 }
 
+/// Waits until a `pglease.enqueue` of `db` waits for a lock.
+async fn until_join_waits(db: &TestDb, what: &str) {
+    pglease::testing::poll_until(what, TTL, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+              AND wait_event_type = 'Lock' AND query LIKE '%pglease.enqueue%')",
+        )
+        .fetch_one(db.pool())
+        .await
+        .expect("read pg_stat_activity")
+    })
+    .await;
+}
+
 /// `pglease.enqueue` on `conn`: (ticket, position, waiting).
 async fn enqueue(
     conn: &mut PgConnection,
@@ -301,16 +315,7 @@ async fn a_join_during_a_first_acquisition_is_not_overtaken() {
         let place = enqueue(&mut waiter, &["new"], "W", "1 min", None).await;
         (place, waiter)
     });
-    pglease::testing::poll_until("the join to wait for the creator", TTL, || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
-              AND wait_event_type = 'Lock' AND query LIKE '%pglease.enqueue%')",
-        )
-        .fetch_one(db.pool())
-        .await
-        .expect("read pg_stat_activity")
-    })
-    .await;
+    until_join_waits(&db, "the join to wait for the creator").await;
     tx.commit().await.expect("A commits");
     let ((ticket, _, _), _waiter) = joining.await.expect("join");
     assert!(ticket.is_some());
@@ -564,16 +569,7 @@ async fn a_join_held_up_past_its_ttl_gets_a_whole_place() {
         let place = enqueue(&mut waiter, &["held-up"], "W", "1 s", None).await;
         (place, waiter)
     });
-    pglease::testing::poll_until("the join to wait for the row", TTL, || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
-              AND wait_event_type = 'Lock' AND query LIKE '%pglease.enqueue%')",
-        )
-        .fetch_one(db.pool())
-        .await
-        .expect("read pg_stat_activity")
-    })
-    .await;
+    until_join_waits(&db, "the join to wait for the row").await;
     // The fault: the row stays locked for longer than the place's TTL.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     tx.commit().await.expect("release the row");

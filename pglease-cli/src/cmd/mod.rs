@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 use pglease::{Error, HeldLease, LeaseKind, LeaseManager, RenewalHealth};
 
 use crate::exit::{self, Outcome};
-use crate::output::{from_now, human, note};
+use crate::output::{ago, from_now, human, note};
 
 /// Says on stderr, one line each time, when renewals of `held` start
 /// failing (with the time left before the command is stopped) and when
@@ -116,14 +116,6 @@ impl Asked<'_> {
             },
             _ => format!("{name:?} is held by {holder:?} {left}"),
         }
-    }
-}
-
-/// How long ago `at` (a database time) was: `4.2s ago`, or `just now`.
-fn ago(at: DateTime<Utc>) -> String {
-    match (Utc::now() - at).to_std() {
-        Ok(past) => format!("{} ago", crate::output::short(past)),
-        Err(_) => "just now".to_owned(),
     }
 }
 
