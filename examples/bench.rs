@@ -22,10 +22,11 @@
 //! `bench/pgbench/`, through sqlx, in `pglease_bench_p1`); `BENCH_ONLY=sql`
 //! only the SQL level: pgbench runs the scripts in `bench/pgbench/`
 //! (pglease's functions beside the minimal hand-made statements that give
-//! the same guarantee, alternated, `BENCH_ROUNDS` pairs, default 3;
-//! `BENCH_SQL_PAIRS=raw_cycle,raw_write` only the pairs with those
-//! baselines, `uncommon` the uncommon paths beside the common one) and
-//! prints their ratios;
+//! the same guarantee and beside the floor, those statements inside
+//! `SECURITY DEFINER` functions, alternated, `BENCH_ROUNDS` rounds,
+//! default 3; `BENCH_SQL_PAIRS=raw_cycle,raw_write` only the rows with
+//! those baselines, `uncommon` the uncommon paths beside the common one)
+//! and prints pglease / floor and pglease / raw;
 //! `BENCH_ONLY=flushes` only the WAL flushes of durable renewals (1,000
 //! leases held at `synchronous_commit = off`);
 //! `BENCH_ONLY=p2b` only one manager holding 100,000 leases (in a
@@ -1885,6 +1886,19 @@ async fn auto_failover() -> Result<(), Error> {
 // waiter watches every cycle name (a session that LISTENs on both
 // channels and watches them, draining what it hears).
 // The library level (`library_level`) runs the same pairs through sqlx.
+/// The floor twin of each raw script (`bench/pgbench/floor_*.sql`): the
+/// same statements inside `SECURITY DEFINER` functions (setup.sql), the
+/// least a design in which the database enforces who may act must cost.
+const FLOORS: [(&str, &str); 7] = [
+    ("raw_cycle", "floor_cycle"),
+    ("raw_cycle_history", "floor_cycle_history"),
+    ("raw_cycle_notify", "floor_cycle_notify"),
+    ("raw_renew", "floor_renew"),
+    ("raw_failed", "floor_failed"),
+    ("raw_write", "floor_write"),
+    ("raw_fenced", "floor_fenced"),
+];
+
 const P1_PAIRS: [(&str, &str, &str, bool, bool); 7] = [
     (
         "acquire + release, history off, nobody watching (raw cycle)",
@@ -2321,14 +2335,15 @@ async fn sql_level(secs: f64) -> Result<(), Error> {
     pool.close().await;
     let url = found().await?.url("pglease_bench_sql");
     println!(
-        "SQL level (pgbench, prepared statements, {secs} s per run, {rounds} pairs alternated, \
-         raw first): pglease tps / raw tps\n"
+        "SQL level (pgbench, prepared statements, {secs} s per run, {rounds} rounds alternated, \
+         each raw, floor, pglease): pglease tps / floor tps and pglease tps / raw tps, the \
+         median of the rounds' ratios\n"
     );
     println!(
-        "| operation | clients | names | raw tps (median) | pglease tps (median) | ratio per pair | median |\n\
-         |---|---:|---:|---:|---:|---|---:|"
+        "| operation | clients | names | raw tps | floor tps | pglease tps | pglease / floor per round | pglease / floor | pglease / raw | floor / raw |\n\
+         |---|---:|---:|---:|---:|---:|---|---:|---:|---:|"
     );
-    // BENCH_SQL_PAIRS=raw_cycle,raw_write: only the pairs with those raw
+    // BENCH_SQL_PAIRS=raw_cycle,raw_write: only the rows with those raw
     // scripts.
     let wanted = std::env::var("BENCH_SQL_PAIRS").unwrap_or_default();
     let pool = PgPoolOptions::new()
@@ -2339,6 +2354,11 @@ async fn sql_level(secs: f64) -> Result<(), Error> {
         if !wanted.is_empty() && !wanted.split(',').any(|w| w == raw_script) {
             continue;
         }
+        let floor_script = FLOORS
+            .iter()
+            .find(|(raw, _)| *raw == raw_script)
+            .map(|(_, floor)| *floor)
+            .expect("a floor script for every raw script");
         let retention = if history { "30 days" } else { "0" };
         sqlx::query("SELECT pglease.set_history($1::interval)")
             .bind(retention)
@@ -2351,35 +2371,25 @@ async fn sql_level(secs: f64) -> Result<(), Error> {
         };
         for clients in [1usize, 8] {
             for names in [1u32, 1000] {
-                let mut raw = Vec::new();
-                let mut lease = Vec::new();
-                let mut ratios = Vec::new();
+                let run = |script: &str| {
+                    pgbench_tps(
+                        &pgbench,
+                        &url,
+                        &dir.join(format!("{script}.sql")),
+                        clients,
+                        names,
+                        secs,
+                        offsets[0],
+                        offsets[1],
+                    )
+                };
+                let mut rounds_tps = Vec::new();
                 for _ in 0..rounds {
-                    let run = |script: &str| {
-                        pgbench_tps(
-                            &pgbench,
-                            &url,
-                            &dir.join(format!("{script}.sql")),
-                            clients,
-                            names,
-                            secs,
-                            offsets[0],
-                            offsets[1],
-                        )
-                    };
-                    let r = run(raw_script)?;
-                    let l = run(lease_script)?;
-                    ratios.push(l / r);
-                    raw.push(r);
-                    lease.push(l);
+                    rounds_tps.push([run(raw_script)?, run(floor_script)?, run(lease_script)?]);
                 }
-                let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
                 println!(
-                    "| {label} | {clients} | {names} | {:.0} | {:.0} | {} | {:.2} |",
-                    median_f64(&mut raw),
-                    median_f64(&mut lease),
-                    each.join(", "),
-                    median_f64(&mut ratios)
+                    "| {label} | {clients} | {names} | {} |",
+                    three_way(&rounds_tps)
                 );
             }
         }
@@ -2508,6 +2518,27 @@ async fn watch_cycle_names(url: &str) -> Result<tokio::task::JoinHandle<()>, Err
     Ok(tokio::spawn(async move {
         while let Ok(Some(_)) = listener.try_recv().await {}
     }))
+}
+
+/// One row's cells from its rounds of `[raw, floor, pglease]` tps: the
+/// median tps of each, pglease / floor per round and its median, then the
+/// medians of pglease / raw and floor / raw (each a median of the rounds'
+/// own ratios, so that a slow round moves one ratio, not every cell).
+fn three_way(rounds: &[[f64; 3]]) -> String {
+    let column = |i: usize| rounds.iter().map(|r| r[i]).collect::<Vec<f64>>();
+    let ratio = |a: usize, b: usize| rounds.iter().map(|r| r[a] / r[b]).collect::<Vec<f64>>();
+    let over_floor = ratio(2, 1);
+    let each: Vec<String> = over_floor.iter().map(|r| format!("{r:.2}")).collect();
+    format!(
+        "{:.0} | {:.0} | {:.0} | {} | {:.2} | {:.2} | {:.2}",
+        median_f64(&mut column(0)),
+        median_f64(&mut column(1)),
+        median_f64(&mut column(2)),
+        each.join(", "),
+        median_f64(&mut over_floor.clone()),
+        median_f64(&mut ratio(2, 0)),
+        median_f64(&mut ratio(1, 0))
+    )
 }
 
 /// The middle value (the mean of the two middle ones for an even count).

@@ -29,3 +29,82 @@ SELECT count(pglease.release(c.name, (c.a).token))
 SELECT count((pglease.acquire('held-' || g, 'bench', interval '1 day')).token)
   FROM generate_series(1, 1000) g;
 CHECKPOINT;
+-- The floor of a function-based design: each raw statement above, moved
+-- unchanged into a SECURITY DEFINER PL/pgSQL function with a fixed
+-- search_path, which is what lets an application role use leases without
+-- being able to forge them (it calls the functions, it may not write the
+-- table). pglease's functions do this and the fence's own work besides;
+-- the floor_*.sql scripts call these in place of the raw statements.
+CREATE SCHEMA floor;
+CREATE FUNCTION floor.acquire(name text, holder text, ttl interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE t bigint;
+BEGIN
+    UPDATE public.raw_leases AS l SET holder = acquire.holder, token = nextval('public.raw_seq'),
+           expires_at = clock_timestamp() + acquire.ttl
+     WHERE l.name = acquire.name AND (l.holder IS NULL OR l.expires_at <= clock_timestamp())
+    RETURNING l.token INTO t;
+    RETURN t;
+END $$;
+CREATE FUNCTION floor.release(name text, token bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE public.raw_leases AS l SET holder = NULL
+     WHERE l.name = release.name AND l.token = release.token AND l.holder IS NOT NULL
+       AND clock_timestamp() < l.expires_at;
+    RETURN FOUND;
+END $$;
+-- The same, recording the history rows the raw_cycle_history script does.
+CREATE FUNCTION floor.acquire_history(name text, holder text, ttl interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE t bigint;
+BEGIN
+    WITH a AS (UPDATE public.raw_leases AS l SET holder = acquire_history.holder,
+                      token = nextval('public.raw_seq'),
+                      expires_at = clock_timestamp() + acquire_history.ttl
+                WHERE l.name = acquire_history.name
+                  AND (l.holder IS NULL OR l.expires_at <= clock_timestamp())
+            RETURNING l.name, l.token, l.holder),
+         h AS (INSERT INTO public.raw_history (name, token, event, holder, at, role)
+               SELECT a.name, a.token, 'acquired', a.holder, clock_timestamp(), session_user FROM a)
+    SELECT a.token INTO t FROM a;
+    RETURN t;
+END $$;
+CREATE FUNCTION floor.release_history(name text, token bigint, notify boolean) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE n text;
+BEGIN
+    WITH r AS (UPDATE public.raw_leases AS l SET holder = NULL
+                WHERE l.name = release_history.name AND l.token = release_history.token
+                  AND l.holder IS NOT NULL AND clock_timestamp() < l.expires_at
+            RETURNING l.name, l.token),
+         h AS (INSERT INTO public.raw_history (name, token, event, holder, at, role)
+               SELECT r.name, r.token, 'released', 'bench', clock_timestamp(), session_user FROM r)
+    SELECT r.name INTO n FROM r;
+    IF n IS NOT NULL AND notify THEN
+        PERFORM pg_notify('raw_release', hashtext(n)::text);
+    END IF;
+    RETURN n IS NOT NULL;
+END $$;
+CREATE FUNCTION floor.renew(name text, token bigint, ttl interval) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE e timestamptz;
+BEGIN
+    UPDATE public.raw_leases AS l SET expires_at = clock_timestamp() + renew.ttl
+     WHERE l.name = renew.name AND l.token = renew.token AND l.holder IS NOT NULL
+       AND clock_timestamp() < l.expires_at
+    RETURNING l.expires_at INTO e;
+    RETURN e;
+END $$;
+-- The minimal guard: the lease row locked FOR KEY SHARE (until commit)
+-- when the token is current and unexpired. Inside a function, because
+-- locking a row FOR KEY SHARE needs UPDATE on its table, which an
+-- application role must not have.
+CREATE FUNCTION floor.guard(name text, token bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM FROM public.raw_leases AS l
+      WHERE l.name = guard.name AND l.token = guard.token AND clock_timestamp() < l.expires_at
+        FOR KEY SHARE;
+    RETURN FOUND;
+END $$;

@@ -33,6 +33,7 @@ mod answers;
 mod article_scenario;
 mod auto_failover;
 mod bad_input;
+mod bench_scripts;
 mod connect;
 mod counted;
 mod doctor;
@@ -78,6 +79,7 @@ fn main() -> std::process::ExitCode {
             advisory::tests(),
             answers::tests(),
             article_scenario::tests(),
+            bench_scripts::tests(),
             auto_failover::tests(),
             bad_input::tests(),
             connect::tests(),
