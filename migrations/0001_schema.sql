@@ -1112,6 +1112,10 @@ DECLARE
     cur_role   name;
     -- Every waiter for the name waits in line (set_fair).
     name_fair  boolean;
+    -- The history records (see HISTORY); the row was read by the common
+    -- path's statement.
+    history_on boolean;
+    have_row   boolean := false;
 BEGIN
     IF NOT coalesce(octet_length(acquire.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND octet_length(acquire.holder) BETWEEN 1 AND pglease._max_text_bytes()
@@ -1124,17 +1128,95 @@ BEGIN
             MESSAGE = 'pglease: session_bound must be true or false, got NULL';
     END IF;
 
+    -- The common path: one statement takes a released lease whose name
+    -- uses none of the uncommon features (nobody has waited in line, no
+    -- shared holder, no name grant, no session binding, no place in
+    -- line), deciding them all from its row, and reads the row as it was
+    -- for the way below when it takes nothing. A failed attempt locks
+    -- nothing and writes nothing: the row is locked only if it matches.
+    -- Everything else (an expired term to record, a row locked by a
+    -- fenced transaction, a name never acquired, a standby or a read-only
+    -- transaction) takes the way below. The same guards as the first try
+    -- there: the timeline checked and no grant delay (see TIMELINES), the
+    -- token drawn under the lock.
+    IF NOT acquire.session_bound AND acquire.ticket IS NULL
+       AND current_setting('transaction_read_only') = 'off' THEN
+        WITH s AS (
+            SELECT l.name
+              FROM pglease.leases AS l
+             WHERE l.name = acquire.name
+               AND l.holder IS NULL AND NOT l.queued AND l.readers_until IS NULL
+               AND EXISTS (SELECT 1 FROM pglease._checked AS c
+                            WHERE c.grant_after IS NULL OR c.grant_after <= clock_timestamp())
+               AND NOT EXISTS (SELECT 1 FROM pglease.name_grants AS g
+                                WHERE starts_with(acquire.name, g.prefix))
+               FOR UPDATE OF l SKIP LOCKED
+        ), u AS (
+            UPDATE pglease.leases AS l
+               SET holder = acquire.holder,
+                   role = session_user,
+                   token = nextval('pglease.fence_seq'),
+                   expires_at = clock_timestamp() + make_interval(secs => seconds::double precision),
+                   acquired_at = clock_timestamp(),
+                   renewed_at = NULL,
+                   released_at = NULL,
+                   renewals = 0,
+                   session_pid = NULL,
+                   session_start = NULL,
+                   writer_waiting = NULL,
+                   writer_waits_until = NULL,
+                   handed_to = NULL
+              FROM s
+             WHERE l.name = s.name
+               AND l.holder IS NULL AND NOT l.queued AND l.readers_until IS NULL
+            RETURNING l.token, l.expires_at, l.acquired_at
+        )
+        SELECT u.token, u.expires_at, u.acquired_at, c.retention > interval '0',
+               r.name IS NOT NULL, r.holder, r.expires_at, r.token, r.session_pid,
+               r.session_start, r.queued, r.readers_until, r.handed_to, r.role, r.fair
+          INTO result.token, result.expires_at, t, history_on,
+               found_row, cur_holder, cur_expiry, cur_token, cur_pid,
+               cur_start, line_set, readers, handed, cur_role, name_fair
+          FROM pglease._history_config AS c
+          LEFT JOIN pglease.leases AS r ON r.name = acquire.name
+          LEFT JOIN u ON true;
+        IF result.token IS NOT NULL THEN
+            IF history_on THEN
+                INSERT INTO pglease._history (name, token, event, holder, at, role)
+                VALUES (acquire.name, result.token, 'acquired', acquire.holder, t, session_user)
+                RETURNING _history.id INTO new_id;
+                IF new_id % 128 = 0 THEN
+                    PERFORM pglease._purge_history(new_id);
+                END IF;
+            END IF;
+            -- Durable whatever the session's synchronous_commit (see
+            -- DURABILITY at the top).
+            IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
+                checked := set_config('synchronous_commit', 'on', true);
+            END IF;
+            PERFORM pglease._changed(acquire.name);
+            result.holder := acquire.holder;
+            result.checked_at := t;
+            RETURN result;
+        END IF;
+        have_row := true;
+    END IF;
+
     -- Fast path, read-only: a held, unexpired lease is reported without a
     -- row lock, a token, WAL or a commit flush, also while fenced
     -- transactions hold it. A session-bound one is held while its session
-    -- lives. Read twice at most (see the handover below).
+    -- lives. Read twice at most (see the handover below); the first time
+    -- by the common path's statement when it ran.
     FOR look IN 1 .. 2 LOOP
-        SELECT l.holder, l.expires_at, l.token, l.session_pid, l.session_start, l.queued,
-               l.readers_until, l.handed_to, l.role, l.fair
-          INTO cur_holder, cur_expiry, cur_token, cur_pid, cur_start, line_set, readers,
-               handed, cur_role, name_fair
-          FROM pglease.leases AS l WHERE l.name = acquire.name;
-        found_row := FOUND;
+        IF NOT have_row THEN
+            SELECT l.holder, l.expires_at, l.token, l.session_pid, l.session_start, l.queued,
+                   l.readers_until, l.handed_to, l.role, l.fair
+              INTO cur_holder, cur_expiry, cur_token, cur_pid, cur_start, line_set, readers,
+                   handed, cur_role, name_fair
+              FROM pglease.leases AS l WHERE l.name = acquire.name;
+            found_row := FOUND;
+        END IF;
+        have_row := false;
         t := clock_timestamp();
         EXIT WHEN cur_holder IS NULL OR t >= cur_expiry;
         -- Handed over to this acquisition's place in line (see HANDOVER):
@@ -1709,9 +1791,13 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    checked  text;
-    locks    integer;
-    new_id   bigint;
+    checked    text;
+    locks      integer;
+    new_id     bigint;
+    history_on boolean;
+    old_holder text;
+    ended_at   timestamptz;
+    old_renewals integer;
 BEGIN
     IF NOT coalesce(octet_length(release.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND release.token IS NOT NULL, false) THEN
@@ -1721,31 +1807,24 @@ BEGIN
 
     -- Keyed on the token: a delayed release from an earlier acquisition
     -- matches nothing; after expiry nothing changes. The holder, for the
-    -- history, from the row as this statement found it (a token's holder
-    -- never changes but to NULL, which this update then does not match);
-    -- the history row is inserted by the same statement.
-    WITH u AS (
-        UPDATE pglease.leases AS l
-           SET holder = NULL,
-               expires_at = clock_timestamp(),
-               released_at = clock_timestamp()
-          FROM pglease.leases AS o
-         WHERE l.name = release.name
-           AND o.name = release.name
-           AND l.token = release.token
-           AND l.holder IS NOT NULL
-           AND clock_timestamp() < l.expires_at
-           AND (l.role = session_user OR pglease._may_act(l.role))
-        RETURNING o.holder, l.released_at, l.renewals
-    ), h AS (
-        INSERT INTO pglease._history (name, token, event, holder, at, renewals, role)
-        SELECT release.name, release.token, 'released', u.holder, u.released_at, u.renewals,
-               session_user
-          FROM u CROSS JOIN pglease._history_config AS c
-         WHERE c.retention > interval '0'
-        RETURNING _history.id
-    )
-    SELECT (SELECT max(h.id) FROM h) INTO new_id FROM u;
+    -- history only, from the row as this statement's snapshot shows it (a
+    -- token's holder never changes but to NULL, which this update then
+    -- does not match).
+    UPDATE pglease.leases AS l
+       SET holder = NULL,
+           expires_at = clock_timestamp(),
+           released_at = clock_timestamp()
+      FROM pglease._history_config AS c
+     WHERE l.name = release.name
+       AND l.token = release.token
+       AND l.holder IS NOT NULL
+       AND clock_timestamp() < l.expires_at
+       AND (l.role = session_user OR pglease._may_act(l.role))
+    RETURNING c.retention > interval '0', l.released_at, l.renewals,
+              CASE WHEN c.retention > interval '0'
+                   THEN (SELECT o.holder FROM pglease.leases AS o
+                          WHERE o.name = release.name AND o.token = release.token) END
+         INTO history_on, ended_at, old_renewals, old_holder;
     -- Not the exclusive holder's token: a shared holder's (see SHARED
     -- LEASES), or a lease not valid.
     IF NOT FOUND AND NOT pglease._release_shared(release.name, release.token) THEN
@@ -1765,8 +1844,14 @@ BEGIN
     ELSE
         PERFORM pg_notify('pglease_release', hashtext(release.name)::text);
     END IF;
-    IF new_id % 128 = 0 THEN
-        PERFORM pglease._purge_history(new_id);
+    IF history_on THEN
+        INSERT INTO pglease._history (name, token, event, holder, at, renewals, role)
+        VALUES (release.name, release.token, 'released', old_holder, ended_at, old_renewals,
+                session_user)
+        RETURNING _history.id INTO new_id;
+        IF new_id % 128 = 0 THEN
+            PERFORM pglease._purge_history(new_id);
+        END IF;
     END IF;
     PERFORM pglease._changed(release.name);
     RETURN true;
