@@ -16,13 +16,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::{Connection, Row};
-use tokio::sync::{broadcast, oneshot, watch};
+use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 use crate::context::Context;
@@ -209,50 +210,69 @@ impl GiveBack for Attempt {
     }
 }
 
-/// An attempt's outcome on its way to the waiter. Dropped with what it
-/// acquired still inside (the waiter stopped waiting), it releases that
-/// in the background.
-struct Delivery<T: GiveBack> {
-    outcome: Option<Result<T>>,
+/// An attempt polled where it is awaited, with no task of its own. If
+/// the waiter stops waiting while the attempt's statement is in flight
+/// (the future is dropped), the attempt is finished on a tracked task
+/// instead, so that `shutdown` waits for it, and what it acquired for
+/// nobody is given back; without a runtime to finish it on (the runtime
+/// itself is shutting down), it is dropped and what it may have acquired
+/// expires.
+struct InFlight<T: GiveBack> {
+    running: Option<Pin<Box<dyn Future<Output = Result<T>> + Send>>>,
     context: Arc<Context>,
 }
 
-impl<T: GiveBack> Drop for Delivery<T> {
-    fn drop(&mut self) {
-        if let Some(Ok(acquired)) = self.outcome.take() {
-            acquired.give_back(&self.context);
-        }
+impl<T: GiveBack> Future for InFlight<T> {
+    type Output = Result<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Result<T>> {
+        let Some(running) = self.running.as_mut() else {
+            // Polled again after its answer: nothing is in flight.
+            return Poll::Ready(Err(Error::ShutDown));
+        };
+        let outcome = std::task::ready!(running.as_mut().poll(cx));
+        // Answered: nothing is left to finish when this is dropped.
+        self.running = None;
+        Poll::Ready(outcome)
     }
 }
 
-/// Runs `attempt` on a task of its own, so that a caller who stops
-/// waiting while its statement is in flight leaves nothing held: what it
-/// acquired for nobody is released in the background.
+impl<T: GiveBack> Drop for InFlight<T> {
+    fn drop(&mut self) {
+        let Some(running) = self.running.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let context = Arc::clone(&self.context);
+        self.context.background.spawn_on(
+            async move {
+                if let Ok(acquired) = running.await {
+                    acquired.give_back(&context);
+                }
+            },
+            &runtime,
+        );
+    }
+}
+
+/// Runs `attempt` in place, so that a caller who stops waiting while its
+/// statement is in flight leaves nothing held (see [`InFlight`]): no task
+/// is spawned unless the caller goes.
 async fn detached<T, F>(
     context: &Arc<Context>,
     attempt: impl FnOnce(Arc<Context>) -> F,
 ) -> Result<T>
 where
-    T: GiveBack,
+    T: GiveBack + Send + 'static,
     F: Future<Output = Result<T>> + Send + 'static,
 {
-    let (reply, answer) = oneshot::channel();
-    let context = Arc::clone(context);
-    let running = attempt(Arc::clone(&context));
-    // Tracked, so that `shutdown` waits for an attempt still in the
-    // database and for the release of what it acquired for nobody.
-    context.background.clone().spawn(async move {
-        let outcome = running.await;
-        // If the waiter is gone, the returned delivery is dropped here.
-        let _ = reply.send(Delivery {
-            outcome: Some(outcome),
-            context,
-        });
-    });
-    // No await between receiving and taking: cancellation cannot fall
-    // in between.
-    let mut delivery = answer.await.map_err(|_| Error::ShutDown)?;
-    delivery.outcome.take().unwrap_or(Err(Error::ShutDown))
+    InFlight {
+        running: Some(Box::pin(attempt(Arc::clone(context)))),
+        context: Arc::clone(context),
+    }
+    .await
 }
 
 /// Counts a waiting acquirer for [`crate::ManagerStats::waiting`].
