@@ -1112,10 +1112,8 @@ DECLARE
     cur_role   name;
     -- Every waiter for the name waits in line (set_fair).
     name_fair  boolean;
-    -- The history records (see HISTORY); the row was read by the common
-    -- path's statement.
+    -- The history records (see HISTORY).
     history_on boolean;
-    have_row   boolean := false;
 BEGIN
     IF NOT coalesce(octet_length(acquire.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND octet_length(acquire.holder) BETWEEN 1 AND pglease._max_text_bytes()
@@ -1128,95 +1126,17 @@ BEGIN
             MESSAGE = 'pglease: session_bound must be true or false, got NULL';
     END IF;
 
-    -- The common path: one statement takes a released lease whose name
-    -- uses none of the uncommon features (nobody has waited in line, no
-    -- shared holder, no name grant, no session binding, no place in
-    -- line), deciding them all from its row, and reads the row as it was
-    -- for the way below when it takes nothing. A failed attempt locks
-    -- nothing and writes nothing: the row is locked only if it matches.
-    -- Everything else (an expired term to record, a row locked by a
-    -- fenced transaction, a name never acquired, a standby or a read-only
-    -- transaction) takes the way below. The same guards as the first try
-    -- there: the timeline checked and no grant delay (see TIMELINES), the
-    -- token drawn under the lock.
-    IF NOT acquire.session_bound AND acquire.ticket IS NULL
-       AND current_setting('transaction_read_only') = 'off' THEN
-        WITH s AS (
-            SELECT l.name
-              FROM pglease.leases AS l
-             WHERE l.name = acquire.name
-               AND l.holder IS NULL AND NOT l.queued AND l.readers_until IS NULL
-               AND EXISTS (SELECT 1 FROM pglease._checked AS c
-                            WHERE c.grant_after IS NULL OR c.grant_after <= clock_timestamp())
-               AND NOT EXISTS (SELECT 1 FROM pglease.name_grants AS g
-                                WHERE starts_with(acquire.name, g.prefix))
-               FOR UPDATE OF l SKIP LOCKED
-        ), u AS (
-            UPDATE pglease.leases AS l
-               SET holder = acquire.holder,
-                   role = session_user,
-                   token = nextval('pglease.fence_seq'),
-                   expires_at = clock_timestamp() + make_interval(secs => seconds::double precision),
-                   acquired_at = clock_timestamp(),
-                   renewed_at = NULL,
-                   released_at = NULL,
-                   renewals = 0,
-                   session_pid = NULL,
-                   session_start = NULL,
-                   writer_waiting = NULL,
-                   writer_waits_until = NULL,
-                   handed_to = NULL
-              FROM s
-             WHERE l.name = s.name
-               AND l.holder IS NULL AND NOT l.queued AND l.readers_until IS NULL
-            RETURNING l.token, l.expires_at, l.acquired_at
-        )
-        SELECT u.token, u.expires_at, u.acquired_at, c.retention > interval '0',
-               r.name IS NOT NULL, r.holder, r.expires_at, r.token, r.session_pid,
-               r.session_start, r.queued, r.readers_until, r.handed_to, r.role, r.fair
-          INTO result.token, result.expires_at, t, history_on,
-               found_row, cur_holder, cur_expiry, cur_token, cur_pid,
-               cur_start, line_set, readers, handed, cur_role, name_fair
-          FROM pglease._history_config AS c
-          LEFT JOIN pglease.leases AS r ON r.name = acquire.name
-          LEFT JOIN u ON true;
-        IF result.token IS NOT NULL THEN
-            IF history_on THEN
-                INSERT INTO pglease._history (name, token, event, holder, at, role)
-                VALUES (acquire.name, result.token, 'acquired', acquire.holder, t, session_user)
-                RETURNING _history.id INTO new_id;
-                IF new_id % 128 = 0 THEN
-                    PERFORM pglease._purge_history(new_id);
-                END IF;
-            END IF;
-            -- Durable whatever the session's synchronous_commit (see
-            -- DURABILITY at the top).
-            IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
-                checked := set_config('synchronous_commit', 'on', true);
-            END IF;
-            PERFORM pglease._changed(acquire.name);
-            result.holder := acquire.holder;
-            result.checked_at := t;
-            RETURN result;
-        END IF;
-        have_row := true;
-    END IF;
-
     -- Fast path, read-only: a held, unexpired lease is reported without a
     -- row lock, a token, WAL or a commit flush, also while fenced
     -- transactions hold it. A session-bound one is held while its session
-    -- lives. Read twice at most (see the handover below); the first time
-    -- by the common path's statement when it ran.
+    -- lives. Read twice at most (see the handover below).
     FOR look IN 1 .. 2 LOOP
-        IF NOT have_row THEN
-            SELECT l.holder, l.expires_at, l.token, l.session_pid, l.session_start, l.queued,
-                   l.readers_until, l.handed_to, l.role, l.fair
-              INTO cur_holder, cur_expiry, cur_token, cur_pid, cur_start, line_set, readers,
-                   handed, cur_role, name_fair
-              FROM pglease.leases AS l WHERE l.name = acquire.name;
-            found_row := FOUND;
-        END IF;
-        have_row := false;
+        SELECT l.holder, l.expires_at, l.token, l.session_pid, l.session_start, l.queued,
+               l.readers_until, l.handed_to, l.role, l.fair
+          INTO cur_holder, cur_expiry, cur_token, cur_pid, cur_start, line_set, readers,
+               handed, cur_role, name_fair
+          FROM pglease.leases AS l WHERE l.name = acquire.name;
+        found_row := FOUND;
         t := clock_timestamp();
         EXIT WHEN cur_holder IS NULL OR t >= cur_expiry;
         -- Handed over to this acquisition's place in line (see HANDOVER):
@@ -1262,6 +1182,72 @@ BEGIN
     -- A standby takes nothing (and cannot read pglease._checked).
     IF pg_is_in_recovery() THEN
         PERFORM pglease._refuse_standby('acquire a lease');
+    END IF;
+
+    -- The common path: a released lease whose name uses none of the
+    -- uncommon features (nobody has waited in line, no shared holder, no
+    -- name grant, no session binding, no place in line), decided from the
+    -- row just read, is taken by one statement. It takes nothing when the
+    -- row changed since, is locked (a fenced transaction, another
+    -- acquirer), a name grant covers the name, or the timeline is not
+    -- checked or a grant delay runs (see TIMELINES, evaluated once per
+    -- statement): then the way below decides, as for everything else (an
+    -- expired term to record, a name never acquired). The token is drawn
+    -- under the lock, by the statement that checks the timeline.
+    IF cur_holder IS NULL AND found_row AND NOT line_set AND readers IS NULL
+       AND NOT acquire.session_bound AND acquire.ticket IS NULL THEN
+        WITH s AS (
+            SELECT l.name
+              FROM pglease.leases AS l
+             WHERE l.name = acquire.name
+               AND l.holder IS NULL AND NOT l.queued AND l.readers_until IS NULL
+               AND EXISTS (SELECT 1 FROM pglease._checked AS c
+                            WHERE c.grant_after IS NULL OR c.grant_after <= clock_timestamp())
+               AND NOT EXISTS (SELECT 1 FROM pglease.name_grants AS g
+                                WHERE starts_with(acquire.name, g.prefix))
+               FOR UPDATE OF l SKIP LOCKED
+        ), u AS (
+            UPDATE pglease.leases AS l
+               SET holder = acquire.holder,
+                   role = session_user,
+                   token = nextval('pglease.fence_seq'),
+                   expires_at = clock_timestamp() + make_interval(secs => seconds::double precision),
+                   acquired_at = clock_timestamp(),
+                   renewed_at = NULL,
+                   released_at = NULL,
+                   renewals = 0,
+                   session_pid = NULL,
+                   session_start = NULL,
+                   writer_waiting = NULL,
+                   writer_waits_until = NULL,
+                   handed_to = NULL
+              FROM s
+             WHERE l.name = s.name
+               AND l.holder IS NULL AND NOT l.queued AND l.readers_until IS NULL
+            RETURNING l.token, l.expires_at, l.acquired_at
+        )
+        SELECT u.token, u.expires_at, u.acquired_at, c.retention > interval '0'
+          INTO result.token, result.expires_at, t, history_on
+          FROM u CROSS JOIN pglease._history_config AS c;
+        IF FOUND THEN
+            IF history_on THEN
+                INSERT INTO pglease._history (name, token, event, holder, at, role)
+                VALUES (acquire.name, result.token, 'acquired', acquire.holder, t, session_user)
+                RETURNING _history.id INTO new_id;
+                IF new_id % 128 = 0 THEN
+                    PERFORM pglease._purge_history(new_id);
+                END IF;
+            END IF;
+            -- Durable whatever the session's synchronous_commit (see
+            -- DURABILITY at the top).
+            IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
+                checked := set_config('synchronous_commit', 'on', true);
+            END IF;
+            PERFORM pglease._changed(acquire.name);
+            result.holder := acquire.holder;
+            result.checked_at := t;
+            RETURN result;
+        END IF;
     END IF;
 
     -- The line (see LINES), read only when someone has joined it since it
