@@ -36,7 +36,9 @@
 //! `BENCH_ONLY=p4` only the takeover after a holder dies or freezes;
 //! `BENCH_ONLY=p4c` only the takeover of a session-bound lease whose
 //! holder's session ended, beside an advisory lock's; `BENCH_ONLY=tls`
-//! only what TLS costs per operation, on the TLS formation.
+//! only what TLS costs per operation, on the TLS formation;
+//! `BENCH_ONLY=thin` only the library's own cost: each `LeaseManager`
+//! operation beside the same pglease call sent bare through sqlx.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -313,6 +315,7 @@ async fn main() -> Result<(), Error> {
         "p4c" => Some(session_bound_takeover(&pool).await),
         "flushes" => Some(renewal_flushes().await),
         "tls" => Some(tls_cost(secs).await),
+        "thin" => Some(thin_library(&pool, &m, secs).await),
         _ => None,
     };
     if let Some(outcome) = part {
@@ -2615,4 +2618,215 @@ fn pgbench_tps(
             .into(),
         ))),
     }
+}
+
+/// The library's own cost (`BENCH_ONLY=thin`): each `LeaseManager`
+/// operation beside the same pglease function call sent bare through
+/// sqlx, one prepared statement per operation, alternated (bare first),
+/// at 1 and 8 clients on 1 and 1,000 names. Prints library / bare per
+/// pair and the median.
+async fn thin_library(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<(), Error> {
+    let rounds = bench_rounds();
+    let mut held = Vec::new();
+    for n in 1..=1000 {
+        held.push(
+            m.acquire(
+                &format!("thin-held-{n}"),
+                AcquireOptions::ttl(LONG).holder("bench"),
+            )
+            .await?,
+        );
+    }
+    let held = Arc::new(held);
+    sqlx::query("CREATE TABLE IF NOT EXISTS thin_data (id int PRIMARY KEY, value bigint NOT NULL)")
+        .execute(pool)
+        .await?;
+    sqlx::query(
+        "INSERT INTO thin_data SELECT g, 0 FROM generate_series(1, 1000) g ON CONFLICT DO NOTHING",
+    )
+    .execute(pool)
+    .await?;
+    println!(
+        "\nThe library's own cost ({rounds} pairs alternated, bare first, {secs} s each): \
+         LeaseManager ops/s / the same pglease call sent bare through sqlx\n"
+    );
+    println!(
+        "| operation | clients | names | bare ops/s (median) | library ops/s (median) | ratio per pair | median |\n\
+         |---|---:|---:|---:|---:|---|---:|"
+    );
+    for (label, clients, names) in ["cycle", "failed", "renew", "fenced"]
+        .into_iter()
+        .flat_map(|l| [(l, 1, 1), (l, 1, 1000), (l, 8, 1), (l, 8, 1000)])
+    {
+        let (bare, lib) = thin_pair(label, pool, m, &held, names);
+        let (mut b, mut l, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let x = rate(clients, secs, bare.clone()).await;
+            let y = rate(clients, secs, lib.clone()).await;
+            ratios.push(y / x);
+            b.push(x);
+            l.push(y);
+        }
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "| {label} | {clients} | {names} | {:.0} | {:.0} | {} | {:.2} |",
+            median_f64(&mut b),
+            median_f64(&mut l),
+            each.join(", "),
+            median_f64(&mut ratios)
+        );
+    }
+    for lease in held.iter() {
+        m.release(lease).await?;
+    }
+    Ok(())
+}
+
+/// `BENCH_ROUNDS` (default 3).
+fn bench_rounds() -> usize {
+    std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+}
+
+/// The bare operation and the library's for one row of [`thin_library`].
+fn thin_pair(
+    label: &str,
+    pool: &PgPool,
+    m: &LeaseManager,
+    held: &Arc<Vec<Lease>>,
+    names: usize,
+) -> (Op, Op) {
+    let (pool, m, held) = (pool.clone(), m.clone(), held.clone());
+    match label {
+        "cycle" => (
+            op(move |_| {
+                let pool = pool.clone();
+                async move {
+                    let name = format!("thin-cycle-{}", pick(names));
+                    let token: Option<i64> =
+                        sqlx::query_scalar("SELECT token FROM pglease.acquire($1, $2, $3)")
+                            .bind(&name)
+                            .bind("bench")
+                            .bind(LONG)
+                            .fetch_one(&pool)
+                            .await?;
+                    if let Some(token) = token {
+                        sqlx::query("SELECT pglease.release($1, $2)")
+                            .bind(&name)
+                            .bind(token)
+                            .execute(&pool)
+                            .await?;
+                    }
+                    Ok(())
+                }
+            }),
+            op(move |_| {
+                let m = m.clone();
+                async move {
+                    let name = format!("thin-cycle-{}", pick(names));
+                    match m
+                        .acquire(&name, AcquireOptions::ttl(LONG).holder("bench"))
+                        .await
+                    {
+                        Ok(lease) => m.release(&lease).await.map(drop),
+                        Err(Error::Held { .. }) => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                }
+            }),
+        ),
+        "failed" => (
+            op(move |_| {
+                let pool = pool.clone();
+                async move {
+                    let token: Option<i64> =
+                        sqlx::query_scalar("SELECT token FROM pglease.acquire($1, $2, $3)")
+                            .bind(format!("thin-held-{}", pick(names)))
+                            .bind("other")
+                            .bind(LONG)
+                            .fetch_one(&pool)
+                            .await?;
+                    assert!(token.is_none(), "acquired a held lease");
+                    Ok(())
+                }
+            }),
+            op(move |_| {
+                let m = m.clone();
+                async move {
+                    let name = format!("thin-held-{}", pick(names));
+                    match m
+                        .acquire(&name, AcquireOptions::ttl(LONG).holder("other"))
+                        .await
+                    {
+                        Err(Error::Held { .. }) => Ok(()),
+                        Err(e) => Err(e),
+                        Ok(_) => panic!("acquired a held lease"),
+                    }
+                }
+            }),
+        ),
+        "renew" => {
+            let bare_held = held.clone();
+            (
+                op(move |_| {
+                    let (pool, held) = (pool.clone(), bare_held.clone());
+                    async move {
+                        let lease = &held[pick(names) - 1];
+                        sqlx::query("SELECT pglease.renew($1, $2, $3)")
+                            .bind(lease.name())
+                            .bind(lease.token())
+                            .bind(LONG)
+                            .execute(&pool)
+                            .await?;
+                        Ok(())
+                    }
+                }),
+                op(move |_| {
+                    let (m, held) = (m.clone(), held.clone());
+                    async move { m.renew(&held[pick(names) - 1], LONG).await.map(drop) }
+                }),
+            )
+        }
+        _ => {
+            let bare_held = held.clone();
+            (
+                op(move |_| {
+                    let (pool, held) = (pool.clone(), bare_held.clone());
+                    async move {
+                        let n = pick(names);
+                        let mut tx = pool.begin().await?;
+                        sqlx::query("SELECT pglease.assert_held($1, $2)")
+                            .bind(held[n - 1].name())
+                            .bind(held[n - 1].token())
+                            .execute(&mut *tx)
+                            .await?;
+                        thin_write(&mut tx, n).await?;
+                        tx.commit().await?;
+                        Ok(())
+                    }
+                }),
+                op(move |_| {
+                    let (m, held) = (m.clone(), held.clone());
+                    async move {
+                        let n = pick(names);
+                        let mut tx = m.begin_fenced(&held[n - 1]).await?;
+                        thin_write(&mut tx, n).await?;
+                        tx.commit().await?;
+                        Ok(())
+                    }
+                }),
+            )
+        }
+    }
+}
+
+/// The fenced row's write of [`thin_library`].
+async fn thin_write(tx: &mut sqlx::PgConnection, n: usize) -> Result<(), Error> {
+    sqlx::query("UPDATE thin_data SET value = value + 1 WHERE id = $1")
+        .bind(n as i32)
+        .execute(tx)
+        .await?;
+    Ok(())
 }
