@@ -2,7 +2,7 @@
 //! share. The tasks hold this, not the manager, so that dropping the last
 //! manager handle (and the last held lease) stops them.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use sqlx::postgres::{PgConnection, PgPool};
@@ -40,6 +40,13 @@ pub(crate) struct Context {
     /// electors; started by the first of them that needs it.
     listener: OnceLock<Listener>,
     shut_down: AtomicBool,
+    /// Whether acquire, renew and release go prepared (see
+    /// `ManagerOptions::prepared_statements`): [`UNDECIDED`] (as text,
+    /// while the check for a pooler may run), [`PREPARED`] or [`TEXT`].
+    prepared: Arc<AtomicU8>,
+    /// The calls that went as text while undecided; the check starts at
+    /// [`PROBE_AFTER`].
+    undecided_calls: AtomicU32,
     /// Faults a test has switched on (`pglease::testing::Faults`).
     #[cfg(feature = "testing")]
     pub(crate) faults: FaultFlags,
@@ -61,6 +68,11 @@ impl Context {
         options: ManagerOptions,
         follow: Option<Arc<Follow>>,
     ) -> Context {
+        let prepared = match options.get_prepared_statements() {
+            Some(true) => PREPARED,
+            Some(false) => TEXT,
+            None => UNDECIDED,
+        };
         Context {
             pool,
             options,
@@ -71,6 +83,8 @@ impl Context {
             follow,
             listener: OnceLock::new(),
             shut_down: AtomicBool::new(false),
+            prepared: Arc::new(AtomicU8::new(prepared)),
+            undecided_calls: AtomicU32::new(0),
             #[cfg(feature = "testing")]
             faults: FaultFlags::default(),
         }
@@ -109,6 +123,63 @@ impl Context {
         self.shut_down.store(true, Ordering::Release);
     }
 
+    /// Whether acquire, renew and release go prepared now. Undecided, they
+    /// go as text, and the [`PROBE_AFTER`]th call starts the check for a
+    /// transaction pooler in the background (on a runtime, two connections
+    /// of its own, once per manager): found none, the manager prepares from
+    /// then on. A process that makes a few calls (a command) never checks.
+    pub(crate) fn prepared(&self) -> bool {
+        match self.prepared.load(Ordering::Acquire) {
+            PREPARED => true,
+            TEXT => false,
+            _ => {
+                self.start_probe();
+                false
+            }
+        }
+    }
+
+    fn start_probe(&self) {
+        if self.undecided_calls.fetch_add(1, Ordering::AcqRel) != PROBE_AFTER - 1 {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (options, state, stop) = (
+            (*self.pool.connect_options())
+                .clone()
+                .application_name(PROBE_APPLICATION_NAME),
+            Arc::clone(&self.prepared),
+            self.stop.clone(),
+        );
+        runtime.spawn(async move {
+            let shared = tokio::select! {
+                () = stop.cancelled() => return,
+                shared = crate::connect::sessions_shared(&options) => shared,
+            };
+            let decided = match shared {
+                Ok(false) => PREPARED,
+                Ok(true) => TEXT,
+                Err(error) => {
+                    tracing::debug!(%error, "cannot check for a transaction pooler; statements stay text");
+                    TEXT
+                }
+            };
+            let _ = state.compare_exchange(UNDECIDED, decided, Ordering::AcqRel, Ordering::Acquire);
+        });
+    }
+
+    /// A prepared statement was not on the server session (a pooler in
+    /// between that the check missed): text from now on.
+    pub(crate) fn stop_preparing(&self, error: &sqlx::Error) {
+        if self.prepared.swap(TEXT, Ordering::AcqRel) != TEXT {
+            tracing::warn!(%error, "a prepared statement failed as behind a transaction pooler; \
+                                    statements go as text from now on \
+                                    (ManagerOptions::prepared_statements(false) skips preparing)");
+        }
+    }
+
     /// Releases `lease` on a tracked task if a runtime is available (else
     /// it simply expires); `shutdown` waits for it. Bounded by the renewal
     /// timeout; a failure is logged.
@@ -135,6 +206,19 @@ impl Context {
         );
     }
 }
+
+/// The `application_name` of the check for a pooler's connections, which
+/// are not the pool's.
+const PROBE_APPLICATION_NAME: &str = "pglease pooler check";
+
+/// How many calls go as text before the check for a pooler starts:
+/// preparing pays only for calls made again and again.
+const PROBE_AFTER: u32 = 8;
+
+/// [`Context::prepared`]'s states.
+const UNDECIDED: u8 = 0;
+const PREPARED: u8 = 1;
+const TEXT: u8 = 2;
 
 /// The faults a test has switched on for one manager, read by the
 /// renewal task; set through `pglease::testing::Faults` (the kit uses

@@ -4,8 +4,11 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::Row;
-use sqlx::postgres::PgPool;
 use sqlx::postgres::types::PgInterval;
+use sqlx::postgres::{PgArguments, PgPool, PgRow, Postgres};
+use sqlx::query::Query;
+
+use crate::context::Context;
 
 use crate::error::{Error, LossReason, NotHeldReason, Result};
 use crate::lease::{Fence, LeaseStatus};
@@ -15,15 +18,60 @@ use crate::sql;
 /// reason if the token is no longer valid.
 #[tracing::instrument(name = "pglease.renew", level = "debug", skip_all,
                       fields(name = fence.name(), token = fence.token().get()))]
-pub(crate) async fn renew(pool: &PgPool, fence: &Fence, ttl: PgInterval) -> Result<DateTime<Utc>> {
-    let row = sql::query(sql::renew(fence.name(), fence.token(), &ttl))
-        .fetch_one(pool)
-        .await?;
+pub(crate) async fn renew(
+    context: &Context,
+    fence: &Fence,
+    ttl: PgInterval,
+) -> Result<DateTime<Utc>> {
+    let row = fetch_hot(
+        context,
+        || {
+            sqlx::query(sql::RENEW_PREPARED)
+                .bind(fence.name())
+                .bind(fence.token())
+                .bind(ttl)
+        },
+        || sql::renew(fence.name(), fence.token(), &ttl),
+    )
+    .await?;
     let expires_at: Option<DateTime<Utc>> = row.try_get(0)?;
     match expires_at {
         Some(expires_at) => Ok(expires_at),
-        None => Err(lost(pool, fence).await),
+        None => Err(lost(&context.pool, fence).await),
     }
+}
+
+/// Sends one of the statements the manager may prepare (acquire, renew,
+/// release): `prepared` when it prepares, else `text` (see
+/// `ManagerOptions::prepared_statements`). A prepared statement that the
+/// server session does not have did not run: the manager stops preparing
+/// and the call goes again, as text. Cancel-safe as one statement is.
+pub(crate) async fn fetch_hot<'q>(
+    context: &Context,
+    prepared: impl FnOnce() -> Query<'q, Postgres, PgArguments>,
+    text: impl FnOnce() -> String,
+) -> sqlx::Result<PgRow> {
+    if context.prepared() {
+        match prepared().fetch_one(&context.pool).await {
+            Err(error) if is_not_prepared(&error) => context.stop_preparing(&error),
+            row => return row,
+        }
+    }
+    sql::query(text()).fetch_one(&context.pool).await
+}
+
+/// Whether `error` says that a prepared statement was not the
+/// connection's own on the server session (a transaction pooler in
+/// between): it did not run.
+fn is_not_prepared(error: &sqlx::Error) -> bool {
+    matches!(
+        crate::sqlstate::of(error).as_deref(),
+        Some(
+            crate::sqlstate::NO_SUCH_STATEMENT
+                | crate::sqlstate::DUPLICATE_STATEMENT
+                | crate::sqlstate::PROTOCOL_VIOLATION
+        )
+    )
 }
 
 /// Publishes `value` (or clears it) under a valid token; [`Error::Lost`]
@@ -44,10 +92,17 @@ pub(crate) async fn set_value(pool: &PgPool, fence: &Fence, value: Option<&str>)
 /// Ends the lease if the token is valid; whether it did.
 #[tracing::instrument(name = "pglease.release", level = "debug", skip_all,
                       fields(name = fence.name(), token = fence.token().get()))]
-pub(crate) async fn release(pool: &PgPool, fence: &Fence) -> Result<bool> {
-    let row = sql::query(sql::release(fence.name(), fence.token()))
-        .fetch_one(pool)
-        .await?;
+pub(crate) async fn release(context: &Context, fence: &Fence) -> Result<bool> {
+    let row = fetch_hot(
+        context,
+        || {
+            sqlx::query(sql::RELEASE_PREPARED)
+                .bind(fence.name())
+                .bind(fence.token())
+        },
+        || sql::release(fence.name(), fence.token()),
+    )
+    .await?;
     Ok(row.try_get(0)?)
 }
 
@@ -56,11 +111,11 @@ pub(crate) async fn release(pool: &PgPool, fence: &Fence) -> Result<bool> {
 /// [`Error::Lost`] with [`LossReason::Forgotten`] for an acquisition the
 /// database forgot in a change of timeline, rather than `false`, which
 /// says it had ended (one extra read, when it was not released).
-pub(crate) async fn release_checked(pool: &PgPool, fence: &Fence) -> Result<bool> {
-    if release(pool, fence).await? {
+pub(crate) async fn release_checked(context: &Context, fence: &Fence) -> Result<bool> {
+    if release(context, fence).await? {
         return Ok(true);
     }
-    match check(pool, fence).await? {
+    match check(&context.pool, fence).await? {
         Some(found @ (Found::NeverHeld(_) | Found::Forgotten(_))) => Err(found.into_error(fence)),
         _ => Ok(false),
     }

@@ -305,6 +305,7 @@ pub struct ManagerOptions {
     renew_timeout: Duration,
     notify: bool,
     max_poll_interval: Duration,
+    prepared_statements: Option<bool>,
 }
 
 impl Default for ManagerOptions {
@@ -315,6 +316,7 @@ impl Default for ManagerOptions {
             renew_timeout: Duration::from_secs(5),
             notify: true,
             max_poll_interval: Duration::from_secs(1),
+            prepared_statements: None,
         }
     }
 }
@@ -357,6 +359,28 @@ impl ManagerOptions {
     /// may miss; see docs/library.md, "Through PgBouncer").
     pub fn notify(mut self, notify: bool) -> Self {
         self.notify = notify;
+        self
+    }
+
+    /// Whether acquire, renew and release go to the server as prepared
+    /// statements (the extended protocol, planned once per connection)
+    /// rather than as text with their values written in (the simple
+    /// protocol, parsed and planned on every call, but accepted by every
+    /// pooler). By default the manager decides: it starts with text and,
+    /// after its first 8 such calls, checks once in the background, on two
+    /// connections of its own, whether a transaction pooler shares server
+    /// sessions between clients (as for [`ManagerOptions::notify`]), and
+    /// prepares only if none does. `true`
+    /// prepares at once without the check (a direct connection, or
+    /// PgBouncer 1.21 or later with `max_prepared_statements` set);
+    /// `false` never prepares and skips the check (behind a pooler that
+    /// hands out server sessions round-robin, which the check may miss).
+    /// A prepared statement that the server session turns out not to have
+    /// (SQLSTATE 26000, 42P05 or 08P01, as behind an undetected pooler)
+    /// makes the manager go back to text for good and send that call again
+    /// as text: the statement did not run.
+    pub fn prepared_statements(mut self, prepared: bool) -> Self {
+        self.prepared_statements = Some(prepared);
         self
     }
 
@@ -448,6 +472,12 @@ impl ManagerOptions {
     /// Whether waiting acquisitions listen for releases.
     pub fn get_notify(&self) -> bool {
         self.notify
+    }
+
+    /// The choice set with [`ManagerOptions::prepared_statements`]; `None`
+    /// means the default, decided by the manager's check for a pooler.
+    pub fn get_prepared_statements(&self) -> Option<bool> {
+        self.prepared_statements
     }
 
     /// The longest pause between polls of a waiting acquisition.

@@ -3,13 +3,16 @@
 //! at the function it calls, in `migrations/`.
 //!
 //! Statements go over the simple query protocol with their values written
-//! in as literals, never as named prepared statements: a transaction
-//! pooler (PgBouncer in transaction mode) may hand each statement to a
-//! different server session, where a statement prepared on another does
-//! not exist, and sqlx's unnamed statements take two round trips that the
-//! pooler may split. The simple protocol is one message and one answer,
-//! on any server and any pooler version. Values come back in text format,
-//! which sqlx decodes for every type used here.
+//! in as literals: a transaction pooler (PgBouncer in transaction mode)
+//! may hand each statement to a different server session, where a
+//! statement prepared on another does not exist, and sqlx's unnamed
+//! statements take two round trips that the pooler may split. The simple
+//! protocol is one message and one answer, on any server and any pooler
+//! version. Values come back in text format, which sqlx decodes for every
+//! type used here. Acquire, renew and release also have a form with
+//! parameters ([`ACQUIRE_PREPARED`] and the two beside it), which the
+//! manager prepares once it knows no pooler is in the way (see
+//! `ManagerOptions::prepared_statements`).
 //!
 //! The exception is the advisory-lock comparison (`crate::advisory`),
 //! whose statements bind the key as `$1` and are prepared: session
@@ -193,6 +196,19 @@ pub(crate) fn acquire(
         ),
     }
 }
+
+/// [`acquire`] of one holder, no value, bound to no session, with its
+/// values as parameters ($1 name, $2 holder, $3 ttl, $4 ticket or NULL,
+/// $5 waits): what the manager sends when it prepares (see
+/// `ManagerOptions::prepared_statements`).
+pub(crate) const ACQUIRE_PREPARED: &str = "SELECT token, expires_at, holder, checked_at, note, $1::text AS slot_name, holder_session, \
+            delayed_until, ahead, fair FROM pglease.acquire($1, $2, $3, false, $4, $5)";
+
+/// [`renew`] with its values as parameters (see [`ACQUIRE_PREPARED`]).
+pub(crate) const RENEW_PREPARED: &str = "SELECT pglease.renew($1, $2, $3)";
+
+/// [`release`] with its values as parameters (see [`ACQUIRE_PREPARED`]).
+pub(crate) const RELEASE_PREPARED: &str = "SELECT pglease.release($1, $2)";
 
 /// Acquire every lease of `names` or none (see `pglease.acquire_all`):
 /// one row per name in byte order when all were acquired, otherwise one

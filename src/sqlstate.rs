@@ -60,6 +60,19 @@ pub const UNDEFINED_TABLE: &str = "42P01";
 /// `invalid_schema_name` (see [`UNDEFINED_FUNCTION`]).
 pub const INVALID_SCHEMA_NAME: &str = "3F000";
 
+/// `invalid_sql_statement_name`: a prepared statement the connection
+/// believed it had is not on the server session it was given (a
+/// transaction pooler in between); with [`DUPLICATE_STATEMENT`] and
+/// [`PROTOCOL_VIOLATION`], what makes the manager stop preparing.
+pub const NO_SUCH_STATEMENT: &str = "26000";
+
+/// `duplicate_prepared_statement` (see [`NO_SUCH_STATEMENT`]).
+pub const DUPLICATE_STATEMENT: &str = "42P05";
+
+/// `protocol_violation`, as when a statement of another client's with the
+/// same name takes other parameters (see [`NO_SUCH_STATEMENT`]).
+pub const PROTOCOL_VIOLATION: &str = "08P01";
+
 /// Whether retrying cannot mend what `code` reports: the schema is
 /// missing or out of date, or the role may not use it (class 42, syntax
 /// error or access rule violation, and [`INVALID_SCHEMA_NAME`]).

@@ -242,7 +242,7 @@ impl HeldLease {
     pub async fn release(self) -> Result<bool> {
         self.inner.registry.forget(&self.inner.state.lease);
         self.inner.state.fire(LossReason::Released, Instant::now());
-        let outcome = db::release_checked(&self.inner.context.pool, self.as_ref()).await;
+        let outcome = db::release_checked(&self.inner.context, self.as_ref()).await;
         // Only now: if this future is dropped before the database answers,
         // `Drop` releases in the background instead.
         self.inner.released.store(true, Ordering::Release);
@@ -328,7 +328,7 @@ impl HeldLease {
             let limit = context.options.get_renew_timeout();
             let _ = tokio::time::timeout(limit, applied.changed()).await;
         }
-        db::renew(&context.pool, self.as_ref(), ttl).await
+        db::renew(context, self.as_ref(), ttl).await
     }
 
     /// Asks the database whether the lease is still held under its token

@@ -293,7 +293,8 @@ impl LeaseManager {
         let mut first_error = None;
         for lease in &leases {
             let outcome =
-                match tokio::time::timeout(limit, db::release(self.pool(), lease.fence())).await {
+                match tokio::time::timeout(limit, db::release(self.context(), lease.fence())).await
+                {
                     Ok(outcome) => outcome.map(|_| ()),
                     Err(_) => Err(Error::Lost {
                         name: lease.name().to_owned(),

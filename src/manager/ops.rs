@@ -115,7 +115,7 @@ impl LeaseManager {
     /// lease stays valid until the later of the two expiries.
     pub async fn renew(&self, lease: impl AsRef<Fence>, ttl: Duration) -> Result<DateTime<Utc>> {
         let ttl = interval(ttl)?;
-        db::renew(self.pool(), lease.as_ref(), ttl).await
+        db::renew(self.context(), lease.as_ref(), ttl).await
     }
 
     /// Publishes `value` with the lease (at most
@@ -199,7 +199,7 @@ impl LeaseManager {
     /// Dropped in flight, the release may or may not commit; call it again
     /// (it is idempotent) or let the lease expire.
     pub async fn release(&self, lease: impl AsRef<Fence>) -> Result<bool> {
-        db::release_checked(self.pool(), lease.as_ref()).await
+        db::release_checked(self.context(), lease.as_ref()).await
     }
 
     /// Makes every waiter for lease `name` wait in line, first come, first

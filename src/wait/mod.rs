@@ -299,25 +299,39 @@ async fn attempt(
     let holder = how.get_holder();
     let holder = holder.as_ref();
     let sent = Instant::now();
-    let statement = sql::acquire(
-        name,
-        holder,
-        &ttl,
-        how.get_value(),
-        match (how.get_limit(), how.get_shared()) {
-            (Some(slots), _) => sql::Mode::Counted(slots),
-            (None, true) => sql::Mode::Shared,
-            (None, false) => sql::Mode::Exclusive {
-                waits: !how.get_wait().is_zero(),
-            },
+    let mode = match (how.get_limit(), how.get_shared()) {
+        (Some(slots), _) => sql::Mode::Counted(slots),
+        (None, true) => sql::Mode::Shared,
+        (None, false) => sql::Mode::Exclusive {
+            waits: !how.get_wait().is_zero(),
         },
-        how.get_session_bound(),
-        ticket,
-    );
-    let row = if how.get_session_bound() {
-        on_session(context, statement).await
-    } else {
-        sql::query(statement).fetch_one(&context.pool).await
+    };
+    let statement = || {
+        sql::acquire(
+            name,
+            holder,
+            &ttl,
+            how.get_value(),
+            mode,
+            how.get_session_bound(),
+            ticket,
+        )
+    };
+    let row = match mode {
+        _ if how.get_session_bound() => on_session(context, statement()).await,
+        // One holder, no value: the statement the manager may prepare.
+        sql::Mode::Exclusive { waits } if how.get_value().is_none() => {
+            let prepared = || {
+                sqlx::query(sql::ACQUIRE_PREPARED)
+                    .bind(name)
+                    .bind(holder)
+                    .bind(ttl)
+                    .bind(ticket)
+                    .bind(waits)
+            };
+            db::fetch_hot(context, prepared, statement).await
+        }
+        _ => sql::query(statement()).fetch_one(&context.pool).await,
     };
     context
         .counters
@@ -436,7 +450,7 @@ async fn session_ended(context: &Context, pid: i32) {
 /// renewal's send; only a failed renewal makes it a loss.
 async fn confirm(context: &Context, lease: Lease, ttl: PgInterval) -> Result<Attempt> {
     let sent = Instant::now();
-    match db::renew(&context.pool, lease.fence(), ttl).await {
+    match db::renew(context, lease.fence(), ttl).await {
         Ok(expires_at) => Ok(Attempt::Acquired {
             lease: lease.confirmed(expires_at),
             sent,

@@ -138,7 +138,7 @@ async fn confirm(context: &Context, leases: Vec<Lease>, ttl: PgInterval) -> Resu
     let sent = Instant::now();
     let mut confirmed = Vec::with_capacity(leases.len());
     for lease in &leases {
-        match db::renew(&context.pool, lease.fence(), ttl).await {
+        match db::renew(context, lease.fence(), ttl).await {
             Ok(expires_at) => confirmed.push(lease.clone().confirmed(expires_at)),
             Err(error) => {
                 for lease in &leases {

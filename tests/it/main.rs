@@ -54,6 +54,7 @@ mod multi_host;
 mod observe;
 mod patroni;
 mod pooler;
+mod prepared;
 mod protect;
 mod roles;
 mod security;
@@ -101,6 +102,7 @@ fn main() -> std::process::ExitCode {
             observe::tests(),
             patroni::tests(),
             pooler::tests(),
+            prepared::tests(),
             protect::tests(),
             roles::tests(),
             security::tests(),

@@ -272,10 +272,56 @@ async fn an_observer_behind_the_pooler_polls_and_sees_the_changes() -> Result<()
     Ok(())
 }
 
+/// Prepared statements forced on through a pooler without support for
+/// them: the first one that is not on its server session makes the
+/// manager go back to text, that call is sent again, and every call
+/// answers as it should (none fails, none is answered twice).
+async fn forced_prepared_statements_fall_back_to_text_through_the_pooler() -> Result<(), SetupError>
+{
+    let db = TestDb::new().await;
+    let bouncer = PgBouncer::builder().start(&db.options())?;
+    let m = LeaseManager::with_options(
+        pool(&bouncer, &db, 8).await,
+        ManagerOptions::default().prepared_statements(true),
+    )
+    .expect("options");
+    let ttl = Duration::from_secs(30);
+    let mut tasks = Vec::new();
+    for task in 0..8 {
+        let m = m.clone();
+        tasks.push(tokio::spawn(async move {
+            let name = format!("prepared {task}");
+            let mut last = None;
+            for _ in 0..20 {
+                let lease = m
+                    .acquire(&name, AcquireOptions::ttl(ttl).holder("first"))
+                    .await?;
+                assert!(last < Some(lease.token()), "tokens increase");
+                last = Some(lease.token());
+                match m.acquire(&name, AcquireOptions::ttl(ttl)).await {
+                    Err(Error::Held { holder, .. }) => assert_eq!(holder, "first"),
+                    other => panic!("a held lease was not refused: {other:?}"),
+                }
+                m.renew(&lease, ttl).await?;
+                assert!(m.release(&lease).await?);
+                assert!(!m.release(&lease).await?);
+            }
+            Ok::<_, Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await
+            .expect("task")
+            .expect("prepared calls through pgbouncer");
+    }
+    Ok(())
+}
+
 tests![
     lease_operations_from_many_tasks_share_a_few_server_sessions(4),
     a_held_lease_is_renewed_released_and_taken_over_through_the_pooler(4),
     many_processes_migrate_at_once_through_the_pooler(4),
     the_doctor_reports_the_pooler,
     an_observer_behind_the_pooler_polls_and_sees_the_changes(2),
+    forced_prepared_statements_fall_back_to_text_through_the_pooler(4),
 ];
