@@ -916,7 +916,15 @@ BEGIN
     SELECT string_agg(f.pid::text, ', ' ORDER BY f.pid)
                FILTER (WHERE pg_terminate_backend(f.pid)) INTO ended
       FROM pglease._fenced_pids(lease.secret) AS f(pid);
-    IF ended IS NOT NULL THEN
+    -- Recorded once: a takeover signals again, every few milliseconds,
+    -- sessions that have not exited yet (on a loaded server one may take
+    -- longer), and the term's latest history rows then already say so.
+    IF ended IS NOT NULL
+       AND NOT EXISTS (SELECT 1
+                         FROM (SELECT h.token, h.event, h.detail FROM pglease._history AS h
+                                WHERE h.name = lease.name ORDER BY h.id DESC LIMIT 8) AS r
+                        WHERE r.token = lease.token AND r.event = 'evicted'
+                          AND r.detail = 'ended sessions ' || ended) THEN
         PERFORM pglease._record(lease.name, lease.token, 'evicted', lease.holder,
                                 clock_timestamp(), NULL, 'ended sessions ' || ended);
     END IF;
