@@ -648,10 +648,7 @@ async fn named_handover_and_shared(pool: &PgPool, secs: f64) -> Result<(), Error
         median(&handed.0).as_secs_f64() / median(&released.0).as_secs_f64()
     );
 
-    let rounds: u32 = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(3);
+    let rounds = bench_rounds(3) as u32;
     println!(
         "\nShared beside exclusive: acquire + release cycles through the library \
          ({rounds} pairs alternated, {secs} s each)"
@@ -1750,10 +1747,7 @@ async fn failover() -> Result<(), Error> {
 /// promotion), to the first renewal confirmed there, and to the first
 /// acquisition there; then the old primary rejoins as a standby.
 async fn auto_failover() -> Result<(), Error> {
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(6);
+    let rounds = bench_rounds(6);
     let Some(formation) = kit("pg_auto_failover", AutoFailover::start().await)? else {
         return Ok(());
     };
@@ -1976,10 +1970,7 @@ fn pick(names: usize) -> usize {
 /// and their median.
 async fn library_level(secs: f64) -> Result<(), Error> {
     const DB: &str = "pglease_bench_p1";
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
+    let rounds = bench_rounds(3);
     let pool = fresh_database(DB, 8).await?;
     let m = LeaseManager::new(pool.clone());
     m.migrate().await?;
@@ -2267,22 +2258,7 @@ async fn library_level(secs: f64) -> Result<(), Error> {
         for clients in [1usize, 8] {
             for names in [1usize, 1000] {
                 let (raw_op, lib_op) = make(names);
-                let (mut raw, mut lib, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-                for _ in 0..rounds {
-                    let r = rate(clients, secs, raw_op.clone()).await;
-                    let l = rate(clients, secs, lib_op.clone()).await;
-                    ratios.push(l / r);
-                    raw.push(r);
-                    lib.push(l);
-                }
-                let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-                println!(
-                    "| {label} | {clients} | {names} | {:.0} | {:.0} | {} | {:.2} |",
-                    median_f64(&mut raw),
-                    median_f64(&mut lib),
-                    each.join(", "),
-                    median_f64(&mut ratios)
-                );
+                pair_row(label, clients, names, rounds, secs, raw_op, lib_op).await;
             }
         }
         if let Some(watcher) = watcher {
@@ -2307,10 +2283,7 @@ async fn sql_level(secs: f64) -> Result<(), Error> {
                 .into(),
         ))
     })?;
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
+    let rounds = bench_rounds(3);
     let pool = fresh_database("pglease_bench_sql", 2).await?;
     LeaseManager::new(pool.clone()).migrate().await?;
     let setup = std::fs::read_to_string(dir.join("setup.sql"))
@@ -2626,7 +2599,7 @@ fn pgbench_tps(
 /// at 1 and 8 clients on 1 and 1,000 names. Prints library / bare per
 /// pair and the median.
 async fn thin_library(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<(), Error> {
-    let rounds = bench_rounds();
+    let rounds = bench_rounds(3);
     let mut held = Vec::new();
     for n in 1..=1000 {
         held.push(
@@ -2659,22 +2632,7 @@ async fn thin_library(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<(), 
         .flat_map(|l| [(l, 1, 1), (l, 1, 1000), (l, 8, 1), (l, 8, 1000)])
     {
         let (bare, lib) = thin_pair(label, pool, m, &held, names);
-        let (mut b, mut l, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..rounds {
-            let x = rate(clients, secs, bare.clone()).await;
-            let y = rate(clients, secs, lib.clone()).await;
-            ratios.push(y / x);
-            b.push(x);
-            l.push(y);
-        }
-        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-        println!(
-            "| {label} | {clients} | {names} | {:.0} | {:.0} | {} | {:.2} |",
-            median_f64(&mut b),
-            median_f64(&mut l),
-            each.join(", "),
-            median_f64(&mut ratios)
-        );
+        pair_row(label, clients, names, rounds, secs, bare, lib).await;
     }
     for lease in held.iter() {
         m.release(lease).await?;
@@ -2682,12 +2640,42 @@ async fn thin_library(pool: &PgPool, m: &LeaseManager, secs: f64) -> Result<(), 
     Ok(())
 }
 
-/// `BENCH_ROUNDS` (default 3).
-fn bench_rounds() -> usize {
+/// `BENCH_ROUNDS`, else `default`.
+fn bench_rounds(default: usize) -> usize {
     std::env::var("BENCH_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(3)
+        .unwrap_or(default)
+}
+
+/// One row of a pair table: `rounds` alternated runs of `first` then
+/// `second`, printed as both medians, each pair's ratio (second / first)
+/// and their median.
+async fn pair_row(
+    label: &str,
+    clients: usize,
+    names: usize,
+    rounds: usize,
+    secs: f64,
+    first: Op,
+    second: Op,
+) {
+    let (mut a, mut b, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let x = rate(clients, secs, first.clone()).await;
+        let y = rate(clients, secs, second.clone()).await;
+        ratios.push(y / x);
+        a.push(x);
+        b.push(y);
+    }
+    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+    println!(
+        "| {label} | {clients} | {names} | {:.0} | {:.0} | {} | {:.2} |",
+        median_f64(&mut a),
+        median_f64(&mut b),
+        each.join(", "),
+        median_f64(&mut ratios)
+    );
 }
 
 /// The bare operation and the library's for one row of [`thin_library`].
