@@ -3699,7 +3699,10 @@ CREATE TYPE pglease.set_acquisition AS (
     note           text,
     holder_session integer,
     delayed_until  timestamptz,
-    ahead          integer
+    ahead          integer,
+    -- As acquire's: the name is served first come, first served, and the
+    -- set, refused on it, should join the lines of its names.
+    fair           boolean
 );
 
 CREATE FUNCTION pglease.acquire_all(names text[], holder text, ttl interval,
@@ -3747,12 +3750,13 @@ BEGIN
     EXCEPTION WHEN SQLSTATE 'LE099' THEN
         -- missing and got describe the name that could not be taken.
         RETURN NEXT ROW(missing, NULL, got.expires_at, got.holder, got.checked_at, got.note,
-                        got.holder_session, got.delayed_until, got.ahead)::pglease.set_acquisition;
+                        got.holder_session, got.delayed_until, got.ahead,
+                        got.fair)::pglease.set_acquisition;
         RETURN;
     END;
     RETURN QUERY SELECT sorted[i], taken[i].token, l.expires_at, taken[i].holder,
                         taken[i].checked_at, taken[i].note, taken[i].holder_session,
-                        taken[i].delayed_until, taken[i].ahead
+                        taken[i].delayed_until, taken[i].ahead, taken[i].fair
                    FROM generate_subscripts(sorted, 1) AS i
                    JOIN pglease.leases AS l ON l.name = sorted[i]
                   ORDER BY i;

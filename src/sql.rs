@@ -222,7 +222,7 @@ pub(crate) fn acquire_all(
     let ticket = ticket.map_or_else(String::new, |t| format!(", {t}::bigint"));
     format!(
         "SELECT name, token, expires_at, holder, checked_at, note, holder_session, \
-                delayed_until, ahead FROM pglease.acquire_all({}, {}, {}{ticket})",
+                delayed_until, ahead, fair FROM pglease.acquire_all({}, {}, {}{ticket})",
         array(names, |n| n.clone(), "text"),
         Text(holder),
         Interval(ttl)

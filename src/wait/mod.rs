@@ -41,10 +41,11 @@ use plan::{Heard, Step};
 /// falls back to polling for that round.
 const WATCH_CONFIRM: Duration = Duration::from_secs(1);
 
-/// The outcome of one acquisition statement.
-pub(crate) enum Attempt {
+/// The outcome of one acquisition statement, for what it would win: a
+/// lease, or a set's leases.
+pub(crate) enum Attempt<W> {
     Acquired {
-        lease: Lease,
+        won: W,
         /// The instant the term is counted from (the start of the local
         /// deadline): the acquisition's send, earlier by what a term
         /// handed over lacks of the TTL (`plan::counted_from`), or the
@@ -53,6 +54,47 @@ pub(crate) enum Attempt {
     },
     /// Not acquired: held, ended but pinned, or refused for a grant delay.
     Held(Held),
+}
+
+/// The part of an answer row of `pglease.acquire` or `acquire_all` that
+/// every answer has.
+struct Answer {
+    /// The token drawn; none if refused.
+    token: Option<i64>,
+    /// The holder (the one granted, or the one that kept it).
+    holder: Option<String>,
+    expires_at: DateTime<Utc>,
+    /// The database time of the decision.
+    checked_at: DateTime<Utc>,
+}
+
+impl Answer {
+    /// The answer `row` gives.
+    fn read(row: &PgRow) -> sqlx::Result<Answer> {
+        let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
+        Ok(Answer {
+            token: row.try_get("token")?,
+            holder: row.try_get("holder")?,
+            // A refusal with no time to give (none does today) is one that
+            // has ended as it was decided.
+            expires_at: row
+                .try_get::<Option<DateTime<Utc>>, _>("expires_at")?
+                .unwrap_or(checked_at),
+            checked_at,
+        })
+    }
+
+    /// The lease `slot` granted with `token`, held by `holder` unless the
+    /// answer names another.
+    fn lease(self, slot: &str, token: i64, holder: &str) -> Lease {
+        Lease::new(
+            slot,
+            self.holder.unwrap_or_else(|| holder.to_owned()),
+            Token::issued(token),
+            self.expires_at,
+            self.checked_at,
+        )
+    }
 }
 
 /// What an attempt that did not acquire saw.
@@ -84,30 +126,19 @@ pub(crate) struct Held {
 
 impl Held {
     /// A refusal as an answer row of `pglease.acquire` or `acquire_all`
-    /// says it (holder, expiry and decision time already read), about
-    /// `slot`; counted in telemetry.
-    fn refused_in(
-        row: &PgRow,
-        holder: Option<String>,
-        expires_at: DateTime<Utc>,
-        checked_at: DateTime<Utc>,
-        slot: String,
-    ) -> sqlx::Result<Held> {
+    /// says it (its `answer` already read), about `slot`; counted in
+    /// telemetry.
+    fn refused_in(row: &PgRow, answer: Answer, slot: String) -> sqlx::Result<Held> {
         let held = Held {
-            holder,
-            expires_at,
-            checked_at,
+            holder: answer.holder,
+            expires_at: answer.expires_at,
+            checked_at: answer.checked_at,
             note: row.try_get("note")?,
             slot,
             holder_session: row.try_get("holder_session")?,
             delayed_until: row.try_get("delayed_until")?,
             ahead: row.try_get("ahead")?,
-            // A set's answer (`acquire_all`) has no such column.
-            fair: row
-                .try_get::<Option<bool>, _>("fair")
-                .ok()
-                .flatten()
-                .unwrap_or(false),
+            fair: row.try_get::<Option<bool>, _>("fair")?.unwrap_or(false),
         };
         telemetry::acquire_attempt(held.refused().label());
         Ok(held)
@@ -188,6 +219,40 @@ fn pinned(holder: Option<&str>, expires_at: DateTime<Utc>, checked_at: DateTime<
     holder.is_none() || expires_at <= checked_at
 }
 
+/// What an acquisition wins: one lease, or a set's leases.
+trait Won: Send + 'static {
+    /// The leases won.
+    fn leases(&self) -> &[Lease];
+    /// The same, to confirm them.
+    fn leases_mut(&mut self) -> &mut [Lease];
+
+    /// When they were acquired (one statement took them all), on the
+    /// database's clock.
+    fn acquired_at(&self) -> Option<DateTime<Utc>> {
+        self.leases().first().map(Lease::acquired_at)
+    }
+}
+
+impl Won for Lease {
+    fn leases(&self) -> &[Lease] {
+        std::slice::from_ref(self)
+    }
+
+    fn leases_mut(&mut self) -> &mut [Lease] {
+        std::slice::from_mut(self)
+    }
+}
+
+impl Won for Vec<Lease> {
+    fn leases(&self) -> &[Lease] {
+        self
+    }
+
+    fn leases_mut(&mut self) -> &mut [Lease] {
+        self
+    }
+}
+
 /// What an attempt acquired, given back when nobody takes delivery.
 trait GiveBack: Send + 'static {
     /// Releases in the background whatever the outcome holds.
@@ -202,10 +267,12 @@ impl GiveBack for (line::Place, u32) {
     }
 }
 
-impl GiveBack for Attempt {
+impl<W: Won> GiveBack for Attempt<W> {
     fn give_back(self, context: &Context) {
-        if let Attempt::Acquired { lease, .. } = self {
-            context.release_in_background(lease.fence());
+        if let Attempt::Acquired { won, .. } = self {
+            for lease in won.leases() {
+                context.release_in_background(lease.fence());
+            }
         }
     }
 }
@@ -295,10 +362,55 @@ async fn attempt(
     ttl: PgInterval,
     how: &AcquireOptions,
     ticket: Option<i64>,
-) -> Result<Attempt> {
+) -> Result<Attempt<Lease>> {
     let holder = how.get_holder();
     let holder = holder.as_ref();
     let sent = Instant::now();
+    let row = acquire_row(context, name, holder, ttl, how, ticket).await;
+    context
+        .counters
+        .acquire_attempts
+        .fetch_add(1, Ordering::Relaxed);
+    let row = row.inspect_err(|_| telemetry::acquire_attempt("error"))?;
+    let answer = Answer::read(&row)?;
+    // A counted lease's slot, or the name itself.
+    let slot: String = row.try_get("slot_name")?;
+    let Some(token) = answer.token else {
+        return Ok(Attempt::Held(Held::refused_in(&row, answer, slot)?));
+    };
+    telemetry::acquire_attempt("acquired");
+    tracing::Span::current().record("token", token);
+    let (expires_at, checked_at) = (answer.expires_at, answer.checked_at);
+    let lease = answer
+        .lease(&slot, token, holder)
+        .shared_if(how.get_shared());
+    let window = context.options.confirm_after(ttl_duration(ttl));
+    // A term handed over (see `pglease.hand_over`) runs from the handover:
+    // it is counted from earlier than the send by what it lacks.
+    if let Some(from) = plan::counted_from(sent, expires_at, checked_at, ttl_duration(ttl))
+        && from.elapsed() <= window
+    {
+        return Ok(Attempt::Acquired {
+            won: lease,
+            sent: from,
+        });
+    }
+    // Late, or short by more than a renewal period: a renewal sets the
+    // expiry the local deadline is counted against.
+    confirm(context, lease, ttl).await
+}
+
+/// Sends `pglease.acquire` for `name` as `how` says: on the manager's
+/// session for a session-bound lease, as the statement the manager may
+/// prepare for one holder without a value, as text otherwise.
+async fn acquire_row(
+    context: &Context,
+    name: &str,
+    holder: &str,
+    ttl: PgInterval,
+    how: &AcquireOptions,
+    ticket: Option<i64>,
+) -> sqlx::Result<PgRow> {
     let mode = match (how.get_limit(), how.get_shared()) {
         (Some(slots), _) => sql::Mode::Counted(slots),
         (None, true) => sql::Mode::Shared,
@@ -317,9 +429,8 @@ async fn attempt(
             ticket,
         )
     };
-    let row = match mode {
+    match mode {
         _ if how.get_session_bound() => on_session(context, statement()).await,
-        // One holder, no value: the statement the manager may prepare.
         sql::Mode::Exclusive { waits } if how.get_value().is_none() => {
             let prepared = || {
                 sqlx::query(sql::ACQUIRE_PREPARED)
@@ -332,53 +443,7 @@ async fn attempt(
             db::fetch_hot(context, prepared, statement).await
         }
         _ => sql::query(statement()).fetch_one(&context.pool).await,
-    };
-    context
-        .counters
-        .acquire_attempts
-        .fetch_add(1, Ordering::Relaxed);
-    let row = row.inspect_err(|_| telemetry::acquire_attempt("error"))?;
-    let token: Option<i64> = row.try_get("token")?;
-    let current_holder: Option<String> = row.try_get("holder")?;
-    let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
-    // A refusal with no time to give (none does today) is one that has
-    // ended as it was decided.
-    let expires_at: DateTime<Utc> = row
-        .try_get::<Option<DateTime<Utc>>, _>("expires_at")?
-        .unwrap_or(checked_at);
-    let Some(token) = token else {
-        let held = Held::refused_in(
-            &row,
-            current_holder,
-            expires_at,
-            checked_at,
-            row.try_get("slot_name")?,
-        )?;
-        return Ok(Attempt::Held(held));
-    };
-    telemetry::acquire_attempt("acquired");
-    tracing::Span::current().record("token", token);
-    // A counted lease's slot, or the name itself.
-    let slot: String = row.try_get("slot_name")?;
-    let lease = Lease::new(
-        &slot,
-        current_holder.unwrap_or_else(|| holder.to_owned()),
-        Token::issued(token),
-        expires_at,
-        checked_at,
-    )
-    .shared_if(how.get_shared());
-    let window = context.options.confirm_after(ttl_duration(ttl));
-    // A term handed over (see `pglease.hand_over`) runs from the handover:
-    // it is counted from earlier than the send by what it lacks.
-    if let Some(from) = plan::counted_from(sent, expires_at, checked_at, ttl_duration(ttl))
-        && from.elapsed() <= window
-    {
-        return Ok(Attempt::Acquired { lease, sent: from });
     }
-    // Late, or short by more than a renewal period: a renewal sets the
-    // expiry the local deadline is counted against.
-    confirm(context, lease, ttl).await
 }
 
 /// Runs an acquisition on the manager's session for session-bound leases
@@ -443,40 +508,100 @@ async fn session_ended(context: &Context, pid: i32) {
     }
 }
 
-/// Confirms an acquisition whose answer came late with a renewal under
-/// the same token: the database gave the lease a full TTL from its
-/// decision, but the local deadline, counted from the send, would have
-/// little or nothing of it left. The deadline starts again from this
-/// renewal's send; only a failed renewal makes it a loss.
-async fn confirm(context: &Context, lease: Lease, ttl: PgInterval) -> Result<Attempt> {
+/// Confirms leases whose answer came late with a renewal each, under the
+/// same token: the database gave them a full TTL from its decision, but
+/// the local deadline, counted from the send, would have little or
+/// nothing of it left. The deadline starts again from these renewals'
+/// send; only a failed renewal makes it a loss.
+async fn confirm<W: Won>(context: &Context, mut won: W, ttl: PgInterval) -> Result<Attempt<W>> {
     let sent = Instant::now();
-    match db::renew(context, lease.fence(), ttl).await {
-        Ok(expires_at) => Ok(Attempt::Acquired {
-            lease: lease.confirmed(expires_at),
-            sent,
-        }),
-        Err(lost @ Error::Lost { .. }) => Err(lost),
-        Err(error) => {
-            // Nobody will use a lease whose confirmation failed: give
-            // it back rather than leave it held until it expires.
-            context.release_in_background(lease.fence());
-            Err(error)
+    for i in 0..won.leases().len() {
+        match db::renew(context, won.leases()[i].fence(), ttl).await {
+            Ok(expires_at) => {
+                let lease = &mut won.leases_mut()[i];
+                *lease = lease.clone().confirmed(expires_at);
+            }
+            Err(error) => {
+                // Nobody will use leases whose confirmation failed: give
+                // them back rather than leave them held until they
+                // expire (all but one that was lost, no longer ours).
+                let lost = matches!(error, Error::Lost { .. });
+                for (j, lease) in won.leases().iter().enumerate() {
+                    if !(lost && i == j) {
+                        context.release_in_background(lease.fence());
+                    }
+                }
+                return Err(error);
+            }
         }
+    }
+    Ok(Attempt::Acquired { won, sent })
+}
+
+/// What one acquisition loop ([`Acquirer::run`]) acquires: one name
+/// ([`One`]) or every name of a set (`set::Set`). The loop is written
+/// once; what differs between the two is said here. What differed by
+/// accident when each had a loop of its own is now the same for both: a
+/// refused attempt joins the line when the options or the name ask for it
+/// (a set's answer says whether the name is fair, as a single lease's
+/// does), the waiter listens for releases unless the lease is counted (a
+/// set never is), and a win is counted with its takeover delay.
+trait Acquisition: Send + Sync + 'static {
+    /// What a win is: a lease, or a set's leases.
+    type Won: Won + std::fmt::Debug;
+
+    /// The names acquired, as the line is joined with them.
+    fn names(&self) -> &[String];
+
+    /// One attempt (one statement), with the ticket of a place in line.
+    fn attempt(
+        &self,
+        context: &Context,
+        ticket: Option<i64>,
+    ) -> impl Future<Output = Result<Attempt<Self::Won>>> + Send;
+
+    /// The name whose holder the waiter waits out after `held`.
+    ///
+    /// # Errors
+    ///
+    /// A protocol error if the answer names what was not asked for.
+    fn blocking(&self, held: &Held) -> Result<&str>;
+}
+
+/// One name (`LeaseManager::acquire`).
+struct One {
+    name: [String; 1],
+    ttl: PgInterval,
+    how: AcquireOptions,
+}
+
+impl Acquisition for One {
+    type Won = Lease;
+
+    fn names(&self) -> &[String] {
+        &self.name
+    }
+
+    async fn attempt(&self, context: &Context, ticket: Option<i64>) -> Result<Attempt<Lease>> {
+        attempt(context, &self.name[0], self.ttl, &self.how, ticket).await
+    }
+
+    /// The name itself, also for a counted lease: its waiter polls.
+    fn blocking(&self, _held: &Held) -> Result<&str> {
+        Ok(&self.name[0])
     }
 }
 
-/// One attempt on a task of its own (see [`detached`]).
-async fn attempt_detached(
+/// One attempt of `what`, with the ticket of `place` if it has one, where
+/// it is awaited (see [`detached`]).
+async fn attempt_detached<A: Acquisition>(
     context: &Arc<Context>,
-    name: &str,
-    ttl: PgInterval,
-    how: &AcquireOptions,
+    what: &Arc<A>,
     place: Option<&line::Place>,
-) -> Result<Attempt> {
-    let (name, how) = (name.to_owned(), how.clone());
-    let ticket = place.map(line::Place::ticket);
+) -> Result<Attempt<A::Won>> {
+    let (what, ticket) = (Arc::clone(what), place.map(line::Place::ticket));
     detached(context, move |context| async move {
-        attempt(&context, &name, ttl, &how, ticket).await
+        what.attempt(&context, ticket).await
     })
     .await
 }
@@ -506,10 +631,29 @@ impl Acquirer {
         how: &AcquireOptions,
     ) -> Result<(Lease, Instant)> {
         let ttl = how.check(name)?;
+        let one = One {
+            name: [name.to_owned()],
+            ttl,
+            how: how.clone(),
+        };
+        self.run(one, how, ttl).await
+    }
+
+    /// Acquires `what` as `how` says, with `ttl` as the statement sends
+    /// it: attempts, and between two attempts waits in line, listens or
+    /// naps as plan.rs decides. Returns what was won and when the
+    /// statement that confirmed it was sent.
+    async fn run<A: Acquisition>(
+        &self,
+        what: A,
+        how: &AcquireOptions,
+        ttl: PgInterval,
+    ) -> Result<(A::Won, Instant)> {
         let context = &self.context;
         if context.is_shut_down() {
             return Err(Error::ShutDown);
         }
+        let what = Arc::new(what);
         let start = Instant::now();
         let deadline = start
             .checked_add(how.get_wait())
@@ -517,19 +661,20 @@ impl Acquirer {
         context.counters.waiting.fetch_add(1, Ordering::Relaxed);
         telemetry::waiting(1.0);
         let _waiting = Waiting(&context.counters.waiting);
-        let mut waiter = Waiter::new(context, name, deadline);
+        // The waiter for the name that blocked the last attempt.
+        let mut waiter: Option<Waiter<'_>> = None;
         let mut line = Line::default();
         loop {
-            let outcome = attempt_detached(context, name, ttl, how, line.place.as_ref()).await;
+            let outcome = attempt_detached(context, &what, line.place.as_ref()).await;
             if line.ended(&outcome)? {
                 continue;
             }
             let now = Instant::now();
             let held = match plan::step(outcome, now >= deadline) {
-                Step::Take { lease, sent } => {
+                Step::Take { won, sent } => {
                     line.taken();
-                    waiter.took(&lease, start);
-                    return Ok((lease, sent));
+                    took(&won, waiter.as_ref(), start);
+                    return Ok((won, sent));
                 }
                 Step::Retry => continue,
                 Step::Wait(held) => held,
@@ -542,12 +687,17 @@ impl Acquirer {
                     return Err(error);
                 }
             };
-            waiter.seen_expiry = held.holder_expiry();
             if context.is_shut_down() {
                 return Err(Error::ShutDown);
             }
+            let blocking = what.blocking(&held)?;
+            let waiter = match &mut waiter {
+                Some(w) if w.name == blocking => w,
+                slot => slot.insert(Waiter::new(context, blocking, deadline)),
+            };
+            waiter.seen_expiry = held.holder_expiry();
             if line
-                .join(context, &[name.to_owned()], how, held.fair, &ttl)
+                .join(context, what.names(), how, held.fair, &ttl)
                 .await?
             {
                 // Attempt at once with the ticket: the lease may be free
@@ -570,6 +720,19 @@ impl Acquirer {
             );
             waiter.nap((now + nap).min(deadline)).await?;
         }
+    }
+}
+
+/// Counts an acquisition that began at `start`, and its takeover delay
+/// after the expiry of the holder that `waiter` (if it waited) saw last.
+fn took(won: &impl Won, waiter: Option<&Waiter<'_>>, start: Instant) {
+    telemetry::acquisition("acquired", Some(start.elapsed()));
+    let expired = waiter.and_then(|waiter| waiter.seen_expiry);
+    if let Some(delay) = won
+        .acquired_at()
+        .and_then(|acquired_at| plan::takeover_delay(expired, acquired_at))
+    {
+        telemetry::takeover_delay(delay);
     }
 }
 
@@ -693,14 +856,6 @@ impl<'a> Waiter<'a> {
             watched: false,
             woken_by: None,
             session_wait: None,
-        }
-    }
-
-    /// Counts an acquisition that began at `start`, and its takeover delay.
-    fn took(&self, lease: &Lease, start: Instant) {
-        telemetry::acquisition("acquired", Some(start.elapsed()));
-        if let Some(delay) = plan::takeover_delay(self.seen_expiry, lease.acquired_at()) {
-            telemetry::takeover_delay(delay);
         }
     }
 

@@ -14,7 +14,6 @@ use tokio::time::Instant;
 use super::{Attempt, Held};
 use crate::backoff;
 use crate::error::{Error, Result};
-use crate::lease::Lease;
 
 /// Why an attempt did not acquire, as telemetry counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,11 +53,12 @@ impl Refused {
     }
 }
 
-/// What the waiter does after an attempt.
+/// What the waiter does after an attempt that would win a `W` (a lease,
+/// or a set's leases).
 #[derive(Debug)]
-pub(crate) enum Step {
-    /// Acquired: hand the lease over.
-    Take { lease: Lease, sent: Instant },
+pub(crate) enum Step<W> {
+    /// Acquired: hand it over.
+    Take { won: W, sent: Instant },
     /// Attempt again at once: acquired so late that it was lost before
     /// its confirming renewal, and there is time.
     Retry,
@@ -72,9 +72,9 @@ pub(crate) enum Step {
 
 /// The step after an attempt with `outcome`; `out_of_time` if the
 /// waiter's deadline had passed when the outcome came.
-pub(crate) fn step(outcome: Result<Attempt>, out_of_time: bool) -> Step {
+pub(crate) fn step<W>(outcome: Result<Attempt<W>>, out_of_time: bool) -> Step<W> {
     match outcome {
-        Ok(Attempt::Acquired { lease, sent }) => Step::Take { lease, sent },
+        Ok(Attempt::Acquired { won, sent }) => Step::Take { won, sent },
         Ok(Attempt::Held(held)) if out_of_time => Step::Refuse(held),
         Ok(Attempt::Held(held)) => Step::Wait(held),
         Err(Error::Lost { .. }) if !out_of_time => Step::Retry,
@@ -299,6 +299,7 @@ mod tests {
     }
     use super::*;
     use crate::error::LossReason;
+    use crate::lease::Lease;
     use crate::token::Token;
 
     fn at(ms: i64) -> DateTime<Utc> {
@@ -464,12 +465,12 @@ mod tests {
         let sent = Instant::now();
         for out_of_time in [false, true] {
             let outcome = Ok(Attempt::Acquired {
-                lease: lease.clone(),
+                won: lease.clone(),
                 sent,
             });
             match step(outcome, out_of_time) {
                 Step::Take {
-                    lease: taken,
+                    won: taken,
                     sent: at,
                 } => {
                     assert_eq!(taken, lease);
@@ -482,11 +483,11 @@ mod tests {
 
     #[test]
     fn a_refusal_is_waited_out_while_there_is_time_then_reported() {
-        match step(Ok(Attempt::Held(refused())), false) {
+        match step::<Lease>(Ok(Attempt::Held(refused())), false) {
             Step::Wait(held) => assert_eq!(held, refused()),
             other => panic!("not waited out: {other:?}"),
         }
-        match step(Ok(Attempt::Held(refused())), true) {
+        match step::<Lease>(Ok(Attempt::Held(refused())), true) {
             Step::Refuse(held) => assert_eq!(held, refused()),
             other => panic!("not reported: {other:?}"),
         }
@@ -499,9 +500,9 @@ mod tests {
             token: Token::issued(7),
             reason: LossReason::Expired,
         };
-        assert!(matches!(step(Err(lost()), false), Step::Retry));
+        assert!(matches!(step::<Lease>(Err(lost()), false), Step::Retry));
         assert!(matches!(
-            step(Err(lost()), true),
+            step::<Lease>(Err(lost()), true),
             Step::Fail(Error::Lost { .. })
         ));
     }
@@ -510,7 +511,7 @@ mod tests {
     fn other_errors_are_reported_at_once() {
         for out_of_time in [false, true] {
             assert!(matches!(
-                step(Err(Error::ShutDown), out_of_time),
+                step::<Lease>(Err(Error::ShutDown), out_of_time),
                 Step::Fail(Error::ShutDown)
             ));
         }

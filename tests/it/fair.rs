@@ -3,7 +3,7 @@
 //! joined the line, nobody without a place overtakes them, a waiter whose
 //! session is gone is skipped at once and a frozen one after its place's
 //! TTL, the line is bounded and reports positions, a set waits in line
-//! like a single lease, and only the role that joined acts with a ticket.
+//! like a single lease (also on a name made fair), and only the role that joined acts with a ticket.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -294,6 +294,57 @@ async fn a_set_waits_in_line_like_a_single_lease() {
             .expect("a waiter panicked");
     }
     assert_eq!(*served.lock().expect("lock"), ["S1", "W", "S2"]);
+}
+
+/// A set refused on a name made fair joins the lines of all its names,
+/// as a single plain waiter does: it is served after the waiter that
+/// joined before it, and before one that joined after it.
+async fn a_set_on_a_name_made_fair_waits_in_its_line() {
+    let db = TestDb::new().await;
+    let m = db.manager();
+    m.set_fair("sf", true)
+        .await
+        .expect("an administrator makes sf fair");
+    let h = m
+        .acquire("sf", AcquireOptions::ttl(TTL).holder("H"))
+        .await
+        .expect("H acquires");
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for (who, names) in [
+        ("P", vec!["sf"]),
+        ("S", vec!["sf", "sg"]),
+        ("Q", vec!["sf"]),
+    ] {
+        let (m2, served) = (m.clone(), Arc::clone(&served));
+        let n = m.line("sf").await.expect("line").len();
+        waiters.push(tokio::spawn(async move {
+            // No `fair`: only the name asks for the line.
+            let how = AcquireOptions::ttl(TTL).holder(who).wait(TTL);
+            let leases = m2.acquire_all(&names, how).await.expect("served");
+            served.lock().expect("lock").push(who);
+            for lease in &leases {
+                m2.release(lease).await.expect("release");
+            }
+        }));
+        until_in_line(&m, "sf", n + 1).await;
+    }
+    let set_in_sg: Vec<String> = m
+        .line("sg")
+        .await
+        .expect("line")
+        .into_iter()
+        .map(|place| place.holder)
+        .collect();
+    assert_eq!(set_in_sg, ["S"], "the set holds a place on each name");
+    m.release(&h).await.expect("H releases");
+    for w in waiters {
+        tokio::time::timeout(TTL, w)
+            .await
+            .expect("served within the TTL")
+            .expect("a waiter panicked");
+    }
+    assert_eq!(*served.lock().expect("lock"), ["P", "S", "Q"]);
 }
 
 /// A waiter joining the line of a name while its first acquisition is
@@ -603,6 +654,7 @@ tests![
     a_dead_waiter_is_skipped_at_once_and_a_frozen_one_after_its_ttl(2),
     the_line_is_bounded_and_reports_positions,
     a_set_waits_in_line_like_a_single_lease(4),
+    a_set_on_a_name_made_fair_waits_in_its_line(4),
     only_the_role_that_joined_acts_with_its_ticket,
     a_join_during_a_first_acquisition_is_not_overtaken(2),
     a_name_made_fair_serves_plain_waiters_in_turn(2),

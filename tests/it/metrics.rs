@@ -157,6 +157,27 @@ async fn operations_are_counted_through_the_metrics_facade() {
         .expect("taken over");
     take(&snapshotter, &mut seen);
     assert!(seen["pglease_takeover_delay_seconds"] >= 1.0, "{seen:?}");
+    // A set that waited out a holder counts its takeover as one lease does.
+    let short = holder
+        .acquire(
+            "short-set",
+            AcquireOptions::ttl(Duration::from_millis(300)).holder("a"),
+        )
+        .await
+        .expect("acquire short-set");
+    drop(short);
+    let set = waiter
+        .acquire_all(
+            &["short-set", "beside"],
+            AcquireOptions::ttl(Duration::from_secs(5)).wait(BOUND),
+        )
+        .await
+        .expect("the set taken over");
+    take(&snapshotter, &mut seen);
+    assert!(seen["pglease_takeover_delay_seconds"] >= 2.0, "{seen:?}");
+    for lease in &set {
+        waiter.release(lease).await.expect("release the set");
+    }
     for name in seen.keys() {
         let bare = name.split('{').next().unwrap_or(name);
         assert!(
