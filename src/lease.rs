@@ -229,46 +229,68 @@ impl AsRef<Fence> for Lease {
 }
 
 /// Which leases [`LeaseManager::list_matching`](crate::LeaseManager::list_matching)
-/// returns: all by default.
+/// returns: all by default; narrowed with its builder methods, read with
+/// `get_*`. The conditions add up: every one set must hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ListFilter {
-    /// Only names held now, by anyone: an exclusive holder, shared
-    /// holders, or slots of a counted lease ([`LeaseStatus::kind`] is not
-    /// [`LeaseKind::Free`]).
-    pub held: bool,
-    /// Only leases that expired (ended without a release) and that nobody
-    /// holds now.
-    pub expired: bool,
-    /// Only names that start with this.
-    pub prefix: Option<String>,
-    /// At most this many (the first by name).
-    pub limit: Option<usize>,
+    held: bool,
+    expired: bool,
+    prefix: Option<String>,
+    limit: Option<usize>,
 }
 
 impl ListFilter {
-    /// Only names held now, by anyone (see [`ListFilter::held`](Self#structfield.held)).
+    /// Only names held now, by anyone: an exclusive holder, shared
+    /// holders, or slots of a counted lease ([`LeaseStatus::kind`] is not
+    /// [`LeaseKind::Free`]).
+    #[must_use]
     pub fn held(mut self) -> Self {
         self.held = true;
         self
     }
 
-    /// Only leases that expired.
+    /// Only leases that expired (ended without a release) and that nobody
+    /// holds now.
+    #[must_use]
     pub fn expired(mut self) -> Self {
         self.expired = true;
         self
     }
 
-    /// Only names that start with `prefix`.
+    /// Only names that start with `prefix` (taken as it is: `%` and `_`
+    /// are not patterns).
+    #[must_use]
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = Some(prefix.into());
         self
     }
 
-    /// At most `limit` leases.
+    /// At most `limit` leases (the first by name).
+    #[must_use]
     pub fn limit(mut self, limit: usize) -> Self {
         self.limit = Some(limit);
         self
+    }
+
+    /// Whether only names held now are kept.
+    pub fn get_held(&self) -> bool {
+        self.held
+    }
+
+    /// Whether only expired leases are kept.
+    pub fn get_expired(&self) -> bool {
+        self.expired
+    }
+
+    /// The prefix names must start with, if any.
+    pub fn get_prefix(&self) -> Option<&str> {
+        self.prefix.as_deref()
+    }
+
+    /// How many leases at the most, if bounded.
+    pub fn get_limit(&self) -> Option<usize> {
+        self.limit
     }
 }
 

@@ -456,13 +456,13 @@ pub(crate) fn check(fence: &Fence) -> String {
 /// The leases `filter` keeps, by name.
 pub(crate) fn list(filter: &crate::lease::ListFilter) -> String {
     let mut conditions = Vec::new();
-    if filter.held {
+    if filter.get_held() {
         conditions.push("kind <> 'free'".to_owned());
     }
-    if filter.expired {
+    if filter.get_expired() {
         conditions.push("kind = 'free' AND holder IS NOT NULL".to_owned());
     }
-    if let Some(prefix) = &filter.prefix {
+    if let Some(prefix) = filter.get_prefix() {
         conditions.push(format!("starts_with(name, {})", Text(prefix)));
     }
     let mut statement = status_select!("").to_owned();
@@ -471,7 +471,7 @@ pub(crate) fn list(filter: &crate::lease::ListFilter) -> String {
         statement.push_str(&conditions.join(" AND "));
     }
     statement.push_str(" ORDER BY name");
-    if let Some(limit) = filter.limit {
+    if let Some(limit) = filter.get_limit() {
         let _ = write!(statement, " LIMIT {limit}");
     }
     statement

@@ -333,7 +333,7 @@ impl LeaseManager {
     /// The TTL and the failover time the `failover` check weighs; what
     /// cannot be read is kept as why.
     pub(super) async fn failover_facts(&self, options: &DoctorOptions) -> Failover {
-        let ttl = match options.ttl {
+        let ttl = match options.get_ttl() {
             Some(ttl) => Ttl::Given(ttl),
             None => match sql::query(sql::SHORTEST_HELD_TTL)
                 .fetch_one(self.pool())
@@ -348,7 +348,11 @@ impl LeaseManager {
                 Err(error) => Ttl::Unreadable(Error::from(error).to_string()),
             },
         };
-        let time = match (options.failover_time, &options.monitor, options.patroni) {
+        let time = match (
+            options.get_failover_time(),
+            options.get_monitor(),
+            options.get_patroni(),
+        ) {
             // The check stops at the unreadable TTLs: the monitor is not
             // asked.
             _ if matches!(ttl, Ttl::Unreadable(_)) => FailoverTime::Unknown,

@@ -22,23 +22,15 @@ mod facts;
 mod verdicts;
 
 /// What [`LeaseManager::doctor_with`] is told about the failover manager
-/// and the leases, for the `failover` check of a manager of several hosts.
+/// and the leases, for the `failover` check of a manager of several hosts:
+/// nothing by default; set with its builder methods, read with `get_*`.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct DoctorOptions {
-    /// The shortest TTL the leases use; without it, the shortest among the
-    /// leases held now (`expires_at` minus the last renewal).
-    pub ttl: Option<Duration>,
-    /// How long a failover takes, detection and promotion, as measured or
-    /// configured; without it, estimated from the monitor's settings when
-    /// `monitor` is given, else from Patroni's when `patroni` is.
-    pub failover_time: Option<Duration>,
-    /// pg_auto_failover's monitor (`pg_autoctl show uri --monitor`), whose
-    /// `pgautofailover.*` settings give the failover time estimate.
-    pub monitor: Option<Target>,
-    /// Patroni's timing (its REST API's `GET /config`), which gives the
-    /// failover time estimate.
-    pub patroni: Option<PatroniTiming>,
+    ttl: Option<Duration>,
+    failover_time: Option<Duration>,
+    monitor: Option<Target>,
+    patroni: Option<PatroniTiming>,
 }
 
 /// The settings of Patroni's that bound how long its automatic failover
@@ -94,32 +86,58 @@ impl DoctorOptions {
         DoctorOptions::default()
     }
 
-    /// The shortest TTL in use.
+    /// The shortest TTL the leases use; without it, the shortest among
+    /// the leases held now (`expires_at` minus the last renewal).
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
         self
     }
 
-    /// How long a failover takes.
+    /// How long a failover takes, detection and promotion, as measured or
+    /// configured; without it, estimated from the monitor's settings when
+    /// [`monitor`](Self::monitor) is given, else from Patroni's when
+    /// [`patroni`](Self::patroni) is.
     #[must_use]
     pub fn failover_time(mut self, time: Duration) -> Self {
         self.failover_time = Some(time);
         self
     }
 
-    /// pg_auto_failover's monitor.
+    /// pg_auto_failover's monitor (`pg_autoctl show uri --monitor`), whose
+    /// `pgautofailover.*` settings give the failover time estimate.
     #[must_use]
     pub fn monitor(mut self, monitor: Target) -> Self {
         self.monitor = Some(monitor);
         self
     }
 
-    /// Patroni's timing.
+    /// Patroni's timing (its REST API's `GET /config`), which gives the
+    /// failover time estimate.
     #[must_use]
     pub fn patroni(mut self, timing: PatroniTiming) -> Self {
         self.patroni = Some(timing);
         self
+    }
+
+    /// The shortest TTL told, if any.
+    pub fn get_ttl(&self) -> Option<Duration> {
+        self.ttl
+    }
+
+    /// The failover time told, if any.
+    pub fn get_failover_time(&self) -> Option<Duration> {
+        self.failover_time
+    }
+
+    /// The monitor told, if any.
+    pub fn get_monitor(&self) -> Option<&Target> {
+        self.monitor.as_ref()
+    }
+
+    /// Patroni's timing told, if any.
+    pub fn get_patroni(&self) -> Option<PatroniTiming> {
+        self.patroni
     }
 }
 
@@ -252,10 +270,11 @@ impl LeaseManager {
     ///   and so take no lease operation until one exists, unless the
     ///   failover manager rewrites the setting (pg_auto_failover does);
     /// - `failover`: whether a failover fits the TTL: the shortest TTL
-    ///   (`options.ttl`, else the shortest among the leases held now)
-    ///   against the failover time (`options.failover_time`, else an
-    ///   estimate from pg_auto_failover's monitor, `options.monitor`, else
-    ///   from Patroni's timing, `options.patroni`),
+    ///   ([`DoctorOptions::ttl`], else the shortest among the leases held
+    ///   now) against the failover time ([`DoctorOptions::failover_time`],
+    ///   else an estimate from pg_auto_failover's monitor,
+    ///   [`DoctorOptions::monitor`], else from Patroni's timing,
+    ///   [`DoctorOptions::patroni`]),
     ///   plus a second for pglease to find the new primary, before the
     ///   local deadline (TTL less the safety margin).
     ///

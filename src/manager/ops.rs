@@ -405,7 +405,7 @@ impl LeaseManager {
     /// Cancel-safe: it only reads.
     #[tracing::instrument(name = "pglease.list", level = "debug", skip(self))]
     pub async fn list_matching(&self, filter: &ListFilter) -> Result<Vec<LeaseStatus>> {
-        if filter.prefix.as_deref().is_some_and(|p| p.contains('\0')) {
+        if filter.get_prefix().is_some_and(|p| p.contains('\0')) {
             return Err(Error::invalid(
                 "prefix",
                 "must not contain NUL bytes (PostgreSQL text cannot store them)",

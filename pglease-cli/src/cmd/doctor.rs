@@ -28,14 +28,20 @@ pub(crate) async fn doctor(manager: &LeaseManager, args: DoctorArgs) -> Outcome 
         patroni,
     } = args;
     let mut options = DoctorOptions::new();
-    options.ttl = ttl;
-    options.failover_time = failover_time;
+    if let Some(ttl) = ttl {
+        options = options.ttl(ttl);
+    }
+    if let Some(time) = failover_time {
+        options = options.failover_time(time);
+    }
     // Checked when the arguments were parsed.
-    options.monitor = monitor.and_then(|m| Target::parse(&m).ok());
+    if let Some(monitor) = monitor.and_then(|m| Target::parse(&m).ok()) {
+        options = options.monitor(monitor);
+    }
     // Asked only when the failover time is not given.
     if let Some(url) = patroni.filter(|_| failover_time.is_none()) {
         match patroni_timing(url.clone()).await {
-            Ok(timing) => options.patroni = Some(timing),
+            Ok(timing) => options = options.patroni(timing),
             // The other checks go on; the failover check says it cannot
             // tell.
             Err(e) => eprintln!(
