@@ -1,0 +1,65 @@
+//! What the measures share: the timing and the pair tables
+//! ([`timing`]), the databases ([`database`]), the library operations
+//! several measures time ([`ops`]), pgbench ([`pgbench`]) and the pairs
+//! it runs ([`pairs`]), and the waiters of the handover measures
+//! ([`waiters`]).
+
+pub(crate) mod database;
+pub(crate) mod ops;
+pub(crate) mod pairs;
+pub(crate) mod pgbench;
+pub(crate) mod timing;
+pub(crate) mod waiters;
+
+use std::sync::Arc;
+
+use pglease::{AcquireOptions, Error, Lease, LeaseManager};
+use sqlx::PgPool;
+
+use ops::LONG;
+
+/// What every measure is given: the database most of them share,
+/// `pglease_bench` (as [`database::setup`] leaves it), a manager on it,
+/// one held lease per client (`held-0` to `held-7`, for renewals and
+/// guarded writes), and the seconds per measurement (`BENCH_SECS`,
+/// default 2).
+pub(crate) struct Bench {
+    pub(crate) pool: PgPool,
+    pub(crate) m: LeaseManager,
+    pub(crate) held: Arc<Vec<Lease>>,
+    pub(crate) secs: f64,
+}
+
+impl Bench {
+    /// `pglease_bench` created afresh, and its held leases acquired.
+    pub(crate) async fn set_up() -> Result<Self, Error> {
+        let secs: f64 = std::env::var("BENCH_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(2.0);
+        let pool = database::setup().await?;
+        let m = LeaseManager::new(pool.clone());
+        let mut held = Vec::new();
+        for c in 0..8 {
+            held.push(
+                m.acquire(
+                    &format!("held-{c}"),
+                    AcquireOptions::ttl(LONG).holder("bench"),
+                )
+                .await?,
+            );
+        }
+        Ok(Self {
+            pool,
+            m,
+            held: Arc::new(held),
+            secs,
+        })
+    }
+
+    /// Closes the pool and drops `pglease_bench`.
+    pub(crate) async fn tear_down(self) -> Result<(), Error> {
+        self.pool.close().await;
+        database::drop_database("pglease_bench").await
+    }
+}
