@@ -91,6 +91,46 @@ async fn next_leader(electors: &[Arc<Elector>], not: Option<usize>) -> usize {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // DATABASE_URL, else the libpq defaults, else a throwaway cluster.
     let options = pglease::provision::server().await?.options.clone();
+    let admin = set_up(&options).await?;
+    let printer = print_changes(&admin).await?;
+
+    let mut electors = Vec::new();
+    for i in 0..REPLICAS {
+        electors.push(replica(options.clone(), i).await?);
+    }
+    let runs: Vec<_> = electors
+        .iter()
+        .enumerate()
+        .map(|(i, elector)| {
+            let elector = Arc::clone(elector);
+            tokio::spawn(async move {
+                let me = Arc::clone(&elector);
+                elector
+                    .run(async move |term| lead(&me, term, i).await)
+                    .await
+            })
+        })
+        .collect();
+
+    let leaders = handovers(&admin, &electors).await?;
+    for elector in &electors {
+        elector.resign();
+    }
+    for run in runs {
+        run.await??;
+    }
+    report(&admin, leaders).await?;
+    sqlx::raw_sql("DROP TABLE pglease_example_replicas")
+        .execute(admin.pool())
+        .await?;
+    admin.shutdown().await?;
+    printer.abort();
+    Ok(())
+}
+
+/// A manager for the example's own use, the schema created if needed, and
+/// the table the leaders write, created afresh.
+async fn set_up(options: &PgConnectOptions) -> Result<LeaseManager, pglease::Error> {
     let admin = LeaseManager::new(PgPoolOptions::new().connect_with(options.clone()).await?);
     admin.migrate().await?;
     sqlx::raw_sql(
@@ -100,11 +140,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .execute(admin.pool())
     .await?;
+    Ok(admin)
+}
 
-    // An observer prints every change of the election, as it happens.
+/// An observer that prints every change of the election, as it happens.
+async fn print_changes(
+    admin: &LeaseManager,
+) -> Result<tokio::task::JoinHandle<()>, pglease::Error> {
     let start = Instant::now();
     let mut observer = admin.observe(NAME).await?;
-    let printer = tokio::spawn(async move {
+    Ok(tokio::spawn(async move {
         while let Ok(change) = observer.next().await {
             let at = start.elapsed().as_secs_f64();
             match change {
@@ -126,27 +171,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 other => println!("[{at:7.3}s] {other:?}"),
             }
         }
-    });
+    }))
+}
 
-    let mut electors = Vec::new();
-    for i in 0..REPLICAS {
-        electors.push(replica(options.clone(), i).await?);
-    }
-    let runs: Vec<_> = electors
-        .iter()
-        .enumerate()
-        .map(|(i, elector)| {
-            let elector = Arc::clone(elector);
-            tokio::spawn(async move {
-                let me = Arc::clone(&elector);
-                elector
-                    .run(async move |term| lead(&me, term, i).await)
-                    .await
-            })
-        })
-        .collect();
-
-    let first = next_leader(&electors, None).await;
+/// The first leader, then a rolling restart of the leader (it resigns),
+/// then an operator asking the new leader to step down, each handover
+/// timed; returns the three leaders in turn.
+async fn handovers(
+    admin: &LeaseManager,
+    electors: &[Arc<Elector>],
+) -> Result<[usize; 3], pglease::Error> {
+    let first = next_leader(electors, None).await;
     let seen = electors[(first + 1) % REPLICAS]
         .leader()
         .and_then(|l| l.value)
@@ -157,7 +192,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // A rolling restart of the leader: it resigns.
     let asked = Instant::now();
     electors[first].resign();
-    let second = next_leader(&electors, Some(first)).await;
+    let second = next_leader(electors, Some(first)).await;
     println!(
         "           handover on resign: {:.1} ms",
         asked.elapsed().as_secs_f64() * 1e3
@@ -167,21 +202,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // An operator asks the new leader to step down.
     let asked = Instant::now();
     admin.request_step_down(NAME, "operator").await?;
-    let third = next_leader(&electors, Some(second)).await;
+    let third = next_leader(electors, Some(second)).await;
     println!(
         "           handover on a step-down request: {:.1} ms",
         asked.elapsed().as_secs_f64() * 1e3
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
+    Ok([first, second, third])
+}
 
-    for elector in &electors {
-        elector.resign();
-    }
-    for run in runs {
-        run.await??;
-    }
-    // The writes, in commit order: each term's, and none after a later
-    // term began.
+/// The writes, in commit order: each term's, and none after a later term
+/// began.
+async fn report(admin: &LeaseManager, leaders: [usize; 3]) -> Result<(), pglease::Error> {
     let terms: Vec<(i64, i32, i64)> = sqlx::query_as(
         "SELECT token, replica, count(*) FROM pglease_example_replicas \
           GROUP BY token, replica ORDER BY min(id)",
@@ -197,11 +229,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "           no term wrote after a later one began: {}",
         tokens.windows(2).all(|w| w[0] <= w[1])
     );
+    let [first, second, third] = leaders;
     println!("           leaders in turn: replica-{first}, replica-{second}, replica-{third}");
-    sqlx::raw_sql("DROP TABLE pglease_example_replicas")
-        .execute(admin.pool())
-        .await?;
-    admin.shutdown().await?;
-    printer.abort();
     Ok(())
 }
