@@ -120,10 +120,14 @@ pub(crate) async fn pair_row(
     println!("| {label} | {clients} | {names} | {} |", pairs.cells());
 }
 
+/// The middle duration (the upper of the two middle ones for an even
+/// count).
 pub(crate) fn median(v: &[Duration]) -> Duration {
     percentile(v, 0.5)
 }
 
+/// The duration at fraction `p` (0 to 1) of `v` sorted, the nearest
+/// rank.
 pub(crate) fn percentile(v: &[Duration], p: f64) -> Duration {
     let mut v = v.to_vec();
     v.sort();
