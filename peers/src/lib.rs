@@ -6,7 +6,7 @@
 //! `PgAdvisoryLock`.
 //!
 //! The safety part runs the scenarios of `pglease demo` (its scenario
-//! engine, `pglease_cli::compare::engine`: the same scripts, ledger,
+//! engine, `pglease_scenarios::engine`: the same scripts, ledger,
 //! letters and verdicts) with each peer as a contender
 //! ([`contenders`]), each write protected the way the peer's
 //! documentation says (or, where it offers no way, the obvious way). Each
@@ -28,9 +28,7 @@ pub mod proxy;
 mod speed;
 
 pub use contenders::{SCENARIOS, run};
-pub use pglease_cli::compare::engine::{
-    BoxError, Judgement, Scenario, Verdict, Violation, Written,
-};
+pub use pglease_scenarios::{BoxError, Judgement, Scenario, Verdict, Violation, Written};
 pub use speed::{Load, Speed, speed, speed_table};
 
 use std::time::Duration;

@@ -9,7 +9,7 @@ use distributed_lock_core::error::LockError;
 use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
 use distributed_lock_postgres::PostgresLockProvider;
 use distributed_lock_postgres::handle::PostgresLockHandle;
-use pglease_cli::compare::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
+use pglease_scenarios::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
 use sqlx08::postgres::PgPool;
 use tokio::sync::Mutex;
 

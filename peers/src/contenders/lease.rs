@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use pglease::{AcquireOptions, Error, FencedTransaction, HeldLease, Lease, LeaseManager};
-use pglease_cli::compare::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
+use pglease_scenarios::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
 use tokio::sync::Mutex;
 
 use super::{Setting, committed, net, takeover_text, written_text};

@@ -1,5 +1,5 @@
 //! Each peer as a contender of the scenario engine
-//! (`pglease_cli::compare::engine`): the scripts, the ledger and the
+//! (`pglease_scenarios::engine`): the scripts, the ledger and the
 //! verdicts are the demo's; what is here is how each library acquires,
 //! writes and suffers each fault. A's connections go through a proxy the
 //! scenario freezes (a paused holder, unanswered renewals) and are named
@@ -15,7 +15,7 @@ mod sqlx_lock;
 use std::time::Duration;
 
 use pglease::testing::TestDatabase;
-use pglease_cli::compare::engine::{self, Fault, Ledger, Scenario, Stage, Verdict, Who, Written};
+use pglease_scenarios::engine::{self, Fault, Ledger, Scenario, Stage, Verdict, Who, Written};
 
 use crate::proxy::Proxy;
 use crate::{BoxError, Peer};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pg_lease::{LeaseContext, LeaseLooper, verify_lease_held};
-use pglease_cli::compare::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
+use pglease_scenarios::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
 use sqlx08::postgres::PgPool;
 use tokio::sync::{Mutex, oneshot};
 

@@ -5,7 +5,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use pglease_cli::compare::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
+use pglease_scenarios::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
 use sqlx08::pool::PoolConnection;
 use sqlx08::postgres::{PgAdvisoryLock, PgAdvisoryLockGuard, PgPool};
 use sqlx08::{Either, Postgres};

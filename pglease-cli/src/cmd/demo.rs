@@ -104,7 +104,7 @@ async fn demo_in(target: &Target, timeout: Duration) -> ExitCode {
             "\n2. Five failures against a lease, a session advisory lock and a transaction \
              advisory lock:\n"
         );
-        let outcomes = pglease_cli::compare::run(&manager, Duration::from_millis(200), |o| {
+        let outcomes = pglease_scenarios::run(&manager, Duration::from_millis(200), |o| {
             say(&format!(
                 "  {} / {}: {} - {}",
                 o.scenario.label(),
@@ -114,8 +114,8 @@ async fn demo_in(target: &Target, timeout: Duration) -> ExitCode {
             ));
         })
         .await?;
-        out!("\n{}", pglease_cli::compare::table(&outcomes));
-        Ok::<_, pglease_cli::compare::BoxError>(())
+        out!("\n{}", pglease_scenarios::table(&outcomes));
+        Ok::<_, pglease_scenarios::BoxError>(())
     }
     .await;
     manager.pool().close().await;

@@ -24,10 +24,8 @@ mod common;
 
 mod auto_failover;
 mod commands;
-mod compare;
 mod demo;
 mod elect;
-mod engine;
 mod failover;
 mod handover;
 mod history;
@@ -45,10 +43,8 @@ fn main() -> std::process::ExitCode {
         [
             auto_failover::tests(),
             commands::tests(),
-            compare::tests(),
             demo::tests(),
             elect::tests(),
-            engine::tests(),
             failover::tests(),
             handover::tests(),
             history::tests(),

@@ -5,7 +5,7 @@
 //! show.
 //!
 //! `pglease demo` runs the scripts against the lease and the two advisory
-//! locks ([`super::Variant`]), in-process; the project's peers comparison
+//! locks ([`crate::Variant`]), in-process; the project's peers comparison
 //! runs the same scripts against other crates, through a network it can
 //! freeze. What differs between the two is each contender's part (how it
 //! acquires, what its fault does), never the script or the verdict.

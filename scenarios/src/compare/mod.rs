@@ -4,10 +4,10 @@
 //! assumed: whether a stale write landed, whether another worker could take
 //! over without the old holder's cooperation, and how long that took.
 //!
-//! The scenarios are the engine's ([`engine`]); this module supplies the
-//! demo's three contenders. Used by the test suite and by `pglease demo`.
+//! The scenarios are the engine's ([`crate::engine`]); this module
+//! supplies the demo's three contenders. Used by the test suite and by
+//! `pglease demo`.
 
-pub mod engine;
 mod harness;
 mod lease;
 mod locks;
@@ -16,8 +16,7 @@ use std::time::Duration;
 
 use pglease::LeaseManager;
 
-pub use engine::{BoxError, Judgement, Scenario, Verdict, Violation};
-use engine::{Ledger, Stage};
+use crate::engine::{self, BoxError, Ledger, Scenario, Stage, Verdict};
 use harness::{Ctx, unique};
 use lease::LeaseContender;
 use locks::{SessionContender, XactContender};

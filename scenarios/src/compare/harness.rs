@@ -8,7 +8,7 @@ use sqlx::PgConnection;
 
 use pglease::{Error, Fence, LeaseManager};
 
-use super::engine::{BoxError, Ledger, Scenario, Who, Written};
+use crate::engine::{BoxError, Ledger, Scenario, Who, Written};
 
 pub(super) fn unique() -> u32 {
     use std::sync::atomic::{AtomicU32, Ordering};

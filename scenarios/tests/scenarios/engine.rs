@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use pglease_cli::compare::engine::{
+use pglease_scenarios::engine::{
     Judgement, Row, Scenario, Seen, Violation, judge, stale_after_new, two_holders,
 };
 

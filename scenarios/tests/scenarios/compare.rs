@@ -4,13 +4,12 @@
 
 use std::time::Duration;
 
-use pglease_cli::compare::engine::Written;
-use pglease_cli::compare::{self, Judgement, Scenario, Variant, Violation};
+use pglease_scenarios::{Judgement, Scenario, Variant, Violation, Written};
 
 async fn every_scenario_against_every_variant() {
     let db = crate::common::new_db().await;
     let m = db.manager();
-    let outcomes = compare::run(&m, Duration::from_millis(150), |o| {
+    let outcomes = pglease_scenarios::run(&m, Duration::from_millis(150), |o| {
         eprintln!(
             "{} / {}: safe={} {}",
             o.scenario.label(),

@@ -10,8 +10,8 @@ use tokio::task::JoinHandle;
 use pglease::advisory::{SessionLock, XactLock};
 use pglease::{Error, Result};
 
-use super::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
 use super::harness::{Ctx, ms, pick, poll_lock};
+use crate::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
 
 /// Runs `function` (`pg_advisory_unlock` or `pg_try_advisory_lock`) on
 /// the lock's key on its own connection, without changing what the lock

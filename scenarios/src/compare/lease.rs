@@ -10,8 +10,8 @@ use pglease::{AcquireOptions, Error, Fence, HeldLease, Lease, LeaseManager, Toke
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 
-use super::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
 use super::harness::{Ctx, ms};
+use crate::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
 
 /// A's or B's lease.
 pub(super) enum Held {
