@@ -125,7 +125,8 @@ pub enum Written {
     /// It committed.
     Committed,
     /// The library or the database refused it, or its connection was gone;
-    /// why, in words.
+    /// why, in words (beginning with `by` where it names who refused it:
+    /// `by PostgreSQL (LE001): ...`).
     Refused(String),
 }
 
@@ -380,6 +381,12 @@ pub trait Contender {
         None
     }
 
+    /// The fencing token `held` carries, if the contender's holds have one
+    /// (for an [`Observer`]).
+    fn token(&self, _held: &Self::Held) -> Option<i64> {
+        None
+    }
+
     /// `who` takes the resource, trying for up to `wait` (zero: once).
     ///
     /// # Errors
@@ -394,6 +401,18 @@ pub trait Contender {
     ///
     /// Anything but a refusal, which is `Ok(Written::Refused)`.
     async fn write(&self, held: &mut Self::Held, who: Who) -> Result<Written, BoxError>;
+
+    /// `who`'s work while it holds, before the fault: a write that
+    /// commits, as the article's holder writes before it pauses; `Ok(None)`
+    /// where the contender does not work before the fault (or cannot
+    /// without giving its hold up, as a transaction lock's commit does).
+    ///
+    /// # Errors
+    ///
+    /// Anything but a refusal.
+    async fn work(&self, _held: &mut Self::Held, _who: Who) -> Result<Option<Written>, BoxError> {
+        Ok(None)
+    }
 
     /// Appends `who`'s row and leaves it uncommitted, for the fault to
     /// catch the commit in flight; `Ok(false)` if the contender writes
@@ -459,28 +478,129 @@ pub trait Contender {
         Ok(None)
     }
 
-    /// Lets go, if there is anything left to let go of.
+    /// Lets go, if there is anything left to let go of; whether that ended
+    /// a hold, where the library says (`Some(false)`: the release was
+    /// ignored, as a stale token's is).
     ///
     /// # Errors
     ///
     /// The database's.
-    async fn release(&self, held: Self::Held) -> Result<(), BoxError>;
+    async fn release(&self, held: Self::Held) -> Result<Option<bool>, BoxError>;
 
     /// The detail sentence for `scenario` from what was seen (and what
     /// the contender noted itself).
     fn detail(&self, scenario: Scenario, seen: &Seen) -> String;
 }
 
+/// A step of a script, as it happens, for an [`Observer`]. Tokens are
+/// the contender's ([`Contender::token`]), `None` where its holds have
+/// none.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Step<'a> {
+    /// `who` holds the resource: A at the start, B when it took over
+    /// (`after`: how long after the fault).
+    Acquired {
+        /// Who.
+        who: Who,
+        /// The hold's token.
+        token: Option<i64>,
+        /// For B, how long after the fault (for (d), after the late
+        /// release arrived).
+        after: Option<Duration>,
+    },
+    /// B could not take over within `window`.
+    Missed {
+        /// How long B tried.
+        window: Duration,
+    },
+    /// `who` wrote its row (or committed the one it staged).
+    Wrote {
+        /// Who.
+        who: Who,
+        /// The token it wrote under.
+        token: Option<i64>,
+        /// What became of the write.
+        written: &'a Written,
+    },
+    /// `who` appended its row and left it uncommitted, for the fault to
+    /// catch its commit in flight.
+    Staged {
+        /// Who.
+        who: Who,
+        /// The token it wrote under.
+        token: Option<i64>,
+    },
+    /// The fault hit A.
+    Fault(Fault),
+    /// The fault ended.
+    Healed(Fault),
+    /// The library told A it had lost the resource, `after` the fault.
+    Told {
+        /// How long after the fault.
+        after: Duration,
+    },
+    /// `who` let go.
+    Released {
+        /// Who.
+        who: Who,
+        /// The token it let go of.
+        token: Option<i64>,
+        /// Whether that ended a hold, where the library says.
+        ended: Option<bool>,
+    },
+    /// The ledger at the end, every committed row in insertion order.
+    Ledger(&'a [Row]),
+}
+
+/// Something the scripts tell each [`Step`] as it happens (the demo's
+/// narration is one: [`crate::Narrator`]). Called from the script's own
+/// task, between its awaits: it must not block.
+pub trait Observer: Sync {
+    /// `step` has just happened.
+    fn step(&self, step: Step<'_>);
+}
+
+/// Nobody watching.
+impl Observer for () {
+    fn step(&self, _step: Step<'_>) {}
+}
+
 /// What every scenario of a suite shares: the ledger, the pool it is read
-/// through, and how long B tries to take over in each scenario.
+/// through, how long B tries to take over in each scenario, and who is
+/// told each step.
 #[derive(Clone, Copy)]
 pub struct Stage<'a> {
-    /// The ledger.
-    pub ledger: &'a Ledger,
-    /// A pool on the ledger's database, outside every fault.
-    pub pool: &'a PgPool,
-    /// How long B tries to take over in each scenario.
-    pub window: &'a (dyn Fn(Scenario) -> Duration + Sync),
+    ledger: &'a Ledger,
+    pool: &'a PgPool,
+    window: &'a (dyn Fn(Scenario) -> Duration + Sync),
+    observer: &'a dyn Observer,
+}
+
+impl<'a> Stage<'a> {
+    /// The ledger, a pool on its database outside every fault, and how
+    /// long B tries to take over in each scenario; nobody told the steps.
+    pub fn new(
+        ledger: &'a Ledger,
+        pool: &'a PgPool,
+        window: &'a (dyn Fn(Scenario) -> Duration + Sync),
+    ) -> Stage<'a> {
+        Stage {
+            ledger,
+            pool,
+            window,
+            observer: &(),
+        }
+    }
+
+    /// Tells `observer` each step.
+    pub fn observed(self, observer: &'a dyn Observer) -> Stage<'a> {
+        Stage { observer, ..self }
+    }
+
+    fn step(&self, step: Step<'_>) {
+        self.observer.step(step);
+    }
 }
 
 /// How long a held-up commit may take to be answered after the fault
@@ -520,13 +640,14 @@ pub async fn run<C: Contender, K>(
         Scenario::PausedHolder | Scenario::KilledConnection => {
             held_up_write(stage, contender, scenario.fault(), window).await?
         }
-        Scenario::DeadHolder => dead_holder(contender, window).await?,
+        Scenario::DeadHolder => dead_holder(stage, contender, window).await?,
         Scenario::LateRelease | Scenario::SilentRenewal => {
             unaware_holder(stage, contender, scenario.fault(), window).await?
         }
     };
     seen.window = window;
     seen.rows = stage.ledger.rows(stage.pool).await?;
+    stage.step(Step::Ledger(&seen.rows));
     Ok(Verdict {
         scenario,
         contender: kind,
@@ -539,11 +660,17 @@ pub async fn run<C: Contender, K>(
 }
 
 /// A's acquisition, which the scenario cannot do without.
-async fn first<C: Contender>(contender: &C) -> Result<C::Held, BoxError> {
-    contender
+async fn first<C: Contender>(stage: &Stage<'_>, contender: &C) -> Result<C::Held, BoxError> {
+    let a = contender
         .acquire(Who::A, Duration::ZERO)
         .await?
-        .ok_or_else(|| "A could not acquire a free resource".into())
+        .ok_or("A could not acquire a free resource")?;
+    stage.step(Step::Acquired {
+        who: Who::A,
+        token: contender.token(&a),
+        after: None,
+    });
+    Ok(a)
 }
 
 /// B tries for `window` from `since`; if it got the resource, the ledger
@@ -556,11 +683,24 @@ async fn take_over<C: Contender>(
     seen: &mut Seen,
 ) -> Result<Option<C::Held>, BoxError> {
     let Some(mut b) = contender.acquire(Who::B, window).await? else {
+        stage.step(Step::Missed { window });
         return Ok(None);
     };
     seen.took_over = Some(since.elapsed());
+    let token = contender.token(&b);
+    stage.step(Step::Acquired {
+        who: Who::B,
+        token,
+        after: seen.took_over,
+    });
     seen.at_takeover = stage.ledger.rows(stage.pool).await?;
-    match contender.write(&mut b, Who::B).await? {
+    let written = contender.write(&mut b, Who::B).await?;
+    stage.step(Step::Wrote {
+        who: Who::B,
+        token,
+        written: &written,
+    });
+    match written {
         Written::Committed => seen.b_wrote = true,
         Written::Refused(why) => {
             return Err(format!("B held the resource but its write did not commit: {why}").into());
@@ -569,18 +709,54 @@ async fn take_over<C: Contender>(
     Ok(Some(b))
 }
 
-/// (a) and (b): A holds (and may have written, uncommitted), the fault
-/// hits A, B tries to take over and writes, the fault ends, and A's write
-/// (or commit) arrives.
+/// `who` lets go of `held`, and the observer is told.
+async fn release<C: Contender>(
+    stage: &Stage<'_>,
+    contender: &C,
+    who: Who,
+    held: C::Held,
+) -> Result<(), BoxError> {
+    let token = contender.token(&held);
+    let ended = contender.release(held).await?;
+    stage.step(Step::Released { who, token, ended });
+    Ok(())
+}
+
+/// A works and stages its write, as the contender does before the fault.
+async fn before_fault<C: Contender>(
+    stage: &Stage<'_>,
+    contender: &C,
+    a: &mut C::Held,
+) -> Result<bool, BoxError> {
+    let token = contender.token(a);
+    if let Some(written) = contender.work(a, Who::A).await? {
+        stage.step(Step::Wrote {
+            who: Who::A,
+            token,
+            written: &written,
+        });
+    }
+    let staged = contender.stage(a, Who::A).await?;
+    if staged {
+        stage.step(Step::Staged { who: Who::A, token });
+    }
+    Ok(staged)
+}
+
+/// (a) and (b): A holds (and may have written, committed or not), the
+/// fault hits A, B tries to take over and writes, the fault ends, A's
+/// write (or commit) arrives, then A's release (while B still holds, if
+/// B took over) and B's.
 async fn held_up_write<C: Contender>(
     stage: &Stage<'_>,
     contender: &C,
     fault: Fault,
     window: Duration,
 ) -> Result<Seen, BoxError> {
-    let mut a = first(contender).await?;
-    let staged = contender.stage(&mut a, Who::A).await?;
+    let mut a = first(stage, contender).await?;
+    let staged = before_fault(stage, contender, &mut a).await?;
     contender.fault(&mut a, fault).await?;
+    stage.step(Step::Fault(fault));
     let since = Instant::now();
     let mut seen = Seen::default();
     let (committed, b) = {
@@ -597,32 +773,52 @@ async fn held_up_write<C: Contender>(
             let healed = contender.heal(fault).await;
             let b = b?;
             healed?;
+            stage.step(Step::Healed(fault));
             Ok::<_, BoxError>(b)
         };
         let (committed, b) = tokio::join!(tokio::time::timeout(window + ANSWER, a_side), b_side);
         (committed, b?)
     };
-    seen.a_wrote = Some(match committed {
+    let written = match committed {
         Err(_) => return Err("A's commit got no answer after the fault ended".into()),
         Ok(Some(written)) => written?,
         Ok(None) => contender.write(&mut a, Who::A).await?,
+    };
+    stage.step(Step::Wrote {
+        who: Who::A,
+        token: contender.token(&a),
+        written: &written,
     });
+    seen.a_wrote = Some(written);
+    release(stage, contender, Who::A, a).await?;
     if let Some(b) = b {
-        contender.release(b).await?;
+        release(stage, contender, Who::B, b).await?;
     }
-    contender.release(a).await?;
     Ok(seen)
 }
 
 /// (c): A holds and dies; B tries to take over.
-async fn dead_holder<C: Contender>(contender: &C, window: Duration) -> Result<Seen, BoxError> {
-    let a = first(contender).await?;
+async fn dead_holder<C: Contender>(
+    stage: &Stage<'_>,
+    contender: &C,
+    window: Duration,
+) -> Result<Seen, BoxError> {
+    let a = first(stage, contender).await?;
     contender.die(a).await?;
+    stage.step(Step::Fault(Fault::Die));
     let since = Instant::now();
     let mut seen = Seen::default();
-    if let Some(b) = contender.acquire(Who::B, window).await? {
-        seen.took_over = Some(since.elapsed());
-        contender.release(b).await?;
+    match contender.acquire(Who::B, window).await? {
+        Some(b) => {
+            seen.took_over = Some(since.elapsed());
+            stage.step(Step::Acquired {
+                who: Who::B,
+                token: contender.token(&b),
+                after: seen.took_over,
+            });
+            release(stage, contender, Who::B, b).await?;
+        }
+        None => stage.step(Step::Missed { window }),
     }
     Ok(seen)
 }
@@ -636,12 +832,14 @@ async fn unaware_holder<C: Contender>(
     fault: Fault,
     window: Duration,
 ) -> Result<Seen, BoxError> {
-    let mut a = first(contender).await?;
+    let mut a = first(stage, contender).await?;
     contender.fault(&mut a, fault).await?;
+    stage.step(Step::Fault(fault));
     let mut seen = Seen::default();
     // A late release is timed from its arrival; a stall from its start.
     if fault == Fault::LateRelease {
         contender.heal(fault).await?;
+        stage.step(Step::Healed(fault));
     }
     let since = Instant::now();
     let (b, told) = tokio::join!(
@@ -655,10 +853,22 @@ async fn unaware_holder<C: Contender>(
     }
     let (b, told) = (b?, told?);
     seen.told = told.map(|at| at.saturating_duration_since(since));
-    seen.a_wrote = Some(contender.write(&mut a, Who::A).await?);
-    if let Some(b) = b {
-        contender.release(b).await?;
+    if let Some(after) = seen.told {
+        stage.step(Step::Told { after });
     }
-    contender.release(a).await?;
+    if fault != Fault::LateRelease {
+        stage.step(Step::Healed(fault));
+    }
+    let written = contender.write(&mut a, Who::A).await?;
+    stage.step(Step::Wrote {
+        who: Who::A,
+        token: contender.token(&a),
+        written: &written,
+    });
+    seen.a_wrote = Some(written);
+    if let Some(b) = b {
+        release(stage, contender, Who::B, b).await?;
+    }
+    release(stage, contender, Who::A, a).await?;
     Ok(seen)
 }

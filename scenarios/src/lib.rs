@@ -8,9 +8,11 @@
 //!
 //! [`run`] plays every scenario against the three [`Variant`]s of
 //! `pglease demo` (a pglease lease with fenced writes, a session and a
-//! transaction advisory lock) and [`table`] sums the verdicts up; the
-//! project's peers comparison plays the same scripts with other crates as
-//! contenders.
+//! transaction advisory lock) and [`table`] sums the verdicts up; [`play`]
+//! plays one, telling an [`Observer`] each [`Step`] as it happens (the
+//! demo tells scenario (a) for the lease that way, through a
+//! [`Narrator`]). The project's peers comparison plays the same scripts
+//! with other crates as contenders.
 //!
 //! Published because the published `pglease` command line plays these
 //! scenarios in `pglease demo`. It is the demo's and the peers
@@ -22,6 +24,8 @@
 
 mod compare;
 pub mod engine;
+mod narrate;
 
-pub use compare::{Outcome, Variant, run, table};
-pub use engine::{BoxError, Judgement, Scenario, Verdict, Violation, Written};
+pub use compare::{Outcome, Variant, play, run, table};
+pub use engine::{BoxError, Judgement, Observer, Scenario, Step, Verdict, Violation, Written};
+pub use narrate::Narrator;

@@ -141,10 +141,10 @@ impl Contender for DlockContender<'_> {
         }
     }
 
-    async fn release(&self, held: Held) -> Result<(), BoxError> {
+    async fn release(&self, held: Held) -> Result<Option<bool>, BoxError> {
         // A's session may be gone (the fault): so is the lock.
         let _ = held.handle.release().await;
-        Ok(())
+        Ok(None)
     }
 
     fn detail(&self, scenario: Scenario, seen: &Seen) -> String {

@@ -183,17 +183,15 @@ impl Contender for PgleaseContender<'_> {
         })
     }
 
-    async fn release(&self, held: Held) -> Result<(), BoxError> {
+    async fn release(&self, held: Held) -> Result<Option<bool>, BoxError> {
         match held {
             // Lost already in most scenarios: nothing left to release.
             Held::Renewed(h) => {
                 let _ = h.release().await;
+                Ok(None)
             }
-            Held::Once(lease) => {
-                self.b.release(&lease).await?;
-            }
+            Held::Once(lease) => Ok(Some(self.b.release(&lease).await?)),
         }
-        Ok(())
     }
 
     fn detail(&self, scenario: Scenario, seen: &Seen) -> String {

@@ -139,11 +139,7 @@ pub async fn run(scenario: Scenario, peer: Peer) -> Result<Verdict<Peer>, BoxErr
         scenario,
         killed: tokio::sync::Mutex::new(None),
     };
-    let stage = Stage {
-        ledger: &setting.ledger,
-        pool: setting.db.pool(),
-        window: &window,
-    };
+    let stage = Stage::new(&setting.ledger, setting.db.pool(), &window);
     match peer {
         Peer::Pglease => {
             let contender = lease::PgleaseContender::new(&setting).await?;

@@ -222,12 +222,12 @@ impl Contender for PgLeaseContender<'_> {
             .and_then(Result::ok))
     }
 
-    async fn release(&self, held: Held) -> Result<(), BoxError> {
+    async fn release(&self, held: Held) -> Result<Option<bool>, BoxError> {
         held.looper.stop().await?;
         if let Some(first) = self.notes.lock().await.first.take() {
             first.looper.stop().await?;
         }
-        Ok(())
+        Ok(None)
     }
 
     fn detail(&self, scenario: Scenario, seen: &Seen) -> String {

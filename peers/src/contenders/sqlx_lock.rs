@@ -105,9 +105,9 @@ impl Contender for SqlxLockContender<'_> {
         Ok(())
     }
 
-    async fn release(&self, held: Held) -> Result<(), BoxError> {
+    async fn release(&self, held: Held) -> Result<Option<bool>, BoxError> {
         drop(held);
-        Ok(())
+        Ok(None)
     }
 
     fn detail(&self, scenario: Scenario, seen: &Seen) -> String {

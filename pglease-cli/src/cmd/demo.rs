@@ -5,7 +5,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use pglease::LeaseManager;
 use pglease::connect::Target;
+use pglease_scenarios::{BoxError, Narrator, Scenario, Variant};
 use sqlx::{AssertSqlSafe, Connection};
 
 use crate::connect::connect;
@@ -96,10 +98,7 @@ async fn demo_in(target: &Target, timeout: Duration) -> ExitCode {
             "1. Scenario (a) step by step: a holder pauses past its TTL, another takes over, its \
              late write:\n"
         );
-        pglease_cli::demo::paused_holder(&manager, "report", Duration::from_millis(300), |line| {
-            say(&format!("  {line}"))
-        })
-        .await?;
+        paused_holder(&manager).await?;
         out!(
             "\n2. Five failures against a lease, a session advisory lock and a transaction \
              advisory lock:\n"
@@ -115,7 +114,7 @@ async fn demo_in(target: &Target, timeout: Duration) -> ExitCode {
         })
         .await?;
         out!("\n{}", pglease_scenarios::table(&outcomes));
-        Ok::<_, pglease_scenarios::BoxError>(())
+        Ok::<_, BoxError>(())
     }
     .await;
     manager.pool().close().await;
@@ -126,6 +125,19 @@ async fn demo_in(target: &Target, timeout: Duration) -> ExitCode {
             ExitCode::from(exit::DATABASE)
         }
     }
+}
+
+/// Scenario (a) for the lease, played by the scenario engine and told
+/// step by step as it happens: the paused holder's late write is rejected
+/// by PostgreSQL, its delayed release ignored.
+async fn paused_holder(manager: &LeaseManager) -> Result<(), BoxError> {
+    let (scenario, variant) = (Scenario::PausedHolder, Variant::Lease);
+    let unit = Duration::from_millis(300);
+    let narrator = Narrator::new("report", variant.ttl(scenario, unit), |line: &str| {
+        say(&format!("  {line}"))
+    });
+    pglease_scenarios::play(manager, scenario, variant, "report", unit, &narrator).await?;
+    Ok(())
 }
 
 /// The demo's lines are at most this wide.

@@ -24,7 +24,6 @@ mod common;
 
 mod auto_failover;
 mod commands;
-mod demo;
 mod elect;
 mod failover;
 mod handover;
@@ -43,7 +42,6 @@ fn main() -> std::process::ExitCode {
         [
             auto_failover::tests(),
             commands::tests(),
-            demo::tests(),
             elect::tests(),
             failover::tests(),
             handover::tests(),

@@ -56,8 +56,8 @@ impl Ctx {
         Ok(Written::Committed)
     }
 
-    /// A fenced write: refused if the database rejected the token (LE001)
-    /// or the holder knows it lost the lease.
+    /// A fenced write: refused if the database rejected the token (LE001),
+    /// which the refusal says.
     pub(super) async fn fenced_write(&self, lease: &Fence, who: Who) -> Result<Written, BoxError> {
         let insert = self.ledger.insert();
         let outcome = self
@@ -71,7 +71,11 @@ impl Ctx {
                 Ok::<_, Error>(())
             })
             .await;
-        refused_if(outcome, |e| matches!(e, Error::NotHeld { .. }))
+        match outcome {
+            Ok(()) => Ok(Written::Committed),
+            Err(e @ Error::NotHeld { .. }) => Ok(rejected(&e)),
+            Err(e) => Err(e.into()),
+        }
     }
 
     pub(super) async fn terminate(&self, pid: i32) -> Result<(), Error> {
@@ -83,17 +87,10 @@ impl Ctx {
     }
 }
 
-/// `Written` from a write's outcome: refused when `refusal` says the
-/// error is one, an error otherwise.
-pub(super) fn refused_if(
-    outcome: Result<(), Error>,
-    refusal: impl Fn(&Error) -> bool,
-) -> Result<Written, BoxError> {
-    match outcome {
-        Ok(()) => Ok(Written::Committed),
-        Err(e) if refusal(&e) => Ok(Written::Refused(e.to_string())),
-        Err(e) => Err(e.into()),
-    }
+/// A write the database refused under a stale token ([`Error::NotHeld`]
+/// is its SQLSTATE LE001), saying so.
+pub(super) fn rejected(e: &Error) -> Written {
+    Written::Refused(format!("by PostgreSQL (LE001): {e}"))
 }
 
 /// Calls `attempt` every 2 ms until it yields a lock or `limit` passes

@@ -10,8 +10,18 @@ use pglease::{AcquireOptions, Error, Fence, HeldLease, Lease, LeaseManager, Toke
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 
-use super::harness::{Ctx, ms};
+use super::harness::{Ctx, ms, rejected};
 use crate::engine::{BoxError, Contender, Fault, Scenario, Seen, Who, Written};
+
+/// The lease's TTL in `scenario`: two units, three for a renewing holder,
+/// twenty where nobody should take over.
+pub(super) fn ttl(scenario: Scenario, unit: Duration) -> Duration {
+    match scenario {
+        Scenario::SilentRenewal => unit * 3,
+        Scenario::LateRelease => unit * 20,
+        _ => unit * 2,
+    }
+}
 
 /// A's or B's lease.
 pub(super) enum Held {
@@ -65,14 +75,8 @@ impl LeaseContender {
         }
     }
 
-    /// The TTL in this scenario: two units, three for a renewing holder,
-    /// twenty where nobody should take over.
     fn ttl(&self) -> Duration {
-        match self.ctx.scenario {
-            Scenario::SilentRenewal => self.ctx.unit * 3,
-            Scenario::LateRelease => self.ctx.unit * 20,
-            _ => self.ctx.unit * 2,
-        }
+        ttl(self.ctx.scenario, self.ctx.unit)
     }
 
     fn options(&self, who: Who) -> AcquireOptions {
@@ -140,6 +144,20 @@ impl Contender for LeaseContender {
         Ok(Some(held))
     }
 
+    fn token(&self, held: &Held) -> Option<i64> {
+        Some(held.token())
+    }
+
+    /// The article's holder writes before it pauses: a lease acquired
+    /// once writes under its token (a renewed one is for (e), which does
+    /// not call this).
+    async fn work(&self, held: &mut Held, who: Who) -> Result<Option<Written>, BoxError> {
+        match held {
+            Held::Plain(_) | Held::OnConnection(..) => Ok(Some(self.write(held, who).await?)),
+            Held::Renewed(_) => Ok(None),
+        }
+    }
+
     async fn write(&self, held: &mut Held, who: Who) -> Result<Written, BoxError> {
         match held {
             Held::Plain(lease) => self.ctx.fenced_write(lease.fence(), who).await,
@@ -150,9 +168,10 @@ impl Contender for LeaseContender {
                     tx.commit().await?;
                     Ok(Written::Committed)
                 }
-                Err(e @ (Error::Lost { .. } | Error::NotHeld { .. })) => {
-                    Ok(Written::Refused(e.to_string()))
-                }
+                Err(e @ Error::NotHeld { .. }) => Ok(rejected(&e)),
+                Err(e @ Error::Lost { .. }) => Ok(Written::Refused(format!(
+                    "by pglease, which knows the lease is lost: {e}"
+                ))),
                 Err(e) => Err(e.into()),
             },
         }
@@ -218,23 +237,19 @@ impl Contender for LeaseContender {
         Ok(Some(held.lost_at().map_or(deadline, |at| at.min(deadline))))
     }
 
-    async fn release(&self, held: Held) -> Result<(), BoxError> {
+    async fn release(&self, held: Held) -> Result<Option<bool>, BoxError> {
         match held {
-            Held::Plain(lease) => {
-                self.ctx.m.release(&lease).await?;
-            }
-            Held::OnConnection(fence, ..) => {
-                self.ctx.m.release(&fence).await?;
-            }
+            Held::Plain(lease) => Ok(Some(self.ctx.m.release(&lease).await?)),
+            Held::OnConnection(fence, ..) => Ok(Some(self.ctx.m.release(&fence).await?)),
             // Lost already in (e): nothing left to release.
             Held::Renewed(held) => {
                 drop(held);
                 if let Some(a) = self.notes.lock().await.a.take() {
                     a.pool().close().await;
                 }
+                Ok(None)
             }
         }
-        Ok(())
     }
 
     fn detail(&self, scenario: Scenario, seen: &Seen) -> String {

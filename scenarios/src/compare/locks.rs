@@ -108,11 +108,10 @@ impl Contender for SessionContender {
         Ok(())
     }
 
-    async fn release(&self, held: SessionLock) -> Result<(), BoxError> {
+    async fn release(&self, held: SessionLock) -> Result<Option<bool>, BoxError> {
         // A's connection may be dead by now (the fault): the lock went
         // with it, and there is nothing to release.
-        let _ = held.release().await;
-        Ok(())
+        Ok(held.release().await.ok())
     }
 
     fn detail(&self, scenario: Scenario, seen: &Seen) -> String {
@@ -304,12 +303,13 @@ impl Contender for XactContender {
         Ok(())
     }
 
-    async fn release(&self, held: XactHeld) -> Result<(), BoxError> {
-        if let Some(lock) = held.lock {
-            // Rolled back with its connection if that is dead.
-            let _ = lock.rollback().await;
-        }
-        Ok(())
+    async fn release(&self, held: XactHeld) -> Result<Option<bool>, BoxError> {
+        // Ended with its transaction already, or rolled back with its
+        // connection if that is dead.
+        let Some(lock) = held.lock else {
+            return Ok(Some(false));
+        };
+        Ok(lock.rollback().await.ok().map(|()| true))
     }
 
     fn detail(&self, scenario: Scenario, seen: &Seen) -> String {

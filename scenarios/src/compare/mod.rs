@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use pglease::LeaseManager;
 
-use crate::engine::{self, BoxError, Ledger, Scenario, Stage, Verdict};
+use crate::engine::{self, BoxError, Ledger, Observer, Scenario, Stage, Verdict};
 use harness::{Ctx, unique};
 use lease::LeaseContender;
 use locks::{SessionContender, XactContender};
@@ -43,6 +43,15 @@ impl Variant {
             Variant::Lease => "lease + fencing",
             Variant::SessionLock => "session advisory lock",
             Variant::XactLock => "transaction advisory lock",
+        }
+    }
+
+    /// The lease's TTL in `scenario` at `unit` ([`run`]'s and [`play`]'s);
+    /// `None` for the advisory locks, which do not expire.
+    pub fn ttl(self, scenario: Scenario, unit: Duration) -> Option<Duration> {
+        match self {
+            Variant::Lease => Some(lease::ttl(scenario, unit)),
+            Variant::SessionLock | Variant::XactLock => None,
         }
     }
 
@@ -77,11 +86,7 @@ pub async fn run(
     let pool = manager.pool();
     let ledger = Ledger::create(pool, &format!("pglease_compare_{tag}")).await?;
     let window = move |scenario| harness::window(unit, scenario);
-    let stage = Stage {
-        ledger: &ledger,
-        pool,
-        window: &window,
-    };
+    let stage = Stage::new(&ledger, pool, &window);
     let mut outcomes = Vec::new();
     let mut failure = None;
     'all: for scenario in Scenario::ALL {
@@ -93,18 +98,7 @@ pub async fn run(
                 unit,
                 scenario,
             };
-            let verdict = match variant {
-                Variant::Lease => {
-                    engine::run(&stage, scenario, variant, &LeaseContender::new(ctx)).await
-                }
-                Variant::SessionLock => {
-                    engine::run(&stage, scenario, variant, &SessionContender::new(ctx)).await
-                }
-                Variant::XactLock => {
-                    engine::run(&stage, scenario, variant, &XactContender::new(ctx)).await
-                }
-            };
-            match verdict {
+            match play_on(&stage, ctx, variant).await {
                 Ok(outcome) => {
                     report(&outcome);
                     outcomes.push(outcome);
@@ -122,6 +116,53 @@ pub async fn run(
     }
     dropped?;
     Ok(outcomes)
+}
+
+/// Plays `scenario` against `variant` on the lease or lock `name`, at the
+/// same `unit` as [`run`], telling `observer` each step (the demo tells
+/// scenario (a) this way, through a [`crate::Narrator`]). Creates a ledger
+/// table of its own and drops it afterwards.
+///
+/// # Errors
+///
+/// The database failing in a way the scenario does not expect.
+pub async fn play(
+    manager: &LeaseManager,
+    scenario: Scenario,
+    variant: Variant,
+    name: &str,
+    unit: Duration,
+    observer: &dyn Observer,
+) -> Result<Outcome, BoxError> {
+    let tag = format!("{}_{}", std::process::id(), unique());
+    let pool = manager.pool();
+    let ledger = Ledger::create(pool, &format!("pglease_compare_{tag}")).await?;
+    let window = move |scenario| harness::window(unit, scenario);
+    let stage = Stage::new(&ledger, pool, &window).observed(observer);
+    let ctx = Ctx {
+        m: manager.clone(),
+        ledger: ledger.clone(),
+        name: name.to_owned(),
+        unit,
+        scenario,
+    };
+    let outcome = play_on(&stage, ctx, variant).await;
+    let dropped = ledger.drop(pool).await;
+    let outcome = outcome?;
+    dropped?;
+    Ok(outcome)
+}
+
+/// `ctx`'s scenario against `variant`'s contender, on `stage`.
+async fn play_on(stage: &Stage<'_>, ctx: Ctx, variant: Variant) -> Result<Outcome, BoxError> {
+    let scenario = ctx.scenario;
+    match variant {
+        Variant::Lease => engine::run(stage, scenario, variant, &LeaseContender::new(ctx)).await,
+        Variant::SessionLock => {
+            engine::run(stage, scenario, variant, &SessionContender::new(ctx)).await
+        }
+        Variant::XactLock => engine::run(stage, scenario, variant, &XactContender::new(ctx)).await,
+    }
 }
 
 /// The outcomes as a Markdown table, aligned and at most 100 columns wide:

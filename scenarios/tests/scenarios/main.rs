@@ -24,7 +24,12 @@ mod common;
 
 mod compare;
 mod engine;
+mod narrate;
 
 fn main() -> std::process::ExitCode {
-    pglease_formations::harness::run([compare::tests(), engine::tests()].into_iter().flatten())
+    pglease_formations::harness::run(
+        [compare::tests(), engine::tests(), narrate::tests()]
+            .into_iter()
+            .flatten(),
+    )
 }
