@@ -1,6 +1,11 @@
 //! The article's serial scenario, step by step, in real (scaled) time
 //! against PostgreSQL. One article time unit is `UNIT`; every step waits for
 //! the database clock, and no assertion depends on an exact instant.
+//!
+//! Written against the library alone, not through the scenario engine
+//! (`pglease-scenarios`), on purpose: the engine's and the demo's verdicts
+//! on the lease rest on what this test checks, so it must not share their
+//! code, where one mistake could make both agree.
 
 use std::time::Duration;
 
