@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use pglease::{AcquireOptions, Error, HeldLease, LeaseManager};
-use pglease_formations::{Endpoint, Replicated, Standby};
+use pglease_formations::{Forwarder, Replicated, Standby, Target};
 
 use crate::shared::Bench;
 use crate::shared::database::kit;
@@ -47,8 +47,11 @@ async fn one_round(round: usize, rounds: &mut Rounds) -> Result<bool, Error> {
     let Some(pair) = kit("Failover", Replicated::start(Standby::Synchronous).await)? else {
         return Ok(false);
     };
-    let endpoint = kit("Failover", Endpoint::start(pair.primary().port()).await)?
-        .expect("an endpoint needs nothing from the machine");
+    let endpoint = kit(
+        "Failover",
+        Forwarder::start(Target::port(pair.primary().port())).await,
+    )?
+    .expect("an endpoint needs nothing from the machine");
     let admin = kit("Failover", pair.primary().pool().await)?.expect("a pool");
     LeaseManager::new(admin.clone()).migrate().await?;
     admin.close().await;
@@ -86,7 +89,7 @@ async fn one_round(round: usize, rounds: &mut Rounds) -> Result<bool, Error> {
     let crashed = Instant::now();
     kit("Failover", pair.crash_primary())?;
     kit("Failover", pair.promote().await)?;
-    endpoint.repoint(pair.standby().port());
+    endpoint.repoint(Target::port(pair.standby().port()));
     let promotion = crashed.elapsed();
     rounds.promoted.push(promotion);
     match renewed_or_lost(&leases, &held, before).await {

@@ -17,7 +17,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use nix::sys::signal::Signal;
 
 use crate::SetupError;
-use crate::process::{descendants, find_program, kill_tree, lock, signal};
+use crate::process::{descendants, find_program, kill_tree, signal};
+use crate::sync::lock;
 use pglease::provision::host::{self, ServerUser};
 
 /// The failover timeouts an [`AutoFailover`] runs with (pg_auto_failover's

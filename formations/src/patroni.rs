@@ -9,23 +9,23 @@
 //! multi-host URL ([`Patroni::url`]).
 //!
 //! Each node's replication address (Patroni's `postgresql.connect_address`,
-//! which the other node streams from) is a gate in front of it, so that a
-//! test can hold the stream back ([`Patroni::hold_stream`]) and the
+//! which the other node streams from) is a [`Forwarder`] in front of it
+//! (its gate), so that a test can hold the stream back ([`Patroni::hold_stream`]) and the
 //! commits made meanwhile are really lost when the primary crashes.
 
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::watch;
 
 use nix::sys::signal::Signal;
 
 use crate::SetupError;
-use crate::process::{descendants, find_program, kill_tree, lock, postmaster_pid, signal};
+use crate::forward::{Forwarder, Target};
+use crate::process::{descendants, find_program, kill_tree, postmaster_pid, signal};
+use crate::sync::lock;
 use pglease::doctor::PatroniTiming;
 use pglease::provision::host::{self, ServerUser};
 
@@ -47,7 +47,7 @@ pub struct PatroniNode {
     dir: PathBuf,
     port: u16,
     rest_port: u16,
-    gate: Gate,
+    gate: Forwarder,
     patroni: Mutex<Option<Child>>,
 }
 
@@ -132,10 +132,13 @@ impl Patroni {
         let bin = host::find_bindir(&["pg_basebackup"])?;
         let user = ServerUser::find()?;
         // The gates first: a failure there leaves no directory behind.
-        let gates = [Gate::start().await?, Gate::start().await?];
+        let gates = [
+            Forwarder::start_unpointed().await?,
+            Forwarder::start_unpointed().await?,
+        ];
         let timing = timing_of(&patroni);
         let root = host::scratch_dir("patroni", &user)?;
-        let node = |n: u32, gate: Gate| PatroniNode {
+        let node = |n: u32, gate: Forwarder| PatroniNode {
             name: format!("node{n}"),
             dir: root.join(format!("node{n}")),
             port: 0,
@@ -163,7 +166,7 @@ impl Patroni {
             let node = &mut formation.nodes[index];
             node.port = host::free_port()?;
             node.rest_port = host::free_port()?;
-            node.gate.target(node.port);
+            node.gate.repoint(Target::port(node.port));
             formation.write_config(index)?;
             formation.run_patroni(index)?;
             if index == 0 {
@@ -226,13 +229,13 @@ impl Patroni {
     /// standby that is promoted after the primary's crash never has those
     /// commits.
     pub fn hold_stream(&self, index: usize) {
-        self.nodes[index].gate.hold(true);
+        self.nodes[index].gate.freeze();
     }
 
     /// Lets node `index`'s stream flow again (what was held back goes
     /// through).
     pub fn release_stream(&self, index: usize) {
-        self.nodes[index].gate.hold(false);
+        self.nodes[index].gate.open();
     }
 
     /// Crashes node `index` as a failed host would leave it: its Patroni
@@ -372,7 +375,7 @@ impl Patroni {
             loop_wait = t.loop_wait.as_secs(),
             retry = t.retry_timeout.as_secs(),
             port = node.port,
-            gate = node.gate.port,
+            gate = node.gate.port(),
             dir = node.dir.display(),
             bin = self.bin.display(),
         );
@@ -508,110 +511,6 @@ impl Drop for Patroni {
             }
         }
         let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-/// A TCP forwarder in front of a node's replication address, which can
-/// hold back what passes through it: bytes read while it holds are passed
-/// on only when it opens again, and dropped with the connections by
-/// [`Gate::cut`].
-#[derive(Debug)]
-struct Gate {
-    port: u16,
-    target: Arc<std::sync::atomic::AtomicU16>,
-    open: watch::Sender<bool>,
-    connections: Arc<Mutex<tokio::task::JoinSet<()>>>,
-    accept: tokio::task::JoinHandle<()>,
-}
-
-impl Gate {
-    async fn start() -> Result<Gate, SetupError> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| SetupError::Server(format!("bind a replication gate: {e}")))?;
-        let port = listener
-            .local_addr()
-            .map_err(|e| SetupError::Server(format!("a replication gate's address: {e}")))?
-            .port();
-        let target = Arc::new(std::sync::atomic::AtomicU16::new(0));
-        let (open, _) = watch::channel(true);
-        let connections = Arc::new(Mutex::new(tokio::task::JoinSet::new()));
-        let accept = tokio::spawn({
-            let (target, connections, open) =
-                (Arc::clone(&target), Arc::clone(&connections), open.clone());
-            async move {
-                while let Ok((client, _)) = listener.accept().await {
-                    let port = target.load(std::sync::atomic::Ordering::SeqCst);
-                    let open = open.subscribe();
-                    lock(&connections).spawn(async move {
-                        let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await
-                        else {
-                            return;
-                        };
-                        let (client_read, client_write) = client.into_split();
-                        let (server_read, server_write) = server.into_split();
-                        tokio::join!(
-                            pump(client_read, server_write, open.clone()),
-                            pump(server_read, client_write, open),
-                        );
-                    });
-                }
-            }
-        });
-        Ok(Gate {
-            port,
-            target,
-            open,
-            connections,
-            accept,
-        })
-    }
-
-    fn target(&self, port: u16) {
-        self.target.store(port, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    fn hold(&self, hold: bool) {
-        self.open.send_replace(!hold);
-    }
-
-    /// Drops every connection, and what they held back, and opens again.
-    fn cut(&self) {
-        lock(&self.connections).abort_all();
-        self.open.send_replace(true);
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        self.accept.abort();
-        lock(&self.connections).abort_all();
-    }
-}
-
-/// Copies `from` to `to` while the gate is open; what is read while it
-/// holds waits until it opens.
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut open: watch::Receiver<bool>,
-) {
-    let mut buffer = vec![0u8; 16 * 1024];
-    loop {
-        if open.wait_for(|open| *open).await.is_err() {
-            return;
-        }
-        let read = match from.read(&mut buffer).await {
-            Ok(0) | Err(_) => return,
-            Ok(read) => read,
-        };
-        // Read as the gate closed: held back with the rest.
-        if open.wait_for(|open| *open).await.is_err() {
-            return;
-        }
-        if to.write_all(&buffer[..read]).await.is_err() {
-            return;
-        }
     }
 }
 

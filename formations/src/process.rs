@@ -3,7 +3,6 @@
 //! (through `nix`, as the command line sends its own).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -87,13 +86,6 @@ pub(crate) fn find_program(
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
         .ok_or_else(|| SetupError::Unavailable(missing.to_owned()))
-}
-
-/// `mutex`, locked, whether or not a holder panicked: the formations'
-/// mutexes guard handles and lists that a panicking holder leaves valid,
-/// and the panic reports itself.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -2,12 +2,11 @@
 //! standby made from the installed server binaries (`initdb`, `pg_ctl`,
 //! `pg_basebackup`, found as [`TempCluster`](pglease::provision::TempCluster)
 //! finds them), in a temporary directory, on free ports of 127.0.0.1, with
-//! trust authentication; and [`Endpoint`], a stable address in front of
-//! them that a test re-points, as a virtual IP or a proxy would be.
+//! trust authentication. A stable address in front of them, that a test
+//! re-points as a virtual IP or a proxy would be, is a
+//! [`Forwarder`](crate::Forwarder).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -15,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use nix::sys::signal::Signal;
 
 use crate::SetupError;
-use crate::process::{children, lock, postmaster_pid, signal};
+use crate::process::{children, postmaster_pid, signal};
 use pglease::provision::host::{self, ServerUser};
 
 /// How the standby of a [`Replicated`] pair acknowledges commits.
@@ -683,83 +682,5 @@ where
             )));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// A stable endpoint in front of a [`Replicated`] pair, as a virtual
-/// address or a proxy would be: a TCP proxy on a port of its own that
-/// forwards every new connection to the current target. Re-pointing it
-/// drops the connections it carries, so that clients reconnect to the new
-/// target. Stops when dropped.
-#[derive(Debug)]
-pub struct Endpoint {
-    port: u16,
-    target: Arc<AtomicU16>,
-    connections: Arc<Mutex<tokio::task::JoinSet<()>>>,
-    accept: tokio::task::JoinHandle<()>,
-}
-
-impl Endpoint {
-    /// Starts forwarding to `target` (a port of 127.0.0.1), on the current
-    /// tokio runtime.
-    ///
-    /// # Errors
-    ///
-    /// [`SetupError::Server`] if no port can be bound.
-    pub async fn start(target: u16) -> Result<Endpoint, SetupError> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| SetupError::Server(format!("bind the endpoint: {e}")))?;
-        let port = listener
-            .local_addr()
-            .map_err(|e| SetupError::Server(format!("the endpoint's address: {e}")))?
-            .port();
-        let target = Arc::new(AtomicU16::new(target));
-        let connections = Arc::new(Mutex::new(tokio::task::JoinSet::new()));
-        let accept = tokio::spawn({
-            let (target, connections) = (Arc::clone(&target), Arc::clone(&connections));
-            async move {
-                while let Ok((mut client, _)) = listener.accept().await {
-                    let port = target.load(Ordering::SeqCst);
-                    lock(&connections).spawn(async move {
-                        if let Ok(mut server) =
-                            tokio::net::TcpStream::connect(("127.0.0.1", port)).await
-                        {
-                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                        }
-                    });
-                }
-            }
-        });
-        Ok(Endpoint {
-            port,
-            target,
-            connections,
-            accept,
-        })
-    }
-
-    /// Its port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// Forwards new connections to `target` and drops the current ones.
-    pub fn repoint(&self, target: u16) {
-        self.target.store(target, Ordering::SeqCst);
-        lock(&self.connections).abort_all();
-    }
-
-    /// Connect options through the endpoint (user and database
-    /// `postgres`).
-    pub fn options(&self) -> PgConnectOptions {
-        host::local_options(self.port)
-    }
-}
-
-impl Drop for Endpoint {
-    fn drop(&mut self) {
-        self.accept.abort();
-        lock(&self.connections).abort_all();
     }
 }

@@ -24,7 +24,6 @@
 
 pub mod contenders;
 mod looper;
-pub mod proxy;
 mod speed;
 
 pub use contenders::{SCENARIOS, run};

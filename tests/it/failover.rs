@@ -20,7 +20,7 @@ use crate::common::{
 };
 use pglease::doctor::Verdict;
 use pglease::{AcquireOptions, Error, LeaseManager, LossReason, ManagerOptions, sqlx};
-use pglease_formations::{Endpoint, Replicated, SetupError, Standby};
+use pglease_formations::{Forwarder, Replicated, SetupError, Standby, Target};
 use sqlx::postgres::PgPoolOptions;
 
 const CLIENTS: usize = 6;
@@ -272,7 +272,7 @@ async fn an_asynchronous_standby_behind_loses_acquisitions_but_never_reissues_a_
 /// and a one-row data table in place on the primary (and so on the
 /// standby), and pglease's pool settings with a short connect timeout.
 async fn through(
-    endpoint: &Endpoint,
+    endpoint: &Forwarder,
     cluster: &Replicated,
     options: ManagerOptions,
 ) -> Result<LeaseManager, SetupError> {
@@ -292,7 +292,7 @@ async fn through(
 /// it commit on the new primary.
 async fn a_held_lease_survives_a_failover_behind_a_stable_endpoint() -> Result<(), SetupError> {
     let cluster = Replicated::start(Standby::Synchronous).await?;
-    let endpoint = Endpoint::start(cluster.primary().port()).await?;
+    let endpoint = Forwarder::start(Target::port(cluster.primary().port())).await?;
     let leases = through(&endpoint, &cluster, ManagerOptions::default()).await?;
     let held = leases
         // Renewed every 3.3 s: the failover below (a failed renewal, the
@@ -322,7 +322,7 @@ async fn a_held_lease_survives_a_failover_behind_a_stable_endpoint() -> Result<(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     cluster.promote().await?;
-    endpoint.repoint(cluster.standby().port());
+    endpoint.repoint(Target::port(cluster.standby().port()));
     let promoted = crashed.elapsed();
     renewed_without_loss(&leases, &held, renewed_before, Duration::from_secs(10)).await;
     let resumed = crashed.elapsed();
@@ -349,7 +349,7 @@ async fn a_held_lease_survives_a_failover_behind_a_stable_endpoint() -> Result<(
 async fn a_failover_too_late_ends_the_lease_as_unreachable_before_its_expiry()
 -> Result<(), SetupError> {
     let cluster = Replicated::start(Standby::Synchronous).await?;
-    let endpoint = Endpoint::start(cluster.primary().port()).await?;
+    let endpoint = Forwarder::start(Target::port(cluster.primary().port())).await?;
     // A margin of 300 ms: the loss fires that much before the database's
     // expiry, which a busy machine's timer delays cannot eat up.
     let options = ManagerOptions::default().safety_margin(Duration::from_millis(300));
@@ -384,7 +384,7 @@ async fn a_failover_too_late_ends_the_lease_as_unreachable_before_its_expiry()
     // The standby, promoted now, holds the lease until that expiry and
     // then lets another holder in.
     cluster.promote().await?;
-    endpoint.repoint(cluster.standby().port());
+    endpoint.repoint(Target::port(cluster.standby().port()));
     let other = LeaseManager::new(cluster.standby().pool().await?);
     let taken = tokio::time::timeout(
         Duration::from_secs(10),

@@ -1,10 +1,10 @@
 //! Each peer as a contender of the scenario engine
 //! (`pglease_scenarios::engine`): the scripts, the ledger and the
 //! verdicts are the demo's; what is here is how each library acquires,
-//! writes and suffers each fault. A's connections go through a proxy the
-//! scenario freezes (a paused holder, unanswered renewals) and are named
-//! `peer-A`, so that a killed connection is all of them; B's go straight
-//! to the server.
+//! writes and suffers each fault. A's connections go through a proxy
+//! (`pglease_formations::Forwarder`) the scenario freezes (a paused
+//! holder, unanswered renewals) and are named `peer-A`, so that a killed
+//! connection is all of them; B's go straight to the server.
 
 mod dlock;
 mod lease;
@@ -17,8 +17,8 @@ use std::time::Duration;
 use pglease::testing::TestDatabase;
 use pglease_scenarios::engine::{self, Fault, Ledger, Scenario, Stage, Verdict, Who, Written};
 
-use crate::proxy::Proxy;
 use crate::{BoxError, Peer};
+use pglease_formations::Forwarder;
 
 /// The scenarios run here: (c), a holder that dies without releasing,
 /// is the demo's only.
@@ -50,7 +50,7 @@ fn window(scenario: Scenario) -> Duration {
 /// ledger, and the proxy A's connections go through.
 pub(crate) struct Setting {
     pub(crate) db: TestDatabase,
-    pub(crate) proxy: Proxy,
+    pub(crate) proxy: Forwarder,
     pub(crate) ledger: Ledger,
     pub(crate) scenario: Scenario,
     /// (b): how many of A's connections the kill ended.
@@ -89,7 +89,7 @@ impl Setting {
 
     /// The end of every fault: A's network thaws.
     pub(crate) fn heal(&self) {
-        self.proxy.thaw();
+        self.proxy.open();
     }
 
     /// How many of A's connections the kill ended.
@@ -131,7 +131,7 @@ pub(crate) fn written_text(written: Option<&Written>) -> String {
 pub async fn run(scenario: Scenario, peer: Peer) -> Result<Verdict<Peer>, BoxError> {
     let db = TestDatabase::new().await?;
     let ledger = Ledger::create(db.pool(), "ledger").await?;
-    let proxy = Proxy::start(net::target(&db).await?).await?;
+    let proxy = Forwarder::start(net::target(&db).await?).await?;
     let setting = Setting {
         db,
         proxy,

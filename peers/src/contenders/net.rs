@@ -9,7 +9,7 @@ use pglease::testing::TestDatabase;
 use sqlx08::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::BoxError;
-use crate::proxy::{Proxy, Target};
+use pglease_formations::{Forwarder, Target};
 
 /// Where the test database's server listens.
 pub(crate) async fn target(db: &TestDatabase) -> Result<Target, BoxError> {
@@ -34,7 +34,7 @@ fn password(db: &TestDatabase) -> Option<String> {
 }
 
 /// A sqlx 0.8 pool through the proxy, its connections named `peer-A`.
-pub(crate) async fn proxied_pool(db: &TestDatabase, proxy: &Proxy) -> Result<PgPool, BoxError> {
+pub(crate) async fn proxied_pool(db: &TestDatabase, proxy: &Forwarder) -> Result<PgPool, BoxError> {
     let options = db.options();
     let mut through = PgConnectOptions::new_without_pgpass()
         .host("127.0.0.1")
@@ -55,7 +55,7 @@ pub(crate) async fn proxied_pool(db: &TestDatabase, proxy: &Proxy) -> Result<PgP
 /// A pglease manager through the proxy, its connections named `peer-A`.
 pub(crate) async fn proxied_manager(
     db: &TestDatabase,
-    proxy: &Proxy,
+    proxy: &Forwarder,
 ) -> Result<LeaseManager, BoxError> {
     Ok(LeaseManager::new(
         pglease::connect::pool_options()
@@ -68,7 +68,7 @@ pub(crate) async fn proxied_manager(
 /// The same, as pglease's sqlx 0.9 options.
 pub(crate) fn proxied_options(
     db: &TestDatabase,
-    proxy: &Proxy,
+    proxy: &Forwarder,
 ) -> sqlx::postgres::PgConnectOptions {
     let options = db.options();
     let mut through = sqlx::postgres::PgConnectOptions::new()
