@@ -10,6 +10,7 @@ mod connect;
 mod exit;
 mod manual;
 mod output;
+mod sync;
 
 use std::process::ExitCode;
 

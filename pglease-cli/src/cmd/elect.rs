@@ -18,6 +18,7 @@ use crate::args::ElectArgs;
 use crate::child::{Child, Group, LeaseEnv, StopSignals, signalled, status_number};
 use crate::exit::{self, Outcome};
 use crate::output::{human, note};
+use crate::sync::lock;
 
 /// What the terms of one `elect` share.
 struct Shared {
@@ -224,12 +225,6 @@ fn interrupted(status: std::process::ExitStatus) -> bool {
     use std::os::unix::process::ExitStatusExt;
     status.signal() == Some(Signal::SIGINT as i32)
         || status.signal() == Some(Signal::SIGQUIT as i32)
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The CMD of a term. Dropped while it runs (the term was lost), it is
