@@ -181,68 +181,97 @@ fn build(
     pairs: Vec<(String, String)>,
     url_hosts: Option<Vec<(String, Option<u16>)>>,
 ) -> Result<Target> {
-    // sqlx reads PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME and PGOPTIONS
-    // here (and its own reading of the TLS variables is replaced below).
-    let mut options = PgConnectOptions::new_without_pgpass();
-    let mut hosts = None;
-    let mut addrs = None;
-    let mut ports = None;
-    let mut attrs = env("PGTARGETSESSIONATTRS");
-    let mut tls = TlsSettings {
-        mode: env("PGSSLMODE")
-            .map(|mode| SslMode::parse(&mode, "PGSSLMODE"))
-            .transpose()?,
-        root: env("PGSSLROOTCERT"),
-        cert: env("PGSSLCERT").map(PathBuf::from),
-        key: env("PGSSLKEY").map(PathBuf::from),
-    };
-    let mut negotiation = env("PGSSLNEGOTIATION").map(|v| ("PGSSLNEGOTIATION", v));
-    let mut password_given = env("PGPASSWORD").is_some();
-    let mut passfile = None;
-    let mut timeout = env("PGCONNECT_TIMEOUT").map(|v| ("PGCONNECT_TIMEOUT", v));
-    let mut fallback_name = None;
-    let mut app_name_given = env("PGAPPNAME").is_some();
-    for (key, value) in pairs {
-        match key.as_str() {
-            "host" => hosts = Some(value),
-            "hostaddr" => addrs = Some(value),
-            "port" => ports = Some(value),
-            "target_session_attrs" => attrs = Some(value),
-            "dbname" => options = options.database(&value),
-            "user" => options = options.username(&value),
+    let keywords = pairs
+        .into_iter()
+        .try_fold(Keywords::from_env()?, |keywords, (key, value)| {
+            keywords.with(&key, value)
+        })?;
+    let (settings, named) = keywords.settings()?;
+    let place = named.place(url_hosts)?;
+    Target::assemble(
+        settings,
+        place.hosts,
+        place.ports.as_deref(),
+        place.default_port,
+    )
+}
+
+/// libpq's keywords as read so far, over the environment's defaults.
+struct Keywords {
+    options: PgConnectOptions,
+    hosts: Option<String>,
+    addrs: Option<String>,
+    ports: Option<String>,
+    attrs: Option<String>,
+    tls: TlsSettings,
+    /// `sslnegotiation` (or `PGSSLNEGOTIATION`), with the name it came by.
+    negotiation: Option<(&'static str, String)>,
+    password_given: bool,
+    passfile: Option<PathBuf>,
+    /// `connect_timeout` (or `PGCONNECT_TIMEOUT`), with the name it came by.
+    timeout: Option<(&'static str, String)>,
+    fallback_name: Option<String>,
+    app_name_given: bool,
+}
+
+impl Keywords {
+    /// The environment's defaults, before any keyword.
+    fn from_env() -> Result<Keywords> {
+        Ok(Keywords {
+            // sqlx reads PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME and
+            // PGOPTIONS here (and its own reading of the TLS variables is
+            // replaced below).
+            options: PgConnectOptions::new_without_pgpass(),
+            hosts: None,
+            addrs: None,
+            ports: None,
+            attrs: env("PGTARGETSESSIONATTRS"),
+            tls: TlsSettings {
+                mode: env("PGSSLMODE")
+                    .map(|mode| SslMode::parse(&mode, "PGSSLMODE"))
+                    .transpose()?,
+                root: env("PGSSLROOTCERT"),
+                cert: env("PGSSLCERT").map(PathBuf::from),
+                key: env("PGSSLKEY").map(PathBuf::from),
+            },
+            negotiation: env("PGSSLNEGOTIATION").map(|v| ("PGSSLNEGOTIATION", v)),
+            password_given: env("PGPASSWORD").is_some(),
+            passfile: None,
+            timeout: env("PGCONNECT_TIMEOUT").map(|v| ("PGCONNECT_TIMEOUT", v)),
+            fallback_name: None,
+            app_name_given: env("PGAPPNAME").is_some(),
+        })
+    }
+
+    /// These keywords and `key`=`value`, which replaces an earlier value
+    /// of `key`; a key pglease does not take, or a value it cannot meet,
+    /// is refused, naming it.
+    fn with(mut self, key: &str, value: String) -> Result<Keywords> {
+        match key {
+            "host" => self.hosts = Some(value),
+            "hostaddr" => self.addrs = Some(value),
+            "port" => self.ports = Some(value),
+            "target_session_attrs" => self.attrs = Some(value),
+            "dbname" => self.options = self.options.database(&value),
+            "user" => self.options = self.options.username(&value),
             "password" => {
-                options = options.password(&value);
-                password_given = true;
+                self.options = self.options.password(&value);
+                self.password_given = true;
             }
-            "passfile" => passfile = Some(PathBuf::from(value)),
+            "passfile" => self.passfile = Some(PathBuf::from(value)),
             "application_name" => {
-                options = options.application_name(&value);
-                app_name_given = true;
+                self.options = self.options.application_name(&value);
+                self.app_name_given = true;
             }
-            "fallback_application_name" => fallback_name = Some(value),
-            "options" => options = options.options(split_server_options(&value)),
-            "connect_timeout" => timeout = Some(("connect_timeout", value)),
-            "sslmode" | "ssl-mode" => tls.mode = Some(SslMode::parse(&value, "sslmode")?),
-            "sslrootcert" | "ssl-root-cert" | "ssl-ca" => tls.root = Some(value),
-            "sslcert" | "ssl-cert" => tls.cert = Some(PathBuf::from(value)),
-            "sslkey" | "ssl-key" => tls.key = Some(PathBuf::from(value)),
-            "sslnegotiation" => negotiation = Some(("sslnegotiation", value)),
-            "gssencmode" | "channel_binding" => {
-                if !matches!(value.as_str(), "disable" | "prefer") {
-                    return Err(Error::invalid(
-                        "url",
-                        format!(
-                            "{key}={value} cannot be met: pglease's driver (sqlx) has no \
-                             {what}; use {key}=prefer or disable",
-                            what = if key == "gssencmode" {
-                                "GSSAPI encryption"
-                            } else {
-                                "channel binding"
-                            }
-                        ),
-                    ));
-                }
-            }
+            "fallback_application_name" => self.fallback_name = Some(value),
+            "options" => self.options = self.options.options(split_server_options(&value)),
+            "connect_timeout" => self.timeout = Some(("connect_timeout", value)),
+            "sslmode" | "ssl-mode" => self.tls.mode = Some(SslMode::parse(&value, "sslmode")?),
+            "sslrootcert" | "ssl-root-cert" | "ssl-ca" => self.tls.root = Some(value),
+            "sslcert" | "ssl-cert" => self.tls.cert = Some(PathBuf::from(value)),
+            "sslkey" | "ssl-key" => self.tls.key = Some(PathBuf::from(value)),
+            "sslnegotiation" => self.negotiation = Some(("sslnegotiation", value)),
+            "gssencmode" | "channel_binding" => unmet(key, &value)?,
             other => {
                 return Err(Error::invalid(
                     "url",
@@ -250,56 +279,136 @@ fn build(
                 ));
             }
         }
+        Ok(self)
     }
-    if let (Some(name), false) = (fallback_name, app_name_given) {
-        options = options.application_name(&name);
-    }
-    match negotiation {
-        None => {}
-        Some((_, value)) if value == "postgres" => {}
-        Some((what, value)) => {
-            return Err(Error::invalid(
-                "url",
-                format!(
-                    "{what}={value} is not supported: pglease's driver (sqlx) negotiates TLS \
-                     the PostgreSQL way only (sslnegotiation=postgres)"
-                ),
-            ));
+
+    /// What all the keywords make, once read: the settings (the fallback
+    /// application name where none was given, `connect_timeout` read) and
+    /// the hosts and ports named; an `sslnegotiation` sqlx cannot do is
+    /// refused.
+    fn settings(self) -> Result<(Settings, Named)> {
+        let mut options = self.options;
+        if let (Some(name), false) = (self.fallback_name, self.app_name_given) {
+            options = options.application_name(&name);
         }
+        negotiable(self.negotiation)?;
+        let settings = Settings {
+            options,
+            attrs: self.attrs,
+            tls: self.tls,
+            password_given: self.password_given,
+            passfile: self.passfile,
+            connect_timeout: self
+                .timeout
+                .map(|(what, value)| connect_timeout(what, &value))
+                .transpose()?,
+        };
+        let named = Named {
+            hosts: self.addrs.or(self.hosts).filter(|list| !list.is_empty()),
+            ports: self.ports,
+        };
+        Ok((settings, named))
     }
-    let settings = Settings {
-        options,
-        attrs,
-        tls,
-        password_given,
-        passfile,
-        connect_timeout: timeout
-            .map(|(what, value)| connect_timeout(what, &value))
-            .transpose()?,
+}
+
+/// A `gssencmode` or `channel_binding` (`key`) of `value` is refused
+/// unless it asks for nothing sqlx lacks (`disable` or `prefer`).
+fn unmet(key: &str, value: &str) -> Result<()> {
+    if matches!(value, "disable" | "prefer") {
+        return Ok(());
+    }
+    let what = if key == "gssencmode" {
+        "GSSAPI encryption"
+    } else {
+        "channel binding"
     };
-    let env_port = env("PGPORT");
-    let default_port = match &env_port {
-        Some(port) if !port.contains(',') => port.trim().parse().unwrap_or(5432),
-        _ => 5432,
-    };
-    if let Some(list) = addrs.or(hosts).filter(|list| !list.is_empty()) {
-        let hosts = split_hosts(&list, "host=")?;
-        let ports = ports.or(env_port);
-        return Target::assemble(settings, hosts, ports.as_deref(), default_port);
+    Err(Error::invalid(
+        "url",
+        format!(
+            "{key}={value} cannot be met: pglease's driver (sqlx) has no {what}; use \
+             {key}=prefer or disable"
+        ),
+    ))
+}
+
+/// An `sslnegotiation` (or `PGSSLNEGOTIATION`) other than `postgres` is
+/// refused: sqlx negotiates TLS the PostgreSQL way only.
+fn negotiable(negotiation: Option<(&str, String)>) -> Result<()> {
+    match negotiation {
+        None => Ok(()),
+        Some((_, value)) if value == "postgres" => Ok(()),
+        Some((what, value)) => Err(Error::invalid(
+            "url",
+            format!(
+                "{what}={value} is not supported: pglease's driver (sqlx) negotiates TLS \
+                 the PostgreSQL way only (sslnegotiation=postgres)"
+            ),
+        )),
     }
-    if let Some(hosts) = url_hosts.filter(|hosts| !hosts.is_empty()) {
-        // A URL's own ports come with its hosts; PGPORT only for those
-        // without one.
-        let ports = ports.or_else(|| env_port.filter(|p| p.contains(',')));
-        return Target::assemble(settings, hosts, ports.as_deref(), default_port);
+}
+
+/// The hosts (`hostaddr`, else `host`; unset when empty) and ports the
+/// keywords name.
+struct Named {
+    hosts: Option<String>,
+    ports: Option<String>,
+}
+
+/// Where to connect, before the ports are matched to the hosts: the
+/// hosts, with a URL's own ports, the port list, and the port for a host
+/// with none.
+struct Place {
+    hosts: Vec<(String, Option<u16>)>,
+    ports: Option<String>,
+    default_port: u16,
+}
+
+impl Named {
+    /// Where the hosts come from, in libpq's order: the keywords, else a
+    /// URL's authority (`url_hosts`), else `PGHOSTADDR` or `PGHOST`, else
+    /// the local socket (or `localhost`); ports from the keywords, else
+    /// `PGPORT` (a URL's own ports come with its hosts: `PGPORT` only for
+    /// those without one), else 5432.
+    fn place(self, url_hosts: Option<Vec<(String, Option<u16>)>>) -> Result<Place> {
+        let env_port = env("PGPORT");
+        let default_port = match &env_port {
+            Some(port) if !port.contains(',') => port.trim().parse().unwrap_or(5432),
+            _ => 5432,
+        };
+        if let Some(list) = self.hosts {
+            let hosts = split_hosts(&list, "host=")?;
+            let ports = self.ports.or(env_port);
+            return Ok(Place {
+                hosts,
+                ports,
+                default_port,
+            });
+        }
+        if let Some(hosts) = url_hosts.filter(|hosts| !hosts.is_empty()) {
+            let ports = self.ports.or_else(|| env_port.filter(|p| p.contains(',')));
+            return Ok(Place {
+                hosts,
+                ports,
+                default_port,
+            });
+        }
+        if let Some(list) = env("PGHOSTADDR").or_else(|| env("PGHOST")) {
+            let hosts = split_hosts(&list, "PGHOST")?;
+            let ports = self.ports.or(env_port);
+            return Ok(Place {
+                hosts,
+                ports,
+                default_port,
+            });
+        }
+        local(self.ports.or(env_port).as_deref())
     }
-    if let Some(list) = env("PGHOSTADDR").or_else(|| env("PGHOST")) {
-        let hosts = split_hosts(&list, "PGHOST")?;
-        let ports = ports.or(env_port);
-        return Target::assemble(settings, hosts, ports.as_deref(), default_port);
-    }
-    // No host at all: the local socket if there is one, else localhost.
-    let port = match ports.as_deref().or(env_port.as_deref()) {
+}
+
+/// No host at all: the local socket if there is one, else `localhost`, on
+/// `port` (one, not a list), else 5432.
+fn local(port: Option<&str>) -> Result<Place> {
+    let port = match port {
         Some(port) => port
             .trim()
             .parse::<u16>()
@@ -311,7 +420,11 @@ fn build(
         .get_host()
         .to_owned();
     let host = default_socket(port).unwrap_or(host);
-    Target::assemble(settings, vec![(host, Some(port))], None, port)
+    Ok(Place {
+        hosts: vec![(host, Some(port))],
+        ports: None,
+        default_port: port,
+    })
 }
 
 /// sqlx's default, a socket directory where the server's socket for `port`
