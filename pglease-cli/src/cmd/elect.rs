@@ -4,7 +4,7 @@
 //! the leader is asked to step down, and campaign again. A signal stops
 //! CMD, resigns and exits 128 + the signal's number.
 
-use std::process::ExitCode;
+use std::process::{ExitCode, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -158,47 +158,8 @@ async fn term(shared: &Shared, held: HeldLease) {
             // Never completes: prints when renewals fail and recover.
             () = &mut report => {}
             status = running.wait() => {
-                let Some(status) = status else {
-                    // Lost track of it (its group was killed): give up
-                    // leading rather than lead with nothing running.
-                    shared.finished.send_replace(Some(1));
+                if !restart_after(shared, ended(status, running.terminal)).await {
                     return;
-                };
-                if status.success() {
-                    note!("pglease: the command finished; resigning");
-                    shared.finished.send_replace(Some(0));
-                    return;
-                }
-                let code = status_number(status);
-                // Ctrl-C or Ctrl-\ at the terminal CMD had reached CMD
-                // only: the user meant the election, as a shell takes it.
-                if running.terminal && interrupted(status) {
-                    note!("pglease: the command was interrupted from the terminal; resigning");
-                    shared.finished.send_replace(Some(code));
-                    return;
-                }
-                let failures = {
-                    let mut failures = lock(&shared.failures);
-                    *failures += 1;
-                    *failures
-                };
-                let args = &shared.args;
-                if failures > args.max_restarts {
-                    eprintln!(
-                        "pglease: the command failed (exit status {code}) {failures} times; resigning"
-                    );
-                    shared.finished.send_replace(Some(code));
-                    return;
-                }
-                eprintln!(
-                    "pglease: the command failed (exit status {code}); restarting it in {} \
-                     ({failures} of {} restarts)",
-                    human(args.restart_delay),
-                    args.max_restarts
-                );
-                tokio::select! {
-                    () = tokio::time::sleep(args.restart_delay) => {}
-                    () = shared.stopping.cancelled() => return,
                 }
             }
             () = shared.elector.until_handover_due() => {
@@ -220,8 +181,87 @@ async fn term(shared: &Shared, held: HeldLease) {
     }
 }
 
+/// How a term's CMD ended, as the term acts on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// It could not be waited for (its group was killed): the term gives
+    /// up leading rather than lead with nothing running (exit status 1).
+    Lost,
+    /// It finished: the term resigns (exit status 0).
+    Finished,
+    /// Ctrl-C or Ctrl-\ at the terminal CMD had reached CMD only: the
+    /// user meant the election, as a shell takes it; the term resigns with
+    /// CMD's exit status.
+    Interrupted(u8),
+    /// It failed with this exit status: it is restarted, unless it has
+    /// failed more often than `--max-restarts` allows.
+    Failed(u8),
+}
+
+/// How CMD ended, from its exit `status` (`None`: lost track of it) and
+/// whether it had the `terminal`.
+fn ended(status: Option<ExitStatus>, terminal: bool) -> Ended {
+    let Some(status) = status else {
+        return Ended::Lost;
+    };
+    if status.success() {
+        return Ended::Finished;
+    }
+    let code = status_number(status);
+    if terminal && interrupted(status) {
+        Ended::Interrupted(code)
+    } else {
+        Ended::Failed(code)
+    }
+}
+
+/// Acts on how CMD `ended`: says so, and either sets the exit status of
+/// `elect` (false: the term ends, and resigns) or, for a failure within
+/// `--max-restarts`, waits the restart delay (true: CMD starts again;
+/// false if a signal came meanwhile).
+async fn restart_after(shared: &Shared, ended: Ended) -> bool {
+    let code = match ended {
+        Ended::Lost => {
+            shared.finished.send_replace(Some(1));
+            return false;
+        }
+        Ended::Finished => {
+            note!("pglease: the command finished; resigning");
+            shared.finished.send_replace(Some(0));
+            return false;
+        }
+        Ended::Interrupted(code) => {
+            note!("pglease: the command was interrupted from the terminal; resigning");
+            shared.finished.send_replace(Some(code));
+            return false;
+        }
+        Ended::Failed(code) => code,
+    };
+    let failures = {
+        let mut failures = lock(&shared.failures);
+        *failures += 1;
+        *failures
+    };
+    let args = &shared.args;
+    if failures > args.max_restarts {
+        eprintln!("pglease: the command failed (exit status {code}) {failures} times; resigning");
+        shared.finished.send_replace(Some(code));
+        return false;
+    }
+    eprintln!(
+        "pglease: the command failed (exit status {code}); restarting it in {} \
+         ({failures} of {} restarts)",
+        human(args.restart_delay),
+        args.max_restarts
+    );
+    tokio::select! {
+        () = tokio::time::sleep(args.restart_delay) => true,
+        () = shared.stopping.cancelled() => false,
+    }
+}
+
 /// Whether CMD was ended by SIGINT or SIGQUIT.
-fn interrupted(status: std::process::ExitStatus) -> bool {
+fn interrupted(status: ExitStatus) -> bool {
     use std::os::unix::process::ExitStatusExt;
     status.signal() == Some(Signal::SIGINT as i32)
         || status.signal() == Some(Signal::SIGQUIT as i32)
@@ -266,7 +306,7 @@ impl Running {
 
     /// Waits for CMD to exit (and kills what it left in its group);
     /// `None` if it cannot be waited for.
-    async fn wait(&mut self) -> Option<std::process::ExitStatus> {
+    async fn wait(&mut self) -> Option<ExitStatus> {
         let child = self.child.as_mut()?;
         let status = child.wait().await;
         child.signal(Signal::SIGKILL);
@@ -300,5 +340,28 @@ impl Drop for Running {
                 busy.send_replace(false);
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::ExitStatus;
+
+    use super::{Ended, ended};
+
+    #[test]
+    fn a_failure_is_restarted_unless_the_terminal_interrupted_it() {
+        // Wait statuses as the kernel gives them: an exit code in the
+        // second byte, a signal in the low bits.
+        let exited = |code: i32| Some(ExitStatus::from_raw(code << 8));
+        let killed = |signal: i32| Some(ExitStatus::from_raw(signal));
+        assert_eq!(ended(None, false), Ended::Lost);
+        assert_eq!(ended(exited(0), true), Ended::Finished);
+        assert_eq!(ended(exited(3), false), Ended::Failed(3));
+        assert_eq!(ended(killed(2), true), Ended::Interrupted(130));
+        assert_eq!(ended(killed(3), true), Ended::Interrupted(131));
+        assert_eq!(ended(killed(2), false), Ended::Failed(130));
+        assert_eq!(ended(killed(15), true), Ended::Failed(143));
     }
 }
