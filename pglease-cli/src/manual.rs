@@ -19,12 +19,23 @@ const COMMON: [(&str, &str); 2] = [
     ),
 ];
 
-/// `command`'s own exit statuses, before the two every command has.
-fn own(command: &str) -> &'static [(&'static str, &'static str)] {
-    match command {
-        "migrate" => &[("0", "the schema is up to date (migrated now or before)")],
-        "doctor" => &[("0", "every check is ok"), ("1", "a check is not ok")],
-        "acquire" => &[
+/// Each command's own exit statuses, before the two every command has.
+type Statuses = &'static [(&'static str, &'static str)];
+
+/// Each command's own exit statuses, by name, before the two every
+/// command has ([`COMMON`]).
+const OWN: &[(&str, Statuses)] = &[
+    (
+        "migrate",
+        &[("0", "the schema is up to date (migrated now or before)")],
+    ),
+    (
+        "doctor",
+        &[("0", "every check is ok"), ("1", "a check is not ok")],
+    ),
+    (
+        "acquire",
+        &[
             ("0", "acquired: the token on stdout"),
             (
                 "3",
@@ -34,14 +45,20 @@ fn own(command: &str) -> &'static [(&'static str, &'static str)] {
             ),
             ("128+N", "interrupted by signal N while waiting (--wait)"),
         ],
-        "renew" => &[
+    ),
+    (
+        "renew",
+        &[
             ("0", "renewed"),
             (
                 "4",
                 "the lease is lost (expired, taken over, released or forced)",
             ),
         ],
-        "release" => &[
+    ),
+    (
+        "release",
+        &[
             ("0", "released"),
             (
                 "4",
@@ -49,7 +66,10 @@ fn own(command: &str) -> &'static [(&'static str, &'static str)] {
                  forced)",
             ),
         ],
-        "hand-over" => &[
+    ),
+    (
+        "hand-over",
+        &[
             ("0", "handed over: the successor's token on stdout"),
             (
                 "3",
@@ -58,12 +78,18 @@ fn own(command: &str) -> &'static [(&'static str, &'static str)] {
             ),
             ("4", "TOKEN is not valid"),
         ],
-        "set-fair" => &[("0", "set")],
-        "status" => &[
+    ),
+    ("set-fair", &[("0", "set")]),
+    (
+        "status",
+        &[
             ("0", "listed; with NAME: someone holds it (of any kind)"),
             ("3", "NAME: nobody holds it"),
         ],
-        "run" => &[
+    ),
+    (
+        "run",
+        &[
             ("CMD's", "CMD ran: its own exit status"),
             (
                 "3",
@@ -80,14 +106,29 @@ fn own(command: &str) -> &'static [(&'static str, &'static str)] {
                 "signal N: before the lease was acquired, or CMD ended by it",
             ),
         ],
-        "history" => &[("0", "listed (nothing, for a name never acquired)")],
-        "force-release" => &[
+    ),
+    (
+        "history",
+        &[("0", "listed (nothing, for a name never acquired)")],
+    ),
+    (
+        "force-release",
+        &[
             ("0", "forced: every holder of NAME ended, of any kind"),
             ("3", "nobody held NAME"),
         ],
-        "leader" => &[("0", "someone leads: printed"), ("3", "nobody leads")],
-        "observe" => &[("0", "ended by SIGINT or SIGTERM, or its reader went away")],
-        "step-down" => &[
+    ),
+    (
+        "leader",
+        &[("0", "someone leads: printed"), ("3", "nobody leads")],
+    ),
+    (
+        "observe",
+        &[("0", "ended by SIGINT or SIGTERM, or its reader went away")],
+    ),
+    (
+        "step-down",
+        &[
             ("0", "the holder was asked to step down"),
             (
                 "2",
@@ -96,19 +137,35 @@ fn own(command: &str) -> &'static [(&'static str, &'static str)] {
             ),
             ("3", "nobody holds NAME"),
         ],
-        "elect" => &[
+    ),
+    (
+        "elect",
+        &[
             ("CMD's", "CMD ended the election: its exit status (0: done)"),
             ("127", "CMD cannot be started"),
             ("128+N", "signal N: CMD stopped and the leadership resigned"),
         ],
-        "completions" => &[("0", "the script on stdout")],
-        "man" => &[
+    ),
+    ("completions", &[("0", "the script on stdout")]),
+    (
+        "man",
+        &[
             ("0", "written"),
             ("1", "the pages cannot be written or rendered"),
         ],
-        "demo" => &[("0", "the demo ran to its end (what it shows is its output)")],
-        _ => &[],
-    }
+    ),
+    (
+        "demo",
+        &[("0", "the demo ran to its end (what it shows is its output)")],
+    ),
+];
+
+/// `command`'s own exit statuses, before the two every command has
+/// (none for a name that is not a command).
+fn own(command: &str) -> Statuses {
+    OWN.iter()
+        .find(|(name, _)| *name == command)
+        .map_or(&[], |(_, statuses)| statuses)
 }
 
 /// `command`'s exit statuses: its own, then the two every command has
