@@ -66,33 +66,36 @@ pub(crate) async fn acquire(manager: &LeaseManager, args: AcquireArgs) -> Outcom
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            // The lease as found, in JSON, when it was held or pinned.
-            // The error names the lease it describes: NAME, or the slot
-            // of a counted lease that expires first.
-            let found = match &e {
-                Error::Held {
-                    name,
-                    holder,
-                    expires_at,
-                } => Some(lease_json(name, Some(holder), None, Some(*expires_at))),
-                Error::Pinned {
-                    name,
-                    holder,
-                    ended_at,
-                    ..
-                } => Some(lease_json(name, holder.as_deref(), None, Some(*ended_at))),
-                Error::GrantDelayed { name, until, .. } => {
-                    let mut found = lease_json(name, None, None, None);
-                    found["delayed_until"] = serde_json::json!(until.to_rfc3339());
-                    Some(found)
-                }
-                _ => None,
-            };
-            if let (true, Some(found)) = (json, found) {
+            if let (true, Some(found)) = (json, found(&e)) {
                 out!("{found}");
             }
             not_acquired(asked, e, "acquire").await
         }
+    }
+}
+
+/// The lease as found, in JSON, when the refusal `e` says it was held,
+/// pinned or its grant delayed. The error names the lease it describes:
+/// NAME, or the slot of a counted lease that expires first.
+fn found(e: &Error) -> Option<serde_json::Value> {
+    match e {
+        Error::Held {
+            name,
+            holder,
+            expires_at,
+        } => Some(lease_json(name, Some(holder), None, Some(*expires_at))),
+        Error::Pinned {
+            name,
+            holder,
+            ended_at,
+            ..
+        } => Some(lease_json(name, holder.as_deref(), None, Some(*ended_at))),
+        Error::GrantDelayed { name, until, .. } => {
+            let mut found = lease_json(name, None, None, None);
+            found["delayed_until"] = serde_json::json!(until.to_rfc3339());
+            Some(found)
+        }
+        _ => None,
     }
 }
 
