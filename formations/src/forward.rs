@@ -1,36 +1,5 @@
-//! One TCP forwarder for every formation and the peers: a port of
-//! 127.0.0.1 that carries each connection to a target (a TCP address or a
-//! unix socket), with a switch that freezes, opens and cuts what passes
-//! through, and a target that can be changed while it runs.
-//!
-//! What each behaviour is for:
-//!
-//! - **Frozen** ([`Forwarder::freeze`]): nothing is forwarded in either
-//!   direction and every connection stays open, as with a network that
-//!   stops answering or a paused process. A close (end of stream, or a
-//!   reset) is held back too: a frozen network delivers no close either.
-//!   [`Forwarder::open`] delivers what was held back, then the rest. The
-//!   Patroni formation freezes a node's replication stream so that the
-//!   commits made meanwhile are lost in a crash; the peers freeze a
-//!   holder's network.
-//! - **Cut** ([`Forwarder::cut`]): every connection is dropped, with what
-//!   it held back, and the forwarder opens: a crashed host's connections
-//!   are gone, and its replacement's are not frozen.
-//! - **Re-pointed** ([`Forwarder::repoint`]): new connections go to the new
-//!   target and the current ones are dropped, so that clients reconnect,
-//!   as they do when a virtual address moves to the promoted standby. A
-//!   forwarder may start without a target ([`Forwarder::start_unpointed`])
-//!   when its port must be known first (a Patroni node's configuration
-//!   names its replication address before the node's own port is chosen);
-//!   until the first `repoint` it closes what it accepts.
-//! - **No delay of its own**: `TCP_NODELAY` on both sides, so that a small
-//!   write is not held behind an unacknowledged one (Nagle's algorithm)
-//!   and the forwarder adds no latency to a request and its answer.
-//! - **A half-close is passed on** as such: when one side ends its
-//!   stream, the other side's write end is shut down and the other
-//!   direction carries on until it ends too.
-//!
-//! Dropping the forwarder stops it and drops its connections.
+//! One TCP forwarder for every formation and the peers: [`Forwarder`],
+//! which says what each of its behaviours is for.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -73,9 +42,39 @@ struct Switch {
     generation: u64,
 }
 
-/// A TCP forwarder on a port of 127.0.0.1 that can be frozen, opened, cut
-/// and re-pointed (see the [module](self) for what each does). It stops
-/// when dropped.
+/// A TCP forwarder on a port of 127.0.0.1 that carries each connection to
+/// a target (a TCP address or a unix socket), with a switch that freezes,
+/// opens and cuts what passes through, and a target that can be changed
+/// while it runs.
+///
+/// What each behaviour is for:
+///
+/// - **Frozen** ([`Forwarder::freeze`]): nothing is forwarded in either
+///   direction and every connection stays open, as with a network that
+///   stops answering or a paused process. A close (end of stream, or a
+///   reset) is held back too: a frozen network delivers no close either.
+///   [`Forwarder::open`] delivers what was held back, then the rest. The
+///   Patroni formation freezes a node's replication stream so that the
+///   commits made meanwhile are lost in a crash; the peers freeze a
+///   holder's network.
+/// - **Cut** ([`Forwarder::cut`]): every connection is dropped, with what
+///   it held back, and the forwarder opens: a crashed host's connections
+///   are gone, and its replacement's are not frozen.
+/// - **Re-pointed** ([`Forwarder::repoint`]): new connections go to the new
+///   target and the current ones are dropped, so that clients reconnect,
+///   as they do when a virtual address moves to the promoted standby. A
+///   forwarder may start without a target ([`Forwarder::start_unpointed`])
+///   when its port must be known first (a Patroni node's configuration
+///   names its replication address before the node's own port is chosen);
+///   until the first `repoint` it closes what it accepts.
+/// - **No delay of its own**: `TCP_NODELAY` on both sides, so that a small
+///   write is not held behind an unacknowledged one (Nagle's algorithm)
+///   and the forwarder adds no latency to a request and its answer.
+/// - **A half-close is passed on** as such: when one side ends its
+///   stream, the other side's write end is shut down and the other
+///   direction carries on until it ends too.
+///
+/// Dropping the forwarder stops it and drops its connections.
 #[derive(Debug)]
 pub struct Forwarder {
     port: u16,
