@@ -7,14 +7,15 @@
 
 use std::sync::Arc;
 
-use pglease::{AcquireOptions, Error, Lease, LeaseManager};
+use pglease::{Error, Lease, LeaseManager};
 use sqlx::PgPool;
 
-use crate::shared::Bench;
 use crate::shared::database::{drop_database, found, held_token_offset, pgbench_database};
-use crate::shared::ops::{LONG, RAW_UPDATE};
+use crate::shared::ops::RAW_UPDATE;
+use crate::shared::ops::picked::{self, Acquire, Guard, Held};
 use crate::shared::pairs::{PAIRS, ROWS};
-use crate::shared::timing::{Op, bench_rounds, op, pair_row, pick};
+use crate::shared::timing::{Op, bench_rounds, pair_row};
+use crate::shared::{Bench, hold};
 
 const DB: &str = "pglease_bench_p1";
 
@@ -95,8 +96,8 @@ struct Sides {
     m: LeaseManager,
     /// The library's handles of `held-1` to `held-1000`.
     held: Arc<Vec<Lease>>,
-    /// `token - N` of `raw_leases`' `held-N`.
-    raw_offset: i64,
+    /// `raw_leases`' `held-1` to `held-1000`.
+    raw_held: Held,
 }
 
 impl Sides {
@@ -111,227 +112,57 @@ impl Sides {
         )
         .execute(pool)
         .await?;
-        let mut held = Vec::new();
-        for n in 1..=1000 {
-            held.push(
-                m.acquire(
-                    &format!("held-{n}"),
-                    AcquireOptions::ttl(LONG).holder("bench"),
-                )
-                .await?,
-            );
-        }
+        let held = hold(&m, "held-", 1..=1000).await?;
+        let offset = held_token_offset(pool, "raw_leases").await?;
         Ok(Self {
             pool: pool.clone(),
             m,
-            held: Arc::new(held),
-            raw_offset: held_token_offset(pool, "raw_leases").await?,
+            held,
+            raw_held: Held::Raw { offset },
         })
     }
 
     /// The raw and the library operation of the pair whose baseline is
     /// `raw`, on `names` names.
     fn ops(&self, raw: &str, names: usize) -> (Op, Op) {
+        let (pool, m, held) = (&self.pool, &self.m, &self.held);
+        let raw_cycle = |acquire, release| {
+            picked::sql_cycle(pool, Acquire::Returning(acquire), release, "cycle-", names)
+        };
+        let lib_cycle = || picked::lib_cycle(m, "cycle-", names);
         match raw {
-            "raw_cycle" => (
-                self.raw_cycle(RAW_ACQUIRE, RAW_RELEASE, names),
-                self.lib_cycle(names),
-            ),
+            "raw_cycle" => (raw_cycle(RAW_ACQUIRE, RAW_RELEASE), lib_cycle()),
             "raw_cycle_history" => (
-                self.raw_cycle(RAW_ACQUIRE_HISTORY, RAW_RELEASE_HISTORY, names),
-                self.lib_cycle(names),
+                raw_cycle(RAW_ACQUIRE_HISTORY, RAW_RELEASE_HISTORY),
+                lib_cycle(),
             ),
             "raw_cycle_notify" => (
-                self.raw_cycle(RAW_ACQUIRE_HISTORY, RAW_RELEASE_HISTORY_NOTIFY, names),
-                self.lib_cycle(names),
+                raw_cycle(RAW_ACQUIRE_HISTORY, RAW_RELEASE_HISTORY_NOTIFY),
+                lib_cycle(),
             ),
-            "raw_renew" => (self.raw_renew(names), self.lib_renew(names)),
-            "raw_failed" => (self.raw_failed(names), self.lib_failed(names)),
-            "raw_write" => (self.raw_write(names), self.lib_write(names)),
-            "raw_fenced" => (self.raw_fenced(names), self.lib_fenced(names)),
+            "raw_renew" => (
+                picked::sql_renew(pool, RAW_RENEW, &self.raw_held, names),
+                picked::lib_renew(m, held, names),
+            ),
+            "raw_failed" => (
+                picked::sql_failed(pool, Acquire::Returning(RAW_ACQUIRE), "held-", names),
+                picked::lib_failed(m, "held-", names),
+            ),
+            "raw_write" => (
+                picked::sql_write(pool, RAW_GUARDED_UPDATE, &self.raw_held, names),
+                picked::sql_write(pool, GUARDED_UPDATE, &Held::Handles(held.clone()), names),
+            ),
+            "raw_fenced" => (
+                picked::sql_fenced(
+                    pool,
+                    Guard::Select(RAW_GUARD),
+                    RAW_UPDATE,
+                    &self.raw_held,
+                    names,
+                ),
+                picked::lib_fenced(m, held, RAW_UPDATE, names),
+            ),
             other => panic!("no library operations for the pair of {other}"),
         }
-    }
-
-    /// The raw cycle: take the name if free, release it if taken.
-    fn raw_cycle(&self, acquire: &'static str, release: &'static str, names: usize) -> Op {
-        let pool = self.pool.clone();
-        op(move |_| {
-            let pool = pool.clone();
-            async move {
-                let name = format!("cycle-{}", pick(names));
-                let token: Option<i64> = sqlx::query_scalar(acquire)
-                    .bind(&name)
-                    .bind("bench")
-                    .bind(LONG)
-                    .fetch_optional(&pool)
-                    .await?;
-                if let Some(token) = token {
-                    sqlx::query(release)
-                        .bind(&name)
-                        .bind(token)
-                        .execute(&pool)
-                        .await?;
-                }
-                Ok(())
-            }
-        })
-    }
-
-    fn lib_cycle(&self, names: usize) -> Op {
-        let m = self.m.clone();
-        op(move |_| {
-            let m = m.clone();
-            async move {
-                let name = format!("cycle-{}", pick(names));
-                match m
-                    .acquire(&name, AcquireOptions::ttl(LONG).holder("bench"))
-                    .await
-                {
-                    Ok(lease) => {
-                        m.release(&lease).await?;
-                        Ok(())
-                    }
-                    Err(Error::Held { .. }) => Ok(()),
-                    Err(e) => Err(e),
-                }
-            }
-        })
-    }
-
-    fn raw_renew(&self, names: usize) -> Op {
-        let (pool, raw_offset) = (self.pool.clone(), self.raw_offset);
-        op(move |_| {
-            let pool = pool.clone();
-            async move {
-                let n = pick(names);
-                sqlx::query(RAW_RENEW)
-                    .bind(format!("held-{n}"))
-                    .bind(n as i64 + raw_offset)
-                    .bind(LONG)
-                    .execute(&pool)
-                    .await?;
-                Ok(())
-            }
-        })
-    }
-
-    fn lib_renew(&self, names: usize) -> Op {
-        let (m, held) = (self.m.clone(), self.held.clone());
-        op(move |_| {
-            let (m, held) = (m.clone(), held.clone());
-            async move {
-                m.renew(&held[pick(names) - 1], LONG).await?;
-                Ok(())
-            }
-        })
-    }
-
-    fn raw_failed(&self, names: usize) -> Op {
-        let pool = self.pool.clone();
-        op(move |_| {
-            let pool = pool.clone();
-            async move {
-                let got: Option<i64> = sqlx::query_scalar(RAW_ACQUIRE)
-                    .bind(format!("held-{}", pick(names)))
-                    .bind("other")
-                    .bind(LONG)
-                    .fetch_optional(&pool)
-                    .await?;
-                assert!(got.is_none(), "raw acquire of a held lease");
-                Ok(())
-            }
-        })
-    }
-
-    fn lib_failed(&self, names: usize) -> Op {
-        let m = self.m.clone();
-        op(move |_| {
-            let m = m.clone();
-            async move {
-                let name = format!("held-{}", pick(names));
-                match m
-                    .acquire(&name, AcquireOptions::ttl(LONG).holder("other"))
-                    .await
-                {
-                    Err(Error::Held { .. }) => Ok(()),
-                    Err(e) => Err(e),
-                    Ok(_) => panic!("acquired a held lease"),
-                }
-            }
-        })
-    }
-
-    fn raw_write(&self, names: usize) -> Op {
-        let (pool, raw_offset) = (self.pool.clone(), self.raw_offset);
-        op(move |_| {
-            let pool = pool.clone();
-            async move {
-                let n = pick(names);
-                sqlx::query(RAW_GUARDED_UPDATE)
-                    .bind(format!("held-{n}"))
-                    .bind(n as i64 + raw_offset)
-                    .bind(n as i32)
-                    .execute(&pool)
-                    .await?;
-                Ok(())
-            }
-        })
-    }
-
-    fn lib_write(&self, names: usize) -> Op {
-        let (pool, held) = (self.pool.clone(), self.held.clone());
-        op(move |_| {
-            let (pool, held) = (pool.clone(), held.clone());
-            async move {
-                let n = pick(names);
-                sqlx::query(GUARDED_UPDATE)
-                    .bind(format!("held-{n}"))
-                    .bind(held[n - 1].token())
-                    .bind(n as i32)
-                    .execute(&pool)
-                    .await?;
-                Ok(())
-            }
-        })
-    }
-
-    fn raw_fenced(&self, names: usize) -> Op {
-        let (pool, raw_offset) = (self.pool.clone(), self.raw_offset);
-        op(move |_| {
-            let pool = pool.clone();
-            async move {
-                let n = pick(names);
-                let mut tx = pool.begin().await?;
-                sqlx::query(RAW_GUARD)
-                    .bind(format!("held-{n}"))
-                    .bind(n as i64 + raw_offset)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                sqlx::query(RAW_UPDATE)
-                    .bind(n as i32)
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                Ok(())
-            }
-        })
-    }
-
-    fn lib_fenced(&self, names: usize) -> Op {
-        let (m, held) = (self.m.clone(), self.held.clone());
-        op(move |_| {
-            let (m, held) = (m.clone(), held.clone());
-            async move {
-                let n = pick(names);
-                let mut tx = m.begin_fenced(&held[n - 1]).await?;
-                sqlx::query(RAW_UPDATE)
-                    .bind(n as i32)
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                Ok(())
-            }
-        })
     }
 }

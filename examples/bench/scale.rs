@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use pglease::{AcquireOptions, Error, Lease, LeaseManager};
+use pglease::{Error, Lease, LeaseManager};
 
-use crate::shared::Bench;
 use crate::shared::database::{drop_database, fill, fresh_database};
-use crate::shared::ops::{LONG, lib_cycle, lib_renew};
+use crate::shared::ops::{lib_cycle, lib_renew};
 use crate::shared::timing::{Op, alternate};
+use crate::shared::{Bench, hold};
 
 pub(crate) async fn run(bench: &Bench) -> Result<(), Error> {
     const BIG: &str = "pglease_bench_1m";
@@ -57,15 +57,5 @@ pub(crate) async fn run(bench: &Bench) -> Result<(), Error> {
 
 /// One lease held through `m` per client, `scale-held-0` to `-7`.
 async fn held(m: &LeaseManager) -> Result<Arc<Vec<Lease>>, Error> {
-    let mut mine = Vec::new();
-    for c in 0..8 {
-        mine.push(
-            m.acquire(
-                &format!("scale-held-{c}"),
-                AcquireOptions::ttl(LONG).holder("bench"),
-            )
-            .await?,
-        );
-    }
-    Ok(Arc::new(mine))
+    hold(m, "scale-held-", 0..8).await
 }

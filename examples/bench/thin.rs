@@ -6,13 +6,23 @@
 
 use std::sync::Arc;
 
-use pglease::{AcquireOptions, Error, Lease, LeaseManager};
+use pglease::{Error, Lease, LeaseManager};
 use sqlx::PgPool;
 
-use crate::shared::Bench;
-use crate::shared::ops::LONG;
+use crate::shared::ops::picked::{self, Acquire, Guard, Held};
 use crate::shared::pairs::ROWS;
-use crate::shared::timing::{Op, bench_rounds, op, pair_row, pick};
+use crate::shared::timing::{Op, bench_rounds, pair_row};
+use crate::shared::{Bench, hold};
+
+/// The bare acquisition: a row whose token is NULL when the name is held.
+const ACQUIRE: Acquire = Acquire::Call("SELECT token FROM pglease.acquire($1, $2, $3)");
+
+/// The bare check of a fenced transaction, which raises when the lease is
+/// not held.
+const ASSERT_HELD: Guard = Guard::Raises("SELECT pglease.assert_held($1, $2)");
+
+/// The fenced rows' write, $1 the row (as `n` of `thin-held-n`).
+const UPDATE: &str = "UPDATE thin_data SET value = value + 1 WHERE id = $1";
 
 /// The rows' operations, in the table's order.
 const OPERATIONS: [&str; 4] = ["cycle", "failed", "renew", "fenced"];
@@ -53,16 +63,7 @@ struct Sides {
 impl Sides {
     /// The held leases and the table the fenced rows write.
     async fn set_up(pool: &PgPool, m: &LeaseManager) -> Result<Self, Error> {
-        let mut held = Vec::new();
-        for n in 1..=1000 {
-            held.push(
-                m.acquire(
-                    &format!("thin-held-{n}"),
-                    AcquireOptions::ttl(LONG).holder("bench"),
-                )
-                .await?,
-            );
-        }
+        let held = hold(m, "thin-held-", 1..=1000).await?;
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS thin_data (id int PRIMARY KEY, value bigint NOT NULL)",
         )
@@ -76,163 +77,37 @@ impl Sides {
         Ok(Self {
             pool: pool.clone(),
             m: m.clone(),
-            held: Arc::new(held),
+            held,
         })
     }
 
     /// The bare operation and the library's for one row.
     fn ops(&self, label: &str, names: usize) -> (Op, Op) {
+        let (pool, m, held) = (&self.pool, &self.m, &self.held);
+        let handles = Held::Handles(held.clone());
         match label {
-            "cycle" => (self.bare_cycle(names), self.lib_cycle(names)),
-            "failed" => (self.bare_failed(names), self.lib_failed(names)),
-            "renew" => (self.bare_renew(names), self.lib_renew(names)),
-            _ => (self.bare_fenced(names), self.lib_fenced(names)),
+            "cycle" => (
+                picked::sql_cycle(
+                    pool,
+                    ACQUIRE,
+                    "SELECT pglease.release($1, $2)",
+                    "thin-cycle-",
+                    names,
+                ),
+                picked::lib_cycle(m, "thin-cycle-", names),
+            ),
+            "failed" => (
+                picked::sql_failed(pool, ACQUIRE, "thin-held-", names),
+                picked::lib_failed(m, "thin-held-", names),
+            ),
+            "renew" => (
+                picked::sql_renew(pool, "SELECT pglease.renew($1, $2, $3)", &handles, names),
+                picked::lib_renew(m, held, names),
+            ),
+            _ => (
+                picked::sql_fenced(pool, ASSERT_HELD, UPDATE, &handles, names),
+                picked::lib_fenced(m, held, UPDATE, names),
+            ),
         }
     }
-
-    fn bare_cycle(&self, names: usize) -> Op {
-        let pool = self.pool.clone();
-        op(move |_| {
-            let pool = pool.clone();
-            async move {
-                let name = format!("thin-cycle-{}", pick(names));
-                let token: Option<i64> =
-                    sqlx::query_scalar("SELECT token FROM pglease.acquire($1, $2, $3)")
-                        .bind(&name)
-                        .bind("bench")
-                        .bind(LONG)
-                        .fetch_one(&pool)
-                        .await?;
-                if let Some(token) = token {
-                    sqlx::query("SELECT pglease.release($1, $2)")
-                        .bind(&name)
-                        .bind(token)
-                        .execute(&pool)
-                        .await?;
-                }
-                Ok(())
-            }
-        })
-    }
-
-    fn lib_cycle(&self, names: usize) -> Op {
-        let m = self.m.clone();
-        op(move |_| {
-            let m = m.clone();
-            async move {
-                let name = format!("thin-cycle-{}", pick(names));
-                match m
-                    .acquire(&name, AcquireOptions::ttl(LONG).holder("bench"))
-                    .await
-                {
-                    Ok(lease) => m.release(&lease).await.map(drop),
-                    Err(Error::Held { .. }) => Ok(()),
-                    Err(e) => Err(e),
-                }
-            }
-        })
-    }
-
-    fn bare_failed(&self, names: usize) -> Op {
-        let pool = self.pool.clone();
-        op(move |_| {
-            let pool = pool.clone();
-            async move {
-                let token: Option<i64> =
-                    sqlx::query_scalar("SELECT token FROM pglease.acquire($1, $2, $3)")
-                        .bind(format!("thin-held-{}", pick(names)))
-                        .bind("other")
-                        .bind(LONG)
-                        .fetch_one(&pool)
-                        .await?;
-                assert!(token.is_none(), "acquired a held lease");
-                Ok(())
-            }
-        })
-    }
-
-    fn lib_failed(&self, names: usize) -> Op {
-        let m = self.m.clone();
-        op(move |_| {
-            let m = m.clone();
-            async move {
-                let name = format!("thin-held-{}", pick(names));
-                match m
-                    .acquire(&name, AcquireOptions::ttl(LONG).holder("other"))
-                    .await
-                {
-                    Err(Error::Held { .. }) => Ok(()),
-                    Err(e) => Err(e),
-                    Ok(_) => panic!("acquired a held lease"),
-                }
-            }
-        })
-    }
-
-    fn bare_renew(&self, names: usize) -> Op {
-        let (pool, held) = (self.pool.clone(), self.held.clone());
-        op(move |_| {
-            let (pool, held) = (pool.clone(), held.clone());
-            async move {
-                let lease = &held[pick(names) - 1];
-                sqlx::query("SELECT pglease.renew($1, $2, $3)")
-                    .bind(lease.name())
-                    .bind(lease.token())
-                    .bind(LONG)
-                    .execute(&pool)
-                    .await?;
-                Ok(())
-            }
-        })
-    }
-
-    fn lib_renew(&self, names: usize) -> Op {
-        let (m, held) = (self.m.clone(), self.held.clone());
-        op(move |_| {
-            let (m, held) = (m.clone(), held.clone());
-            async move { m.renew(&held[pick(names) - 1], LONG).await.map(drop) }
-        })
-    }
-
-    fn bare_fenced(&self, names: usize) -> Op {
-        let (pool, held) = (self.pool.clone(), self.held.clone());
-        op(move |_| {
-            let (pool, held) = (pool.clone(), held.clone());
-            async move {
-                let n = pick(names);
-                let mut tx = pool.begin().await?;
-                sqlx::query("SELECT pglease.assert_held($1, $2)")
-                    .bind(held[n - 1].name())
-                    .bind(held[n - 1].token())
-                    .execute(&mut *tx)
-                    .await?;
-                write(&mut tx, n).await?;
-                tx.commit().await?;
-                Ok(())
-            }
-        })
-    }
-
-    fn lib_fenced(&self, names: usize) -> Op {
-        let (m, held) = (self.m.clone(), self.held.clone());
-        op(move |_| {
-            let (m, held) = (m.clone(), held.clone());
-            async move {
-                let n = pick(names);
-                let mut tx = m.begin_fenced(&held[n - 1]).await?;
-                write(&mut tx, n).await?;
-                tx.commit().await?;
-                Ok(())
-            }
-        })
-    }
-}
-
-/// The fenced row's write.
-async fn write(tx: &mut sqlx::PgConnection, n: usize) -> Result<(), Error> {
-    sqlx::query("UPDATE thin_data SET value = value + 1 WHERE id = $1")
-        .bind(n as i32)
-        .execute(tx)
-        .await?;
-    Ok(())
 }

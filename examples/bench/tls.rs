@@ -5,12 +5,12 @@
 
 use std::sync::Arc;
 
-use pglease::{AcquireOptions, Error, Lease, LeaseManager};
+use pglease::{Error, Lease, LeaseManager};
 
-use crate::shared::Bench;
 use crate::shared::database::kit;
-use crate::shared::ops::{LONG, lib_cycle, lib_fenced, lib_renew};
+use crate::shared::ops::{lib_cycle, lib_fenced, lib_renew};
 use crate::shared::timing::{Op, alternate};
+use crate::shared::{Bench, hold};
 
 pub(crate) async fn run(bench: &Bench) -> Result<(), Error> {
     let Some(server) = kit("TLS", pglease_formations::TlsServer::start().await)? else {
@@ -67,16 +67,5 @@ async fn set_up(plain: &LeaseManager) -> Result<Arc<Vec<Lease>>, Error> {
     )
     .execute(plain.pool())
     .await?;
-    let mut held = Vec::new();
-    for c in 0..8 {
-        held.push(
-            plain
-                .acquire(
-                    &format!("held-{c}"),
-                    AcquireOptions::ttl(LONG).holder("bench"),
-                )
-                .await?,
-        );
-    }
-    Ok(Arc::new(held))
+    hold(plain, "held-", 0..8).await
 }

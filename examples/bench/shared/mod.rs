@@ -1,8 +1,8 @@
 //! What the measures share: the timing and the pair tables
-//! ([`timing`]), the databases ([`database`]), the library operations
-//! several measures time ([`ops`]), pgbench ([`pgbench`]) and the pairs
-//! it runs ([`pairs`]), and the waiters of the handover measures
-//! ([`waiters`]).
+//! ([`timing`]), the databases ([`database`]), the held leases
+//! ([`hold`]), the operations several measures time ([`ops`]), pgbench
+//! ([`pgbench`]) and the pairs it runs ([`pairs`]), and the waiters of
+//! the handover measures ([`waiters`]).
 
 pub(crate) mod database;
 pub(crate) mod ops;
@@ -39,20 +39,11 @@ impl Bench {
             .unwrap_or(2.0);
         let pool = database::setup().await?;
         let m = LeaseManager::new(pool.clone());
-        let mut held = Vec::new();
-        for c in 0..8 {
-            held.push(
-                m.acquire(
-                    &format!("held-{c}"),
-                    AcquireOptions::ttl(LONG).holder("bench"),
-                )
-                .await?,
-            );
-        }
+        let held = hold(&m, "held-", 0..8).await?;
         Ok(Self {
             pool,
             m,
-            held: Arc::new(held),
+            held,
             secs,
         })
     }
@@ -62,4 +53,24 @@ impl Bench {
         self.pool.close().await;
         database::drop_database("pglease_bench").await
     }
+}
+
+/// `{prefix}{n}` for each `n` of `numbers`, acquired one after the other
+/// through `m`, for holder `bench` and [`LONG`].
+pub(crate) async fn hold(
+    m: &LeaseManager,
+    prefix: &str,
+    numbers: impl IntoIterator<Item = usize>,
+) -> Result<Arc<Vec<Lease>>, Error> {
+    let mut held = Vec::new();
+    for n in numbers {
+        held.push(
+            m.acquire(
+                &format!("{prefix}{n}"),
+                AcquireOptions::ttl(LONG).holder("bench"),
+            )
+            .await?,
+        );
+    }
+    Ok(Arc::new(held))
 }

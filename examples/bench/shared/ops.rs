@@ -1,4 +1,8 @@
-//! The library operations several measures time, each as an [`Op`].
+//! The operations several measures time, each as an [`Op`]: here those
+//! through the library on the client's own lease or name, in [`picked`]
+//! those of the pair tables that spread over names.
+
+pub(crate) mod picked;
 
 use std::sync::Arc;
 use std::time::Duration;
