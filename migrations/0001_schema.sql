@@ -16,7 +16,8 @@
 --     _refuse_owner, _refuse_foreign, grant_names, revoke_names;
 --     _session_gone.
 --  2. Taking, keeping and giving up leases: _marker, _fenced_pids,
---     _key_holders, _end_fenced, _take_over, _create, acquire, renew,
+--     _key_holders, _end_fenced, _fenced_grace_ms, _fenced_ended,
+--     _take_over, _create, acquire, renew,
 --     renew_many, _watch_key, watch, unwatch, release,
 --     can_end_stale_transactions.
 --  3. Fencing, the database as the enforcement point: assert_held, view
@@ -805,9 +806,11 @@ COMMENT ON COLUMN pglease.leases.step_down_by IS
 -- release or acquire the lease, so its decision cannot go stale. If the
 -- lease is still valid, it reports it held. If the lease has ended (expired
 -- or released), every transaction still fenced on it declared a token that
--- is no longer valid: acquire ends their sessions (pg_terminate_backend),
--- so that they roll back and never commit, and takes the lease as soon as
--- their locks are gone.
+-- is no longer valid: acquire lets them end by themselves for
+-- FENCED_GRACE (_fenced_grace_ms, 50 ms: a check that passed as the lease
+-- ended is usually committing then), ends the sessions of those still
+-- open after it (pg_terminate_backend), so that they roll back and never
+-- commit, and takes the lease as soon as their locks are gone.
 --
 -- NO WAIT WITHOUT BOUND. acquire takes these locks with SKIP LOCKED and
 -- polls (every 2 ms) instead of queueing, for at most TAKEOVER_GRACE (1 s,
@@ -943,6 +946,46 @@ $$;
 
 REVOKE ALL ON FUNCTION pglease._end_fenced(text) FROM PUBLIC;
 
+-- FENCED_GRACE: how long, in milliseconds, an acquirer that found an
+-- ended lease's row locked lets the transactions fenced on it end by
+-- themselves before it ends their sessions (see _fenced_ended). One
+-- source of the figure, tested against pglease::limits::FENCED_GRACE.
+CREATE FUNCTION pglease._fenced_grace_ms()
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 50 $$;
+
+COMMENT ON FUNCTION pglease._fenced_grace_ms() IS
+    'How long (ms) a takeover lets stale fenced transactions end by themselves before it ends their sessions.';
+
+-- Whether the transactions holding ended lease NAME's row (fenced ones,
+-- with FOR KEY SHARE) all end within FENCED_GRACE, leaving this
+-- transaction, which holds FOR NO KEY UPDATE on the row already, with
+-- FOR UPDATE on it. A fenced check that passed just before the lease
+-- ended is usually committing at that moment (its commit waits for the
+-- WAL flush): ending its session then would end it after its commit,
+-- and its next, unrelated statement would fail with 57P01. Waiting in
+-- the lock queue wakes as soon as they end. A transaction that waits for
+-- this one (a frozen holder's renewal) times out here rather than
+-- deadlocks. Called by _take_over only.
+CREATE FUNCTION pglease._fenced_ended(name text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+-- Restored as the caller had it when the function returns.
+SET lock_timeout = 0
+AS $$
+BEGIN
+    PERFORM pg_catalog.set_config('lock_timeout', pglease._fenced_grace_ms() || 'ms', true);
+    PERFORM 1 FROM pglease.leases AS l WHERE l.name = _fenced_ended.name FOR UPDATE;
+    RETURN FOUND;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN false;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._fenced_ended(text) FROM PUBLIC;
+
 -- Called by acquire only, once FOR UPDATE SKIP LOCKED has found the row
 -- locked by someone else. GONE_TOKEN, if not NULL, is a token whose
 -- session-bound holder's session has ended: that term counts as ended.
@@ -980,6 +1023,12 @@ BEGIN
                 RETURN;
             END IF;
             -- It has ended: the transactions still fenced on it are stale.
+            -- They get FENCED_GRACE to end by themselves; those still open
+            -- after it have their sessions ended.
+            IF pglease._fenced_ended(_take_over.name) THEN
+                note := NULL;
+                RETURN;
+            END IF;
             LOOP
                 PERFORM 1 FROM pglease.leases AS l
                  WHERE l.name = _take_over.name FOR UPDATE SKIP LOCKED;

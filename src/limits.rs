@@ -88,6 +88,14 @@ pub const MAX_SET_NAMES: usize = 100;
 /// most ([`AcquireOptions::max_waiting`](crate::AcquireOptions::max_waiting)).
 pub const MAX_WAITING: u32 = 1000;
 
+/// How long a takeover lets the transactions still fenced on an ended
+/// lease end by themselves before it ends their sessions (the schema's
+/// `_fenced_grace_ms`): a fenced check that passed just as the lease
+/// ended is usually committing then, and ending its session would make
+/// the next, unrelated statement on that connection fail. A takeover
+/// behind a frozen fenced holder waits this much longer.
+pub const FENCED_GRACE: Duration = Duration::from_millis(50);
+
 /// Checks a counted lease's limit, and that its name leaves room for the
 /// slot suffix (`#k`) within [`MAX_NAME_BYTES`].
 pub(crate) fn check_limit(name: &str, limit: u32) -> Result<()> {
@@ -198,6 +206,10 @@ mod tests {
         assert_eq!(schema_limit("_max_slots"), u64::from(MAX_SLOTS));
         assert_eq!(schema_limit("_max_set_names"), MAX_SET_NAMES as u64);
         assert_eq!(schema_limit("_max_waiting"), u64::from(MAX_WAITING));
+        assert_eq!(
+            u128::from(schema_limit("_fenced_grace_ms")),
+            FENCED_GRACE.as_millis()
+        );
         // force_release tests its reason against the number itself.
         let reason = format!("octet_length(force_release.reason) BETWEEN 1 AND {MAX_REASON_BYTES}");
         assert!(SCHEMA.contains(&reason), "force_release's reason limit");

@@ -41,6 +41,7 @@ mod elect;
 mod failover;
 mod fair;
 mod fenced_begin;
+mod fenced_grace;
 mod fenced_lock;
 mod guarded_write;
 mod handover;
@@ -89,6 +90,7 @@ fn main() -> std::process::ExitCode {
             elect::tests(),
             failover::tests(),
             fenced_begin::tests(),
+            fenced_grace::tests(),
             fenced_lock::tests(),
             guarded_write::tests(),
             handover::tests(),
