@@ -966,8 +966,9 @@ COMMENT ON FUNCTION pglease._fenced_grace_ms() IS
 -- WAL flush): ending its session then would end it after its commit,
 -- and its next, unrelated statement would fail with 57P01. Waiting in
 -- the lock queue wakes as soon as they end. A transaction that waits for
--- this one (a frozen holder's renewal) times out here rather than
--- deadlocks. Called by _take_over only.
+-- this one (a frozen holder's renewal) times out here, or, where
+-- deadlock_timeout is set below the grace, is found deadlocked with it:
+-- either way the wait ends and they are ended. Called by _take_over only.
 CREATE FUNCTION pglease._fenced_ended(name text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -979,7 +980,7 @@ BEGIN
     PERFORM pg_catalog.set_config('lock_timeout', pglease._fenced_grace_ms() || 'ms', true);
     PERFORM 1 FROM pglease.leases AS l WHERE l.name = _fenced_ended.name FOR UPDATE;
     RETURN FOUND;
-EXCEPTION WHEN lock_not_available THEN
+EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
     RETURN false;
 END
 $$;

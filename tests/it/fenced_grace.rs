@@ -1,10 +1,10 @@
 //! A takeover lets the transactions still fenced on an ended lease end by
 //! themselves for `FENCED_GRACE` before it ends their sessions. Fenced
 //! checks in autocommit statements, racing releases and acquisitions of
-//! their lease, lose no session unless the statement that lost it had
-//! been running for longer than the bound: a check that passed and was
-//! committing as the lease ended keeps its connection, and so does the
-//! connection's next, unrelated statement.
+//! their lease, lose no session unless the check's transaction was open
+//! for longer than the bound: a check that passed and was committing as
+//! the lease ended keeps its connection, and so does the connection's
+//! next, unrelated statement.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,10 +29,10 @@ struct Seen {
     /// Checks that passed, and that were refused (stale token).
     passed: u64,
     refused: u64,
-    /// Sessions lost while the statement had run for less than the
-    /// bound, with how long it had run.
+    /// Sessions lost while their latest check had taken less than the
+    /// bound, with how long it took.
     within_grace: Vec<Duration>,
-    /// Sessions lost by a statement that had run for longer.
+    /// Sessions lost with a check that took longer.
     after_grace: u64,
     /// Every check's duration, in microseconds.
     durations: Vec<u64>,
@@ -49,12 +49,19 @@ fn session_ended(error: &sqlx::Error) -> bool {
 
 /// Reads the lease's current token and checks it in an autocommit
 /// statement, again and again until `stop`, on a connection of its own
-/// (a new one after each session lost).
+/// (a new one after each session lost). A session lost is put down to the
+/// connection's latest check, the only fenced transaction it had: the one
+/// under way, with how long it had run, or the one before, with how long
+/// it took from its send to its answer (a session ended as its check
+/// commits tells it at the next statement). That time bounds how long the
+/// check's transaction was open.
 async fn checker(db: Arc<TestDb>, stop: Arc<AtomicBool>) -> Seen {
     let mut seen = Seen::default();
     let mut conn = db.connect().await;
+    // How long the connection's latest check took (none yet: zero, so that
+    // a session lost before any check counts against the grace).
+    let mut last_check = Duration::ZERO;
     while !stop.load(Ordering::Relaxed) {
-        let started = Instant::now();
         let token = sqlx::query_scalar::<_, Option<i64>>(
             "SELECT token FROM pglease.leases WHERE name = $1",
         )
@@ -69,28 +76,29 @@ async fn checker(db: Arc<TestDb>, stop: Arc<AtomicBool>) -> Seen {
                     .bind(token)
                     .execute(&mut conn)
                     .await;
-                let took = checked.elapsed();
+                last_check = checked.elapsed();
                 seen.durations
-                    .push(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
-                outcome.map(|_| true).map_err(|e| (e, took))
+                    .push(u64::try_from(last_check.as_micros()).unwrap_or(u64::MAX));
+                outcome.map(drop)
             }
             Ok(_) => continue,
-            Err(e) => Err((e, started.elapsed())),
+            Err(e) => Err(e),
         };
         match outcome {
-            Ok(_) => seen.passed += 1,
-            Err((e, took)) if session_ended(&e) => {
-                if took < FENCED_GRACE {
-                    seen.within_grace.push(took);
+            Ok(()) => seen.passed += 1,
+            Err(e) if session_ended(&e) => {
+                if last_check < FENCED_GRACE {
+                    seen.within_grace.push(last_check);
                 } else {
                     seen.after_grace += 1;
                 }
                 conn = db.connect().await;
+                last_check = Duration::ZERO;
             }
-            Err((sqlx::Error::Database(e), _)) if e.code().as_deref() == Some("LE001") => {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("LE001") => {
                 seen.refused += 1;
             }
-            Err((e, _)) => panic!("a check failed otherwise: {e}"),
+            Err(e) => panic!("a check failed otherwise: {e}"),
         }
     }
     let _ = conn.close().await;
