@@ -22,7 +22,9 @@
 --     can_end_stale_transactions.
 --  3. Fencing, the database as the enforcement point: assert_held, view
 --     fenced, _guard, _check_may_alter, _bind, protect, unprotect, view
---     protected, admit.
+--     protected; declared sessions: _session_token, _session_marker,
+--     _check_session, _fence_ddl, fence_ddl, ddl_fenced, _end_declared,
+--     view declared; admit.
 --  4. Timelines, a server that forgot commits (failover to an
 --     asynchronous standby, restore from backup): _refuse_standby,
 --     server_timeline, _forgotten, forgotten_in, _timeline_checked,
@@ -1172,6 +1174,9 @@ DECLARE
     name_fair  boolean;
     -- The history records (see HISTORY).
     history_on boolean;
+    -- The token of the term this acquisition took over, when that term
+    -- ended without a release.
+    ended_term bigint;
 BEGIN
     IF NOT coalesce(octet_length(acquire.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND octet_length(acquire.holder) BETWEEN 1 AND pglease._max_text_bytes()
@@ -1493,10 +1498,16 @@ BEGIN
                  WHERE c.retention > interval '0' AND e.wanted
                 RETURNING _history.id
             )
-            SELECT u.token, u.expires_at, u.acquired_at, (SELECT max(h.id) FROM h)
-              INTO result.token, result.expires_at, t, new_id
+            SELECT u.token, u.expires_at, u.acquired_at, (SELECT max(h.id) FROM h),
+                   CASE WHEN u.old_holder IS NOT NULL AND u.old_token > 0 THEN u.old_token END
+              INTO result.token, result.expires_at, t, new_id, ended_term
               FROM u;
             IF FOUND THEN
+                -- The term before ended without a release: the sessions
+                -- declared under it are stale (see DECLARED SESSIONS).
+                IF ended_term IS NOT NULL THEN
+                    PERFORM pglease._end_declared(acquire.name, ended_term);
+                END IF;
                 -- Durable whatever the session's synchronous_commit (see
                 -- DURABILITY at the top).
                 IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
@@ -2173,6 +2184,7 @@ AS $$
 DECLARE
     lease    text;
     declared text;
+    token    bigint;
 BEGIN
     SELECT p.name INTO lease FROM pglease._protected AS p WHERE p.tbl = TG_RELID;
     IF NOT FOUND THEN
@@ -2183,15 +2195,28 @@ BEGIN
     END IF;
     declared := nullif(current_setting('pglease.declared', true), '')::jsonb ->> lease;
     IF declared IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'LE002',
-            MESSAGE = format('pglease: %s on %s rejected: the table is protected by lease %L '
-                             'and this transaction declared no token for it',
-                             TG_OP, TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, lease),
-            HINT = format('Call pglease.assert_held(%L, <token>) in the same transaction first.', lease);
+        -- A session that declared the lease for its whole life (see
+        -- DECLARED SESSIONS below): its claim is checked as assert_held
+        -- checks it, which also records it for the rest of the
+        -- transaction. Read only here, so that a transaction that
+        -- declared its token pays nothing for it.
+        token := pglease._session_token(lease);
+        IF token IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'LE002',
+                MESSAGE = format('pglease: %s on %s rejected: the table is protected by lease %L '
+                                 'and this transaction declared no token for it',
+                                 TG_OP, TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, lease),
+                HINT = format('Call pglease.assert_held(%L, <token>) in the same transaction '
+                              'first, or declare the lease for the session (pglease run '
+                              '--declare).', lease);
+        END IF;
+        PERFORM pglease._check_session(lease, token);
+    ELSE
+        -- Re-check at the moment of this write (LE001 if stale or expired)
+        -- and (re)take the lock that holds off other acquisitions until
+        -- commit.
+        PERFORM pglease.assert_held(lease, declared::bigint);
     END IF;
-    -- Re-check at the moment of this write (LE001 if stale or expired) and
-    -- (re)take the lock that holds off other acquisitions until commit.
-    PERFORM pglease.assert_held(lease, declared::bigint);
     IF TG_LEVEL = 'ROW' THEN
         RETURN coalesce(NEW, OLD);
     END IF;
@@ -2329,6 +2354,290 @@ SELECT p.tbl::regclass AS tbl, p.name,
 COMMENT ON VIEW pglease.protected IS
     'Tables protected by pglease.protect, with their lease; intact is false when a guard '
     'trigger was dropped, disabled or replaced (then the table is not protected).';
+
+------------------------------------------------------------------------
+-- Declared sessions: a command's sessions that carry their lease.
+------------------------------------------------------------------------
+
+-- DECLARED SESSIONS. A session may declare, for its whole life, the lease
+-- it acts under: the settings pglease.name and pglease.token, given when
+-- it connects (PGOPTIONS='-c pglease.name=NAME -c pglease.token=T', or
+-- the options of a URL; `pglease run --declare` gives them to every
+-- session its command opens), so that a migration tool or a script is
+-- fenced without a line of it changed. The declaration is a claim, never
+-- a fact (any session can set those settings): each use of it is a call
+-- of assert_held, which checks the token, the expiry on the database
+-- clock and the session's role, and holds the check until commit. It is
+-- used in two places only, so that a session that declares nothing pays
+-- nothing:
+--  - a protected table's guard, when the transaction declared no token
+--    for the table's lease itself (_guard above);
+--  - the DDL fence (opt-in, fence_ddl): each DDL command of a declared
+--    session is checked as it starts; an undeclared session's DDL is not
+--    checked at all.
+-- A checked declared transaction is a fenced transaction: a takeover
+-- ends it after FENCED_GRACE (see TAKEOVER FROM A FROZEN HOLDER).
+--
+-- A declared session can also pin the next holder outside any checked
+-- transaction: a migration tool's own lock (sqlx's migrator holds a
+-- session-level advisory lock for its whole run; Flyway and Liquibase
+-- keep lock rows) held by a deployer frozen between two migrations, or
+-- the row locks of an unchecked transaction. So an acquisition that takes
+-- over a term that ended without a release (it expired, or its holder's
+-- session ended), and force_release, end the sessions declared under that
+-- term (_end_declared), found two ways:
+--  - by their SESSION MARKER: a session whose check passed holds, until
+--    it ends, a shared session-level advisory lock on a key derived from
+--    the lease's secret and its process id (_session_marker; nobody
+--    without the secret can compute it, as with the fenced marker);
+--  - by their application_name, 'pglease:<token>' or 'pglease:<token> ...',
+--    which `pglease run --declare` gives its command (PGAPPNAME): that finds
+--    a session before its first check, as when a deployer froze right
+--    after taking its tool's lock. It is a hint, never a fact, and a
+--    session can only name itself: a false name gets its own session
+--    ended, nobody else's. Tokens are drawn from one sequence for every
+--    lease, so a token names one term of one lease.
+-- Nothing is ended while the term it declared is valid: these run only
+-- once that term has ended, under the row lock that ends it.
+
+-- The token the session declared for lease LEASE (pglease.name and
+-- pglease.token), or NULL if it declared none for it; 22023 for a
+-- pglease.token that is not a token.
+CREATE FUNCTION pglease._session_token(lease text)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    token text;
+BEGIN
+    IF current_setting('pglease.name', true) IS DISTINCT FROM lease THEN
+        RETURN NULL;
+    END IF;
+    token := nullif(current_setting('pglease.token', true), '');
+    IF token !~ '^[1-9][0-9]{0,17}$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('pglease: this session declares lease %L with pglease.token %L, '
+                             'which is not a token (a positive whole number)', lease, token);
+    END IF;
+    RETURN token::bigint;
+END
+$$;
+
+-- The session marker of the session with process id PID for the lease
+-- with SECRET: as _marker, with a prefix that keeps it apart from every
+-- transaction's marker.
+CREATE FUNCTION pglease._session_marker(secret bytea, pid integer)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT ('x' || pg_catalog.encode(pg_catalog.substr(
+               pg_catalog.sha256($1 || ('session ' || $2)::bytea), 1, 8),
+               'hex'))::bit(64)::bigint
+$$;
+
+-- A declared session's check: assert_held, then the session marker.
+CREATE FUNCTION pglease._check_session(lease text, token bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pglease.assert_held(lease, token);
+    -- Shared and re-entrant: the same session's next check only counts
+    -- it again. Nobody without the secret holds it exclusively.
+    PERFORM pg_try_advisory_lock_shared(pglease._session_marker(l.secret, pg_backend_pid()))
+       FROM pglease.leases AS l WHERE l.name = _check_session.lease;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._check_session(text, bigint) FROM PUBLIC;
+
+-- The DDL fence's event trigger (see fence_ddl): checks a declared
+-- session's DDL command before it runs; returns at once for any other.
+CREATE FUNCTION pglease._fence_ddl()
+RETURNS event_trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    lease text := nullif(current_setting('pglease.name', true), '');
+    token bigint;
+BEGIN
+    IF lease IS NULL THEN
+        RETURN;
+    END IF;
+    token := pglease._session_token(lease);
+    IF token IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'LE002',
+            MESSAGE = format('pglease: %s rejected: this session declares lease %L but no '
+                             'pglease.token', tg_tag, lease);
+    END IF;
+    PERFORM pglease._check_session(lease, token);
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._fence_ddl() FROM PUBLIC;
+
+COMMENT ON FUNCTION pglease._fence_ddl() IS
+    'Event trigger of the DDL fence (see pglease.fence_ddl): a declared session''s DDL '
+    'command is checked as pglease.assert_held checks, before it runs.';
+
+-- fence_ddl(true) turns the DDL fence on for this database: an event
+-- trigger, pglease_fence_ddl, on ddl_command_start. fence_ddl(false)
+-- turns it off. Returns whether it was on. Event triggers are the
+-- superuser's (on managed services, the provider's administrator role,
+-- such as rds_superuser, may create them); without it, 42501 says so, and
+-- only protected tables fence declared sessions. An event trigger does
+-- not fire for commands on objects shared by the whole server (databases,
+-- roles, tablespaces), nor in single-user mode.
+CREATE FUNCTION pglease.fence_ddl(fenced boolean)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    was boolean;
+BEGIN
+    IF fenced IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'fenced',
+            MESSAGE = 'pglease: fenced must be true or false, got NULL';
+    END IF;
+    was := EXISTS (SELECT 1 FROM pg_event_trigger AS e WHERE e.evtname = 'pglease_fence_ddl');
+    IF fenced AND NOT was THEN
+        EXECUTE 'CREATE EVENT TRIGGER pglease_fence_ddl ON ddl_command_start '
+                'EXECUTE FUNCTION pglease._fence_ddl()';
+    ELSIF was AND NOT fenced THEN
+        EXECUTE 'DROP EVENT TRIGGER pglease_fence_ddl';
+    ELSIF was AND NOT pglease.ddl_fenced() THEN
+        -- Disabled or replaced since: made as it should be.
+        EXECUTE 'DROP EVENT TRIGGER pglease_fence_ddl';
+        EXECUTE 'CREATE EVENT TRIGGER pglease_fence_ddl ON ddl_command_start '
+                'EXECUTE FUNCTION pglease._fence_ddl()';
+    END IF;
+    RETURN was;
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE EXCEPTION USING ERRCODE = '42501',
+        MESSAGE = format('pglease: role %I may not turn the DDL fence %s: event triggers '
+                         'are created and dropped by a superuser (on a managed service, '
+                         'its administrator role, such as rds_superuser)', current_user,
+                         CASE WHEN fenced THEN 'on' ELSE 'off' END),
+        DETAIL = SQLERRM;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease.fence_ddl(boolean) FROM PUBLIC;
+
+COMMENT ON FUNCTION pglease.fence_ddl(boolean) IS
+    'Turn the DDL fence on (true) or off (false) for this database: each DDL command of '
+    'a session that declares a lease (pglease.name, pglease.token) is checked as '
+    'pglease.assert_held checks, before it runs. A superuser''s. Returns whether it was on.';
+
+-- Whether the DDL fence is on and as fence_ddl made it: the event trigger
+-- exists, fires (enabled for origin or always) on ddl_command_start, on
+-- every command (no tag filter), and runs pglease._fence_ddl.
+CREATE FUNCTION pglease.ddl_fenced()
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_event_trigger AS e
+                    WHERE e.evtname = 'pglease_fence_ddl' AND e.evtevent = 'ddl_command_start'
+                      AND e.evtenabled IN ('O', 'A') AND e.evttags IS NULL
+                      AND e.evtfoid = 'pglease._fence_ddl()'::regprocedure)
+$$;
+
+COMMENT ON FUNCTION pglease.ddl_fenced() IS
+    'Whether the DDL fence (pglease.fence_ddl) is on and intact in this database.';
+
+-- The version tables of the migration tools pglease knows, one row per
+-- tool: protecting a tool's table for the deployers' lease makes a stale
+-- deployer's migration transaction fail as it records itself (the tools
+-- that record each migration in its own transaction). `pglease protect
+-- --tool` and `pglease doctor` read this list (the library's copy,
+-- pglease::migration_tools, is tested against it).
+CREATE FUNCTION pglease.migration_tools()
+RETURNS TABLE (tool text, version_table text)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    VALUES ('sqlx', '_sqlx_migrations'),
+           ('refinery', 'refinery_schema_history'),
+           ('diesel', '__diesel_schema_migrations'),
+           ('alembic', 'alembic_version'),
+           ('flyway', 'flyway_schema_history'),
+           ('golang-migrate', 'schema_migrations'),
+           ('liquibase', 'databasechangelog')
+$$;
+
+-- The sessions declared under lease NAME's term TOKEN, which has just
+-- ended (see DECLARED SESSIONS): those holding the lease's session
+-- marker, and those named 'pglease:<TOKEN>'. Ends them and records the
+-- eviction. Internal: it does not check that the term has ended, so
+-- nobody but the owner may call it. A role that may not end one of them
+-- gets a WARNING, and the acquisition goes on: the next holder then
+-- waits for what those sessions hold, as without declarations.
+CREATE FUNCTION pglease._end_declared(name text, token bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    secret bytea;
+    db     oid := (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+    ended  text;
+BEGIN
+    SELECT l.secret INTO secret FROM pglease.leases AS l WHERE l.name = _end_declared.name;
+    SELECT string_agg(d.pid::text, ', ' ORDER BY d.pid)
+               FILTER (WHERE pg_terminate_backend(d.pid)) INTO ended
+      FROM (SELECT a.pid
+              FROM pg_stat_get_activity(NULL) AS a
+             WHERE a.datid = db AND a.pid <> pg_backend_pid()
+               AND (a.application_name = 'pglease:' || _end_declared.token
+                    OR starts_with(a.application_name, 'pglease:' || _end_declared.token || ' '))
+            UNION
+            SELECT k.pid
+              FROM pg_locks AS k
+             WHERE k.locktype = 'advisory' AND k.objsubid = 1 AND k.granted
+               AND k.database = db AND k.pid <> pg_backend_pid()
+               AND ((k.classid::bigint << 32) | k.objid::bigint)
+                   = pglease._session_marker(secret, k.pid)) AS d;
+    IF ended IS NOT NULL THEN
+        PERFORM pglease._record(_end_declared.name, _end_declared.token, 'evicted', NULL,
+                                clock_timestamp(), NULL, 'ended declared sessions ' || ended);
+    END IF;
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE WARNING USING MESSAGE = format(
+        'pglease: lease %L: sessions declared under its ended token %s are still open, and '
+        'role %I, which owns the pglease functions, may not end them (%s); a superuser can '
+        'allow it: GRANT pg_signal_backend TO %I', _end_declared.name, _end_declared.token,
+        current_user, SQLERRM, current_user);
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._end_declared(text, bigint) FROM PUBLIC;
+
+-- The sessions that declare a lease (see DECLARED SESSIONS), as far as
+-- others can see them: by their session marker (checked at least once)
+-- or their application_name. For people, like pglease.fenced.
+CREATE VIEW pglease.declared AS
+SELECT l.name, k.pid, 'checked' AS found_by
+  FROM pg_locks AS k
+  JOIN pglease.leases AS l
+    ON ((k.classid::bigint << 32) | k.objid::bigint) = pglease._session_marker(l.secret, k.pid)
+ WHERE k.locktype = 'advisory' AND k.objsubid = 1 AND k.granted
+   AND k.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+UNION
+SELECT l.name, a.pid, 'application_name'
+  FROM pg_stat_get_activity(NULL) AS a
+  JOIN pglease.leases AS l
+    ON a.application_name ~ '^pglease:[0-9]+( |$)'
+   AND l.token = substring(a.application_name FROM '^pglease:([0-9]{1,18})')::bigint
+ WHERE a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+
+COMMENT ON VIEW pglease.declared IS
+    'Sessions (pid) that declare a lease: found by the marker their first check took, or '
+    'by an application_name pglease:<token> naming the lease''s current term. A takeover '
+    'of a term that ended without a release ends the sessions declared under it.';
 
 ------------------------------------------------------------------------
 -- admit(resource, token): separate-resource fencing.
@@ -3392,6 +3701,8 @@ BEGIN
            expires_at = clock_timestamp(),
            released_at = clock_timestamp()
      WHERE l.name = force_release.name;
+    -- Sessions declared under the ended term (see DECLARED SESSIONS).
+    PERFORM pglease._end_declared(lease.name, lease.token);
     -- Wake waiting acquirers at commit, as a release does (rare enough to
     -- notify whether or not anyone watches).
     PERFORM pg_notify('pglease_release', hashtext(force_release.name)::text);
@@ -3409,7 +3720,7 @@ BEGIN
         GRANT EXECUTE ON FUNCTION pglease.force_release(text, text) TO pglease_admin;
         GRANT EXECUTE ON FUNCTION pglease.restored(text), pglease.set_grant_delay(interval)
             TO pglease_admin;
-        GRANT SELECT ON pglease.history, pglease.fenced, pglease.protected,
+        GRANT SELECT ON pglease.history, pglease.fenced, pglease.protected, pglease.declared,
                         pglease.history_settings, pglease.name_grants, pglease.timelines,
                         pglease.grant_delay TO pglease_admin;
     END IF;
@@ -3638,6 +3949,45 @@ BEGIN
                        r.tbl, r.tbl);
         END IF;
     END LOOP;
+    -- What fences declared sessions (see DECLARED SESSIONS): per lease,
+    -- its protected tables and the DDL fence; a migration tool's version
+    -- table left unprotected.
+    FOR r IN SELECT p.name, string_agg(p.tbl::text, ', ' ORDER BY p.tbl::text) AS tables
+               FROM pglease.protected AS p GROUP BY p.name ORDER BY p.name LOOP
+        RETURN QUERY SELECT 'info', 'fences',
+            format('lease %L fences tables %s; DDL %s', r.name, r.tables,
+                   CASE WHEN pglease.ddl_fenced() THEN 'fenced (pglease.fence_ddl)'
+                        ELSE 'not fenced' END);
+    END LOOP;
+    RETURN QUERY SELECT 'info', 'fences',
+        CASE WHEN pglease.ddl_fenced()
+             THEN 'the DDL fence is on: each DDL command of a session that declares a lease '
+                  'is checked under its token'
+             ELSE 'the DDL fence is off: a session that declares a lease is checked only as '
+                  'it writes a protected table, not at its DDL (a superuser turns the fence on: '
+                  'pglease.fence_ddl(true))'
+        END;
+    RETURN QUERY
+    SELECT 'warn', 'fences',
+           format('table %s, %s''s version table, is not protected: a deployer frozen past its '
+                  'lease''s TTL can still commit its migration; its owner runs pglease protect '
+                  '--tool %s --lease NAME (or pglease.protect(%L, NAME))', c.oid::regclass, t.tool,
+                  t.tool, c.oid::regclass::text)
+      FROM pglease.migration_tools() AS t
+      JOIN pg_class AS c ON c.relname = t.version_table AND c.relkind = 'r'
+      JOIN pg_namespace AS n ON n.oid = c.relnamespace AND n.nspname <> 'pglease'
+     WHERE NOT EXISTS (SELECT 1 FROM pglease._protected AS p WHERE p.tbl = c.oid)
+     ORDER BY 1;
+    -- The time a frozen transaction that no fence sees keeps its locks.
+    IF EXISTS (SELECT 1 FROM pglease._protected)
+       AND current_setting('idle_in_transaction_session_timeout') IN ('0', '0ms') THEN
+        RETURN QUERY SELECT 'info', 'fences',
+            'idle_in_transaction_session_timeout is off: a frozen transaction that wrote only '
+            'unprotected tables is ended by the next holder''s takeover only when its session '
+            'declared the lease; otherwise it keeps its locks until it resumes. Bound it for '
+            'the roles that run migrations and jobs (ALTER ROLE ... SET '
+            'idle_in_transaction_session_timeout = ''5min'')';
+    END IF;
     -- The history.
     RETURN QUERY SELECT 'info', 'history',
         format('history kept for %s, at most about %s rows (pglease.set_history)',

@@ -27,6 +27,33 @@ pub const RELEASE_CHANNEL: &str = "pglease_release";
 /// never believed (anyone who can connect may NOTIFY).
 pub const CHANGE_CHANNEL: &str = "pglease_change";
 
+/// The migration tools whose version table pglease knows, as (tool, the
+/// table it records applied migrations in, unqualified: the tool creates
+/// it in the first schema of its search_path unless configured
+/// otherwise). Protected for the deployers' lease
+/// ([`LeaseManager::protect`](crate::LeaseManager::protect), `pglease
+/// protect --tool`), a tool's table makes a stale deployer's migration
+/// transaction fail as it records itself. The schema's
+/// `pglease.migration_tools()` says the same, and a test checks it.
+pub const MIGRATION_TOOLS: &[(&str, &str)] = &[
+    ("sqlx", "_sqlx_migrations"),
+    ("refinery", "refinery_schema_history"),
+    ("diesel", "__diesel_schema_migrations"),
+    ("alembic", "alembic_version"),
+    ("flyway", "flyway_schema_history"),
+    ("golang-migrate", "schema_migrations"),
+    ("liquibase", "databasechangelog"),
+];
+
+/// The version table of migration tool `tool` (one of
+/// [`MIGRATION_TOOLS`], by its name there), if pglease knows it.
+pub fn version_table(tool: &str) -> Option<&'static str> {
+    MIGRATION_TOOLS
+        .iter()
+        .find(|(name, _)| *name == tool)
+        .map(|(_, table)| *table)
+}
+
 /// What [`LeaseManager::migrate`](crate::LeaseManager::migrate) did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -36,4 +63,33 @@ pub struct Migrated {
     pub applied: Vec<i64>,
     /// The latest migration the schema has now.
     pub latest: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_migration_tools_are_the_schemas() {
+        let start = SOURCE
+            .find("CREATE FUNCTION pglease.migration_tools()")
+            .expect("pglease.migration_tools() is in the schema");
+        let body = &SOURCE[start..];
+        let values = &body[body.find("VALUES").expect("VALUES")..body.find("$$;").expect("end")];
+        let listed: Vec<(String, String)> = values
+            .split('(')
+            .skip(1)
+            .map(|row| {
+                let quoted: Vec<&str> = row.split('\'').skip(1).step_by(2).collect();
+                (quoted[0].to_owned(), quoted[1].to_owned())
+            })
+            .collect();
+        let ours: Vec<(String, String)> = MIGRATION_TOOLS
+            .iter()
+            .map(|(t, v)| ((*t).to_owned(), (*v).to_owned()))
+            .collect();
+        assert_eq!(listed, ours);
+        assert_eq!(version_table("sqlx"), Some("_sqlx_migrations"));
+        assert_eq!(version_table("rails"), None);
+    }
 }

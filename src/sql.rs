@@ -539,6 +539,11 @@ pub(crate) fn unprotect(table: &str) -> String {
     format!("SELECT pglease.unprotect({}::regclass)", Text(table))
 }
 
+/// Turn the DDL fence on or off; true if it was on.
+pub(crate) fn fence_ddl(on: bool) -> String {
+    format!("SELECT pglease.fence_ddl({on})")
+}
+
 /// For `doctor`: the server's timeline, the latest one pglease recorded,
 /// and the grant delay in microseconds (NULL on a standby, where the
 /// timeline cannot be read and nothing draws tokens).

@@ -138,6 +138,14 @@ pub(crate) enum Command {
         #[arg(value_parser = clap::builder::PossibleValuesParser::new(["on", "off"]))]
         setting: String,
     },
+    /// Make TABLE, or a migration tool's version table (--tool), reject
+    /// writes from transactions and sessions that do not hold lease NAME
+    /// (declared with assert_held, or by `run --declare`); --ddl also
+    /// turns the DDL fence on (a superuser's).
+    Protect(ProtectArgs),
+    /// Undo `protect`: TABLE (or the tool's table) is written freely
+    /// again; --ddl turns the DDL fence off.
+    Unprotect(UnprotectArgs),
     /// Show one lease (exit 3 if it is not held), or all of them.
     Status(StatusArgs),
     /// Hold a lease while CMD runs: renew it, stop CMD if it is lost.
@@ -245,6 +253,62 @@ pub(crate) struct DoctorArgs {
     /// loop_wait, and so the failover time.
     #[arg(long, value_parser = Checked(patroni), conflicts_with = "monitor")]
     pub(crate) patroni: Option<String>,
+}
+
+// `pglease protect`'s arguments.
+#[derive(Args, Debug)]
+pub(crate) struct ProtectArgs {
+    /// The table, as SQL resolves it (`orders`, `billing.orders`).
+    #[arg(value_parser = Checked(text), conflicts_with = "tool", required_unless_present_any = ["tool", "ddl"])]
+    pub(crate) table: Option<String>,
+    /// The version table of this migration tool: sqlx, refinery, diesel,
+    /// alembic, flyway, golang-migrate or liquibase.
+    #[arg(long, value_parser = Checked(tool))]
+    pub(crate) tool: Option<String>,
+    /// The lease whose holder alone may write the table.
+    #[arg(long, value_parser = Checked(text), value_name = "NAME", required_unless_present = "ddl")]
+    pub(crate) lease: Option<String>,
+    /// Also turn the DDL fence on: each DDL command of a session that
+    /// declares a lease is checked under its token.
+    #[arg(long)]
+    pub(crate) ddl: bool,
+}
+
+// `pglease unprotect`'s arguments.
+#[derive(Args, Debug)]
+pub(crate) struct UnprotectArgs {
+    /// The table, as SQL resolves it.
+    #[arg(value_parser = Checked(text), conflicts_with = "tool", required_unless_present_any = ["tool", "ddl"])]
+    pub(crate) table: Option<String>,
+    /// The version table of this migration tool (as for `protect`).
+    #[arg(long, value_parser = Checked(tool))]
+    pub(crate) tool: Option<String>,
+    /// Also turn the DDL fence off.
+    #[arg(long)]
+    pub(crate) ddl: bool,
+}
+
+impl ProtectArgs {
+    /// What `protect` was asked to protect, if any table: TABLE, or the
+    /// tool's version table.
+    pub(crate) fn table(&self) -> Option<&str> {
+        self.table.as_deref().or_else(|| {
+            self.tool
+                .as_deref()
+                .and_then(pglease::schema::version_table)
+        })
+    }
+}
+
+impl UnprotectArgs {
+    /// What `unprotect` was asked to unprotect, if any table.
+    pub(crate) fn table(&self) -> Option<&str> {
+        self.table.as_deref().or_else(|| {
+            self.tool
+                .as_deref()
+                .and_then(pglease::schema::version_table)
+        })
+    }
 }
 
 // `pglease acquire`'s arguments.
@@ -358,6 +422,13 @@ pub(crate) struct RunArgs {
     /// with pglease.assert_shared (it may read, not write, under it).
     #[arg(long, conflicts_with_all = ["limit", "session_bound", "fair"])]
     pub(crate) shared: bool,
+    /// Every database session CMD opens declares the lease, with no
+    /// change to CMD (PGOPTIONS and PGAPPNAME): its writes to protected
+    /// tables, and its DDL where the DDL fence is on, are checked under
+    /// the token, and a takeover after the lease expired ends those
+    /// sessions.
+    #[arg(long, conflicts_with = "shared")]
+    pub(crate) declare: bool,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
     pub(crate) cmd: Vec<String>,
@@ -395,6 +466,10 @@ pub(crate) struct ElectArgs {
     /// stopped there, started here).
     #[arg(long, value_parser = Checked(text))]
     pub(crate) prefer: Option<String>,
+    /// Every database session CMD opens declares the term's lease, as
+    /// with `run --declare`.
+    #[arg(long)]
+    pub(crate) declare: bool,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
     pub(crate) cmd: Vec<String>,
@@ -432,6 +507,7 @@ impl RunArgs {
                 (self.limit.is_some(), "--limit"),
                 (self.session_bound, "--session-bound"),
                 (self.shared, "--shared"),
+                (self.declare, "--declare"),
             ] {
                 if given {
                     return Err(format!("{option} takes one NAME, not several"));
@@ -510,6 +586,24 @@ impl<T: Clone + Send + Sync + 'static> clap::builder::TypedValueParser for Check
             )
             .with_cmd(command)
         })
+    }
+}
+
+/// A migration tool pglease knows the version table of.
+fn tool(tool: &str) -> Result<String, String> {
+    match pglease::schema::version_table(tool) {
+        Some(_) => Ok(tool.to_owned()),
+        None => {
+            let known: Vec<&str> = pglease::schema::MIGRATION_TOOLS
+                .iter()
+                .map(|(t, _)| *t)
+                .collect();
+            Err(format!(
+                "{tool:?} is not a tool pglease knows; known: {} (give a tool's table \
+                 as TABLE instead)",
+                known.join(", ")
+            ))
+        }
     }
 }
 

@@ -29,13 +29,17 @@ use crate::output::{human, note};
 /// instead of fencing on one of them); the holder (`PGLEASE_HOLDER`), the
 /// value published with it (`PGLEASE_VALUE`), the database URL pglease
 /// was given (`PGLEASE_DATABASE_URL`), and `PGLEASE_SHARED=1` for a shared
-/// lease (whose token `pglease.assert_shared` checks).
+/// lease (whose token `pglease.assert_shared` checks). With `declare`, the
+/// settings that make every session CMD opens declare its one lease
+/// (`PGOPTIONS`, `PGAPPNAME`, `PGLEASE_OPTIONS`, `PGLEASE_URL_QUERY`; see
+/// [`crate::declare`]).
 pub(crate) struct LeaseEnv<'a> {
     pub(crate) leases: Vec<(&'a str, Token)>,
     pub(crate) shared: bool,
     pub(crate) holder: &'a str,
     pub(crate) value: Option<&'a str>,
     pub(crate) database_url: Option<&'a str>,
+    pub(crate) declare: bool,
 }
 
 impl LeaseEnv<'_> {
@@ -61,6 +65,14 @@ impl LeaseEnv<'_> {
         }
         if let Some(url) = self.database_url {
             variables.push(("PGLEASE_DATABASE_URL".to_owned(), url.to_owned()));
+        }
+        if let (true, [(name, token)]) = (self.declare, &self.leases[..]) {
+            variables.extend(crate::declare::variables(
+                name,
+                *token,
+                std::env::var("PGOPTIONS").ok().as_deref(),
+                std::env::var("PGAPPNAME").ok().as_deref(),
+            ));
         }
         variables
     }

@@ -7,6 +7,7 @@ mod args;
 mod child;
 mod cmd;
 mod connect;
+mod declare;
 mod exit;
 mod manual;
 mod output;
@@ -150,6 +151,8 @@ async fn dispatch(
                 Err(e) => Err((e, "set-fair")),
             }
         }
+        Command::Protect(args) => cmd::protect::protect(manager, &args).await,
+        Command::Unprotect(args) => cmd::protect::unprotect(manager, &args).await,
         Command::Status(args) => cmd::status::status(manager, args).await,
         Command::Run(args) => cmd::run::run(manager, database_url, args).await,
         Command::History { name, since, json } => {

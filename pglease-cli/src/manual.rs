@@ -81,6 +81,20 @@ const OWN: &[(&str, Statuses)] = &[
     ),
     ("set-fair", &[("0", "set")]),
     (
+        "protect",
+        &[
+            ("0", "protected (and the DDL fence on, with --ddl)"),
+            ("2", "also: the table does not exist (nothing changed)"),
+        ],
+    ),
+    (
+        "unprotect",
+        &[
+            ("0", "unprotected, or was not protected"),
+            ("2", "also: the table does not exist"),
+        ],
+    ),
+    (
         "status",
         &[
             ("0", "listed; with NAME: someone holds it (of any kind)"),

@@ -466,6 +466,33 @@ impl LeaseManager {
         Ok(row.try_get(0)?)
     }
 
+    /// Turns the DDL fence on (`true`) or off for the database: each DDL
+    /// command of a session that declares a lease (`pglease run
+    /// --declare`, or the settings `pglease.name` and `pglease.token`
+    /// given at connection start) is then checked as
+    /// [`assert_held`](crate::assert_held) checks, before it runs, so a
+    /// stale deployer's `ALTER TABLE` fails and its transaction can be
+    /// ended by the next holder's takeover. An undeclared session's DDL is
+    /// not checked. Returns whether the fence was on.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotPermitted`] (SQLSTATE `42501`) unless the role may
+    /// create event triggers (a superuser; on a managed service, its
+    /// administrator role such as `rds_superuser`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped in flight, the fence may or may not have changed: call it
+    /// again.
+    #[tracing::instrument(name = "pglease.fence_ddl", level = "debug", skip(self))]
+    pub async fn fence_ddl(&self, on: bool) -> Result<bool> {
+        let row = sql::query(sql::fence_ddl(on))
+            .fetch_one(self.pool())
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+
     /// Separate-resource fencing: records `token` for `resource` and
     /// returns `true` iff it is at least the highest token seen there.
     ///

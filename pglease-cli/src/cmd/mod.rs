@@ -12,6 +12,7 @@ pub(crate) mod history;
 pub(crate) mod leader;
 pub(crate) mod migrate;
 pub(crate) mod observe;
+pub(crate) mod protect;
 pub(crate) mod release;
 pub(crate) mod renew;
 pub(crate) mod run;

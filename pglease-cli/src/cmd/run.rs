@@ -71,6 +71,7 @@ pub(crate) async fn run(
         holder: &holder,
         value: None,
         database_url,
+        declare: args.declare,
     };
     let mut child = match Child::spawn(&args.cmd, &lease, true) {
         Ok(child) => child,
@@ -82,7 +83,20 @@ pub(crate) async fn run(
     };
     let group = child.group();
     let (status, stopped) = match supervise(&mut child, &held, &mut signals, args.timeout).await {
-        Ok(status) => (status, None),
+        // CMD ended after the lease was lost, before the loss was seen (this
+        // process was frozen, say, and resumed with it): what CMD did after
+        // the loss was not under the lease, whatever its status says.
+        Ok(status) => match lost_by_now(&held) {
+            Some(lost) => {
+                if let Stopping::Lost(name, token, reason) = &lost {
+                    eprintln!(
+                        "pglease: lease {name:?} (token {token}) was lost before the command                          ended ({reason}); exiting 4 whatever its status"
+                    );
+                }
+                (status, Some(lost))
+            }
+            None => (status, None),
+        },
         Err(stopping) => {
             stopping.announce(&args);
             (
@@ -227,6 +241,15 @@ async fn supervise(
             _ = &mut report => {}
         }
     }
+}
+
+/// The first of the leases found lost now (its local deadline passed, or
+/// the renewal task said so), if any.
+fn lost_by_now(held: &[HeldLease]) -> Option<Stopping> {
+    held.iter().find_map(|h| {
+        h.loss_reason()
+            .map(|reason| Stopping::Lost(h.name().to_owned(), h.token(), reason))
+    })
 }
 
 /// Stops CMD: SIGTERM, then SIGKILL after `grace` (at once if a signal
