@@ -523,7 +523,7 @@ impl Error {
 /// The arguments the SQL functions name (in the error's COLUMN field;
 /// checked against the schema by a unit test below). renew_many names an
 /// element's argument (name, token, ttl), or `names` for the arrays.
-const ARGUMENTS: [&str; 22] = [
+const ARGUMENTS: [&str; 23] = [
     "name",
     "holder",
     "ttl",
@@ -546,6 +546,7 @@ const ARGUMENTS: [&str; 22] = [
     "ticket",
     "successor",
     "fair",
+    "fenced",
 ];
 
 impl From<sqlx::Error> for Error {
