@@ -24,6 +24,7 @@ mod common;
 
 mod auto_failover;
 mod commands;
+mod declared;
 mod elect;
 mod failover;
 mod handover;
@@ -38,10 +39,15 @@ mod timeline;
 mod tls;
 
 fn main() -> std::process::ExitCode {
+    // Started again as a migration tool by the tests of `run --declare`.
+    if let Some(dir) = std::env::var_os(declared::MIGRATOR) {
+        return declared::migrator(dir.into());
+    }
     pglease_formations::harness::run(
         [
             auto_failover::tests(),
             commands::tests(),
+            declared::tests(),
             elect::tests(),
             failover::tests(),
             handover::tests(),

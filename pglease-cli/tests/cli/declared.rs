@@ -1,0 +1,632 @@
+//! `run --declare`: a migration tool and a psql job, run unmodified under
+//! the lease, are fenced by the database. Two deployers run the same
+//! migrations; the first one's host freezes (its `run` and its command's
+//! process group stopped with SIGSTOP) with its migration transaction
+//! open; the second takes over after the TTL. Each test checks safety (the
+//! frozen deployer's migration never commits after the takeover, it is
+//! applied exactly once, no token twice), liveness (the second deployer
+//! finishes while the first stays frozen) and authority (another role's
+//! session cannot declare the lease).
+//!
+//! The migration tool is sqlx's migrator, `sqlx::migrate::Migrator` as
+//! `sqlx migrate run` runs it (from `DATABASE_URL`, with its session-level
+//! advisory lock held for the whole run): this test binary, started again
+//! with [`MIGRATOR`] set, is that tool (see [`migrator`]).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::{BOUND, TestDb, code, command, poll_until, stderr, wait_bounded};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use pglease::sqlstate::{NOT_DECLARED, NOT_HELD, NOT_PERMITTED};
+use sqlx::Connection;
+
+/// Set to a migrations directory, this binary runs sqlx's migrator on it
+/// against `DATABASE_URL` instead of the tests, after appending
+/// `pid:<its pid>` to the file named by [`PIDFILE`] (if set). (Not named
+/// `PGLEASE_*`: `run` keeps those of an outer run from its command.)
+pub(crate) const MIGRATOR: &str = "TEST_MIGRATOR_DIR";
+const PIDFILE: &str = "TEST_MIGRATOR_PIDFILE";
+
+/// The migrator: exit 0 when every migration is applied, 1 (with the
+/// error on stderr) otherwise.
+pub(crate) fn migrator(dir: PathBuf) -> ExitCode {
+    if let Some(file) = std::env::var_os(PIDFILE) {
+        let line = format!("pid:{}\n", std::process::id());
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(file)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+        if let Err(e) = appended {
+            eprintln!("migrator: cannot write the pid file: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("migrator: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let outcome: Result<(), String> = runtime.block_on(async {
+        let url = std::env::var("DATABASE_URL").map_err(|e| format!("DATABASE_URL: {e}"))?;
+        // As sqlx-cli connects: the URL, with PGOPTIONS and PGAPPNAME from
+        // the environment (PgConnectOptions reads them).
+        let mut conn = sqlx::PgConnection::connect(&url)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let migrations = sqlx::migrate::Migrator::new(dir.as_path())
+            .await
+            .map_err(|e| format!("read the migrations: {e}"))?;
+        migrations
+            .run(&mut conn)
+            .await
+            .map_err(|e| format!("migrate: {e}"))
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("migrator: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The advisory key a test holds while a deployer's migration waits for it
+/// (`pg_advisory_xact_lock_shared`): the barrier at which the deployer is
+/// frozen, its migration transaction open.
+const BARRIER: i64 = 7_346_001;
+
+/// A directory of its own for this test's migrations, made empty.
+fn migrations_dir(db: &TestDb, what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pglease-declared-{}-{what}", db.name()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("make the migrations directory");
+    dir
+}
+
+fn write(dir: &Path, file: &str, sql: &str) {
+    std::fs::write(dir.join(file), sql).expect("write a migration");
+}
+
+/// `pglease run migrations --declare --ttl 1s [--wait 30s] -- <migrator>`,
+/// started, its command writing its pid to `pidfile`.
+fn deploy(db: &TestDb, dir: &Path, pidfile: &Path, wait: bool) -> Child {
+    let mut args = vec!["run", "migrations", "--declare", "--ttl", "1s"];
+    if wait {
+        args.extend(["--wait", "30s"]);
+    }
+    args.push("--");
+    let me = std::env::current_exe().expect("this test binary");
+    let me = me.to_str().expect("a UTF-8 path");
+    args.push(me);
+    command(db, &args)
+        .env("DATABASE_URL", db.url())
+        .env(MIGRATOR, dir)
+        .env(PIDFILE, pidfile)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start pglease run")
+}
+
+/// Runs one deploy to its end; it must succeed.
+async fn deploy_alone(db: &TestDb, dir: &Path) {
+    let pidfile = dir.join("alone.pid");
+    let child = deploy(db, dir, &pidfile, false);
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(code(&out), 0, "the first deploy: {}", stderr(&out));
+}
+
+/// The process group of the command `run` started (its first `pid:` line).
+fn group_of(pidfile: &Path) -> Option<Pid> {
+    std::fs::read_to_string(pidfile)
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("pid:"))
+        .and_then(|p| p.trim().parse().ok())
+        .map(Pid::from_raw)
+}
+
+/// Whether some session of the test database waits for the barrier.
+async fn waits_at_barrier(db: &TestDb) -> bool {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+           AND objid = $1 AND database = (SELECT oid FROM pg_database \
+                                           WHERE datname = current_database()))",
+    )
+    .bind(BARRIER)
+    .fetch_one(db.pool())
+    .await
+    .expect("read pg_locks")
+}
+
+/// A host frozen: `run` and its command's group stopped, or continued.
+fn freeze(run: &Child, group: Pid, signal: Signal) {
+    kill(Pid::from_raw(-group.as_raw()), signal).expect("signal the command's group");
+    kill(Pid::from_raw(run.id() as i32), signal).expect("signal run");
+}
+
+/// The tokens the history records as acquired for `migrations`, in order.
+async fn acquired_tokens(db: &TestDb) -> Vec<i64> {
+    sqlx::query_scalar(
+        "SELECT token FROM pglease.history WHERE name = 'migrations' AND event = 'acquired' \
+         ORDER BY id",
+    )
+    .fetch_all(db.pool())
+    .await
+    .expect("read the history")
+}
+
+/// The first migration, run by one deployer alone: a table of balances.
+const ACCOUNTS: &str = "CREATE TABLE accounts (id integer PRIMARY KEY, balance bigint NOT NULL);\n\
+     INSERT INTO accounts SELECT g, g FROM generate_series(1, 10) AS g;\n";
+
+/// Two deployers of `migration` (the second one); the first, A, frozen at
+/// the barrier with its migration transaction open; the second, B,
+/// started then. Checks that B finishes while A stays frozen, that A's
+/// `run` exits 4 once resumed, that no token was issued twice and that
+/// the migration is recorded once. Returns the time B took from its
+/// start.
+async fn contended(db: &TestDb, dir: &Path, migration: &str) -> Duration {
+    write(dir, "0002_second.sql", migration);
+    let mut barrier = db.connect().await.expect("connect");
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(BARRIER)
+        .execute(&mut barrier)
+        .await
+        .expect("hold the barrier");
+    let a_pids = dir.join("a.pid");
+    let a = deploy(db, dir, &a_pids, false);
+    poll_until("A's migration to reach the barrier", BOUND, || {
+        waits_at_barrier(db)
+    })
+    .await;
+    let a_group = group_of(&a_pids).expect("A's command wrote its pid");
+    let a_token: i64 =
+        sqlx::query_scalar("SELECT token FROM pglease.leases WHERE name = 'migrations'")
+            .fetch_one(db.pool())
+            .await
+            .expect("A's token");
+    // A's host freezes; its migration gets past the barrier in the server
+    // and stays open, uncommitted, its client stopped.
+    freeze(&a, a_group, Signal::SIGSTOP);
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(BARRIER)
+        .execute(&mut barrier)
+        .await
+        .expect("open the barrier");
+    poll_until("A's migration past the barrier", BOUND, || async {
+        !waits_at_barrier(db).await
+    })
+    .await;
+
+    // B deploys while A stays frozen; it must finish.
+    let started = Instant::now();
+    let b = deploy(db, dir, &dir.join("b.pid"), true);
+    let b_status = wait_bounded(b).await;
+    let b_took = started.elapsed();
+    assert_eq!(b_status.code(), Some(0), "B's deploy, A still frozen");
+    assert_eq!(
+        kill(Pid::from_raw(a.id() as i32), None),
+        Ok(()),
+        "A is still there, frozen"
+    );
+
+    freeze(&a, a_group, Signal::SIGCONT);
+    let a_out = a.wait_with_output().expect("A ends");
+    assert_eq!(
+        code(&a_out),
+        4,
+        "A resumed after losing its lease: {}",
+        stderr(&a_out)
+    );
+
+    // No token twice; A's term came before B's.
+    let tokens = acquired_tokens(db).await;
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens in order: {tokens:?}"
+    );
+    assert!(tokens.contains(&a_token) && tokens.last() > Some(&a_token));
+    // The migration recorded once, as applied.
+    let applied: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE version = 2 AND success")
+            .fetch_one(db.pool())
+            .await
+            .expect("read the version table");
+    assert_eq!(applied, 1, "migration 2 is recorded once");
+    b_took
+}
+
+/// DDL and data in one migration, the DDL fence on: A's `ALTER TABLE` was
+/// checked under its token, so B's takeover ends A's transaction after the
+/// grace; B adds the column and fills it once. A's late commit never
+/// lands, and A's `run` exits 4.
+async fn a_frozen_deployers_ddl_migration_never_commits_after_the_takeover() {
+    let db = crate::common::new_db().await;
+    let dir = migrations_dir(&db, "ddl");
+    write(&dir, "0001_accounts.sql", ACCOUNTS);
+    deploy_alone(&db, &dir).await;
+    let out = crate::common::pglease(
+        &db,
+        &[
+            "protect",
+            "--tool",
+            "sqlx",
+            "--lease",
+            "migrations",
+            "--ddl",
+        ],
+    );
+    assert_eq!(code(&out), 0, "protect: {}", stderr(&out));
+
+    let took = contended(
+        &db,
+        &dir,
+        &format!(
+            "ALTER TABLE accounts ADD COLUMN cents bigint;\n\
+             UPDATE accounts SET cents = balance * 100;\n\
+             SELECT pg_advisory_xact_lock_shared({BARRIER});\n"
+        ),
+    )
+    .await;
+    let (rows, right): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE cents = balance * 100) FROM accounts",
+    )
+    .fetch_one(db.pool())
+    .await
+    .expect("read accounts");
+    assert_eq!((rows, right), (10, 10), "the column filled once");
+    let evicted: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pglease.history WHERE name = 'migrations' AND event = 'evicted'",
+    )
+    .fetch_one(db.pool())
+    .await
+    .expect("history");
+    assert!(evicted >= 1, "the takeover ended A's session");
+    println!("B deployed in {took:?} while A stayed frozen (TTL 1 s)");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A data-only migration, only the version table protected (no DDL
+/// fence): A's transaction updated balances and was never checked, so it
+/// holds no fence; its session carries `pglease:<token>` as its
+/// application_name, and B's takeover ends it. The balances are
+/// multiplied once.
+async fn a_frozen_deployers_data_migration_is_applied_exactly_once() {
+    let db = crate::common::new_db().await;
+    let dir = migrations_dir(&db, "data");
+    write(&dir, "0001_accounts.sql", ACCOUNTS);
+    deploy_alone(&db, &dir).await;
+    let out = crate::common::pglease(&db, &["protect", "--tool", "sqlx", "--lease", "migrations"]);
+    assert_eq!(code(&out), 0, "protect: {}", stderr(&out));
+
+    let took = contended(
+        &db,
+        &dir,
+        &format!(
+            "UPDATE accounts SET balance = balance * 100;\n\
+             SELECT pg_advisory_xact_lock_shared({BARRIER});\n"
+        ),
+    )
+    .await;
+    let sum: i64 = sqlx::query_scalar("SELECT sum(balance)::bigint FROM accounts")
+        .fetch_one(db.pool())
+        .await
+        .expect("read accounts");
+    assert_eq!(sum, 55 * 100, "balances multiplied exactly once");
+    println!("B deployed in {took:?} while A stayed frozen (TTL 1 s)");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Another role's session cannot declare a lease it may not act under:
+/// with the holder's current token in its settings, its protected write
+/// and its DDL are refused (42501); an undeclared session's protected
+/// write is refused as before (LE002) and its DDL passes the fence; a
+/// stale declaration is refused (LE001).
+async fn a_declaration_is_a_claim_the_database_checks() {
+    let db = crate::common::new_db().await;
+    let m = db.manager();
+    let intruder = format!("{}_intruder", db.name());
+    db.scratch_roles(&[&intruder]).await;
+    db.execute(&[
+        format!("CREATE ROLE {intruder} LOGIN PASSWORD 'pw'"),
+        format!("GRANT USAGE, CREATE ON SCHEMA public TO {intruder}"),
+        format!("GRANT USAGE ON SCHEMA pglease TO {intruder}"),
+        "CREATE TABLE ledger (id integer PRIMARY KEY)".to_owned(),
+        format!("GRANT INSERT, SELECT ON ledger TO {intruder}"),
+        "SELECT pglease.protect('ledger', 'migrations')".to_owned(),
+        "SELECT pglease.fence_ddl(true)".to_owned(),
+    ])
+    .await;
+    let how = pglease::AcquireOptions::ttl(Duration::from_secs(600)).holder("A");
+    // An earlier term first, so that token - 1 below is a stale token.
+    let earlier = m.acquire("migrations", how.clone()).await.expect("acquire");
+    m.release(&crate::common::fence("migrations", earlier.token()))
+        .await
+        .expect("release");
+    let lease = m.acquire("migrations", how).await.expect("acquire");
+    let declared = |token: i64| format!("-c pglease.name=migrations -c pglease.token={token}");
+    let psql = |url: &str, options: Option<String>, sql: &str| {
+        let mut c = Command::new("psql");
+        c.args([url, "-X", "-q", "-v", "VERBOSITY=verbose", "-c", sql])
+            .env_remove("PGOPTIONS");
+        if let Some(options) = options {
+            c.env("PGOPTIONS", options);
+        }
+        c.output().expect("run psql")
+    };
+    let sqlstate = |out: &std::process::Output| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        err.split_once("ERROR:  ")
+            .map(|(_, rest)| rest.split(':').next().unwrap_or("").trim().to_owned())
+            .unwrap_or_default()
+    };
+    let token = lease.token().get();
+    let theirs = db.url_for(&intruder, "pw");
+    for sql in [
+        "INSERT INTO ledger VALUES (1)",
+        "CREATE TABLE theirs (x int)",
+    ] {
+        let out = psql(&theirs, Some(declared(token)), sql);
+        assert_eq!(sqlstate(&out), NOT_PERMITTED, "{sql}: {}", stderr(&out));
+    }
+    let out = psql(&theirs, None, "INSERT INTO ledger VALUES (1)");
+    assert_eq!(sqlstate(&out), NOT_DECLARED, "{}", stderr(&out));
+    let out = psql(&theirs, None, "CREATE TABLE undeclared (x int)");
+    assert!(out.status.success(), "undeclared DDL: {}", stderr(&out));
+    // The holder's own sessions, declared: current token yes, stale no.
+    let ours = db.url();
+    let out = psql(
+        &ours,
+        Some(declared(token)),
+        "INSERT INTO ledger VALUES (2)",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = psql(
+        &ours,
+        Some(declared(token - 1)),
+        "INSERT INTO ledger VALUES (3)",
+    );
+    assert_eq!(sqlstate(&out), NOT_HELD, "{}", stderr(&out));
+    let rows: Vec<i32> = sqlx::query_scalar("SELECT id FROM ledger ORDER BY id")
+        .fetch_all(db.pool())
+        .await
+        .expect("read");
+    assert_eq!(rows, vec![2]);
+    db.execute(&["SELECT pglease.fence_ddl(false)"]).await;
+}
+
+/// `CREATE INDEX CONCURRENTLY` under the lease, with the DDL fence on,
+/// while three other deployers wait for the lease (`--wait`, in line): it
+/// completes, no deadlock (a waiter holds no snapshot while it waits), and
+/// each waiter then runs and finds the index there.
+async fn create_index_concurrently_completes_while_three_deployers_wait() {
+    let db = crate::common::new_db().await;
+    db.execute(&[
+        "CREATE TABLE accounts (id integer PRIMARY KEY, balance bigint NOT NULL)",
+        "INSERT INTO accounts SELECT g, g FROM generate_series(1, 1000) AS g",
+        "SELECT pglease.fence_ddl(true)",
+    ])
+    .await;
+    let mut barrier = db.connect().await.expect("connect");
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(BARRIER)
+        .execute(&mut barrier)
+        .await
+        .expect("hold the barrier");
+    let url = db.url();
+    // psql's -c are separate transactions: the barrier's, then the index's
+    // (CREATE INDEX CONCURRENTLY runs outside any transaction block).
+    let script = format!(
+        "psql '{url}' -X -q -v ON_ERROR_STOP=1 \
+           -c 'SELECT pg_advisory_lock_shared({BARRIER}); SELECT pg_advisory_unlock_shared({BARRIER})' \
+           -c 'CREATE INDEX CONCURRENTLY IF NOT EXISTS accounts_balance ON accounts (balance)'"
+    );
+    let deployer = |holder: &str| {
+        command(
+            &db,
+            &[
+                "run",
+                "migrations",
+                "--declare",
+                "--ttl",
+                "2s",
+                "--fair",
+                "--wait",
+                "60s",
+                "--holder",
+                holder,
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start a deployer")
+    };
+    let first = deployer("first");
+    poll_until("the first deployer at the barrier", BOUND, || {
+        waits_at_barrier(&db)
+    })
+    .await;
+    let waiters: Vec<Child> = ["second", "third", "fourth"]
+        .into_iter()
+        .map(deployer)
+        .collect();
+    poll_until("three deployers in line", BOUND, || async {
+        let waiting: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pglease.line WHERE name = 'migrations'")
+                .fetch_one(db.pool())
+                .await
+                .expect("read the line");
+        waiting == 3
+    })
+    .await;
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(BARRIER)
+        .execute(&mut barrier)
+        .await
+        .expect("open the barrier");
+    for (who, child) in std::iter::once(first).chain(waiters).enumerate() {
+        let status = wait_bounded(child).await;
+        assert_eq!(status.code(), Some(0), "deployer {who}");
+    }
+    let valid: bool = sqlx::query_scalar(
+        "SELECT i.indisvalid FROM pg_index AS i WHERE i.indexrelid = 'accounts_balance'::regclass",
+    )
+    .fetch_one(db.pool())
+    .await
+    .expect("the index");
+    assert!(valid, "the index is valid");
+    let tokens = acquired_tokens(&db).await;
+    assert_eq!(tokens.len(), 4, "four terms: {tokens:?}");
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    db.execute(&["SELECT pglease.fence_ddl(false)"]).await;
+}
+
+/// A psql job (`run job --declare -- psql -f job.sql`) frozen past its TTL
+/// cannot commit its write to a protected table afterwards: with its
+/// application_name as `run` gives it, the next holder's takeover ends its
+/// session; with one of its own (`PGAPPNAME=report`), the write is refused
+/// under its stale token when it resumes (LE001). Either way `run` exits 4.
+async fn a_frozen_psql_job_cannot_commit_its_write_afterwards() {
+    let db = crate::common::new_db().await;
+    db.execute(&[
+        "CREATE TABLE report (at timestamptz NOT NULL DEFAULT clock_timestamp(), token bigint)",
+        "SELECT pglease.protect('report', 'job')",
+    ])
+    .await;
+    let m = db.manager();
+    for own_appname in [false, true] {
+        let job = std::env::temp_dir().join(format!("pglease-job-{}.sql", db.name()));
+        std::fs::write(
+            &job,
+            format!(
+                "SELECT pg_advisory_lock_shared({BARRIER});\n\
+                 SELECT pg_advisory_unlock_shared({BARRIER});\n\
+                 INSERT INTO report (token) VALUES (current_setting('pglease.token')::bigint);\n"
+            ),
+        )
+        .expect("write the job");
+        let pidfile = std::env::temp_dir().join(format!("pglease-job-{}.pid", db.name()));
+        let _ = std::fs::remove_file(&pidfile);
+        let appname = if own_appname {
+            "export PGAPPNAME=report; "
+        } else {
+            ""
+        };
+        let script = format!(
+            "echo pid:$$ > '{}'; {appname}exec psql \"$PGLEASE_DATABASE_URL\" -X -q -v ON_ERROR_STOP=1 -f '{}'",
+            pidfile.display(),
+            job.display()
+        );
+        let mut barrier = db.connect().await.expect("connect");
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(BARRIER)
+            .execute(&mut barrier)
+            .await
+            .expect("hold the barrier");
+        let run = command(
+            &db,
+            &[
+                "run",
+                "job",
+                "--declare",
+                "--ttl",
+                "1s",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the job");
+        poll_until("the job at the barrier", BOUND, || waits_at_barrier(&db)).await;
+        let group = group_of(&pidfile).expect("the job wrote its pid");
+        let frozen_token = m
+            .inspect("job")
+            .await
+            .expect("inspect")
+            .token
+            .expect("the job holds the lease")
+            .get();
+        freeze(&run, group, Signal::SIGSTOP);
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(BARRIER)
+            .execute(&mut barrier)
+            .await
+            .expect("open the barrier");
+        // Another run of the job takes over once the frozen one's lease
+        // has expired, and makes its own write.
+        let next = command(
+            &db,
+            &[
+                "run",
+                "job",
+                "--declare",
+                "--ttl",
+                "10s",
+                "--wait",
+                "30s",
+                "--",
+                "psql",
+                &db.url(),
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                "INSERT INTO report (token) VALUES (current_setting('pglease.token')::bigint)",
+            ],
+        )
+        .stdin(Stdio::null())
+        .output()
+        .expect("the next run");
+        assert_eq!(code(&next), 0, "the next run: {}", stderr(&next));
+        let written: i64 = sqlx::query_scalar("SELECT count(*) FROM report")
+            .fetch_one(db.pool())
+            .await
+            .expect("count");
+        freeze(&run, group, Signal::SIGCONT);
+        let out = run.wait_with_output().expect("the frozen job ends");
+        assert_eq!(code(&out), 4, "{}", stderr(&out));
+        let after: i64 = sqlx::query_scalar("SELECT count(*) FROM report")
+            .fetch_one(db.pool())
+            .await
+            .expect("count");
+        assert_eq!(after, written, "the frozen job's write landed afterwards");
+        let stale: i64 = sqlx::query_scalar("SELECT count(*) FROM report WHERE token = $1")
+            .bind(frozen_token)
+            .fetch_one(db.pool())
+            .await
+            .expect("count");
+        assert_eq!(stale, 0, "a write under the frozen job's token");
+        let _ = std::fs::remove_file(&job);
+    }
+}
+
+tests![
+    a_frozen_deployers_ddl_migration_never_commits_after_the_takeover(2),
+    a_frozen_deployers_data_migration_is_applied_exactly_once(2),
+    a_declaration_is_a_claim_the_database_checks,
+    create_index_concurrently_completes_while_three_deployers_wait(2),
+    a_frozen_psql_job_cannot_commit_its_write_afterwards(2),
+];
