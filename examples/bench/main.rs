@@ -18,6 +18,7 @@
 //! `BENCH_ONLY` value); what they share is in [`shared`].
 
 mod auto_failover;
+mod declared;
 mod elect;
 mod failed_attempts;
 mod failover;
@@ -53,7 +54,7 @@ type Measure = for<'a> fn(&'a Bench) -> Pin<Box<dyn Future<Output = Result<(), E
 
 /// Every value of `BENCH_ONLY`, and the measure it runs alone: the one
 /// list the dispatcher reads.
-const ALONE: [(&str, Measure); 16] = [
+const ALONE: [(&str, Measure); 17] = [
     ("sql", |b| Box::pin(sql_level::run(b))),
     ("failover", |b| Box::pin(failover::run(b))),
     ("pooler", |b| Box::pin(pooler::run(b))),
@@ -70,6 +71,7 @@ const ALONE: [(&str, Measure); 16] = [
     ("flushes", |b| Box::pin(flushes::run(b))),
     ("tls", |b| Box::pin(tls::run(b))),
     ("thin", |b| Box::pin(thin::run(b))),
+    ("declared", |b| Box::pin(declared::run(b))),
 ];
 
 /// What a run without `BENCH_ONLY` measures, in this order (P1, P6, P1's

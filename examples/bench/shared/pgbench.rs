@@ -42,8 +42,22 @@ impl Pgbench {
         names: u32,
         secs: f64,
     ) -> Result<f64, Error> {
+        self.tps_with(script, clients, names, secs, &[])
+    }
+
+    /// [`Pgbench::tps`] with `env` added to pgbench's environment (which
+    /// libpq reads when pgbench connects: `PGOPTIONS`, say).
+    pub(crate) fn tps_with(
+        &self,
+        script: &str,
+        clients: usize,
+        names: u32,
+        secs: f64,
+        env: &[(&str, String)],
+    ) -> Result<f64, Error> {
         let script = scripts().join(format!("{script}.sql"));
         let output = std::process::Command::new(&self.binary)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .args(["-n", "-M", "prepared"])
             .args(["-c", &clients.to_string(), "-j", &clients.to_string()])
             .args(["-T", &format!("{}", secs.ceil().max(1.0) as u64)])

@@ -1127,17 +1127,18 @@ async fn doctor_exits_0_when_all_is_well_and_1_otherwise() {
     let db = crate::common::new_db().await;
     let out = pglease(&db, &["doctor"]);
     assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
-    // Ten checks, the security posture one line per finding (five on a
-    // fresh database: schema, administrators, takeover, names, history).
+    // Ten checks, the security posture one line per finding (six on a
+    // fresh database: schema, administrators, takeover, names, fences (the
+    // DDL fence is off), history).
     let said = stdout(&out);
-    assert_eq!(said.lines().count(), 15, "{said}");
+    assert_eq!(said.lines().count(), 16, "{said}");
     assert!(
         said.contains("timeline 1, the one the schema was made on"),
         "{said}"
     );
     assert_eq!(
         said.lines().filter(|l| l.contains(" security ")).count(),
-        5,
+        6,
         "{said}"
     );
     assert!(
@@ -1148,7 +1149,7 @@ async fn doctor_exits_0_when_all_is_well_and_1_otherwise() {
     assert_eq!(code(&out), 0);
     let report = json(&out);
     assert_eq!(report["verdict"], "ok");
-    assert_eq!(report["checks"].as_array().map(Vec::len), Some(15));
+    assert_eq!(report["checks"].as_array().map(Vec::len), Some(16));
 
     let empty = crate::common::empty_db().await;
     let out = pglease(&empty, &["doctor", "--json"]);

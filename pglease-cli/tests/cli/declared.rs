@@ -96,9 +96,9 @@ fn write(dir: &Path, file: &str, sql: &str) {
     std::fs::write(dir.join(file), sql).expect("write a migration");
 }
 
-/// `pglease run migrations --declare --ttl 1s [--wait 30s] -- <migrator>`,
-/// started, its command writing its pid to `pidfile`.
-fn deploy(db: &TestDb, dir: &Path, pidfile: &Path, wait: bool) -> Child {
+/// `pglease run migrations --declare --ttl 1s [--wait 30s] -- <migrator>`
+/// against `url`, started, its command writing its pid to `pidfile`.
+fn deploy(url: &str, dir: &Path, pidfile: &Path, wait: bool) -> Child {
     let mut args = vec!["run", "migrations", "--declare", "--ttl", "1s"];
     if wait {
         args.extend(["--wait", "30s"]);
@@ -107,8 +107,11 @@ fn deploy(db: &TestDb, dir: &Path, pidfile: &Path, wait: bool) -> Child {
     let me = std::env::current_exe().expect("this test binary");
     let me = me.to_str().expect("a UTF-8 path");
     args.push(me);
-    command(db, &args)
-        .env("DATABASE_URL", db.url())
+    Command::new(crate::common::BIN)
+        .arg("--database-url")
+        .arg(url)
+        .args(&args)
+        .env("DATABASE_URL", url)
         .env(MIGRATOR, dir)
         .env(PIDFILE, pidfile)
         .stdin(Stdio::null())
@@ -118,10 +121,10 @@ fn deploy(db: &TestDb, dir: &Path, pidfile: &Path, wait: bool) -> Child {
         .expect("start pglease run")
 }
 
-/// Runs one deploy to its end; it must succeed.
-async fn deploy_alone(db: &TestDb, dir: &Path) {
+/// Runs one deploy to its end, against `url`; it must succeed.
+async fn deploy_alone(url: &str, dir: &Path) {
     let pidfile = dir.join("alone.pid");
-    let child = deploy(db, dir, &pidfile, false);
+    let child = deploy(url, dir, &pidfile, false);
     let out = child.wait_with_output().expect("wait");
     assert_eq!(code(&out), 0, "the first deploy: {}", stderr(&out));
 }
@@ -174,9 +177,9 @@ const ACCOUNTS: &str = "CREATE TABLE accounts (id integer PRIMARY KEY, balance b
 /// the barrier with its migration transaction open; the second, B,
 /// started then. Checks that B finishes while A stays frozen, that A's
 /// `run` exits 4 once resumed, that no token was issued twice and that
-/// the migration is recorded once. Returns the time B took from its
-/// start.
-async fn contended(db: &TestDb, dir: &Path, migration: &str) -> Duration {
+/// the migration is recorded once. Both deploy against `url`. Returns
+/// the time B took from its start.
+async fn contended(db: &TestDb, url: &str, dir: &Path, migration: &str) -> Duration {
     write(dir, "0002_second.sql", migration);
     let mut barrier = db.connect().await.expect("connect");
     sqlx::query("SELECT pg_advisory_lock($1)")
@@ -185,7 +188,7 @@ async fn contended(db: &TestDb, dir: &Path, migration: &str) -> Duration {
         .await
         .expect("hold the barrier");
     let a_pids = dir.join("a.pid");
-    let a = deploy(db, dir, &a_pids, false);
+    let a = deploy(url, dir, &a_pids, false);
     poll_until("A's migration to reach the barrier", BOUND, || {
         waits_at_barrier(db)
     })
@@ -211,7 +214,7 @@ async fn contended(db: &TestDb, dir: &Path, migration: &str) -> Duration {
 
     // B deploys while A stays frozen; it must finish.
     let started = Instant::now();
-    let b = deploy(db, dir, &dir.join("b.pid"), true);
+    let b = deploy(url, dir, &dir.join("b.pid"), true);
     let b_status = wait_bounded(b).await;
     let b_took = started.elapsed();
     assert_eq!(b_status.code(), Some(0), "B's deploy, A still frozen");
@@ -255,7 +258,7 @@ async fn a_frozen_deployers_ddl_migration_never_commits_after_the_takeover() {
     let db = crate::common::new_db().await;
     let dir = migrations_dir(&db, "ddl");
     write(&dir, "0001_accounts.sql", ACCOUNTS);
-    deploy_alone(&db, &dir).await;
+    deploy_alone(&db.url(), &dir).await;
     let out = crate::common::pglease(
         &db,
         &[
@@ -268,9 +271,15 @@ async fn a_frozen_deployers_ddl_migration_never_commits_after_the_takeover() {
         ],
     );
     assert_eq!(code(&out), 0, "protect: {}", stderr(&out));
+    let said = crate::common::stdout(&crate::common::pglease(&db, &["doctor"]));
+    assert!(
+        said.contains("lease 'migrations' fences tables public._sqlx_migrations; DDL fenced"),
+        "{said}"
+    );
 
     let took = contended(
         &db,
+        &db.url(),
         &dir,
         &format!(
             "ALTER TABLE accounts ADD COLUMN cents bigint;\n\
@@ -306,12 +315,13 @@ async fn a_frozen_deployers_data_migration_is_applied_exactly_once() {
     let db = crate::common::new_db().await;
     let dir = migrations_dir(&db, "data");
     write(&dir, "0001_accounts.sql", ACCOUNTS);
-    deploy_alone(&db, &dir).await;
+    deploy_alone(&db.url(), &dir).await;
     let out = crate::common::pglease(&db, &["protect", "--tool", "sqlx", "--lease", "migrations"]);
     assert_eq!(code(&out), 0, "protect: {}", stderr(&out));
 
     let took = contended(
         &db,
+        &db.url(),
         &dir,
         &format!(
             "UPDATE accounts SET balance = balance * 100;\n\
@@ -325,6 +335,80 @@ async fn a_frozen_deployers_data_migration_is_applied_exactly_once() {
         .expect("read accounts");
     assert_eq!(sum, 55 * 100, "balances multiplied exactly once");
     println!("B deployed in {took:?} while A stayed frozen (TTL 1 s)");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// As a managed service gives it: the schema owned by a role that is no
+/// superuser, which the deployers log in as. The DDL fence, an event
+/// trigger, is refused (exit 5, saying who may turn it on), and nothing is
+/// changed; the version table, protected, fences a frozen deployer's
+/// data migration as it does under a superuser, and the takeover ends the
+/// frozen session (the owner may end its own role's sessions).
+async fn a_non_superuser_owner_fences_migrations_with_the_version_table() {
+    let db = crate::common::empty_db().await;
+    let owner = format!("{}_owner", db.name());
+    db.scratch_roles(&[&owner]).await;
+    db.execute(&[
+        format!("CREATE ROLE {owner} LOGIN PASSWORD 'pw'"),
+        format!("GRANT CREATE ON DATABASE {} TO {owner}", db.name()),
+        format!("GRANT CREATE ON SCHEMA public TO {owner}"),
+    ])
+    .await;
+    let url = db.url_for(&owner, "pw");
+    let as_owner = |args: &[&str]| {
+        Command::new(crate::common::BIN)
+            .arg("--database-url")
+            .arg(&url)
+            .args(args)
+            .output()
+            .expect("run pglease")
+    };
+    let out = as_owner(&["migrate"]);
+    assert_eq!(code(&out), 0, "migrate: {}", stderr(&out));
+    let dir = migrations_dir(&db, "owner");
+    write(&dir, "0001_accounts.sql", ACCOUNTS);
+    deploy_alone(&url, &dir).await;
+
+    // doctor warns of the tool's version table left unprotected.
+    let said = crate::common::stdout(&as_owner(&["doctor"]));
+    assert!(
+        said.lines().any(|l| l.starts_with("warning")
+            && l.contains("_sqlx_migrations, sqlx's version table, is not protected")),
+        "{said}"
+    );
+    let out = as_owner(&[
+        "protect",
+        "--tool",
+        "sqlx",
+        "--lease",
+        "migrations",
+        "--ddl",
+    ]);
+    assert_eq!(code(&out), 5, "{}", stderr(&out));
+    assert!(stderr(&out).contains("superuser"), "{}", stderr(&out));
+    let protected: i64 = sqlx::query_scalar("SELECT count(*) FROM pglease.protected")
+        .fetch_one(db.pool())
+        .await
+        .expect("read");
+    assert_eq!(protected, 0, "nothing changed");
+    let out = as_owner(&["protect", "--tool", "sqlx", "--lease", "migrations"]);
+    assert_eq!(code(&out), 0, "protect: {}", stderr(&out));
+
+    contended(
+        &db,
+        &url,
+        &dir,
+        &format!(
+            "UPDATE accounts SET balance = balance * 100;\n\
+             SELECT pg_advisory_xact_lock_shared({BARRIER});\n"
+        ),
+    )
+    .await;
+    let sum: i64 = sqlx::query_scalar("SELECT sum(balance)::bigint FROM accounts")
+        .fetch_one(db.pool())
+        .await
+        .expect("read accounts");
+    assert_eq!(sum, 55 * 100, "balances multiplied exactly once");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -626,6 +710,7 @@ async fn a_frozen_psql_job_cannot_commit_its_write_afterwards() {
 tests![
     a_frozen_deployers_ddl_migration_never_commits_after_the_takeover(2),
     a_frozen_deployers_data_migration_is_applied_exactly_once(2),
+    a_non_superuser_owner_fences_migrations_with_the_version_table(2),
     a_declaration_is_a_claim_the_database_checks,
     create_index_concurrently_completes_while_three_deployers_wait(2),
     a_frozen_psql_job_cannot_commit_its_write_afterwards(2),

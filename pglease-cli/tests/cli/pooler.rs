@@ -199,7 +199,57 @@ async fn migrate_names_the_missing_grant_through_the_pooler() -> Result<(), Setu
     Ok(())
 }
 
+/// `run --declare` behind PgBouncer: the declaration travels as a startup
+/// option, which PgBouncer does not pass on (the distribution's 1.18
+/// refuses the connection; later versions refuse an option they do not
+/// track). The command's session is refused before it writes anything:
+/// a declared command must connect to the server itself, as docs/cli.md
+/// says. The same command without `--declare` connects.
+async fn a_declared_command_is_refused_by_the_pooler() -> Result<(), SetupError> {
+    let db = crate::common::new_db().await;
+    db.execute(&[
+        "CREATE TABLE log (n integer)",
+        "SELECT pglease.protect('log', 'job')",
+    ])
+    .await;
+    let bouncer = PgBouncer::builder().start(&db.options())?;
+    let write = "psql \"$PGLEASE_DATABASE_URL\" -X -q -v ON_ERROR_STOP=1 \
+                 -c \"BEGIN; SELECT pglease.assert_held('job', $PGLEASE_TOKEN); \
+                       INSERT INTO log VALUES (1); COMMIT;\"";
+    let out = pglease(
+        &bouncer,
+        &db,
+        &[
+            "run",
+            "job",
+            "--declare",
+            "--ttl",
+            "5s",
+            "--",
+            "sh",
+            "-c",
+            write,
+        ],
+    );
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("unsupported startup parameter"), "{said}");
+    let out = pglease(
+        &bouncer,
+        &db,
+        &["run", "job", "--ttl", "5s", "--", "sh", "-c", write],
+    );
+    check(&out, 0, "the same command, undeclared");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM log")
+        .fetch_one(db.pool())
+        .await
+        .expect("count");
+    assert_eq!(rows, 1, "only the undeclared run wrote");
+    Ok(())
+}
+
 tests![
     every_command_works_through_the_pooler(2),
     migrate_names_the_missing_grant_through_the_pooler,
+    a_declared_command_is_refused_by_the_pooler(2),
 ];
