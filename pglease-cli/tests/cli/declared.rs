@@ -21,6 +21,7 @@ use crate::common::{BOUND, TestDb, code, command, poll_until, stderr, wait_bound
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use pglease::sqlstate::{NOT_DECLARED, NOT_HELD, NOT_PERMITTED};
+use pglease_formations::SetupError;
 use sqlx::Connection;
 
 /// Set to a migrations directory, this binary runs sqlx's migrator on it
@@ -96,23 +97,60 @@ fn write(dir: &Path, file: &str, sql: &str) {
     std::fs::write(dir.join(file), sql).expect("write a migration");
 }
 
-/// `pglease run migrations --declare --ttl 1s [--wait 30s] -- <migrator>`
-/// against `url`, started, its command writing its pid to `pidfile`.
-fn deploy(url: &str, dir: &Path, pidfile: &Path, wait: bool) -> Child {
+/// A migration tool as a deployer runs it, in a directory of its own: its
+/// migrations, and the files its command appends `pid:<pid>` to.
+#[derive(Clone, Copy)]
+enum Tool<'a> {
+    /// sqlx's migrator (this binary, see [`migrator`]) on the `.sql`
+    /// files of the directory.
+    Sqlx(&'a Path),
+    /// Alembic, `alembic upgrade head` in a project that `alembic init`
+    /// made in the directory.
+    Alembic(&'a Path),
+}
+
+impl<'a> Tool<'a> {
+    fn dir(self) -> &'a Path {
+        match self {
+            Tool::Sqlx(dir) | Tool::Alembic(dir) => dir,
+        }
+    }
+
+    /// The count, 1, that says migration 2 is recorded once.
+    fn recorded_once(self) -> &'static str {
+        match self {
+            Tool::Sqlx(_) => "SELECT count(*) FROM _sqlx_migrations WHERE version = 2 AND success",
+            Tool::Alembic(_) => "SELECT count(*) FROM alembic_version WHERE version_num = '0002'",
+        }
+    }
+}
+
+/// `pglease run migrations --declare --ttl 1s [--wait 30s] -- TOOL`
+/// against `url`, started, the tool's process writing its pid to
+/// `pidfile`.
+fn deploy(url: &str, tool: Tool<'_>, pidfile: &Path, wait: bool) -> Child {
     let mut args = vec!["run", "migrations", "--declare", "--ttl", "1s"];
     if wait {
         args.extend(["--wait", "30s"]);
     }
     args.push("--");
     let me = std::env::current_exe().expect("this test binary");
-    let me = me.to_str().expect("a UTF-8 path");
-    args.push(me);
+    let me = me.to_str().expect("a UTF-8 path").to_owned();
+    let alembic = format!(
+        "echo pid:$$ >> '{}'; exec python3 -m alembic upgrade head",
+        pidfile.display()
+    );
+    match tool {
+        Tool::Sqlx(_) => args.push(&me),
+        Tool::Alembic(_) => args.extend(["sh", "-c", &alembic]),
+    }
     Command::new(crate::common::BIN)
         .arg("--database-url")
         .arg(url)
         .args(&args)
+        .current_dir(tool.dir())
         .env("DATABASE_URL", url)
-        .env(MIGRATOR, dir)
+        .env(MIGRATOR, tool.dir())
         .env(PIDFILE, pidfile)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -122,9 +160,9 @@ fn deploy(url: &str, dir: &Path, pidfile: &Path, wait: bool) -> Child {
 }
 
 /// Runs one deploy to its end, against `url`; it must succeed.
-async fn deploy_alone(url: &str, dir: &Path) {
-    let pidfile = dir.join("alone.pid");
-    let child = deploy(url, dir, &pidfile, false);
+async fn deploy_alone(url: &str, tool: Tool<'_>) {
+    let pidfile = tool.dir().join("alone.pid");
+    let child = deploy(url, tool, &pidfile, false);
     let out = child.wait_with_output().expect("wait");
     assert_eq!(code(&out), 0, "the first deploy: {}", stderr(&out));
 }
@@ -173,14 +211,15 @@ async fn acquired_tokens(db: &TestDb) -> Vec<i64> {
 const ACCOUNTS: &str = "CREATE TABLE accounts (id integer PRIMARY KEY, balance bigint NOT NULL);\n\
      INSERT INTO accounts SELECT g, g FROM generate_series(1, 10) AS g;\n";
 
-/// Two deployers of `migration` (the second one); the first, A, frozen at
+/// Two deployers of the tool's migrations (the second migration in its
+/// directory, which stops at the barrier); the first, A, frozen at
 /// the barrier with its migration transaction open; the second, B,
 /// started then. Checks that B finishes while A stays frozen, that A's
 /// `run` exits 4 once resumed, that no token was issued twice and that
 /// the migration is recorded once. Both deploy against `url`. Returns
 /// the time B took from its start.
-async fn contended(db: &TestDb, url: &str, dir: &Path, migration: &str) -> Duration {
-    write(dir, "0002_second.sql", migration);
+async fn contended(db: &TestDb, url: &str, tool: Tool<'_>) -> Duration {
+    let dir = tool.dir();
     let mut barrier = db.connect().await.expect("connect");
     sqlx::query("SELECT pg_advisory_lock($1)")
         .bind(BARRIER)
@@ -188,7 +227,7 @@ async fn contended(db: &TestDb, url: &str, dir: &Path, migration: &str) -> Durat
         .await
         .expect("hold the barrier");
     let a_pids = dir.join("a.pid");
-    let a = deploy(url, dir, &a_pids, false);
+    let a = deploy(url, tool, &a_pids, false);
     poll_until("A's migration to reach the barrier", BOUND, || {
         waits_at_barrier(db)
     })
@@ -214,7 +253,7 @@ async fn contended(db: &TestDb, url: &str, dir: &Path, migration: &str) -> Durat
 
     // B deploys while A stays frozen; it must finish.
     let started = Instant::now();
-    let b = deploy(url, dir, &dir.join("b.pid"), true);
+    let b = deploy(url, tool, &dir.join("b.pid"), true);
     let b_status = wait_bounded(b).await;
     let b_took = started.elapsed();
     assert_eq!(b_status.code(), Some(0), "B's deploy, A still frozen");
@@ -241,11 +280,10 @@ async fn contended(db: &TestDb, url: &str, dir: &Path, migration: &str) -> Durat
     );
     assert!(tokens.contains(&a_token) && tokens.last() > Some(&a_token));
     // The migration recorded once, as applied.
-    let applied: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE version = 2 AND success")
-            .fetch_one(db.pool())
-            .await
-            .expect("read the version table");
+    let applied: i64 = sqlx::query_scalar(tool.recorded_once())
+        .fetch_one(db.pool())
+        .await
+        .expect("read the version table");
     assert_eq!(applied, 1, "migration 2 is recorded once");
     b_took
 }
@@ -258,7 +296,7 @@ async fn a_frozen_deployers_ddl_migration_never_commits_after_the_takeover() {
     let db = crate::common::new_db().await;
     let dir = migrations_dir(&db, "ddl");
     write(&dir, "0001_accounts.sql", ACCOUNTS);
-    deploy_alone(&db.url(), &dir).await;
+    deploy_alone(&db.url(), Tool::Sqlx(&dir)).await;
     let out = crate::common::pglease(
         &db,
         &[
@@ -277,17 +315,16 @@ async fn a_frozen_deployers_ddl_migration_never_commits_after_the_takeover() {
         "{said}"
     );
 
-    let took = contended(
-        &db,
-        &db.url(),
+    write(
         &dir,
+        "0002_second.sql",
         &format!(
             "ALTER TABLE accounts ADD COLUMN cents bigint;\n\
              UPDATE accounts SET cents = balance * 100;\n\
              SELECT pg_advisory_xact_lock_shared({BARRIER});\n"
         ),
-    )
-    .await;
+    );
+    let took = contended(&db, &db.url(), Tool::Sqlx(&dir)).await;
     let (rows, right): (i64, i64) = sqlx::query_as(
         "SELECT count(*), count(*) FILTER (WHERE cents = balance * 100) FROM accounts",
     )
@@ -315,20 +352,19 @@ async fn a_frozen_deployers_data_migration_is_applied_exactly_once() {
     let db = crate::common::new_db().await;
     let dir = migrations_dir(&db, "data");
     write(&dir, "0001_accounts.sql", ACCOUNTS);
-    deploy_alone(&db.url(), &dir).await;
+    deploy_alone(&db.url(), Tool::Sqlx(&dir)).await;
     let out = crate::common::pglease(&db, &["protect", "--tool", "sqlx", "--lease", "migrations"]);
     assert_eq!(code(&out), 0, "protect: {}", stderr(&out));
 
-    let took = contended(
-        &db,
-        &db.url(),
+    write(
         &dir,
+        "0002_second.sql",
         &format!(
             "UPDATE accounts SET balance = balance * 100;\n\
              SELECT pg_advisory_xact_lock_shared({BARRIER});\n"
         ),
-    )
-    .await;
+    );
+    let took = contended(&db, &db.url(), Tool::Sqlx(&dir)).await;
     let sum: i64 = sqlx::query_scalar("SELECT sum(balance)::bigint FROM accounts")
         .fetch_one(db.pool())
         .await
@@ -336,6 +372,85 @@ async fn a_frozen_deployers_data_migration_is_applied_exactly_once() {
     assert_eq!(sum, 55 * 100, "balances multiplied exactly once");
     println!("B deployed in {took:?} while A stayed frozen (TTL 1 s)");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Alembic, a migration tool not written in Rust (from PyPI, with
+/// psycopg), set up and run as a new user does: `alembic init`, the URL in
+/// alembic.ini, `alembic upgrade head` under `run --declare`, unchanged
+/// (psycopg connects through libpq, which reads PGOPTIONS and PGAPPNAME).
+/// A data-only revision, with Alembic's version table protected
+/// (`protect --tool alembic`): the frozen deployer's whole upgrade, one
+/// transaction, never commits, and the balances are multiplied once.
+async fn alembic_run_unmodified_is_fenced() -> Result<(), SetupError> {
+    let found = Command::new("python3")
+        .args(["-c", "import alembic, psycopg"])
+        .output();
+    if !found.is_ok_and(|o| o.status.success()) {
+        return Err(SetupError::Unavailable(
+            "needs Alembic and psycopg for python3, from PyPI: python3 -m pip install alembic \
+             'psycopg[binary]'"
+                .to_owned(),
+        ));
+    }
+    let db = crate::common::new_db().await;
+    let dir = migrations_dir(&db, "alembic");
+    let out = Command::new("python3")
+        .args(["-m", "alembic", "init", "migrations"])
+        .current_dir(&dir)
+        .output()
+        .expect("alembic init");
+    assert_eq!(code(&out), 0, "alembic init: {}", stderr(&out));
+    let ini = std::fs::read_to_string(dir.join("alembic.ini")).expect("alembic.ini");
+    let url = db.url().replacen("postgres://", "postgresql+psycopg://", 1);
+    let ini: String = ini
+        .lines()
+        .map(|line| match line.starts_with("sqlalchemy.url") {
+            true => format!("sqlalchemy.url = {url}\n"),
+            false => format!("{line}\n"),
+        })
+        .collect();
+    std::fs::write(dir.join("alembic.ini"), ini).expect("write alembic.ini");
+    let versions = dir.join("migrations/versions");
+    let revision = |file: &str, id: &str, down: &str, upgrade: &str| {
+        let text = format!(
+            "from alembic import op\n\nrevision = \"{id}\"\ndown_revision = {down}\n\
+             branch_labels = None\ndepends_on = None\n\n\ndef upgrade():\n{upgrade}\n\n\
+             def downgrade():\n    pass\n"
+        );
+        std::fs::write(versions.join(file), text).expect("write a revision");
+    };
+    revision(
+        "0001_accounts.py",
+        "0001",
+        "None",
+        "    op.execute(\"CREATE TABLE accounts (id integer PRIMARY KEY, balance bigint NOT NULL)\")\n\
+         \x20   op.execute(\"INSERT INTO accounts SELECT g, g FROM generate_series(1, 10) AS g\")",
+    );
+    deploy_alone(&db.url(), Tool::Alembic(&dir)).await;
+    let out = crate::common::pglease(
+        &db,
+        &["protect", "--tool", "alembic", "--lease", "migrations"],
+    );
+    assert_eq!(code(&out), 0, "protect: {}", stderr(&out));
+
+    revision(
+        "0002_balances.py",
+        "0002",
+        "\"0001\"",
+        &format!(
+            "    op.execute(\"UPDATE accounts SET balance = balance * 100\")\n\
+             \x20   op.execute(\"SELECT pg_advisory_xact_lock_shared({BARRIER})\")"
+        ),
+    );
+    let took = contended(&db, &db.url(), Tool::Alembic(&dir)).await;
+    let sum: i64 = sqlx::query_scalar("SELECT sum(balance)::bigint FROM accounts")
+        .fetch_one(db.pool())
+        .await
+        .expect("read accounts");
+    assert_eq!(sum, 55 * 100, "balances multiplied exactly once");
+    println!("B's Alembic deployed in {took:?} while A stayed frozen (TTL 1 s)");
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
 }
 
 /// As a managed service gives it: the schema owned by a role that is no
@@ -367,7 +482,7 @@ async fn a_non_superuser_owner_fences_migrations_with_the_version_table() {
     assert_eq!(code(&out), 0, "migrate: {}", stderr(&out));
     let dir = migrations_dir(&db, "owner");
     write(&dir, "0001_accounts.sql", ACCOUNTS);
-    deploy_alone(&url, &dir).await;
+    deploy_alone(&url, Tool::Sqlx(&dir)).await;
 
     // doctor warns of the tool's version table left unprotected.
     let said = crate::common::stdout(&as_owner(&["doctor"]));
@@ -394,16 +509,15 @@ async fn a_non_superuser_owner_fences_migrations_with_the_version_table() {
     let out = as_owner(&["protect", "--tool", "sqlx", "--lease", "migrations"]);
     assert_eq!(code(&out), 0, "protect: {}", stderr(&out));
 
-    contended(
-        &db,
-        &url,
+    write(
         &dir,
+        "0002_second.sql",
         &format!(
             "UPDATE accounts SET balance = balance * 100;\n\
              SELECT pg_advisory_xact_lock_shared({BARRIER});\n"
         ),
-    )
-    .await;
+    );
+    contended(&db, &url, Tool::Sqlx(&dir)).await;
     let sum: i64 = sqlx::query_scalar("SELECT sum(balance)::bigint FROM accounts")
         .fetch_one(db.pool())
         .await
@@ -710,6 +824,7 @@ async fn a_frozen_psql_job_cannot_commit_its_write_afterwards() {
 tests![
     a_frozen_deployers_ddl_migration_never_commits_after_the_takeover(2),
     a_frozen_deployers_data_migration_is_applied_exactly_once(2),
+    alembic_run_unmodified_is_fenced(2),
     a_non_superuser_owner_fences_migrations_with_the_version_table(2),
     a_declaration_is_a_claim_the_database_checks,
     create_index_concurrently_completes_while_three_deployers_wait(2),
