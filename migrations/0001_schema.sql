@@ -22,8 +22,8 @@
 --     can_end_stale_transactions.
 --  3. Fencing, the database as the enforcement point: assert_held, view
 --     fenced, _guard, _check_may_alter, _bind, protect, unprotect, view
---     protected; declared sessions: _session_token, _session_marker,
---     _check_session, _fence_ddl, fence_ddl, ddl_fenced, _end_declared,
+--     protected; declared sessions: _session_marker, _check_session,
+--     _fence_ddl, fence_ddl, ddl_fenced, migration_tools, _end_declared,
 --     view declared; admit.
 --  4. Timelines, a server that forgot commits (failover to an
 --     asynchronous standby, restore from backup): _refuse_standby,
@@ -2184,7 +2184,6 @@ AS $$
 DECLARE
     lease    text;
     declared text;
-    token    bigint;
 BEGIN
     SELECT p.name INTO lease FROM pglease._protected AS p WHERE p.tbl = TG_RELID;
     IF NOT FOUND THEN
@@ -2200,8 +2199,7 @@ BEGIN
         -- checks it, which also records it for the rest of the
         -- transaction. Read only here, so that a transaction that
         -- declared its token pays nothing for it.
-        token := pglease._session_token(lease);
-        IF token IS NULL THEN
+        IF NOT pglease._check_session(lease) THEN
             RAISE EXCEPTION USING ERRCODE = 'LE002',
                 MESSAGE = format('pglease: %s on %s rejected: the table is protected by lease %L '
                                  'and this transaction declared no token for it',
@@ -2210,7 +2208,6 @@ BEGIN
                               'first, or declare the lease for the session (pglease run '
                               '--declare).', lease);
         END IF;
-        PERFORM pglease._check_session(lease, token);
     ELSE
         -- Re-check at the moment of this write (LE001 if stale or expired)
         -- and (re)take the lock that holds off other acquisitions until
@@ -2400,30 +2397,6 @@ COMMENT ON VIEW pglease.protected IS
 -- Nothing is ended while the term it declared is valid: these run only
 -- once that term has ended, under the row lock that ends it.
 
--- The token the session declared for lease LEASE (pglease.name and
--- pglease.token), or NULL if it declared none for it; 22023 for a
--- pglease.token that is not a token.
-CREATE FUNCTION pglease._session_token(lease text)
-RETURNS bigint
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    token text;
-BEGIN
-    IF current_setting('pglease.name', true) IS DISTINCT FROM lease THEN
-        RETURN NULL;
-    END IF;
-    token := nullif(current_setting('pglease.token', true), '');
-    IF token !~ '^[1-9][0-9]{0,17}$' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('pglease: this session declares lease %L with pglease.token %L, '
-                             'which is not a token (a positive whole number)', lease, token);
-    END IF;
-    RETURN token::bigint;
-END
-$$;
-
 -- The session marker of the session with process id PID for the lease
 -- with SECRET: as _marker, with a prefix that keeps it apart from every
 -- transaction's marker.
@@ -2436,22 +2409,40 @@ AS $$
                'hex'))::bit(64)::bigint
 $$;
 
--- A declared session's check: assert_held, then the session marker.
-CREATE FUNCTION pglease._check_session(lease text, token bigint)
-RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+-- A declared session's check, for lease LEASE: false when the session
+-- declares no token for it (pglease.name is another lease, or unset);
+-- otherwise assert_held under the declared token (22023 for a
+-- pglease.token that is not a token), then the session marker, and true.
+-- Called only by _guard and _fence_ddl, which run as the functions' owner
+-- with a fixed search_path, so it needs no SECURITY DEFINER or SET of its
+-- own (each would add its cost to every protected write of a declared
+-- session).
+CREATE FUNCTION pglease._check_session(lease text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
 AS $$
+DECLARE
+    token text;
 BEGIN
-    PERFORM pglease.assert_held(lease, token);
+    IF current_setting('pglease.name', true) IS DISTINCT FROM lease THEN
+        RETURN false;
+    END IF;
+    token := current_setting('pglease.token', true);
+    IF token IS NULL OR token !~ '^[1-9][0-9]{0,17}$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('pglease: this session declares lease %L with pglease.token %L, '
+                             'which is not a token (a positive whole number)', lease, token);
+    END IF;
+    PERFORM pglease.assert_held(lease, token::bigint);
     -- Shared and re-entrant: the same session's next check only counts
     -- it again. Nobody without the secret holds it exclusively.
     PERFORM pg_try_advisory_lock_shared(pglease._session_marker(l.secret, pg_backend_pid()))
        FROM pglease.leases AS l WHERE l.name = _check_session.lease;
+    RETURN true;
 END
 $$;
 
-REVOKE ALL ON FUNCTION pglease._check_session(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglease._check_session(text) FROM PUBLIC;
 
 -- The DDL fence's event trigger (see fence_ddl): checks a declared
 -- session's DDL command before it runs; returns at once for any other.
@@ -2462,18 +2453,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     lease text := nullif(current_setting('pglease.name', true), '');
-    token bigint;
 BEGIN
-    IF lease IS NULL THEN
-        RETURN;
+    IF lease IS NOT NULL THEN
+        PERFORM pglease._check_session(lease);
     END IF;
-    token := pglease._session_token(lease);
-    IF token IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'LE002',
-            MESSAGE = format('pglease: %s rejected: this session declares lease %L but no '
-                             'pglease.token', tg_tag, lease);
-    END IF;
-    PERFORM pglease._check_session(lease, token);
 END
 $$;
 

@@ -1,2 +1,3 @@
--- P8 in one statement: the write alone, in a declared session.
+-- P8: the declared write alone, in autocommit, in a session that declared
+-- held-1 when it connected.
 UPDATE data SET value = value + 1 WHERE id = :client_id + 1;

@@ -439,3 +439,44 @@ impl Forwarding {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::LeaseEnv;
+    use pglease::Token;
+
+    fn env(leases: Vec<(&str, Token)>, declare: bool) -> Vec<(String, String)> {
+        LeaseEnv {
+            leases,
+            shared: false,
+            holder: "h",
+            value: None,
+            database_url: None,
+            declare,
+        }
+        .variables()
+    }
+
+    fn has(vars: &[(String, String)], key: &str) -> bool {
+        vars.iter().any(|(k, _)| k == key)
+    }
+
+    #[test]
+    fn only_a_declared_single_lease_sets_the_session_settings() {
+        let t = |n| Token::new(n).expect("a token");
+        let declared = env(vec![("m", t(5))], true);
+        for key in [
+            "PGOPTIONS",
+            "PGAPPNAME",
+            "PGLEASE_OPTIONS",
+            "PGLEASE_URL_QUERY",
+        ] {
+            assert!(has(&declared, key), "{key} in {declared:?}");
+        }
+        let plain = env(vec![("m", t(5))], false);
+        assert!(!has(&plain, "PGOPTIONS") && !has(&plain, "PGAPPNAME"));
+        // Several leases: no declaration (run refuses --declare with them).
+        let set = env(vec![("a", t(5)), ("b", t(6))], true);
+        assert!(!has(&set, "PGOPTIONS"), "{set:?}");
+    }
+}

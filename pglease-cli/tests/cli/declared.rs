@@ -378,9 +378,10 @@ async fn a_frozen_deployers_data_migration_is_applied_exactly_once() {
 /// psycopg), set up and run as a new user does: `alembic init`, the URL in
 /// alembic.ini, `alembic upgrade head` under `run --declare`, unchanged
 /// (psycopg connects through libpq, which reads PGOPTIONS and PGAPPNAME).
-/// A data-only revision, with Alembic's version table protected
-/// (`protect --tool alembic`): the frozen deployer's whole upgrade, one
-/// transaction, never commits, and the balances are multiplied once.
+/// Alembic's version table protected (`protect --tool alembic`); a
+/// data-only revision, then a DDL and data revision with the DDL fence on:
+/// the frozen deployer's whole upgrade, one transaction, never commits,
+/// and each revision is applied once.
 async fn alembic_run_unmodified_is_fenced() -> Result<(), SetupError> {
     let found = Command::new("python3")
         .args(["-c", "import alembic, psycopg"])
@@ -392,6 +393,14 @@ async fn alembic_run_unmodified_is_fenced() -> Result<(), SetupError> {
                 .to_owned(),
         ));
     }
+    alembic_contended(false).await;
+    alembic_contended(true).await;
+    Ok(())
+}
+
+/// One Alembic project and two deployers of its second revision: data
+/// only, or (`ddl`) a new column filled, with the DDL fence on.
+async fn alembic_contended(ddl: bool) {
     let db = crate::common::new_db().await;
     let dir = migrations_dir(&db, "alembic");
     let out = Command::new("python3")
@@ -427,30 +436,41 @@ async fn alembic_run_unmodified_is_fenced() -> Result<(), SetupError> {
          \x20   op.execute(\"INSERT INTO accounts SELECT g, g FROM generate_series(1, 10) AS g\")",
     );
     deploy_alone(&db.url(), Tool::Alembic(&dir)).await;
-    let out = crate::common::pglease(
-        &db,
-        &["protect", "--tool", "alembic", "--lease", "migrations"],
-    );
+    let mut protect = vec!["protect", "--tool", "alembic", "--lease", "migrations"];
+    if ddl {
+        protect.push("--ddl");
+    }
+    let out = crate::common::pglease(&db, &protect);
     assert_eq!(code(&out), 0, "protect: {}", stderr(&out));
 
+    let change = match ddl {
+        true => {
+            "    op.execute(\"ALTER TABLE accounts ADD COLUMN cents bigint\")\n\
+                 \x20   op.execute(\"UPDATE accounts SET cents = balance * 100\")"
+        }
+        false => "    op.execute(\"UPDATE accounts SET balance = balance * 100\")",
+    };
     revision(
         "0002_balances.py",
         "0002",
         "\"0001\"",
         &format!(
-            "    op.execute(\"UPDATE accounts SET balance = balance * 100\")\n\
+            "{change}\n\
              \x20   op.execute(\"SELECT pg_advisory_xact_lock_shared({BARRIER})\")"
         ),
     );
     let took = contended(&db, &db.url(), Tool::Alembic(&dir)).await;
-    let sum: i64 = sqlx::query_scalar("SELECT sum(balance)::bigint FROM accounts")
+    let check = match ddl {
+        true => "SELECT count(*) FILTER (WHERE cents = balance * 100) FROM accounts",
+        false => "SELECT count(*) FILTER (WHERE balance = id * 100) FROM accounts",
+    };
+    let right: i64 = sqlx::query_scalar(check)
         .fetch_one(db.pool())
         .await
         .expect("read accounts");
-    assert_eq!(sum, 55 * 100, "balances multiplied exactly once");
-    println!("B's Alembic deployed in {took:?} while A stayed frozen (TTL 1 s)");
+    assert_eq!(right, 10, "revision 2 applied exactly once (DDL: {ddl})");
+    println!("B's Alembic deployed in {took:?} while A stayed frozen (TTL 1 s, DDL: {ddl})");
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
 }
 
 /// As a managed service gives it: the schema owned by a role that is no
