@@ -23,8 +23,8 @@
 --  3. Fencing, the database as the enforcement point: assert_held, view
 --     fenced, _guard, _check_may_alter, _bind, protect, unprotect, view
 --     protected; declared sessions: _session_marker, _check_session,
---     _fence_ddl, fence_ddl, ddl_fenced, migration_tools, _end_declared,
---     view declared; admit.
+--     _fence_ddl, fence_ddl, ddl_fenced, migration_tools, _declared_pids,
+--     _end_declared, view declared; admit.
 --  4. Timelines, a server that forgot commits (failover to an
 --     asynchronous standby, restore from backup): _refuse_standby,
 --     server_timeline, _forgotten, forgotten_in, _timeline_checked,
@@ -1175,8 +1175,9 @@ DECLARE
     -- The history records (see HISTORY).
     history_on boolean;
     -- The token of the term this acquisition took over, when that term
-    -- ended without a release.
+    -- ended without a release, and the role that held it.
     ended_term bigint;
+    ended_role name;
 BEGIN
     IF NOT coalesce(octet_length(acquire.name) BETWEEN 1 AND pglease._max_text_bytes()
                     AND octet_length(acquire.holder) BETWEEN 1 AND pglease._max_text_bytes()
@@ -1447,7 +1448,7 @@ BEGIN
         END IF;
         IF found_row THEN
             WITH s AS (
-                SELECT l.name, l.holder, l.token, l.expires_at, l.renewals
+                SELECT l.name, l.holder, l.token, l.expires_at, l.renewals, l.role
                   FROM pglease.leases AS l
                  WHERE l.name = acquire.name
                    -- Checked on this timeline, and not within a grant delay
@@ -1478,7 +1479,8 @@ BEGIN
                    AND (name_ok OR NOT EXISTS (SELECT 1 FROM pglease.name_grants AS g
                                                 WHERE starts_with(acquire.name, g.prefix)))
                 RETURNING l.token, l.expires_at, l.acquired_at, s.holder AS old_holder,
-                          s.token AS old_token, s.expires_at AS old_expiry, s.renewals AS old_renewals
+                          s.token AS old_token, s.expires_at AS old_expiry, s.renewals AS old_renewals,
+                          s.role AS old_role
             ), h AS (
                 -- The term before ended without a release: it expired
                 -- (recorded at the time it did), or its holder's session
@@ -1499,14 +1501,15 @@ BEGIN
                 RETURNING _history.id
             )
             SELECT u.token, u.expires_at, u.acquired_at, (SELECT max(h.id) FROM h),
-                   CASE WHEN u.old_holder IS NOT NULL AND u.old_token > 0 THEN u.old_token END
-              INTO result.token, result.expires_at, t, new_id, ended_term
+                   CASE WHEN u.old_holder IS NOT NULL AND u.old_token > 0 THEN u.old_token END,
+                   u.old_role
+              INTO result.token, result.expires_at, t, new_id, ended_term, ended_role
               FROM u;
             IF FOUND THEN
                 -- The term before ended without a release: the sessions
                 -- declared under it are stale (see DECLARED SESSIONS).
                 IF ended_term IS NOT NULL THEN
-                    PERFORM pglease._end_declared(acquire.name, ended_term);
+                    PERFORM pglease._end_declared(acquire.name, ended_term, ended_role);
                 END IF;
                 -- Durable whatever the session's synchronous_commit (see
                 -- DURABILITY at the top).
@@ -2397,15 +2400,16 @@ COMMENT ON VIEW pglease.protected IS
 -- Nothing is ended while the term it declared is valid: these run only
 -- once that term has ended, under the row lock that ends it.
 
--- The session marker of the session with process id PID for the lease
--- with SECRET: as _marker, with a prefix that keeps it apart from every
--- transaction's marker.
-CREATE FUNCTION pglease._session_marker(secret bytea, pid integer)
+-- The session marker of the session with process id PID checked under
+-- term TOKEN of the lease with SECRET: as _marker, with a prefix that
+-- keeps it apart from every transaction's marker. Per term: a session
+-- that declares another term later (SET) is not ended with this one.
+CREATE FUNCTION pglease._session_marker(secret bytea, token bigint, pid integer)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT ('x' || pg_catalog.encode(pg_catalog.substr(
-               pg_catalog.sha256($1 || ('session ' || $2)::bytea), 1, 8),
+               pg_catalog.sha256($1 || ('session ' || $2 || ' ' || $3)::bytea), 1, 8),
                'hex'))::bit(64)::bigint
 $$;
 
@@ -2422,22 +2426,30 @@ RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    token text;
+    declared text;
 BEGIN
     IF current_setting('pglease.name', true) IS DISTINCT FROM lease THEN
         RETURN false;
     END IF;
-    token := current_setting('pglease.token', true);
-    IF token IS NULL OR token !~ '^[1-9][0-9]{0,17}$' THEN
+    declared := current_setting('pglease.token', true);
+    IF declared IS NULL OR declared !~ '^[1-9][0-9]{0,18}$'
+       OR declared::numeric > 9223372036854775807 THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('pglease: this session declares lease %L with pglease.token %L, '
-                             'which is not a token (a positive whole number)', lease, token);
+                             'which is not a token (a positive whole number)', lease, declared);
     END IF;
-    PERFORM pglease.assert_held(lease, token::bigint);
+    PERFORM pglease.assert_held(lease, declared::bigint);
     -- Shared and re-entrant: the same session's next check only counts
-    -- it again. Nobody without the secret holds it exclusively.
-    PERFORM pg_try_advisory_lock_shared(pglease._session_marker(l.secret, pg_backend_pid()))
-       FROM pglease.leases AS l WHERE l.name = _check_session.lease;
+    -- it again. Nobody without the secret holds it exclusively; should
+    -- it be held so all the same, the check fails rather than leave the
+    -- session unmarked (as assert_held does with its own marker).
+    IF NOT (SELECT pg_try_advisory_lock_shared(
+                       pglease._session_marker(l.secret, declared::bigint, pg_backend_pid()))
+              FROM pglease.leases AS l WHERE l.name = _check_session.lease) THEN
+        RAISE EXCEPTION USING ERRCODE = '55P03',
+            MESSAGE = format('pglease: lease %L: this session''s marker is held exclusively '
+                             'by another session', lease);
+    END IF;
     RETURN true;
 END
 $$;
@@ -2552,75 +2564,110 @@ AS $$
            ('liquibase', 'databasechangelog')
 $$;
 
--- The sessions declared under lease NAME's term TOKEN, which has just
--- ended (see DECLARED SESSIONS): those holding the lease's session
--- marker, and those named 'pglease:<TOKEN>'. Ends them and records the
--- eviction. Internal: it does not check that the term has ended, so
--- nobody but the owner may call it. A role that may not end one of them
--- gets a WARNING, and the acquisition goes on: the next holder then
--- waits for what those sessions hold, as without declarations.
-CREATE FUNCTION pglease._end_declared(name text, token bigint)
+-- The sessions in this database declared under term TOKEN of the lease
+-- with SECRET, whose holder's role was ROLE (see DECLARED SESSIONS), and
+-- how each was found: 'checked' (it holds the term's session marker) or
+-- 'application_name' ('pglease:<TOKEN>', or that and a space first; only
+-- sessions whose login role may act under ROLE: a name is a hint, and a
+-- session of another role is refused at its first check anyway). The
+-- activity snapshot is read afresh, so that no process id of an earlier
+-- read, reused since, is taken.
+CREATE FUNCTION pglease._declared_pids(secret bytea, token bigint, role name)
+RETURNS TABLE (pid integer, found_by text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    db oid := (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+BEGIN
+    PERFORM pg_stat_clear_snapshot();
+    RETURN QUERY
+    SELECT DISTINCT ON (f.pid) f.pid, f.found_by
+      FROM (SELECT k.pid, 'checked' AS found_by
+              FROM pg_locks AS k
+             WHERE k.locktype = 'advisory' AND k.objsubid = 1 AND k.granted
+               AND k.database = db AND k.pid <> pg_backend_pid()
+               AND ((k.classid::bigint << 32) | k.objid::bigint)
+                   = pglease._session_marker(_declared_pids.secret, _declared_pids.token, k.pid)
+            UNION ALL
+            SELECT a.pid, 'application_name'
+              FROM pg_stat_get_activity(NULL) AS a
+             WHERE a.datid = db AND a.pid <> pg_backend_pid()
+               AND (a.application_name = 'pglease:' || _declared_pids.token
+                    OR starts_with(a.application_name, 'pglease:' || _declared_pids.token || ' '))
+               AND EXISTS (SELECT 1 FROM pg_roles AS r
+                            WHERE r.rolname = _declared_pids.role
+                              AND pg_has_role(a.usesysid, r.oid, 'MEMBER'))) AS f
+     ORDER BY f.pid, f.found_by DESC;
+END
+$$;
+
+-- (Callable by whoever may read pglease.declared, which calls it: it
+-- finds nothing without a lease's secret, and ends nothing.)
+
+-- Ends the sessions declared under lease NAME's term TOKEN, held by ROLE,
+-- which has just ended (see DECLARED SESSIONS), each on its own: one that
+-- the role that owns the functions may not end (a superuser's, or
+-- another role's without pg_signal_backend) is named in a WARNING and
+-- keeps nobody else's from being ended. Records the eviction. Internal:
+-- it does not check that the term has ended, so nobody but the owner may
+-- call it. The acquisition goes on either way: the next holder then
+-- waits for what a session left open holds, as without declarations.
+CREATE FUNCTION pglease._end_declared(name text, token bigint, role name)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    secret bytea;
-    db     oid := (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+    d      record;
     ended  text;
+    kept   text;
 BEGIN
-    SELECT l.secret INTO secret FROM pglease.leases AS l WHERE l.name = _end_declared.name;
-    SELECT string_agg(d.pid::text, ', ' ORDER BY d.pid)
-               FILTER (WHERE pg_terminate_backend(d.pid)) INTO ended
-      FROM (SELECT a.pid
-              FROM pg_stat_get_activity(NULL) AS a
-             WHERE a.datid = db AND a.pid <> pg_backend_pid()
-               AND (a.application_name = 'pglease:' || _end_declared.token
-                    OR starts_with(a.application_name, 'pglease:' || _end_declared.token || ' '))
-            UNION
-            SELECT k.pid
-              FROM pg_locks AS k
-             WHERE k.locktype = 'advisory' AND k.objsubid = 1 AND k.granted
-               AND k.database = db AND k.pid <> pg_backend_pid()
-               AND ((k.classid::bigint << 32) | k.objid::bigint)
-                   = pglease._session_marker(secret, k.pid)) AS d;
+    FOR d IN SELECT p.pid
+               FROM pglease.leases AS l
+              CROSS JOIN LATERAL pglease._declared_pids(l.secret, _end_declared.token,
+                                                        _end_declared.role) AS p
+              WHERE l.name = _end_declared.name
+              ORDER BY p.pid LOOP
+        BEGIN
+            IF pg_terminate_backend(d.pid) THEN
+                ended := concat_ws(', ', ended, d.pid);
+            END IF;
+        EXCEPTION WHEN insufficient_privilege THEN
+            kept := concat_ws(', ', kept, d.pid);
+        END;
+    END LOOP;
     IF ended IS NOT NULL THEN
         PERFORM pglease._record(_end_declared.name, _end_declared.token, 'evicted', NULL,
                                 clock_timestamp(), NULL, 'ended declared sessions ' || ended);
     END IF;
-EXCEPTION WHEN insufficient_privilege THEN
-    RAISE WARNING USING MESSAGE = format(
-        'pglease: lease %L: sessions declared under its ended token %s are still open, and '
-        'role %I, which owns the pglease functions, may not end them (%s); a superuser can '
-        'allow it: GRANT pg_signal_backend TO %I', _end_declared.name, _end_declared.token,
-        current_user, SQLERRM, current_user);
+    IF kept IS NOT NULL THEN
+        RAISE WARNING USING MESSAGE = format(
+            'pglease: lease %L: sessions %s, declared under its ended token %s, are still '
+            'open: role %I, which owns the pglease functions, may not end them; a superuser '
+            'can allow it: GRANT pg_signal_backend TO %I (sessions of superusers only a '
+            'superuser can end)', _end_declared.name, kept, _end_declared.token, current_user,
+            current_user);
+    END IF;
 END
 $$;
 
-REVOKE ALL ON FUNCTION pglease._end_declared(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglease._end_declared(text, bigint, name) FROM PUBLIC;
 
--- The sessions that declare a lease (see DECLARED SESSIONS), as far as
--- others can see them: by their session marker (checked at least once)
--- or their application_name. For people, like pglease.fenced.
+-- The sessions that declare a lease's current term (see DECLARED
+-- SESSIONS), as far as others can see them: by the session marker of a
+-- check under that term, or by their application_name. For people, like
+-- pglease.fenced.
 CREATE VIEW pglease.declared AS
-SELECT l.name, k.pid, 'checked' AS found_by
-  FROM pg_locks AS k
-  JOIN pglease.leases AS l
-    ON ((k.classid::bigint << 32) | k.objid::bigint) = pglease._session_marker(l.secret, k.pid)
- WHERE k.locktype = 'advisory' AND k.objsubid = 1 AND k.granted
-   AND k.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
-UNION
-SELECT l.name, a.pid, 'application_name'
-  FROM pg_stat_get_activity(NULL) AS a
-  JOIN pglease.leases AS l
-    ON a.application_name ~ '^pglease:[0-9]+( |$)'
-   AND l.token = substring(a.application_name FROM '^pglease:([0-9]{1,18})')::bigint
- WHERE a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+SELECT l.name, d.pid, d.found_by
+  FROM pglease.leases AS l
+ CROSS JOIN LATERAL pglease._declared_pids(l.secret, l.token, l.role) AS d
+ WHERE l.holder IS NOT NULL;
 
 COMMENT ON VIEW pglease.declared IS
-    'Sessions (pid) that declare a lease: found by the marker their first check took, or '
-    'by an application_name pglease:<token> naming the lease''s current term. A takeover '
-    'of a term that ended without a release ends the sessions declared under it.';
+    'Sessions (pid) that declare a held lease''s current term: found by the marker a check '
+    'under that term took, or by an application_name pglease:<token>. A takeover of a term '
+    'that ended without a release ends the sessions declared under it.';
 
 ------------------------------------------------------------------------
 -- admit(resource, token): separate-resource fencing.
@@ -3685,7 +3732,7 @@ BEGIN
            released_at = clock_timestamp()
      WHERE l.name = force_release.name;
     -- Sessions declared under the ended term (see DECLARED SESSIONS).
-    PERFORM pglease._end_declared(lease.name, lease.token);
+    PERFORM pglease._end_declared(lease.name, lease.token, lease.role);
     -- Wake waiting acquirers at commit, as a release does (rare enough to
     -- notify whether or not anyone watches).
     PERFORM pg_notify('pglease_release', hashtext(force_release.name)::text);
@@ -3952,15 +3999,15 @@ BEGIN
         END;
     RETURN QUERY
     SELECT 'warn', 'fences',
-           format('table %s, %s''s version table, is not protected: a deployer frozen past its '
-                  'lease''s TTL can still commit its migration; its owner runs pglease protect '
-                  '--tool %s --lease NAME (or pglease.protect(%L, NAME))', c.oid::regclass, t.tool,
-                  t.tool, c.oid::regclass::text)
+           format('table %s, by its name %s''s version table, is not protected: a deployer '
+                  'frozen past its lease''s TTL can still commit its migration; its owner runs '
+                  'pglease protect --tool %s --lease NAME (or pglease.protect(%L, NAME))',
+                  c.oid::regclass, t.tool, t.tool, c.oid::regclass::text)
       FROM pglease.migration_tools() AS t
       JOIN pg_class AS c ON c.relname = t.version_table AND c.relkind = 'r'
       JOIN pg_namespace AS n ON n.oid = c.relnamespace AND n.nspname <> 'pglease'
      WHERE NOT EXISTS (SELECT 1 FROM pglease._protected AS p WHERE p.tbl = c.oid)
-     ORDER BY 1;
+     ORDER BY c.oid::regclass::text;
     -- The time a frozen transaction that no fence sees keeps its locks.
     IF EXISTS (SELECT 1 FROM pglease._protected)
        AND current_setting('idle_in_transaction_session_timeout') IN ('0', '0ms') THEN

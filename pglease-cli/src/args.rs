@@ -259,14 +259,17 @@ pub(crate) struct DoctorArgs {
 #[derive(Args, Debug)]
 pub(crate) struct ProtectArgs {
     /// The table, as SQL resolves it (`orders`, `billing.orders`).
-    #[arg(value_parser = Checked(text), conflicts_with = "tool", required_unless_present_any = ["tool", "ddl"])]
+    #[arg(value_parser = Checked(text), conflicts_with = "tool", requires = "lease",
+          required_unless_present_any = ["tool", "ddl"])]
     pub(crate) table: Option<String>,
     /// The version table of this migration tool: sqlx, refinery, diesel,
     /// alembic, flyway, golang-migrate or liquibase.
-    #[arg(long, value_parser = Checked(tool))]
+    #[arg(long, value_parser = Checked(tool), requires = "lease")]
     pub(crate) tool: Option<String>,
-    /// The lease whose holder alone may write the table.
-    #[arg(long, value_parser = Checked(text), value_name = "NAME", required_unless_present = "ddl")]
+    /// The lease whose holder alone may write the table (needed with a
+    /// table).
+    #[arg(long, value_parser = Checked(text), value_name = "NAME",
+          required_unless_present = "ddl")]
     pub(crate) lease: Option<String>,
     /// Also turn the DDL fence on: each DDL command of a session that
     /// declares a lease is checked under its token.
@@ -289,26 +292,22 @@ pub(crate) struct UnprotectArgs {
 }
 
 impl ProtectArgs {
-    /// What `protect` was asked to protect, if any table: TABLE, or the
-    /// tool's version table.
+    /// What `protect` was asked to protect, if any table.
     pub(crate) fn table(&self) -> Option<&str> {
-        self.table.as_deref().or_else(|| {
-            self.tool
-                .as_deref()
-                .and_then(pglease::schema::version_table)
-        })
+        table_or_tools(self.table.as_deref(), self.tool.as_deref())
     }
 }
 
 impl UnprotectArgs {
     /// What `unprotect` was asked to unprotect, if any table.
     pub(crate) fn table(&self) -> Option<&str> {
-        self.table.as_deref().or_else(|| {
-            self.tool
-                .as_deref()
-                .and_then(pglease::schema::version_table)
-        })
+        table_or_tools(self.table.as_deref(), self.tool.as_deref())
     }
+}
+
+/// TABLE, or the version table of `--tool`.
+fn table_or_tools<'a>(table: Option<&'a str>, tool: Option<&str>) -> Option<&'a str> {
+    table.or_else(|| tool.and_then(pglease::schema::version_table))
 }
 
 // `pglease acquire`'s arguments.
@@ -427,7 +426,7 @@ pub(crate) struct RunArgs {
     /// tables, and its DDL where the DDL fence is on, are checked under
     /// the token, and a takeover after the lease expired ends those
     /// sessions.
-    #[arg(long, conflicts_with = "shared")]
+    #[arg(long, conflicts_with_all = ["shared", "limit"])]
     pub(crate) declare: bool,
     /// The command and its arguments.
     #[arg(required = true, last = true)]

@@ -39,7 +39,7 @@ pub(crate) fn variables(
             "PGAPPNAME".to_owned(),
             application_name(token, inherited_appname),
         ),
-        ("PGLEASE_URL_QUERY".to_owned(), url_query(&ours)),
+        ("PGLEASE_URL_QUERY".to_owned(), url_query(&ours, token)),
         ("PGLEASE_OPTIONS".to_owned(), ours),
     ]
 }
@@ -81,10 +81,16 @@ const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
-/// `options=<the options, percent-encoded>`, to append to a URL's query
-/// (libpq's, or JDBC's, which does not read `PGOPTIONS`).
-fn url_query(options: &str) -> String {
-    format!("options={}", utf8_percent_encode(options, QUERY_VALUE))
+/// `options=<the options>&application_name=pglease:<token>`,
+/// percent-encoded, to append to a URL's query: libpq's and the drivers'
+/// that read their settings from the URL only (JDBC, which ignores
+/// `application_name` and takes `ApplicationName` instead).
+fn url_query(options: &str, token: Token) -> String {
+    format!(
+        "options={}&application_name={}",
+        utf8_percent_encode(options, QUERY_VALUE),
+        utf8_percent_encode(&application_name(token, None), QUERY_VALUE)
+    )
 }
 
 #[cfg(test)]
@@ -116,7 +122,8 @@ mod tests {
         );
         assert_eq!(
             get(&vars, "PGLEASE_URL_QUERY"),
-            "options=-c%20pglease.name%3Dmigrations%20-c%20pglease.token%3D42"
+            "options=-c%20pglease.name%3Dmigrations%20-c%20pglease.token%3D42\
+             &application_name=pglease%3A42"
         );
     }
 

@@ -28,8 +28,13 @@ pub(crate) async fn protect(manager: &LeaseManager, args: &ProtectArgs) -> Outco
     };
     if let (Some(table), Some(lease)) = (args.table(), args.lease.as_deref()) {
         if let Err(e) = manager.protect(table, lease).await {
-            if was_fenced == Some(false) {
-                let _ = manager.fence_ddl(false).await;
+            if was_fenced == Some(false)
+                && let Err(undo) = manager.fence_ddl(false).await
+            {
+                eprintln!(
+                    "pglease: the DDL fence, turned on first, could not be turned off again \
+                     ({undo}): run pglease unprotect --ddl"
+                );
             }
             return missing_table(e, table, args.tool.as_deref(), "protect");
         }

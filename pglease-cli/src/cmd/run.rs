@@ -90,9 +90,12 @@ pub(crate) async fn run(
             Some(lost) => {
                 if let Stopping::Lost(name, token, reason) = &lost {
                     eprintln!(
-                        "pglease: lease {name:?} (token {token}) was lost before the command                          ended ({reason}); exiting 4 whatever its status"
+                        "pglease: lease {name:?} (token {token}) was lost before the command \
+                         ended ({reason}); exiting 4 whatever its status"
                     );
                 }
+                // What is left of CMD's group goes, as after a stop.
+                group.signal(Signal::SIGKILL);
                 (status, Some(lost))
             }
             None => (status, None),

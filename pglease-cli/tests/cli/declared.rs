@@ -6,7 +6,8 @@
 //! frozen deployer's migration never commits after the takeover, it is
 //! applied exactly once, no token twice), liveness (the second deployer
 //! finishes while the first stays frozen) and authority (another role's
-//! session cannot declare the lease).
+//! session cannot declare the lease: after each contended deploy, and in
+//! `a_declaration_is_a_claim_the_database_checks`).
 //!
 //! The migration tool is sqlx's migrator, `sqlx::migrate::Migrator` as
 //! `sqlx migrate run` runs it (from `DATABASE_URL`, with its session-level
@@ -123,6 +124,70 @@ impl<'a> Tool<'a> {
             Tool::Alembic(_) => "SELECT count(*) FROM alembic_version WHERE version_num = '0002'",
         }
     }
+
+    /// The tool's version table.
+    fn version_table(self) -> &'static str {
+        match self {
+            Tool::Sqlx(_) => "_sqlx_migrations",
+            Tool::Alembic(_) => "alembic_version",
+        }
+    }
+}
+
+/// Authority: once lease `lease` is held again (here by the test's role),
+/// a role of its own, allowed to write `table` (protected by the lease),
+/// whose session declares the lease under its current token, is refused
+/// (42501) when it deletes the table's rows, and the table keeps them.
+async fn another_role_cannot_act_under(db: &TestDb, lease: &str, table: &str) {
+    let m = db.manager();
+    let held = m
+        .acquire(
+            lease,
+            pglease::AcquireOptions::ttl(Duration::from_secs(600)).holder("C"),
+        )
+        .await
+        .expect("acquire the lease");
+    let other = format!("{}_other", db.name());
+    db.scratch_roles(&[&other]).await;
+    db.execute(&[
+        format!("CREATE ROLE {other} LOGIN PASSWORD 'pw'"),
+        format!("GRANT SELECT, DELETE ON {table} TO {other}"),
+    ])
+    .await;
+    let count = format!("SELECT count(*) FROM {table}");
+    let rows = || async {
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(count.clone()))
+            .fetch_one(db.pool())
+            .await
+            .expect("count the rows")
+    };
+    let before = rows().await;
+    let token = held.token().get();
+    let out = Command::new("psql")
+        .args([
+            &db.url_for(&other, "pw"),
+            "-X",
+            "-q",
+            "-v",
+            "VERBOSITY=verbose",
+            "-c",
+        ])
+        .arg(format!("DELETE FROM {table}"))
+        .env(
+            "PGOPTIONS",
+            format!("-c pglease.name={lease} -c pglease.token={token}"),
+        )
+        .output()
+        .expect("run psql");
+    assert!(
+        stderr(&out).contains(&format!("ERROR:  {NOT_PERMITTED}")),
+        "another role's declared write: {}",
+        stderr(&out)
+    );
+    assert_eq!(rows().await, before, "{table} is unchanged");
+    m.release(&crate::common::fence(lease, held.token()))
+        .await
+        .expect("release");
 }
 
 /// `pglease run migrations --declare --ttl 1s [--wait 30s] -- TOOL`
@@ -285,6 +350,7 @@ async fn contended(db: &TestDb, url: &str, tool: Tool<'_>) -> Duration {
         .await
         .expect("read the version table");
     assert_eq!(applied, 1, "migration 2 is recorded once");
+    another_role_cannot_act_under(db, "migrations", tool.version_table()).await;
     b_took
 }
 
@@ -508,7 +574,7 @@ async fn a_non_superuser_owner_fences_migrations_with_the_version_table() {
     let said = crate::common::stdout(&as_owner(&["doctor"]));
     assert!(
         said.lines().any(|l| l.starts_with("warning")
-            && l.contains("_sqlx_migrations, sqlx's version table, is not protected")),
+            && l.contains("_sqlx_migrations, by its name sqlx's version table, is not protected")),
         "{said}"
     );
     let out = as_owner(&[
@@ -621,6 +687,59 @@ async fn a_declaration_is_a_claim_the_database_checks() {
         .await
         .expect("read");
     assert_eq!(rows, vec![2]);
+
+    // A session of another role that names itself after a term is not
+    // ended when the term is taken over (a name is a hint); one of the
+    // holder's role is.
+    let short = m
+        .acquire(
+            "short",
+            pglease::AcquireOptions::ttl(Duration::from_millis(500)).holder("A"),
+        )
+        .await
+        .expect("acquire short");
+    let named = format!("pglease:{}", short.token());
+    let sleeper = |url: String| {
+        Command::new("psql")
+            .args([url.as_str(), "-X", "-q", "-c", "SELECT pg_sleep(60)"])
+            .env("PGAPPNAME", &named)
+            .env_remove("PGOPTIONS")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start psql")
+    };
+    let mut theirs_session = sleeper(theirs.clone());
+    let mut ours_session = sleeper(ours.clone());
+    let sessions = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT usename::text FROM pg_stat_activity WHERE application_name = $1 \
+             ORDER BY usename",
+        )
+        .bind(&named)
+        .fetch_all(db.pool())
+        .await
+        .expect("read pg_stat_activity")
+    };
+    poll_until("both named sessions", BOUND, || async {
+        sessions().await.len() == 2
+    })
+    .await;
+    db.wait_until(short.expires_at()).await;
+    m.acquire(
+        "short",
+        pglease::AcquireOptions::ttl(Duration::from_secs(60)).holder("B"),
+    )
+    .await
+    .expect("take short over");
+    poll_until("the holder's role's named session ended", BOUND, || async {
+        sessions().await == vec![intruder.clone()]
+    })
+    .await;
+    let _ = theirs_session.kill();
+    let _ = ours_session.kill();
+    let _ = theirs_session.wait();
+    let _ = ours_session.wait();
     db.execute(&["SELECT pglease.fence_ddl(false)"]).await;
 }
 
@@ -839,6 +958,7 @@ async fn a_frozen_psql_job_cannot_commit_its_write_afterwards() {
         assert_eq!(stale, 0, "a write under the frozen job's token");
         let _ = std::fs::remove_file(&job);
     }
+    another_role_cannot_act_under(&db, "job", "report").await;
 }
 
 tests![
