@@ -3985,9 +3985,9 @@ BEGIN
     FOR r IN SELECT p.name, string_agg(p.tbl::text, ', ' ORDER BY p.tbl::text) AS tables
                FROM pglease.protected AS p GROUP BY p.name ORDER BY p.name LOOP
         RETURN QUERY SELECT 'info', 'fences',
-            format('lease %L fences tables %s; DDL %s', r.name, r.tables,
-                   CASE WHEN pglease.ddl_fenced() THEN 'fenced (pglease.fence_ddl)'
-                        ELSE 'not fenced' END);
+            format('lease %L fences tables %s; its declared sessions'' DDL %s', r.name, r.tables,
+                   CASE WHEN pglease.ddl_fenced() THEN 'is fenced (the database''s DDL fence)'
+                        ELSE 'is not fenced' END);
     END LOOP;
     RETURN QUERY SELECT 'info', 'fences',
         CASE WHEN pglease.ddl_fenced()

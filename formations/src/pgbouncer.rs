@@ -13,8 +13,9 @@ use sqlx::postgres::PgConnectOptions;
 use crate::SetupError;
 use pglease::provision::host::{self, ServerUser};
 
-/// A running PgBouncer with `pool_mode = transaction`, `auth_type =
-/// trust`, every database of one server behind it.
+/// A running PgBouncer with `pool_mode = transaction` (or `session`, see
+/// [`PgBouncerBuilder::session_mode`]), `auth_type = trust`, every
+/// database of one server behind it.
 ///
 /// ```no_run
 /// # async fn f(server: sqlx::postgres::PgConnectOptions) -> Result<(), pglease::testing::SetupError> {
@@ -37,6 +38,7 @@ pub struct PgBouncer {
 pub struct PgBouncerBuilder {
     server_pool: u32,
     users: Vec<String>,
+    pool_mode: &'static str,
 }
 
 impl PgBouncer {
@@ -50,6 +52,7 @@ impl PgBouncer {
         PgBouncerBuilder {
             server_pool: PgBouncer::DEFAULT_SERVER_POOL,
             users: Vec::new(),
+            pool_mode: "transaction",
         }
     }
 
@@ -104,6 +107,13 @@ impl PgBouncerBuilder {
         self
     }
 
+    /// `pool_mode = session` instead of `transaction`: each client keeps
+    /// its server session until it disconnects.
+    pub fn session_mode(mut self) -> Self {
+        self.pool_mode = "session";
+        self
+    }
+
     /// Lets `user` log in too (without a password: the server must trust
     /// it, as a test server does).
     pub fn user(mut self, user: impl Into<String>) -> Self {
@@ -148,7 +158,7 @@ impl PgBouncerBuilder {
              unix_socket_dir =\n\
              auth_type = trust\n\
              auth_file = {dir}/users.txt\n\
-             pool_mode = transaction\n\
+             pool_mode = {pool_mode}\n\
              default_pool_size = {sessions}\n\
              max_client_conn = 500\n\
              ignore_startup_parameters = extra_float_digits\n\
@@ -158,6 +168,7 @@ impl PgBouncerBuilder {
             server_port = server.get_port(),
             dir = dir.display(),
             sessions = self.server_pool,
+            pool_mode = self.pool_mode,
         );
         let written = write(&dir.join("users.txt"), &users, &user)
             .and_then(|()| write(&dir.join("pgbouncer.ini"), &config, &user));

@@ -377,7 +377,7 @@ async fn a_frozen_deployers_ddl_migration_never_commits_after_the_takeover() {
     assert_eq!(code(&out), 0, "protect: {}", stderr(&out));
     let said = crate::common::stdout(&crate::common::pglease(&db, &["doctor"]));
     assert!(
-        said.contains("lease 'migrations' fences tables public._sqlx_migrations; DDL fenced"),
+        said.contains("lease 'migrations' fences tables public._sqlx_migrations; its declared sessions' DDL is fenced"),
         "{said}"
     );
 

@@ -199,12 +199,15 @@ async fn migrate_names_the_missing_grant_through_the_pooler() -> Result<(), Setu
     Ok(())
 }
 
-/// `run --declare` behind PgBouncer: the declaration travels as a startup
-/// option, which PgBouncer does not pass on (the distribution's 1.18
-/// refuses the connection; later versions refuse an option they do not
-/// track). The command's session is refused before it writes anything:
-/// a declared command must connect to the server itself, as docs/cli.md
-/// says. The same command without `--declare` connects.
+/// `run --declare` behind PgBouncer, in transaction and in session mode:
+/// the declaration travels as a startup option, which PgBouncer does not
+/// pass on (the distribution's 1.18 refuses the connection; later versions
+/// refuse an option they do not track). The command's session is refused
+/// before it writes anything: a declared command must connect to the
+/// server itself, as docs/cli.md says. In session mode a command may
+/// declare with SET after connecting instead, and its write is checked so.
+/// The same command without a declaration, checking its token itself,
+/// connects and writes in both modes.
 async fn a_declared_command_is_refused_by_the_pooler() -> Result<(), SetupError> {
     let db = crate::common::new_db().await;
     db.execute(&[
@@ -212,39 +215,62 @@ async fn a_declared_command_is_refused_by_the_pooler() -> Result<(), SetupError>
         "SELECT pglease.protect('log', 'job')",
     ])
     .await;
-    let bouncer = PgBouncer::builder().start(&db.options())?;
-    let write = "psql \"$PGLEASE_DATABASE_URL\" -X -q -v ON_ERROR_STOP=1 \
-                 -c \"BEGIN; SELECT pglease.assert_held('job', $PGLEASE_TOKEN); \
-                       INSERT INTO log VALUES (1); COMMIT;\"";
-    let out = pglease(
-        &bouncer,
-        &db,
-        &[
-            "run",
-            "job",
-            "--declare",
-            "--ttl",
-            "5s",
-            "--",
-            "sh",
-            "-c",
-            write,
-        ],
-    );
-    let said = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_ne!(out.status.code(), Some(0), "{said}");
-    assert!(said.contains("unsupported startup parameter"), "{said}");
-    let out = pglease(
-        &bouncer,
-        &db,
-        &["run", "job", "--ttl", "5s", "--", "sh", "-c", write],
-    );
-    check(&out, 0, "the same command, undeclared");
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM log")
-        .fetch_one(db.pool())
+    for session_mode in [false, true] {
+        let builder = PgBouncer::builder();
+        let builder = if session_mode {
+            builder.session_mode()
+        } else {
+            builder
+        };
+        let bouncer = builder.start(&db.options())?;
+        let write = "psql \"$PGLEASE_DATABASE_URL\" -X -q -v ON_ERROR_STOP=1 \
+                     -c \"BEGIN; SELECT pglease.assert_held('job', $PGLEASE_TOKEN); \
+                           INSERT INTO log VALUES (1); COMMIT;\"";
+        let out = pglease(
+            &bouncer,
+            &db,
+            &[
+                "run",
+                "job",
+                "--declare",
+                "--ttl",
+                "5s",
+                "--",
+                "sh",
+                "-c",
+                write,
+            ],
+        );
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_ne!(out.status.code(), Some(0), "{said}");
+        assert!(said.contains("unsupported startup parameter"), "{said}");
+        let out = pglease(
+            &bouncer,
+            &db,
+            &["run", "job", "--ttl", "5s", "--", "sh", "-c", write],
+        );
+        check(&out, 0, "the same command, undeclared");
+        if session_mode {
+            let set = "psql \"$PGLEASE_DATABASE_URL\" -X -q -v ON_ERROR_STOP=1 \
+                       -c \"SET pglease.name = 'job'\" -c \"SET pglease.token = $PGLEASE_TOKEN\" \
+                       -c \"INSERT INTO log VALUES (2)\"";
+            let out = pglease(
+                &bouncer,
+                &db,
+                &["run", "job", "--ttl", "5s", "--", "sh", "-c", set],
+            );
+            check(&out, 0, "declared with SET in session mode");
+        }
+    }
+    let rows: Vec<i32> = sqlx::query_scalar("SELECT n FROM log ORDER BY n")
+        .fetch_all(db.pool())
         .await
-        .expect("count");
-    assert_eq!(rows, 1, "only the undeclared run wrote");
+        .expect("read");
+    assert_eq!(
+        rows,
+        vec![1, 1, 2],
+        "only the undeclared runs and the SET one wrote"
+    );
     Ok(())
 }
 
