@@ -86,6 +86,31 @@ pub(crate) fn migrator(dir: PathBuf) -> ExitCode {
 /// frozen, its migration transaction open.
 const BARRIER: i64 = 7_346_001;
 
+/// The test's hold on [`BARRIER`], on a connection of its own.
+struct Barrier(sqlx::PgConnection);
+
+impl Barrier {
+    /// Holds the barrier: whoever waits for it stops there.
+    async fn hold(db: &TestDb) -> Barrier {
+        let mut conn = db.connect().await.expect("connect");
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(BARRIER)
+            .execute(&mut conn)
+            .await
+            .expect("hold the barrier");
+        Barrier(conn)
+    }
+
+    /// Lets whoever waits at the barrier through.
+    async fn open(mut self) {
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(BARRIER)
+            .execute(&mut self.0)
+            .await
+            .expect("open the barrier");
+    }
+}
+
 /// A directory of its own for this test's migrations, made empty.
 fn migrations_dir(db: &TestDb, what: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pglease-declared-{}-{what}", db.name()));
@@ -285,12 +310,7 @@ const ACCOUNTS: &str = "CREATE TABLE accounts (id integer PRIMARY KEY, balance b
 /// the time B took from its start.
 async fn contended(db: &TestDb, url: &str, tool: Tool<'_>) -> Duration {
     let dir = tool.dir();
-    let mut barrier = db.connect().await.expect("connect");
-    sqlx::query("SELECT pg_advisory_lock($1)")
-        .bind(BARRIER)
-        .execute(&mut barrier)
-        .await
-        .expect("hold the barrier");
+    let barrier = Barrier::hold(db).await;
     let a_pids = dir.join("a.pid");
     let a = deploy(url, tool, &a_pids, false);
     poll_until("A's migration to reach the barrier", BOUND, || {
@@ -306,11 +326,7 @@ async fn contended(db: &TestDb, url: &str, tool: Tool<'_>) -> Duration {
     // A's host freezes; its migration gets past the barrier in the server
     // and stays open, uncommitted, its client stopped.
     freeze(&a, a_group, Signal::SIGSTOP);
-    sqlx::query("SELECT pg_advisory_unlock($1)")
-        .bind(BARRIER)
-        .execute(&mut barrier)
-        .await
-        .expect("open the barrier");
+    barrier.open().await;
     poll_until("A's migration past the barrier", BOUND, || async {
         !waits_at_barrier(db).await
     })
@@ -755,12 +771,7 @@ async fn create_index_concurrently_completes_while_three_deployers_wait() {
         "SELECT pglease.fence_ddl(true)",
     ])
     .await;
-    let mut barrier = db.connect().await.expect("connect");
-    sqlx::query("SELECT pg_advisory_lock($1)")
-        .bind(BARRIER)
-        .execute(&mut barrier)
-        .await
-        .expect("hold the barrier");
+    let barrier = Barrier::hold(&db).await;
     let url = db.url();
     // psql's -c are separate transactions: the barrier's, then the index's
     // (CREATE INDEX CONCURRENTLY runs outside any transaction block).
@@ -813,11 +824,7 @@ async fn create_index_concurrently_completes_while_three_deployers_wait() {
         waiting == 3
     })
     .await;
-    sqlx::query("SELECT pg_advisory_unlock($1)")
-        .bind(BARRIER)
-        .execute(&mut barrier)
-        .await
-        .expect("open the barrier");
+    barrier.open().await;
     for (who, child) in std::iter::once(first).chain(waiters).enumerate() {
         let status = wait_bounded(child).await;
         assert_eq!(status.code(), Some(0), "deployer {who}");
@@ -871,12 +878,7 @@ async fn a_frozen_psql_job_cannot_commit_its_write_afterwards() {
             pidfile.display(),
             job.display()
         );
-        let mut barrier = db.connect().await.expect("connect");
-        sqlx::query("SELECT pg_advisory_lock($1)")
-            .bind(BARRIER)
-            .execute(&mut barrier)
-            .await
-            .expect("hold the barrier");
+        let barrier = Barrier::hold(&db).await;
         let run = command(
             &db,
             &[
@@ -906,11 +908,7 @@ async fn a_frozen_psql_job_cannot_commit_its_write_afterwards() {
             .expect("the job holds the lease")
             .get();
         freeze(&run, group, Signal::SIGSTOP);
-        sqlx::query("SELECT pg_advisory_unlock($1)")
-            .bind(BARRIER)
-            .execute(&mut barrier)
-            .await
-            .expect("open the barrier");
+        barrier.open().await;
         // Another run of the job takes over once the frozen one's lease
         // has expired, and makes its own write.
         let next = command(
