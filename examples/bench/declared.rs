@@ -24,11 +24,9 @@
 use pglease::Error;
 
 use crate::shared::Bench;
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::AssertSqlSafe;
 
-use crate::shared::database::{
-    drop_database, found, fresh_database, held_token_offset, pgbench_database, scripts,
-};
+use crate::shared::database::{drop_database, fresh_database, pgbench_database, scripts};
 use crate::shared::pgbench::{self, Pgbench};
 use crate::shared::timing::{bench_rounds, median_f64};
 
@@ -39,16 +37,17 @@ pub(crate) async fn run(bench: &Bench) -> Result<(), Error> {
     let binary = pgbench::find()?;
     let rounds = bench_rounds(3);
     let pool = pgbench_database(DB, 2).await?;
-    let offset = held_token_offset(&pool, "pglease.leases").await?;
-    let raw_offset = held_token_offset(&pool, "raw_leases").await?;
-    sqlx::query("SELECT pglease.protect('data', 'held-1')")
-        .execute(&pool)
-        .await?;
+    let token: i64 = sqlx::query_scalar(
+        "SELECT l.token FROM pglease.leases AS l, pglease.protect('data', 'held-1') \
+          WHERE l.name = 'held-1'",
+    )
+    .fetch_one(&pool)
+    .await?;
+    let pgbench = Pgbench::on(binary, &pool, DB).await?;
     pool.close().await;
-    let pgbench = Pgbench::new(binary, found().await?.url(DB), offset, raw_offset);
     let declared = [(
         "PGOPTIONS",
-        format!("-c pglease.name=held-1 -c pglease.token={}", 1 + offset),
+        format!("-c pglease.name=held-1 -c pglease.token={token}"),
     )];
     println!(
         "\nP8, declared sessions (pgbench, prepared, {secs} s per run, {rounds} rounds \
@@ -98,18 +97,10 @@ async fn before_and_after(file: &str, secs: f64, rounds: usize) -> Result<(), Er
         .await?;
     sqlx::raw_sql(AssertSqlSafe(setup)).execute(&before).await?;
     let after = pgbench_database(DB, 2).await?;
-    let server = found().await?;
-    let bench = |pool: &PgPool, db: &str| {
-        let pool = pool.clone();
-        let url = server.url(db);
-        async move {
-            let offset = held_token_offset(&pool, "pglease.leases").await?;
-            let raw_offset = held_token_offset(&pool, "raw_leases").await?;
-            pool.close().await;
-            Ok::<Pgbench, Error>(Pgbench::new(pgbench::find()?, url, offset, raw_offset))
-        }
-    };
-    let (before_bench, after_bench) = (bench(&before, BEFORE).await?, bench(&after, DB).await?);
+    let before_bench = Pgbench::on(pgbench::find()?, &before, BEFORE).await?;
+    let after_bench = Pgbench::on(pgbench::find()?, &after, DB).await?;
+    before.close().await;
+    after.close().await;
     println!(
         "\nP1's pglease scripts, this schema against {file} (pgbench, prepared, 1,000 names, \
          {secs} s per run, {rounds} rounds alternated): this / baseline tps\n"

@@ -13,7 +13,7 @@ use pglease::Error;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::shared::Bench;
-use crate::shared::database::{drop_database, found, held_token_offset, pgbench_database};
+use crate::shared::database::{drop_database, found, pgbench_database};
 use crate::shared::pairs::{PAIRS, Pair, ROWS};
 use crate::shared::pgbench::{self, Pgbench, three_way};
 use crate::shared::timing::bench_rounds;
@@ -25,11 +25,9 @@ pub(crate) async fn run(bench: &Bench) -> Result<(), Error> {
     let binary = pgbench::find()?;
     let rounds = bench_rounds(3);
     let pool = pgbench_database(DB, 2).await?;
-    let offset = held_token_offset(&pool, "pglease.leases").await?;
-    let raw_offset = held_token_offset(&pool, "raw_leases").await?;
+    let pgbench = Pgbench::on(binary, &pool, DB).await?;
     pool.close().await;
     let url = found().await?.url(DB);
-    let pgbench = Pgbench::new(binary, url.clone(), offset, raw_offset);
     println!(
         "SQL level (pgbench, prepared statements, {secs} s per run, {rounds} rounds alternated, \
          each raw, floor, pglease): pglease tps / floor tps and pglease tps / raw tps, the \

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use pglease::Error;
 
-use super::database::scripts;
+use sqlx::PgPool;
+
+use super::database::{found, held_token_offset, scripts};
 use super::timing::median_f64;
 
 /// pgbench, ready to run the scripts of `bench/pgbench/` on a database
@@ -30,6 +32,20 @@ impl Pgbench {
             offset,
             raw_offset,
         }
+    }
+
+    /// `binary` run on database `db` of the benchmark's server, set up by
+    /// `setup.sql` (`pool` is a pool on it): the token offsets of its held
+    /// leases read there.
+    pub(crate) async fn on(binary: PathBuf, pool: &PgPool, db: &str) -> Result<Self, Error> {
+        let offset = held_token_offset(pool, "pglease.leases").await?;
+        let raw_offset = held_token_offset(pool, "raw_leases").await?;
+        Ok(Self::new(
+            binary,
+            found().await?.url(db),
+            offset,
+            raw_offset,
+        ))
     }
 
     /// Transactions per second of one pgbench run of `script`
