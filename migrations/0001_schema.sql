@@ -2379,26 +2379,30 @@ COMMENT ON VIEW pglease.protected IS
 -- ends it after FENCED_GRACE (see TAKEOVER FROM A FROZEN HOLDER).
 --
 -- A declared session can also pin the next holder outside any checked
--- transaction: a migration tool's own lock (sqlx's migrator holds a
--- session-level advisory lock for its whole run; Flyway and Liquibase
--- keep lock rows) held by a deployer frozen between two migrations, or
--- the row locks of an unchecked transaction. So an acquisition that takes
--- over a term that ended without a release (it expired, or its holder's
--- session ended), and force_release, end the sessions declared under that
--- term (_end_declared), found two ways:
---  - by their SESSION MARKER: a session whose check passed holds, until
---    it ends, a shared session-level advisory lock on a key derived from
---    the lease's secret and its process id (_session_marker; nobody
---    without the secret can compute it, as with the fenced marker);
+-- transaction: a migration tool's own lock (sqlx's Migrator holds a
+-- session-level advisory lock for its whole run; Liquibase keeps a lock
+-- row) held by a deployer frozen between two migrations, or the row locks
+-- of an unchecked transaction. So an acquisition that takes over a term
+-- that ended without a release (it expired, or its holder's session
+-- ended), and force_release, end the sessions of this database declared
+-- under that term (_declared_pids, _end_declared), found two ways:
+--  - by their SESSION MARKER: a session whose check under the term passed
+--    holds, until it ends, a shared session-level advisory lock on a key
+--    derived from the lease's secret, the term's token and its process id
+--    (_session_marker; nobody without the secret can compute it, as with
+--    the fenced marker);
 --  - by their application_name, 'pglease:<token>' or 'pglease:<token> ...',
 --    which `pglease run --declare` gives its command (PGAPPNAME): that finds
 --    a session before its first check, as when a deployer froze right
---    after taking its tool's lock. It is a hint, never a fact, and a
---    session can only name itself: a false name gets its own session
---    ended, nobody else's. Tokens are drawn from one sequence for every
---    lease, so a token names one term of one lease.
--- Nothing is ended while the term it declared is valid: these run only
--- once that term has ended, under the row lock that ends it.
+--    after taking its tool's lock. It is a hint, never a fact: it is taken
+--    only from sessions whose login role may act under the term's role
+--    (another role's session would fail its first check anyway), and a
+--    session can only name itself. Tokens are drawn from one sequence for
+--    every lease, so a token names one term of one lease.
+-- Each session is ended on its own, so that one the owner may not end
+-- keeps nobody else's. Nothing is ended while the term it declared is
+-- valid: these run only once that term has ended, under the row lock
+-- that ends it.
 
 -- The session marker of the session with process id PID checked under
 -- term TOKEN of the lease with SECRET: as _marker, with a prefix that
