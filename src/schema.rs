@@ -5,8 +5,9 @@
 //! anyone who can connect can send one, so pglease reads the lease before
 //! it believes anything.
 
-/// The schema's one migration, for the unit tests that check the facts
-/// both sides state (limits, argument names) against it.
+/// The schema's one migration, generated from its parts in `schema/`
+/// (`cargo xtask schema`), for the unit tests that check the facts both
+/// sides state (limits, argument names) against it.
 #[cfg(test)]
 pub(crate) const SOURCE: &str = include_str!("../migrations/0001_schema.sql");
 
@@ -68,6 +69,17 @@ pub struct Migrated {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `migrations/0001_schema.sql` is what `cargo xtask schema` makes of
+    /// `schema/NN_*.sql`, and each part states what it uses from later
+    /// parts.
+    #[test]
+    fn the_migration_is_generated_from_its_parts() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        if let Err(why) = xtask::schema(root, true) {
+            panic!("{why}");
+        }
+    }
 
     #[test]
     fn the_migration_tools_are_the_schemas() {

@@ -1,0 +1,165 @@
+-- pglease: leases with fencing tokens, enforced by PostgreSQL.
+--
+-- The whole schema, in the order a reader learns it: one part a file,
+-- schema/NN_name.sql, which `cargo xtask schema` joins into
+-- migrations/0001_schema.sql. Every object is created once, in its part.
+-- Search for "-- N. " (a part's banner) to jump. A part that calls a
+-- function of a later part (PL/pgSQL looks a name up when the function
+-- runs, not when it is created) says so in its LATER PARTS paragraph,
+-- which the generator checks.
+--
+--  0. The rules every function keeps (this header): VOCABULARY, CLOCK,
+--     LOCKS, SESSION-BOUND LEASES, DURABILITY, PRIVILEGES, AUTHORITY,
+--     NO TRIGGERS.
+--  1. Limits, tables, input checks and authority:
+--     _max_text_bytes, _max_ttl_seconds, _max_value_bytes,
+--     _timeline_margin, _max_slots; fence_seq, lease_id_seq; leases,
+--     fences, _history, _history_config, name_grants, _protected,
+--     _timelines, _checked, _timeline_config, _carried, _creators; types
+--     acquisition, counted_acquisition; _check_text, _check_token,
+--     _check_ttl; is_admin, _may_act, _may_use_name, _refuse_name,
+--     _refuse_owner, _refuse_foreign, grant_names, revoke_names;
+--     _session_gone.
+--  2. Taking, keeping and giving up leases: _marker, _fenced_pids,
+--     _key_holders, _end_fenced, _fenced_grace_ms, _fenced_ended,
+--     _take_over, _create, acquire, renew,
+--     renew_many, _watch_key, watch, unwatch, release,
+--     can_end_stale_transactions.
+--  3. Fencing, the database as the enforcement point: assert_held, view
+--     fenced, _guard, _check_may_alter, _bind, protect, unprotect, view
+--     protected; declared sessions: _session_marker, _check_session,
+--     _fence_ddl, fence_ddl, ddl_fenced, migration_tools, _declared_pids,
+--     _end_declared, view declared; admit.
+--  4. Timelines, a server that forgot commits (failover to an
+--     asynchronous standby, restore from backup): _refuse_standby,
+--     server_timeline, _forgotten, forgotten_in, _timeline_checked,
+--     _no_grant_now, view timelines, restored, set_grant_delay, view
+--     grant_delay.
+--  5. A value per lease: set_value.
+--  6. Changes notified to observers, and step-down requests: observe,
+--     unobserve, request_step_down.
+--  7. The history, and the break-glass release that fences: view
+--     history, set_history, view history_settings, _record,
+--     _purge_history, _changed (the observers' notification, called with
+--     _record), _lock_to_end, _force_shared, force_release.
+--  8. Counted leases: _counted, acquire_counted.
+--  9. The security posture, for `pglease doctor`: audit.
+-- 10. Several leases at once, all or none: _max_set_names, _check_names,
+--     type set_acquisition, acquire_all.
+-- 11. First-come-first-served waiting: _max_waiting, line_seq, _line,
+--     _place_lives, type place, _ahead, enqueue, dequeue, view line,
+--     set_fair.
+-- 12. Shared leases, many holders or one: _shared, _writer_waits,
+--     acquire_shared, _lock_for_shared, _own_shared, _renew_shared,
+--     _release_shared, assert_shared, view shared.
+-- 13. Handover to a named successor: hand_over, _successor_place,
+--     successor_waits.
+-- 14. One picture of a name, whoever holds it: view status.
+-- =====================================================================
+-- 0. THE RULES EVERY FUNCTION KEEPS
+-- =====================================================================
+--
+-- VOCABULARY. A lease has a name (the resource), a holder (who), a token
+-- (which acquisition: the fence) and an expires_at (until when). A lease is
+-- valid at time t iff its token is the row's current token, the row has a
+-- holder, and t < expires_at. Equality is expired.
+--
+-- CLOCK. Every decision uses the database server's clock, never a client's.
+-- Every function reads clock_timestamp() (the time the statement actually
+-- runs), never now(): now() is the start of the caller's transaction, and a
+-- check made late in a long transaction against now() would accept a lease
+-- that has already expired. Each check reads the clock *after* the row lock
+-- it depends on is held, so a wait for a lock cannot make the clock stale.
+-- TTLs are converted to an exact number of seconds before they are added,
+-- so '1 day' is always 86400 s and never depends on the session's TimeZone
+-- (a calendar day across a DST change is 23 or 25 hours).
+--
+-- LOCKS. Every function that changes a token (acquire, force_release)
+-- first locks the row FOR UPDATE, explicitly: the token is not in any
+-- index, so the UPDATE alone would take only FOR NO KEY UPDATE, and the
+-- updates stay HOT (no index entry per acquisition). assert_held takes
+-- FOR KEY SHARE, which conflicts only with FOR UPDATE: while a fenced
+-- transaction is open no acquisition of its lease can commit, but renew
+-- and release (FOR NO KEY UPDATE) proceed.
+-- Advisory locks are a hint between sessions, never a fact: any role can
+-- take any key, so no decision rests on who holds one and no wait on one
+-- is unbounded (see AUTHORITY). Key spaces (first key): 0x706c7761 "plwa"
+-- (watchers of a name, see release), 0x706c6f62 "plob" (observers of a
+-- name, see observe), 0x706c7362 "plsb" (a session holding session-bound
+-- leases, keyed by its process id; see SESSION-BOUND LEASES); fenced
+-- transactions carry a 64-bit key derived from
+-- a secret of their lease and their transaction id (see assert_held), which
+-- nobody without the secret can take first; the migrator's own lock is the
+-- 64-bit key of the bytes "pglease".
+--
+-- SESSION-BOUND LEASES (opt-in: acquire's session_bound). The lease also
+-- ends when the server session that acquired it ends: the row records
+-- that session (leases.session_pid, and session_start where the role that
+-- owns the functions may read pg_stat_activity's backend_start), and an
+-- acquirer that finds the lease valid but no such session in
+-- pg_stat_get_activity takes it at once, fenced like any takeover (new
+-- token, stale fenced transactions ended); renew refuses to extend it.
+-- The session's existence is read from the server, never from an
+-- argument. A process id reused by a new session in between (when the
+-- start time cannot be read) only makes the lease wait for its expiry, as
+-- an unbound one does. The session also holds the advisory lock
+-- (0x706c7362, its pid) until it ends, so that a waiter can block on it
+-- and wake when the session is gone; that lock is only a wake-up, never
+-- what is decided on (anyone may take any key: the worst a role can do
+-- with it is delay a waiter until the lease's expiry).
+--
+-- DURABILITY. What the database acknowledged, it keeps, whatever
+-- synchronous_commit the server or the session has: acquire, renew,
+-- renew_many, admit and force_release raise synchronous_commit to 'on'
+-- for their own transaction when it is weaker. With asynchronous commit a
+-- crash could roll back both the lease row and the sequence and issue the
+-- same token twice, or roll back a renewal and end a lease earlier than
+-- its holder was told (with a synchronous standby, 'on' also waits for
+-- the standby). release and set_value keep the caller's setting: losing
+-- one in a crash makes a lease last longer than its holder believes, or
+-- loses a value, but never shortens a validity that was acknowledged or
+-- reissues a token. A server that forgets commits by design (a promoted
+-- asynchronous standby, a restore from backup) continues on a new
+-- timeline, and no token drawn there repeats one the old timeline could
+-- have issued: see TIMELINES.
+--
+-- PRIVILEGES. The functions that change leases are SECURITY DEFINER with a
+-- fixed search_path: an application role may call them (GRANT EXECUTE)
+-- without being able to update the tables, and a caller's search_path
+-- cannot reach inside them. Nothing is granted to PUBLIC on the tables.
+--
+-- AUTHORITY. The principal is the session's login role, session_user:
+-- SET ROLE does not change it (a session can always RESET ROLE, so SET
+-- ROLE is no boundary), and a pooler that logs in as each client's own
+-- role (PgBouncer's default) keeps it. An acquisition records it
+-- (leases.role); renew, renew_many, release, set_value and assert_held
+-- (and so protected writes) under the lease's token succeed only when
+-- session_user is that role or a member of it (pg_has_role ... MEMBER),
+-- or an administrator; anyone else gets SQLSTATE 42501 and nothing
+-- changes. Administrators (pglease.is_admin()): superusers, members of
+-- the role that owns the pglease functions, and members of the role
+-- pglease_admin (created by the migration when the migrator may create
+-- roles; roles belong to the server, so it is administrator of pglease in
+-- every database of that server). force_release and the history's
+-- settings are theirs alone. Names may be granted to roles by prefix
+-- (pglease.grant_names): a name under a granted prefix can be acquired,
+-- and its holder asked to step down, only by a member of a role granted a
+-- prefix of it, or an administrator; names under no granted prefix are
+-- open to every role that may call the functions. Tokens are not secrets
+-- (they travel to the resources they fence): authority comes from the
+-- role, never from knowing a token. Settings any session can SET
+-- (pglease.declared, the lock counters) only ever say what to check, or
+-- cost their own session; nothing else is taken from them.
+--
+-- NO TRIGGERS. Each function that changes a lease's holder, token, value
+-- or step-down request records the transition (pglease._record) and tells
+-- observers (pglease._changed) itself, in the transaction that makes it;
+-- renew counts the term's renewals in its own UPDATE. A row trigger on
+-- the leases table cost about a fifth of a renew or release (PostgreSQL
+-- prepares a table's triggers and CHECK constraints again for every
+-- statement that writes it), and only these functions write the table.
+
+CREATE SCHEMA IF NOT EXISTS pglease;
+
+COMMENT ON SCHEMA pglease IS
+    'Leases with fencing tokens enforced by PostgreSQL (see the pglease README).';
