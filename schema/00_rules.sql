@@ -13,7 +13,7 @@
 --     NO TRIGGERS.
 --  1. Limits, tables, input checks and authority:
 --     _max_text_bytes, _max_ttl_seconds, _max_value_bytes,
---     _timeline_margin, _max_slots; fence_seq, lease_id_seq; leases,
+--     _timeline_margin, _max_slots; _durable; fence_seq, lease_id_seq; leases,
 --     fences, _history, _history_config, name_grants, _protected,
 --     _timelines, _checked, _timeline_config, _carried, _creators; types
 --     acquisition, counted_acquisition; _check_text, _check_token,
@@ -22,7 +22,8 @@
 --     _session_gone.
 --  2. Taking, keeping and giving up leases: _marker, _fenced_pids,
 --     _key_holders, _end_fenced, _fenced_grace_ms, _fenced_ended,
---     _take_over, _create, acquire, renew,
+--     _take_over, _create; the phases of acquire: _take_handed,
+--     _take_released, _take, _lock_ended; acquire, renew,
 --     renew_many, _watch_key, watch, unwatch, release,
 --     can_end_stale_transactions.
 --  3. Fencing, the database as the enforcement point: assert_held, view

@@ -48,6 +48,22 @@ RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1000 $$;
 
+-- DURABILITY (see the rules), written once: this transaction commits with
+-- synchronous_commit at least 'on', whatever the server or the session
+-- set. Inlined where it is called, as the limits are: built-ins only,
+-- schema-qualified, no SET clause. Answers the new setting, or NULL if it
+-- was already so.
+CREATE FUNCTION pglease._durable()
+RETURNS text
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT CASE WHEN pg_catalog.current_setting('synchronous_commit')
+                     NOT IN ('on', 'remote_apply')
+                THEN pg_catalog.set_config('synchronous_commit', 'on', true) END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._durable() FROM PUBLIC;
+
 ------------------------------------------------------------------------
 -- Tables
 ------------------------------------------------------------------------

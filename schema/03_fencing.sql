@@ -799,9 +799,7 @@ BEGIN
 
     -- A high-water mark that went backwards after a crash would accept an
     -- old token again: this commit must be durable.
-    IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
-        PERFORM set_config('synchronous_commit', 'on', true);
-    END IF;
+    PERFORM pglease._durable();
     INSERT INTO pglease.fences AS f (resource, token, advanced_at)
     VALUES (admit.resource, admit.token, clock_timestamp())
     ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE

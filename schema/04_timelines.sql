@@ -252,9 +252,7 @@ BEGIN
                                         ELSE '' END);
     PERFORM pglease._record(NULL, new_floor, 'timeline', NULL, t, NULL, detail);
     -- The new floor must be on disk before any token above it is used.
-    IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
-        checked := set_config('synchronous_commit', 'on', true);
-    END IF;
+    PERFORM pglease._durable();
     INSERT INTO pglease._checked AS c (timeline, floor, grant_after)
     VALUES (tli, new_floor, last.grant_after)
     ON CONFLICT ON CONSTRAINT _checked_pkey DO UPDATE

@@ -247,9 +247,7 @@ DECLARE
     note   text;
 BEGIN
     PERFORM pglease._lock_for_shared(_force_shared.name, true);
-    IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
-        PERFORM set_config('synchronous_commit', 'on', true);
-    END IF;
+    PERFORM pglease._durable();
     FOR reader IN
         UPDATE pglease._shared AS s SET expires_at = clock_timestamp()
          WHERE s.name = _force_shared.name AND s.expires_at > clock_timestamp()
@@ -337,9 +335,7 @@ BEGIN
     IF lease.name IS NULL OR lease.holder IS NULL OR clock_timestamp() >= lease.expires_at THEN
         RETURN NULL; -- nobody holds it: nothing to break
     END IF;
-    IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
-        PERFORM set_config('synchronous_commit', 'on', true);
-    END IF;
+    PERFORM pglease._durable();
     PERFORM pglease._record(lease.name, lease.token, 'force_released', lease.holder,
                             clock_timestamp(), lease.renewals, force_release.reason);
     UPDATE pglease.leases AS l

@@ -74,11 +74,12 @@ REVOKE ALL ON pglease._shared FROM PUBLIC;
 -- its last refusal, else only note it (writer_waiting, and the refusal's
 -- time in writer_waits_until: no shared acquisition waits behind that),
 -- unless another transaction changes the row right now (the next attempt
--- marks it then). Answers "held" by the shared holder that expires last,
--- until that expiry or for 2 s, whichever ends first (not after
--- checked_at if they have just ended: the caller goes on). AHEAD as
--- acquire answers it. Internal to acquire.
-CREATE FUNCTION pglease._writer_waits(name text, holder text, ahead integer, waits boolean)
+-- marks it then). Answers acquire's refusal: "held" by the shared holder
+-- that expires last, until that expiry or for 2 s, whichever ends first;
+-- AHEAD and FAIR as acquire answers them. NULL if the shared holders have
+-- just ended: the caller goes on. Internal to acquire.
+CREATE FUNCTION pglease._writer_waits(name text, holder text, ahead integer, waits boolean,
+                                      fair boolean)
 RETURNS pglease.acquisition
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -117,12 +118,16 @@ BEGIN
     SELECT s.holder INTO reader FROM pglease._shared AS s
      WHERE s.name = _writer_waits.name AND s.expires_at > clock_timestamp()
      ORDER BY s.expires_at DESC LIMIT 1;
-    RETURN ROW(NULL, until, reader, clock_timestamp(), NULL, NULL, NULL,
-               _writer_waits.ahead, NULL)::pglease.acquisition;
+    t := clock_timestamp();
+    IF NOT until > t THEN
+        RETURN NULL;
+    END IF;
+    RETURN ROW(NULL, until, reader, t, NULL, NULL, NULL, _writer_waits.ahead,
+               _writer_waits.fair)::pglease.acquisition;
 END
 $$;
 
-REVOKE ALL ON FUNCTION pglease._writer_waits(text, text, integer, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglease._writer_waits(text, text, integer, boolean, boolean) FROM PUBLIC;
 
 CREATE FUNCTION pglease.acquire_shared(name text, holder text, ttl interval)
 RETURNS pglease.acquisition
@@ -245,9 +250,7 @@ BEGIN
            readers_after = l.token
      WHERE l.name = acquire_shared.name;
     -- Durable whatever the session's synchronous_commit (see DURABILITY).
-    IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
-        checked := set_config('synchronous_commit', 'on', true);
-    END IF;
+    PERFORM pglease._durable();
     PERFORM pglease._record(acquire_shared.name, new_token, 'acquired', acquire_shared.holder,
                             clock_timestamp(), NULL, 'shared');
     PERFORM pglease._changed(acquire_shared.name);

@@ -118,9 +118,7 @@ BEGIN
      WHERE l.name = hand_over.name;
     DELETE FROM pglease._line AS q WHERE q.ticket = place.ticket;
     -- Durable whatever the session's synchronous_commit (see DURABILITY).
-    IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
-        checked := set_config('synchronous_commit', 'on', true);
-    END IF;
+    PERFORM pglease._durable();
     PERFORM pglease._record(hand_over.name, hand_over.token, 'released', lease.holder,
                             clock_timestamp(), lease.renewals,
                             format('handed over to %s', hand_over.successor));
