@@ -3075,7 +3075,6 @@ DECLARE
     new_floor bigint;
     delay     interval;
     t         timestamptz;
-    checked   text;
     detail    text;
 BEGIN
     LOOP

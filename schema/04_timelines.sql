@@ -193,7 +193,6 @@ DECLARE
     new_floor bigint;
     delay     interval;
     t         timestamptz;
-    checked   text;
     detail    text;
 BEGIN
     LOOP
