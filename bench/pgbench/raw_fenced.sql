@@ -1,4 +1,4 @@
--- the minimal correct fenced transaction, raw: the seed's check on the
+-- the minimal correct fenced transaction, raw: token and expiry checked on the
 -- lease row, locked FOR KEY SHARE until commit, the write, COMMIT.
 \set n random(1, :names)
 \set tok :n + :roff

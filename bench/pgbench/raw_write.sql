@@ -1,4 +1,4 @@
--- the minimal correct guarded write, raw: the seed's check on the lease
+-- the minimal correct guarded write, raw: token and expiry checked on the lease
 -- row, locked FOR KEY SHARE until commit, and the UPDATE, one statement.
 \set n random(1, :names)
 \set tok :n + :roff

@@ -51,7 +51,7 @@ const RAW_RELEASE_HISTORY_NOTIFY: &str = "WITH r AS (UPDATE raw_leases SET holde
      h AS (INSERT INTO raw_history (name, token, event, holder, at, role) \
      SELECT name, token, 'released', 'bench', clock_timestamp(), session_user FROM r) \
      SELECT pg_notify('raw_release', hashtext(name)::text) FROM r";
-/// The minimal guard (`raw_fenced.sql`): the seed's check on the lease
+/// The minimal guard (`raw_fenced.sql`): token and expiry checked on the lease
 /// row, locked `FOR KEY SHARE` until commit.
 const RAW_GUARD: &str = "SELECT 1 FROM raw_leases \
      WHERE name = $1 AND token = $2 AND clock_timestamp() < expires_at FOR KEY SHARE";

@@ -1,6 +1,6 @@
 //! `cargo run --release -p pglease-peers --example compare`: the comparison with the crates
 //! users would pick instead, on the server `pglease::provision` finds,
-//! printed as tables: the article's failures (verdicts read from the
+//! printed as tables: the failures a lease must survive (verdicts read from the
 //! database), then speed and load. `PEERS_HOLD_SECS` (default 60) is how
 //! long 1,000 leases are held, `PEERS_CYCLE_SECS` (default 3) how long
 //! acquire+release cycles run; `PEERS_ONLY=safety` or `speed` runs one

@@ -224,7 +224,7 @@ pub(crate) enum Command {
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
     },
-    /// The article's failures, live: leases vs advisory locks (about 6 s),
+    /// The failures a lease must survive, live: leases vs advisory locks (about 6 s),
     /// in a scratch database that is created and dropped.
     Demo,
 }

@@ -1,4 +1,4 @@
-//! The scenario engine: the article's failure scenarios written once, as
+//! The scenario engine: the failures a lease must survive, written once, as
 //! scripts over a [`Contender`] (a way of guarding a resource: acquire,
 //! write, a fault on the holder's side, release), with one ledger the
 //! writers append to and one way of judging what the ledger and the clocks
@@ -17,7 +17,7 @@ use sqlx::{AssertSqlSafe, PgPool};
 /// Errors of any contender's library, as text.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A failure scenario from the article, lettered the same everywhere.
+/// A failure a lease must survive, lettered the same everywhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scenario {
     /// (a) The holder pauses past its TTL (a GC pause, a stopped VM, a
@@ -403,7 +403,7 @@ pub trait Contender {
     async fn write(&self, held: &mut Self::Held, who: Who) -> Result<Written, BoxError>;
 
     /// `who`'s work while it holds, before the fault: a write that
-    /// commits, as the article's holder writes before it pauses; `Ok(None)`
+    /// commits, as a paused holder writes before it pauses; `Ok(None)`
     /// where the contender does not work before the fault (or cannot
     /// without giving its hold up, as a transaction lock's commit does).
     ///

@@ -1,4 +1,4 @@
-//! The failures a lease must survive, from the article, played live
+//! The failures a lease must survive, played live
 //! against PostgreSQL: (a) a holder pauses past its TTL, (b) its
 //! connection is killed, (c) it dies without releasing, (d) its release
 //! arrives late, (e) its renewals get no answer. Each is a script of the

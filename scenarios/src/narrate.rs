@@ -1,4 +1,4 @@
-//! The scripts told step by step, in the article's words: the observer
+//! The scripts told step by step, in plain words: the observer
 //! `pglease demo` prints its first part with.
 
 use std::sync::{Mutex, PoisonError};

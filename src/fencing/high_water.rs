@@ -1,6 +1,6 @@
 //! Fencing for resources outside the leases' database: the resource keeps
 //! the highest token it has accepted and refuses any lower one (the
-//! article's separate-resource model). `pglease.admit` keeps that mark in
+//! separate-resource model). `pglease.admit` keeps that mark in
 //! the database; [`HighWaterMark`] keeps it in the resource's own process.
 //!
 //! What this model cannot detect: a holder whose lease has expired but

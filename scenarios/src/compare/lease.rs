@@ -148,7 +148,7 @@ impl Contender for LeaseContender {
         Some(held.token())
     }
 
-    /// The article's holder writes before it pauses: a lease acquired
+    /// A paused holder writes before it pauses: a lease acquired
     /// once writes under its token (a renewed one is for (e), which does
     /// not call this).
     async fn work(&self, held: &mut Held, who: Who) -> Result<Option<Written>, BoxError> {

@@ -1,4 +1,4 @@
-//! The article's failure scenarios, run live against the database for a
+//! The failure scenarios, run live against the database for a
 //! lease with fencing, a session-level advisory lock and a
 //! transaction-level advisory lock. Every outcome is measured, not
 //! assumed: whether a stale write landed, whether another worker could take

@@ -1,6 +1,7 @@
 //! The comparison of lease + fencing with advisory locks, run live: every
 //! stale write is rejected under leases, and the advisory locks' weaknesses
-//! show up where the article predicts (and their strengths where it does).
+//! show up where docs/design.md ("Advisory locks, compared") says they do
+//! (and their strengths too).
 
 use std::time::Duration;
 
