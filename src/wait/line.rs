@@ -10,8 +10,10 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::postgres::types::PgInterval;
 
+use super::detach::detached;
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::options::AcquireOptions;
 use crate::sql;
 
 /// A waiter's place in line. Dropped while it still holds the place (the
@@ -134,6 +136,80 @@ pub(crate) async fn line(context: &Context, name: &str) -> Result<Vec<LinePlace>
             })
         })
         .collect()
+}
+
+/// A fair acquisition's place in line across its attempts (none for an
+/// acquisition that is not fair, or before its first refusal).
+#[derive(Default)]
+pub(super) struct Line {
+    pub(super) place: Option<Place>,
+    /// Places that ended under the waiter in a row (see `ended`).
+    pub(super) ended: u32,
+}
+
+impl Line {
+    /// Whether `outcome` says the place has ended (SQLSTATE LE003): the
+    /// waiter then joins again after its next attempt. Three in a row
+    /// are reported as the error.
+    pub(super) fn ended<T>(&mut self, outcome: &Result<T>) -> Result<bool> {
+        let Err(error) = outcome else {
+            self.ended = 0;
+            return Ok(false);
+        };
+        if error.sqlstate() != Some(crate::sqlstate::NOT_IN_LINE) || self.ended >= 2 {
+            return Ok(false);
+        }
+        self.ended += 1;
+        if let Some(place) = self.place.take() {
+            place.taken();
+        }
+        Ok(true)
+    }
+
+    /// Joins the line of `names` if the acquisition is fair and has no
+    /// place yet; whether it joined now.
+    pub(super) async fn join(
+        &mut self,
+        context: &Arc<Context>,
+        names: &[String],
+        how: &AcquireOptions,
+        name_fair: bool,
+        ttl: &PgInterval,
+    ) -> Result<bool> {
+        if !(how.get_fair() || name_fair) || self.place.is_some() {
+            return Ok(false);
+        }
+        // On a task of its own, as attempts are: a waiter cancelled while
+        // its join is in flight leaves the place in the background.
+        let (joining, holder, ttl, max) = (
+            names.to_vec(),
+            how.get_holder().into_owned(),
+            *ttl,
+            how.get_max_waiting(),
+        );
+        let (place, position) = detached(context, move |context| async move {
+            Place::join(&context, &joining, &holder, &ttl, max).await
+        })
+        .await?;
+        tracing::debug!(?names, position, "waiting in line");
+        self.place = Some(place);
+        Ok(true)
+    }
+
+    /// The acquisition succeeded: its place ended with it.
+    pub(super) fn taken(&mut self) {
+        if let Some(place) = self.place.take() {
+            place.taken();
+        }
+    }
+
+    /// `nap`, shortened so that the place is kept.
+    pub(super) fn nap(&self, nap: Duration, how: &AcquireOptions) -> Duration {
+        match self.place {
+            Some(_) => keep_place(nap, how.get_ttl()),
+            None => nap,
+        }
+    }
 }
 
 #[cfg(test)]
