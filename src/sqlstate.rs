@@ -73,6 +73,11 @@ pub const DUPLICATE_STATEMENT: &str = "42P05";
 /// same name takes other parameters (see [`NO_SUCH_STATEMENT`]).
 pub const PROTOCOL_VIOLATION: &str = "08P01";
 
+/// `invalid_authorization_specification`: the server refused the login
+/// itself (no `pg_hba.conf` entry allows it), as a server that requires
+/// TLS answers a connection without it.
+pub const INVALID_AUTHORIZATION: &str = "28000";
+
 /// Whether retrying cannot mend what `code` reports: the schema is
 /// missing or out of date, or the role may not use it (class 42, syntax
 /// error or access rule violation, and [`INVALID_SCHEMA_NAME`]).

@@ -56,7 +56,7 @@ pub(crate) async fn connect(target: &Target, timeout: Duration) -> Result<LeaseM
                 "Check sslrootcert (the CA that signed the server's certificate, or \
                  sslrootcert=system for a public CA) and that the host name in the URL is one \
                  the certificate names; sslmode=require encrypts without verifying."
-            } else if e.sqlstate() == Some("28000")
+            } else if e.sqlstate() == Some(pglease::sqlstate::INVALID_AUTHORIZATION)
                 && target.sslmode() == Some(pglease::connect::SslMode::Disable)
             {
                 "The server refused a connection without TLS: it requires TLS. Use \
