@@ -343,6 +343,34 @@ pub enum Error {
     Database(#[source] sqlx::Error),
 }
 
+/// What an [`Error`] asks of its caller, in five kinds: the one grouping
+/// of the variants, for callers (a command line's exit status, a retry
+/// policy) that decide by kind rather than by variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The call was wrong and nothing was changed: an argument was
+    /// rejected ([`Error::InvalidInput`]), or the lease is not held under
+    /// the token given ([`Error::NotHeld`]).
+    Usage,
+    /// Not acquired: someone else has the lease, or it cannot be granted
+    /// yet ([`Error::Held`], [`Error::Pinned`], [`Error::InLine`],
+    /// [`Error::LineFull`], [`Error::GrantDelayed`]).
+    Conflict,
+    /// A lease that was held is lost ([`Error::Lost`]).
+    Lost,
+    /// The database has no `pglease` schema, or an older one
+    /// ([`Error::SchemaMissing`]): run the migration.
+    SchemaMissing,
+    /// Everything else: the database refused ([`Error::NotDeclared`],
+    /// [`Error::NotPermitted`], [`Error::ReadOnly`]), failed or could not
+    /// be reached ([`Error::Database`], [`Error::Timeout`]), the schema is
+    /// one this version cannot use or cannot apply ([`Error::Migrate`],
+    /// [`Error::IncompatibleSchema`]), or the manager was shut down
+    /// ([`Error::ShutDown`]).
+    Database,
+}
+
 struct SchemaText {
     version: i64,
     newer: bool,
@@ -458,6 +486,28 @@ impl std::fmt::Display for DatabaseText<'_> {
 }
 
 impl Error {
+    /// This error's [`ErrorKind`].
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidInput { .. } | Error::NotHeld { .. } => ErrorKind::Usage,
+            Error::Held { .. }
+            | Error::Pinned { .. }
+            | Error::InLine { .. }
+            | Error::LineFull { .. }
+            | Error::GrantDelayed { .. } => ErrorKind::Conflict,
+            Error::Lost { .. } => ErrorKind::Lost,
+            Error::SchemaMissing(_) => ErrorKind::SchemaMissing,
+            Error::NotDeclared { .. }
+            | Error::NotPermitted { .. }
+            | Error::ReadOnly(_)
+            | Error::Timeout { .. }
+            | Error::ShutDown
+            | Error::Migrate(_)
+            | Error::IncompatibleSchema { .. }
+            | Error::Database(_) => ErrorKind::Database,
+        }
+    }
+
     /// The SQLSTATE behind this error, when the database raised it.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {

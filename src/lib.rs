@@ -49,7 +49,7 @@ mod signal;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use error::{Error, LossReason, NotHeldReason, Result};
+pub use error::{Error, ErrorKind, LossReason, NotHeldReason, Result};
 pub use fencing::{FencedTransaction, HighWaterMark, assert_held};
 pub use hold::{HeldLease, RenewalHealth};
 pub use lease::{Fence, Lease, LeaseKind, LeaseStatus, ListFilter, SharedHolder};

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use pglease::Error;
 use pglease::connect::Target;
+use pglease::{Error, ErrorKind};
 
 /// Exit status of `doctor` when a check is not ok.
 pub(crate) const PROBLEMS: u8 = 1;
@@ -52,27 +52,36 @@ pub(crate) fn conflict() -> ExitCode {
     ExitCode::from(CONFLICT.load(Ordering::Relaxed))
 }
 
-/// Says `e` on stderr, as the failure of `what`, and gives its exit status.
+/// The exit status for an error of `kind` that a command does not handle
+/// itself. A refused acquisition ([`ErrorKind::Conflict`]) is each
+/// command's to say (`cmd::not_acquired`, with [`conflict`]); one that
+/// reaches here failed as the database does.
+pub(crate) fn status(kind: ErrorKind) -> u8 {
+    match kind {
+        ErrorKind::Usage => USAGE,
+        ErrorKind::Lost => LOST,
+        _ => DATABASE,
+    }
+}
+
+/// Says `e` on stderr, as the failure of `what`, and gives its exit status
+/// ([`status`] of its kind).
 pub(crate) fn fail(e: &Error, what: &str) -> u8 {
-    match e {
-        Error::InvalidInput { .. } => {
+    match e.kind() {
+        ErrorKind::Usage if matches!(e, Error::InvalidInput { .. }) => {
             eprintln!("pglease: {e}");
-            USAGE
         }
-        Error::NotHeld { .. } => {
+        ErrorKind::Usage => {
             eprintln!("pglease: {what}: {e}; check the name and token (nothing was changed)");
-            USAGE
         }
-        Error::Lost { .. } => {
+        ErrorKind::Lost => {
             eprintln!("pglease: {what}: {e}; acquire it again for a new token");
-            LOST
         }
-        Error::SchemaMissing(_) => {
+        ErrorKind::SchemaMissing => {
             let place = PLACE.get().map_or(String::new(), |(database, hosts, _)| {
                 format!(" (database {database:?} on {hosts})")
             });
             eprintln!("pglease: {what} failed: {e}{place}; run `pglease migrate` first");
-            DATABASE
         }
         _ => {
             let grant = PLACE
@@ -82,7 +91,7 @@ pub(crate) fn fail(e: &Error, what: &str) -> u8 {
                     format!("\nThe schema's owner (or a superuser) grants it: {grant};")
                 });
             eprintln!("pglease: {what} failed: {e}{grant}");
-            DATABASE
         }
     }
+    status(e.kind())
 }
