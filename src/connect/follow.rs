@@ -19,11 +19,11 @@ use tokio_util::sync::CancellationToken;
 use super::target::{Target, refusal};
 
 /// How often the watch task checks the host the pool uses.
-pub const WATCH_PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const WATCH_PERIOD: Duration = Duration::from_secs(1);
 
 /// How long one host may take to accept a connection and answer the
 /// attribute check while the hosts are searched.
-pub const PER_HOST_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const PER_HOST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Between two searches of all hosts that found none with the attributes
 /// (a failover in progress).

@@ -20,8 +20,7 @@ use crate::error::{Error, Result};
 use crate::sql;
 
 pub(crate) use follow::Follow;
-pub use follow::{PER_HOST_TIMEOUT, WATCH_PERIOD};
-pub use parse::WAIT_INDEFINITELY;
+pub(crate) use follow::PER_HOST_TIMEOUT;
 pub use target::{SessionAttrs, Target};
 pub use tls::SslMode;
 
@@ -128,7 +127,8 @@ fn not_postgres(error: &sqlx::Error) -> bool {
 /// `PGUSER`, `PGPASSWORD`, `PGDATABASE`, ...), defaulting like libpq: the
 /// local socket or `localhost:5432`, and the operating-system user (looked
 /// up by uid, as libpq does, when `PGUSER` is not set).
-pub fn libpq_defaults() -> PgConnectOptions {
+#[cfg(feature = "provision")]
+pub(crate) fn libpq_defaults() -> PgConnectOptions {
     PgConnectOptions::new()
 }
 

@@ -24,7 +24,7 @@ const KEYWORDS: &str = "host, hostaddr, port, dbname, user, password, passfile, 
 
 /// What `connect_timeout=0` (or a negative value) means: libpq waits
 /// indefinitely; pglease waits this long.
-pub const WAIT_INDEFINITELY: Duration = Duration::from_secs(365 * 86_400);
+const WAIT_INDEFINITELY: Duration = Duration::from_secs(365 * 86_400);
 
 impl Target {
     /// Parses a PostgreSQL URL (`postgres://` or `postgresql://`) or a

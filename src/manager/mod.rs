@@ -166,7 +166,7 @@ impl LeaseManager {
     /// (or `target_session_attrs` other than `any`), the hosts are tried in
     /// order and the first with the attributes is used; every new
     /// connection is checked before use, and a watch task checks the host
-    /// every [`WATCH_PERIOD`](crate::connect::WATCH_PERIOD) (and at once
+    /// every second (and at once
     /// when a renewal fails). When it fails, the hosts are searched again
     /// until one has the attributes (a failover), and the pool, the
     /// listener and the renewal move there; connections opened before are
