@@ -219,14 +219,25 @@ impl Drop for Unfinished {
     }
 }
 
-impl LeaseManager {
+impl SessionLock {
     /// Tries to take the session-level advisory lock `name` on a connection
     /// of the pool, which stays out of the pool while the lock is held.
     /// `Ok(None)` if another session holds it.
-    pub async fn try_session_lock(&self, name: &str) -> Result<Option<SessionLock>> {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad name (nothing sent);
+    /// [`Error::Database`] if no connection can be had or the statement
+    /// fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped early, the connection is closed rather than
+    /// returned to the pool, which ends a lock it may have taken.
+    pub async fn try_lock(manager: &LeaseManager, name: &str) -> Result<Option<SessionLock>> {
         check_text("name", name)?;
         let key = key(name);
-        let mut conn = Unfinished(Some(self.pool().acquire().await?));
+        let mut conn = Unfinished(Some(manager.pool().acquire().await?));
         let (locked, pid): (bool, i32) = sqlx::query_as(sql::ADVISORY_TRY_LOCK)
             .bind(key)
             .fetch_one(conn.get())
@@ -243,14 +254,22 @@ impl LeaseManager {
     /// Takes the session-level advisory lock `name`, waiting up to
     /// `max_wait` (`pg_advisory_lock` under a `lock_timeout`). `Ok(None)`
     /// if it was still held after that.
-    pub async fn session_lock(
-        &self,
+    ///
+    /// # Errors
+    ///
+    /// As [`SessionLock::try_lock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`SessionLock::try_lock`].
+    pub async fn lock(
+        manager: &LeaseManager,
         name: &str,
         max_wait: Duration,
     ) -> Result<Option<SessionLock>> {
         check_text("name", name)?;
         let key = key(name);
-        let mut conn = Unfinished(Some(self.pool().acquire().await?));
+        let mut conn = Unfinished(Some(manager.pool().acquire().await?));
         let timeout_ms = max_wait.as_millis().clamp(1, i32::MAX as u128).to_string();
         // The timeout is set for this transaction only; the session lock
         // taken inside it outlives the commit.
@@ -285,14 +304,27 @@ impl LeaseManager {
             Err(e) => Err(Error::from(e)),
         }
     }
+}
 
+impl XactLock {
     /// Begins a transaction and tries to take the transaction-level
     /// advisory lock `name` in it. `Ok(None)` (and the transaction rolled
     /// back) if another transaction holds it.
-    pub async fn try_xact_lock(&self, name: &str) -> Result<Option<XactLock>> {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad name (nothing sent);
+    /// [`Error::Database`] if no connection can be had or a statement
+    /// fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped early, the transaction is rolled back with its
+    /// lock.
+    pub async fn try_lock(manager: &LeaseManager, name: &str) -> Result<Option<XactLock>> {
         check_text("name", name)?;
         let key = key(name);
-        let mut tx = self.pool().begin().await?;
+        let mut tx = manager.pool().begin().await?;
         let locked: bool = sqlx::query_scalar(sql::ADVISORY_TRY_XACT_LOCK)
             .bind(key)
             .fetch_one(&mut *tx)

@@ -7,7 +7,7 @@ use sqlx::Row;
 
 use crate::error::Result;
 use crate::limits::check_text;
-use crate::manager::LeaseManager;
+use crate::manager::{Admin, LeaseManager};
 use crate::sql;
 use crate::token::Token;
 
@@ -28,7 +28,7 @@ pub enum Event {
     /// The detail names the process ids (`ended sessions 4711, 4712`).
     Evicted,
     /// An administrator ended it and moved its fence
-    /// ([`LeaseManager::force_release`]); the detail is the reason.
+    /// ([`Admin::force_release`](crate::Admin::force_release)); the detail is the reason.
     ForceReleased,
     /// The holder published a value; the detail is the value (the first
     /// 16 values of a term are recorded).
@@ -142,39 +142,6 @@ pub struct TimelineChange {
 }
 
 impl LeaseManager {
-    /// The changes of timeline the database has recorded, oldest first
-    /// (none for a database that never failed over or was restored). One
-    /// statement.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotPermitted`](crate::Error::NotPermitted) when the role
-    /// may not read `pglease.timelines`; [`Error::Database`](crate::Error::Database)
-    /// if the database fails.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it only reads.
-    pub async fn timeline_changes(&self) -> Result<Vec<TimelineChange>> {
-        let rows = sql::query(sql::TIMELINE_CHANGES)
-            .fetch_all(self.pool())
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let cause: String = row.try_get("cause")?;
-                Ok(TimelineChange {
-                    timeline: row.try_get("timeline")?,
-                    previous: row.try_get("previous")?,
-                    seen: row.try_get("seen")?,
-                    floor: row.try_get("floor")?,
-                    at: row.try_get("at")?,
-                    grant_after: row.try_get("grant_after")?,
-                    declared: (cause != "timeline").then_some(cause),
-                })
-            })
-            .collect()
-    }
-
     /// The recorded transitions of lease `name`, oldest first, from
     /// `since` on (all that are kept without it: 30 days by default, see
     /// docs/design.md, "History"), with the changes of timeline of the
@@ -217,6 +184,41 @@ impl LeaseManager {
                     renewals: renewals.map(|r| r.max(0).unsigned_abs().into()),
                     detail: row.try_get("detail")?,
                     role: row.try_get("role")?,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Admin<'_> {
+    /// The changes of timeline the database has recorded, oldest first
+    /// (none for a database that never failed over or was restored). One
+    /// statement.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotPermitted`](crate::Error::NotPermitted) when the role
+    /// may not read `pglease.timelines`; [`Error::Database`](crate::Error::Database)
+    /// if the database fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn timeline_changes(&self) -> Result<Vec<TimelineChange>> {
+        let rows = sql::query(sql::TIMELINE_CHANGES)
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let cause: String = row.try_get("cause")?;
+                Ok(TimelineChange {
+                    timeline: row.try_get("timeline")?,
+                    previous: row.try_get("previous")?,
+                    seen: row.try_get("seen")?,
+                    floor: row.try_get("floor")?,
+                    at: row.try_get("at")?,
+                    grant_after: row.try_get("grant_after")?,
+                    declared: (cause != "timeline").then_some(cause),
                 })
             })
             .collect()

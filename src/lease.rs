@@ -228,7 +228,7 @@ impl AsRef<Fence> for Lease {
     }
 }
 
-/// Which leases [`LeaseManager::list_matching`](crate::LeaseManager::list_matching)
+/// Which leases [`LeaseManager::list`](crate::LeaseManager::list)
 /// returns: all by default; narrowed with its builder methods, read with
 /// `get_*`. The conditions add up: every one set must hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -388,7 +388,7 @@ pub struct LeaseStatus {
     pub slots: Option<u32>,
     /// For a counted lease name: how many of its slots are held.
     pub slots_held: u32,
-    /// Whether every waiter waits in line ([`LeaseManager::set_fair`](crate::LeaseManager::set_fair)).
+    /// Whether every waiter waits in line ([`Admin::set_fair`](crate::Admin::set_fair)).
     pub fair: bool,
     /// How many acquirers wait in its line (live places).
     pub waiting: u32,
@@ -458,7 +458,7 @@ impl LeaseStatus {
 }
 
 /// One valid shared holder of a lease, as
-/// [`LeaseManager::shared_holders`](crate::LeaseManager::shared_holders)
+/// [`Admin::shared_holders`](crate::Admin::shared_holders)
 /// reads it from the `pglease.shared` view.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

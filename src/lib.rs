@@ -53,8 +53,8 @@ pub use error::{Error, ErrorKind, LossReason, NotHeldReason, Result};
 pub use fencing::{FencedTransaction, HighWaterMark, assert_held};
 pub use hold::{HeldLease, RenewalHealth};
 pub use lease::{Fence, Lease, LeaseKind, LeaseStatus, ListFilter, SharedHolder};
-pub use manager::{LeaseManager, ManagerStats};
-pub use options::{AcquireOptions, ManagerOptions};
+pub use manager::{Admin, LeaseManager, ManagerStats};
+pub use options::{AcquireOptions, ManagerOptions, WithoutSuccessor};
 #[cfg(feature = "signal")]
 pub use signal::shutdown_signal;
 pub use token::{InvalidToken, Token};

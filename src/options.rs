@@ -294,6 +294,18 @@ impl AcquireOptions {
     }
 }
 
+/// What [`LeaseManager::hand_over`](crate::LeaseManager::hand_over) does
+/// when no holder of the successor's name waits in the lease's line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WithoutSuccessor {
+    /// Release the lease, as
+    /// [`release`](crate::LeaseManager::release) would.
+    Release,
+    /// Keep it: nothing changes, and the lease stays valid under its
+    /// token.
+    Keep,
+}
+
 /// Settings of a [`LeaseManager`](crate::LeaseManager) for holding leases
 /// and waiting for them. Start from [`ManagerOptions::default()`] and change
 /// what you need; [`LeaseManager::with_options`](crate::LeaseManager::with_options)

@@ -32,7 +32,7 @@ pub const CHANGE_CHANNEL: &str = "pglease_change";
 /// table it records applied migrations in, unqualified: the tool creates
 /// it in the first schema of its search_path unless configured
 /// otherwise). Protected for the deployers' lease
-/// ([`LeaseManager::protect`](crate::LeaseManager::protect), `pglease
+/// ([`Admin::protect`](crate::Admin::protect), `pglease
 /// protect --tool`), a tool's table makes a stale deployer's migration
 /// transaction fail as it records itself. The schema's
 /// `pglease.migration_tools()` says the same, and a test checks it.

@@ -100,7 +100,9 @@ async fn one_handover(
     tokio::time::sleep(Duration::from_millis(100)).await;
     let called = Instant::now();
     if by_handover {
-        holder.hand_over(&held, "successor", LONG).await?;
+        holder
+            .hand_over(&held, "successor", LONG, pglease::WithoutSuccessor::Release)
+            .await?;
     } else {
         holder.release(&held).await?;
     }

@@ -46,7 +46,7 @@ pub(crate) fn unusable(e: Error) -> String {
 /// interrupted acquisition acquires nothing. Fails with the message's first
 /// line (servers and cause), also for JSON.
 pub(crate) async fn connect(target: &Target, timeout: Duration) -> Result<LeaseManager, String> {
-    LeaseManager::connect_target(target, timeout)
+    LeaseManager::connect_with(target.clone(), timeout)
         .await
         .map_err(|e| {
             // The server answered and refused (a role, a password or a

@@ -136,7 +136,7 @@ async fn dispatch(
         },
         Command::SetFair { name, setting } => {
             let fair = setting == "on";
-            match manager.set_fair(&name, fair).await {
+            match manager.admin().set_fair(&name, fair).await {
                 Ok(()) => {
                     note!(
                         "pglease: {name:?}: {}",

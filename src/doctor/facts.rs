@@ -180,7 +180,7 @@ impl LeaseManager {
             None
         };
         let can_end = if migrated {
-            match self.can_end_stale_transactions().await {
+            match self.admin().can_end_stale_transactions().await {
                 Ok(can) => Some(Ok(can)),
                 Err(e @ Error::NotPermitted { .. }) => Some(Err(e.to_string())),
                 Err(e) => return Err(e),
@@ -302,7 +302,7 @@ impl LeaseManager {
         Ok(Timelines {
             current: row.try_get("current")?,
             recorded: row.try_get("recorded")?,
-            latest: self.timeline_changes().await?.pop(),
+            latest: self.admin().timeline_changes().await?.pop(),
             delay: Duration::from_micros(delay.max(0).unsigned_abs()),
         })
     }

@@ -7,7 +7,7 @@
 // new check of the server: its fact in `sql::DOCTOR_FACTS` and
 // `facts::Server`; its verdict, a pure function in verdicts.rs called
 // from `verdicts::here` in its place, with a unit test and its name in
-// the tests' `ORDER`; its name in the lists on `LeaseManager::doctor`
+// the tests' `ORDER`; its name in the lists on `Admin::doctor`
 // and `Check::name` below, and in docs/cli.md's table of checks. The
 // integration tests that count the checks (`it::doctor`, `cli::commands`)
 // say so when they fail.
@@ -16,12 +16,14 @@ use std::time::Duration;
 
 use crate::connect::Target;
 use crate::error::Result;
+use crate::manager::Admin;
+#[cfg(doc)]
 use crate::manager::LeaseManager;
 
 mod facts;
 mod verdicts;
 
-/// What [`LeaseManager::doctor_with`] is told about the failover manager
+/// What [`Admin::doctor`] is told about the failover manager
 /// and the leases, for the `failover` check of a manager of several hosts:
 /// nothing by default; set with its builder methods, read with `get_*`.
 #[derive(Debug, Clone, Default)]
@@ -162,7 +164,7 @@ impl std::fmt::Display for Verdict {
     }
 }
 
-/// One check of [`LeaseManager::doctor`].
+/// One check of [`Admin::doctor`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Check {
@@ -209,8 +211,8 @@ impl Diagnosis {
     }
 }
 
-impl LeaseManager {
-    /// Checks the server this manager uses for what leases rely on, and
+impl Admin<'_> {
+    /// Checks the server the manager uses for what leases rely on, and
     /// explains each finding:
     ///
     /// - `schema`: migrated, by this version;
@@ -246,20 +248,8 @@ impl LeaseManager {
     ///   not encrypted, or not verified, to a host that is neither a
     ///   loopback address nor a socket.
     ///
-    /// # Errors
-    ///
-    /// [`Error::Database`](crate::Error::Database) if the server cannot be
-    /// reached; findings are returned as data, never as errors.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it only reads.
-    pub async fn doctor(&self) -> Result<Diagnosis> {
-        self.doctor_with(&DoctorOptions::default()).await
-    }
-
-    /// [`LeaseManager::doctor`], and for a manager of several hosts (see
-    /// [`LeaseManager::connect_target`]) a look at every host:
+    /// For a manager of several hosts (see
+    /// [`LeaseManager::connect_with`]), a look at every host too:
     ///
     /// - `host`, one per host: the primary (exactly one may accept
     ///   writes), or a standby and whether it streams from the primary
@@ -280,14 +270,16 @@ impl LeaseManager {
     ///
     /// # Errors
     ///
-    /// As [`LeaseManager::doctor`]; an unreachable host or monitor is a
-    /// finding, not an error.
+    /// [`Error::Database`](crate::Error::Database) if the server cannot be
+    /// reached; findings, an unreachable host or monitor among them, are
+    /// returned as data, never as errors.
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: it only reads.
-    pub async fn doctor_with(&self, options: &DoctorOptions) -> Result<Diagnosis> {
-        let here = self.facts_here().await?;
+    pub async fn doctor(&self, options: &DoctorOptions) -> Result<Diagnosis> {
+        let manager = self.manager();
+        let here = manager.facts_here().await?;
         let mut checks = verdicts::here(&here, crate::migrate::latest_version());
         if let Some(follow) = &self.context().follow
             && follow.target.len() > 1
@@ -298,10 +290,10 @@ impl LeaseManager {
                 &hosts,
                 &follow.target.describe(),
             ));
-            let failover = self.failover_facts(options).await;
+            let failover = manager.failover_facts(options).await;
             checks.push(verdicts::failover(
                 &failover,
-                self.options().get_safety_margin(),
+                manager.options().get_safety_margin(),
             ));
         }
         Ok(Diagnosis { checks })

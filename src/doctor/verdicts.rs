@@ -952,7 +952,7 @@ mod tests {
         }
     }
 
-    /// The checks of one server, in the order `LeaseManager::doctor`
+    /// The checks of one server, in the order `Admin::doctor`
     /// documents.
     const ORDER: [&str; 11] = [
         "schema",

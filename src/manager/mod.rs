@@ -1,16 +1,21 @@
 //! The manager: what its clones share, its life (construction, counters,
 //! shutdown), and its operations (`ops.rs`: one statement each;
-//! `acquire.rs`: acquiring, holding, working under a lease).
+//! `acquire.rs`: acquiring, holding, working under a lease; `admin.rs`:
+//! the administrator's operations, behind [`LeaseManager::admin`]).
 
 mod acquire;
+mod admin;
 mod ops;
+pub use admin::Admin;
 pub(crate) use ops::check_hand_over;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPool};
+#[cfg(doc)]
+use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::PgPool;
 use tokio_util::sync::DropGuard;
 
 use crate::connect::{DEFAULT_TIMEOUT, Follow, Target, connect_pool};
@@ -119,7 +124,7 @@ impl LeaseManager {
     /// `url` is a PostgreSQL URL or a libpq `keyword=value` string, with one
     /// host or several (see [`Target::parse`]): with several, the manager
     /// connects to the first that is writable and follows the primary
-    /// through a failover (see [`LeaseManager::connect_target`]).
+    /// through a failover (see [`LeaseManager::connect_with`]).
     ///
     /// # Errors
     ///
@@ -138,63 +143,41 @@ impl LeaseManager {
     pub async fn connect(url: &str) -> Result<Self> {
         let target = Target::parse(url)?;
         let timeout = target.connect_timeout().unwrap_or(DEFAULT_TIMEOUT);
-        Self::connect_target(&target, timeout).await
+        Self::connect_with(target, timeout).await
     }
 
-    /// Like [`LeaseManager::connect`], with one host's connect options and
-    /// the time to wait for a server that does not answer (also the pool's
-    /// acquire timeout).
+    /// Like [`LeaseManager::connect`], for a [`Target`] (or one host's
+    /// [`PgConnectOptions`], which convert into one), with the time to wait
+    /// for a server that does not answer. With several hosts (or
+    /// `target_session_attrs` other than `any`), the hosts are tried in
+    /// order and the first with the attributes is used; every new
+    /// connection is checked before use, and a watch task checks the host
+    /// every second (and at once when a renewal fails). When it fails, the
+    /// hosts are searched again until one has the attributes (a failover),
+    /// and the pool, the listener and the renewal move there; connections
+    /// opened before are not used again. `connect_timeout` bounds each
+    /// host's first connection and the pool's acquire.
     ///
     /// # Errors
     ///
-    /// [`Error::Database`] when the server cannot be reached: at once for a
-    /// refused connection or a failed login, after `connect_timeout` for a
-    /// server that does not answer.
+    /// [`Error::Database`] when no host will do, naming each and why: at
+    /// once for a refused connection or a failed login, after
+    /// `connect_timeout` for a server that does not answer.
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: dropped early, the connection being opened is closed
     /// and no manager exists.
     pub async fn connect_with(
-        options: PgConnectOptions,
+        target: impl Into<Target>,
         connect_timeout: Duration,
     ) -> Result<Self> {
-        Self::connect_target(&Target::from(options), connect_timeout).await
-    }
-
-    /// Like [`LeaseManager::connect`], for a [`Target`]. With several hosts
-    /// (or `target_session_attrs` other than `any`), the hosts are tried in
-    /// order and the first with the attributes is used; every new
-    /// connection is checked before use, and a watch task checks the host
-    /// every second (and at once
-    /// when a renewal fails). When it fails, the hosts are searched again
-    /// until one has the attributes (a failover), and the pool, the
-    /// listener and the renewal move there; connections opened before are
-    /// not used again. `connect_timeout` bounds each host's first
-    /// connection and the pool's acquire.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Database`] when no host will do, naming each and why.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped early, the connection being opened is closed
-    /// and no manager exists.
-    pub async fn connect_target(target: &Target, connect_timeout: Duration) -> Result<Self> {
-        let (pool, follow) = connect_pool(target, connect_timeout).await?;
+        let (pool, follow) = connect_pool(&target.into(), connect_timeout).await?;
         Ok(Self::build_following(
             pool,
             ManagerOptions::default(),
             follow,
         ))
-    }
-
-    /// For a manager connected to a [`Target`] that is not
-    /// [plain](Target::is_plain) (several hosts, or `target_session_attrs`
-    /// to check): the host it uses now (`host:port`); `None` otherwise.
-    pub fn current_host(&self) -> Option<String> {
-        self.shared.context.follow.as_ref().map(|f| f.current())
     }
 
     /// Sets the password the connections this manager opens from now on

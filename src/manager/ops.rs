@@ -1,5 +1,5 @@
 //! The one-statement operations on leases, on the manager's pool:
-//! renew, release, inspect, fence, protect. Each is one round trip.
+//! renew, release, hand over, inspect, fence. Each is one round trip.
 
 use std::time::Duration;
 
@@ -12,87 +12,11 @@ use crate::error::{Error, Result};
 use crate::fencing::{self, FencedTransaction};
 use crate::lease::{Fence, LeaseStatus, ListFilter, interval};
 use crate::limits::{check_text, check_value};
+use crate::options::WithoutSuccessor;
 use crate::sql;
 use crate::token::Token;
 
 impl LeaseManager {
-    /// Whether the role that owns the `pglease` functions may end the
-    /// sessions of stale fenced transactions (it is a superuser, or has the
-    /// privileges of `pg_signal_backend`), which a takeover from a holder
-    /// frozen inside a fenced transaction needs. See the README,
-    /// "Taking over from a frozen holder".
-    ///
-    /// # Errors
-    ///
-    /// [`Error::SchemaMissing`] if the schema is missing;
-    /// [`Error::Database`] if the database fails.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it only reads.
-    pub async fn can_end_stale_transactions(&self) -> Result<bool> {
-        let row = sql::query(sql::CAN_END_STALE)
-            .fetch_one(self.pool())
-            .await?;
-        let can: Option<bool> = row.try_get(0)?;
-        Ok(can.unwrap_or(false))
-    }
-
-    /// The role that owns the `pglease` functions: the one
-    /// [`can_end_stale_transactions`](Self::can_end_stale_transactions)
-    /// is about (`GRANT pg_signal_backend TO` it to allow takeovers from
-    /// holders frozen inside fenced transactions).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::SchemaMissing`] if the schema is missing;
-    /// [`Error::Database`] if the database fails.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it only reads.
-    pub async fn functions_owner(&self) -> Result<String> {
-        let row = sql::query(sql::FUNCTIONS_OWNER)
-            .fetch_one(self.pool())
-            .await?;
-        Ok(row.try_get(0)?)
-    }
-
-    /// The database server's clock now (`clock_timestamp()`): the clock
-    /// every lease decision is made on. Compare a lease's times with it,
-    /// never with this machine's clock.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Database`] if the database fails.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it only reads.
-    pub async fn database_time(&self) -> Result<DateTime<Utc>> {
-        let row = sql::query(sql::DATABASE_TIME)
-            .fetch_one(self.pool())
-            .await?;
-        Ok(row.try_get(0)?)
-    }
-
-    /// How many lease names the database knows, held or not (the rows
-    /// of the `pglease.status` view).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::SchemaMissing`] if the schema is missing;
-    /// [`Error::Database`] if the database fails.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it only reads.
-    pub async fn count_leases(&self) -> Result<u64> {
-        let row = sql::query(sql::COUNT_LEASES).fetch_one(self.pool()).await?;
-        let count: i64 = row.try_get(0)?;
-        Ok(u64::try_from(count).unwrap_or_default())
-    }
-
     /// Extends the lease to database-now + `ttl`, and returns the new
     /// expiry (database clock). Renewal is keyed on (name, token), so a
     /// retry after a lost answer succeeds while the lease is still valid.
@@ -202,42 +126,24 @@ impl LeaseManager {
         db::release_checked(self.context(), lease.as_ref()).await
     }
 
-    /// Makes every waiter for lease `name` wait in line, first come, first
-    /// served, as if each acquisition had
-    /// [`AcquireOptions::fair`](crate::AcquireOptions::fair) (`fair`
-    /// true), or undoes it: the acquisitions refused while it is held are
-    /// told so, and a waiting one joins the line (not an
-    /// [`acquire_all`](LeaseManager::acquire_all), which waits in line only
-    /// when asked). Administrators only (`pglease.set_fair`).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] for a bad name (nothing sent);
-    /// [`Error::NotPermitted`] for a role that is not an administrator;
-    /// [`Error::Database`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped in flight, the setting may or may not commit; set it again.
-    pub async fn set_fair(&self, name: &str, fair: bool) -> Result<()> {
-        check_text("name", name)?;
-        sql::query(sql::set_fair(name, fair))
-            .execute(self.pool())
-            .await?;
-        Ok(())
-    }
-
     /// Hands `lease` over to `successor` for `ttl`, in one step: when a
     /// holder named `successor` waits in the lease's line (an acquisition
     /// with [`AcquireOptions::fair`](crate::AcquireOptions::fair) and
     /// [`holder`](crate::AcquireOptions::holder) `successor`), the lease
     /// gets a new token and that waiter gets the lease at once (its
-    /// acquisition returns it); otherwise the lease is released, as
-    /// [`release`](LeaseManager::release) would. Either way `lease`'s token
-    /// is refused from now on: the holder's fenced transactions still open
-    /// are ended first (their commits fail), so nothing is written under
-    /// it after the move. Returns the successor's token, or `None` when
-    /// the lease was released instead. See docs/design.md, "Handover".
+    /// acquisition returns it), and `lease`'s token is refused from now on:
+    /// the holder's fenced transactions still open are ended first (their
+    /// commits fail), so nothing is written under it after the move.
+    /// Returns the successor's token.
+    ///
+    /// When no such holder waits, `otherwise` decides, and the call returns
+    /// `None`: with [`WithoutSuccessor::Release`] the lease is released, as
+    /// [`release`](LeaseManager::release) would (its token is refused and
+    /// its fenced transactions ended, as above); with
+    /// [`WithoutSuccessor::Keep`] nothing is changed, its fenced
+    /// transactions are not ended, and it stays valid under its token
+    /// (what a mistyped successor should cost: nothing). See
+    /// docs/design.md, "Handover".
     ///
     /// # Errors
     ///
@@ -256,46 +162,12 @@ impl LeaseManager {
         lease: impl AsRef<Fence>,
         successor: &str,
         ttl: Duration,
+        otherwise: WithoutSuccessor,
     ) -> Result<Option<Token>> {
-        self.hand_over_with(lease.as_ref(), successor, ttl, true)
-            .await
-    }
-
-    /// As [`hand_over`](LeaseManager::hand_over), but when no holder named
-    /// `successor` waits in the lease's line, `lease` is kept as it was:
-    /// nothing is changed, its fenced transactions are not ended, and it
-    /// stays valid under its token (`None`). What a mistyped successor
-    /// should cost: nothing. Successor found: the same as `hand_over`.
-    ///
-    /// # Errors
-    ///
-    /// Those of [`hand_over`](LeaseManager::hand_over).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`hand_over`](LeaseManager::hand_over): dropped in flight, the
-    /// handover may or may not commit.
-    pub async fn hand_over_or_keep(
-        &self,
-        lease: impl AsRef<Fence>,
-        successor: &str,
-        ttl: Duration,
-    ) -> Result<Option<Token>> {
-        self.hand_over_with(lease.as_ref(), successor, ttl, false)
-            .await
-    }
-
-    /// `pglease.hand_over`, releasing the lease when nobody waits under
-    /// `successor` if `or_release`, else keeping it.
-    async fn hand_over_with(
-        &self,
-        fence: &Fence,
-        successor: &str,
-        ttl: Duration,
-        or_release: bool,
-    ) -> Result<Option<Token>> {
+        let fence = lease.as_ref();
         check_hand_over(fence, successor)?;
         let ttl = crate::lease::interval(ttl)?;
+        let or_release = otherwise == WithoutSuccessor::Release;
         let token: Option<i64> = sql::query(sql::hand_over(fence, successor, &ttl, or_release))
             .fetch_one(self.pool())
             .await?
@@ -305,16 +177,14 @@ impl LeaseManager {
 
     /// Whether [`hand_over`](LeaseManager::hand_over) would hand `lease`
     /// over to `successor` now (it waits in the lease's line): a read,
-    /// what a leader that prefers a candidate asks every second.
-    ///
-    /// # Errors
-    ///
-    /// Those of [`hand_over`](LeaseManager::hand_over) but 55P03.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it only reads.
-    pub async fn successor_waits(&self, lease: impl AsRef<Fence>, successor: &str) -> Result<bool> {
+    /// what an [`Elector`](crate::elect::Elector) that leads and prefers a
+    /// candidate asks every second. Its errors are those of `hand_over`
+    /// but 55P03; cancel-safe (it only reads).
+    pub(crate) async fn successor_waits(
+        &self,
+        lease: impl AsRef<Fence>,
+        successor: &str,
+    ) -> Result<bool> {
         let fence = lease.as_ref();
         check_hand_over(fence, successor)?;
         Ok(sql::query(sql::successor_waits(fence, successor))
@@ -358,42 +228,9 @@ impl LeaseManager {
         crate::wait::line(&self.shared.context, name).await
     }
 
-    /// The valid shared holders of lease `name`
-    /// ([`AcquireOptions::shared`](crate::AcquireOptions::shared)), the
-    /// first acquired first. Needs SELECT on `pglease.shared`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] for a bad name (nothing sent);
-    /// [`Error::NotPermitted`] without SELECT on the view;
-    /// [`Error::Database`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it only reads.
-    pub async fn shared_holders(&self, name: &str) -> Result<Vec<crate::SharedHolder>> {
-        check_text("name", name)?;
-        let rows = sql::query(sql::shared_holders(name))
-            .fetch_all(self.pool())
-            .await?;
-        rows.iter().map(crate::SharedHolder::from_row).collect()
-    }
-
-    /// The status of every lease ever acquired, ordered by name.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Database`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it only reads.
-    pub async fn list(&self) -> Result<Vec<LeaseStatus>> {
-        self.list_matching(&ListFilter::default()).await
-    }
-
-    /// The status of the leases `filter` keeps, ordered by name, filtered
-    /// and limited in the database (one statement).
+    /// The status of the leases `filter` keeps (every lease ever acquired
+    /// with [`ListFilter::default()`]), ordered by name, filtered and
+    /// limited in the database (one statement).
     ///
     /// # Errors
     ///
@@ -404,7 +241,7 @@ impl LeaseManager {
     ///
     /// Cancel-safe: it only reads.
     #[tracing::instrument(name = "pglease.list", level = "debug", skip(self))]
-    pub async fn list_matching(&self, filter: &ListFilter) -> Result<Vec<LeaseStatus>> {
+    pub async fn list(&self, filter: &ListFilter) -> Result<Vec<LeaseStatus>> {
         if filter.get_prefix().is_some_and(|p| p.contains('\0')) {
             return Err(Error::invalid(
                 "prefix",
@@ -413,84 +250,6 @@ impl LeaseManager {
         }
         let rows = sql::query(sql::list(filter)).fetch_all(self.pool()).await?;
         rows.iter().map(LeaseStatus::from_row).collect()
-    }
-
-    /// Makes `table` (a name as SQL would resolve it, e.g. `public.orders`)
-    /// reject every INSERT, UPDATE, DELETE and TRUNCATE from a transaction
-    /// that has not declared a current token for lease `name`
-    /// ([`Error::NotDeclared`], SQLSTATE `LE002`) or whose declared token
-    /// is no longer valid at the write ([`Error::NotHeld`], `LE001`).
-    /// Fenced transactions declare their token. Needs the right to create
-    /// triggers on the table (its owner); protecting again replaces the
-    /// lease name.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] for a bad name, a table that is not an
-    /// ordinary table, or one in a partition or inheritance tree;
-    /// [`Error::NotPermitted`] (SQLSTATE `42501`) unless the caller owns the
-    /// table.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped in flight, the protection may or may not be in place (it is
-    /// one statement): call it again.
-    #[tracing::instrument(name = "pglease.protect", level = "debug", skip(self))]
-    pub async fn protect(&self, table: &str, name: &str) -> Result<()> {
-        check_text("table", table)?;
-        check_text("name", name)?;
-        sql::query(sql::protect(table, name))
-            .execute(self.pool())
-            .await?;
-        Ok(())
-    }
-
-    /// Removes the protection [`LeaseManager::protect`] put on `table`;
-    /// returns whether it was protected.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotPermitted`] (SQLSTATE `42501`) unless the caller owns the
-    /// table, or if the table does not exist.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped in flight, the protection may or may not be removed: call it
-    /// again.
-    #[tracing::instrument(name = "pglease.unprotect", level = "debug", skip(self))]
-    pub async fn unprotect(&self, table: &str) -> Result<bool> {
-        check_text("table", table)?;
-        let row = sql::query(sql::unprotect(table))
-            .fetch_one(self.pool())
-            .await?;
-        Ok(row.try_get(0)?)
-    }
-
-    /// Turns the DDL fence on (`true`) or off for the database: each DDL
-    /// command of a session that declares a lease (`pglease run
-    /// --declare`, or the settings `pglease.name` and `pglease.token`
-    /// given at connection start) is then checked as
-    /// [`assert_held`](crate::assert_held) checks, before it runs, so a
-    /// stale deployer's `ALTER TABLE` fails and its transaction can be
-    /// ended by the next holder's takeover. An undeclared session's DDL is
-    /// not checked. Returns whether the fence was on.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotPermitted`] (SQLSTATE `42501`) unless the role may
-    /// create event triggers (a superuser; on a managed service, its
-    /// administrator role such as `rds_superuser`).
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped in flight, the fence may or may not have changed: call it
-    /// again.
-    #[tracing::instrument(name = "pglease.fence_ddl", level = "debug", skip(self))]
-    pub async fn fence_ddl(&self, on: bool) -> Result<bool> {
-        let row = sql::query(sql::fence_ddl(on))
-            .fetch_one(self.pool())
-            .await?;
-        Ok(row.try_get(0)?)
     }
 
     /// Separate-resource fencing: records `token` for `resource` and

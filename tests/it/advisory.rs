@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::common::TestDb;
 use pglease::LeaseManager;
 use pglease::advisory::key as advisory_key;
+use pglease::advisory::{SessionLock, XactLock};
 use sqlx::postgres::PgPoolOptions;
 
 /// Advisory locks held for `key` in this test's database.
@@ -40,15 +41,18 @@ async fn session_locks_exclude_wait_and_leave_no_lock_in_the_pool() {
     let m = LeaseManager::new(pool);
     let key = advisory_key("job");
 
-    let mut a = m
-        .try_session_lock("job")
+    let mut a = SessionLock::try_lock(&m, "job")
         .await
         .expect("try")
         .expect("A locks");
     assert!(a.is_held().await.expect("ask"));
-    assert!(m.try_session_lock("job").await.expect("try").is_none());
-    let waited = m
-        .session_lock("job", Duration::from_millis(100))
+    assert!(
+        SessionLock::try_lock(&m, "job")
+            .await
+            .expect("try")
+            .is_none()
+    );
+    let waited = SessionLock::lock(&m, "job", Duration::from_millis(100))
         .await
         .expect("wait");
     assert!(waited.is_none(), "the lock was still held after the wait");
@@ -66,8 +70,7 @@ async fn session_locks_exclude_wait_and_leave_no_lock_in_the_pool() {
     assert!(a.release().await.expect("release"));
     assert_eq!(holders(&db, key).await, 0);
 
-    let b = m
-        .session_lock("job", Duration::from_secs(5))
+    let b = SessionLock::lock(&m, "job", Duration::from_secs(5))
         .await
         .expect("wait")
         .expect("B locks once it is free");
@@ -84,10 +87,16 @@ async fn session_locks_exclude_wait_and_leave_no_lock_in_the_pool() {
 async fn transaction_locks_last_until_the_transaction_ends() {
     let db = TestDb::new().await;
     let m = db.manager();
-    let a = m.try_xact_lock("job").await.expect("try").expect("A locks");
-    assert!(m.try_xact_lock("job").await.expect("try").is_none());
+    let a = XactLock::try_lock(&m, "job")
+        .await
+        .expect("try")
+        .expect("A locks");
+    assert!(XactLock::try_lock(&m, "job").await.expect("try").is_none());
     a.commit().await.expect("commit");
-    let b = m.try_xact_lock("job").await.expect("try").expect("B locks");
+    let b = XactLock::try_lock(&m, "job")
+        .await
+        .expect("try")
+        .expect("B locks");
     b.rollback().await.expect("rollback");
     assert_eq!(holders(&db, advisory_key("job")).await, 0);
 }

@@ -48,7 +48,8 @@ async fn a_held_lease_and_acquisitions_survive_an_automatic_failover() -> Result
         (Duration::from_secs(4), Verdict::Warning),
     ] {
         let diagnosis = leases
-            .doctor_with(&DoctorOptions::new().ttl(ttl).monitor(monitor.clone()))
+            .admin()
+            .doctor(&DoctorOptions::new().ttl(ttl).monitor(monitor.clone()))
             .await
             .expect("doctor");
         let of = |name: &str| checks_named(&diagnosis, name);
@@ -145,12 +146,16 @@ async fn a_held_lease_and_acquisitions_survive_an_automatic_failover() -> Result
         .await
         .expect("fenced write on the new primary");
     assert_eq!(
-        leases.current_host(),
+        leases.admin().current_host(),
         Some(format!("127.0.0.1:{}", formation.node(new).port()))
     );
 
     // Doctor sees the old primary gone.
-    let diagnosis = leases.doctor().await.expect("doctor");
+    let diagnosis = leases
+        .admin()
+        .doctor(&pglease::doctor::DoctorOptions::default())
+        .await
+        .expect("doctor");
     let unreachable = diagnosis
         .checks
         .iter()
@@ -195,7 +200,7 @@ async fn a_held_lease_and_acquisitions_survive_an_automatic_failover() -> Result
     // first, lands on the new one.
     let fresh = LeaseManager::connect(&url).await.expect("connect afresh");
     assert_eq!(
-        fresh.current_host(),
+        fresh.admin().current_host(),
         Some(format!("127.0.0.1:{}", formation.node(new).port()))
     );
     fresh.shutdown().await.expect("shutdown");

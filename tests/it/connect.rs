@@ -75,7 +75,7 @@ async fn several_hosts_are_tried_in_order() {
             .await
             .unwrap_or_else(|e| panic!("{conninfo}: {e}"));
         assert!(started.elapsed() < Duration::from_secs(5), "{conninfo}");
-        assert_eq!(m.current_host(), Some(format!("{host}:{port}")));
+        assert_eq!(m.admin().current_host(), Some(format!("{host}:{port}")));
         let lease = m
             .acquire("multi", AcquireOptions::ttl(Duration::from_secs(5)))
             .await

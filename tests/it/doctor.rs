@@ -16,7 +16,12 @@ fn check<'a>(diagnosis: &'a Diagnosis, name: &str) -> &'a pglease::doctor::Check
 
 async fn a_migrated_database_on_this_server_is_all_well() {
     let db = TestDb::new().await;
-    let diagnosis = db.manager().doctor().await.expect("doctor");
+    let diagnosis = db
+        .manager()
+        .admin()
+        .doctor(&pglease::doctor::DoctorOptions::default())
+        .await
+        .expect("doctor");
     let mut names: Vec<&str> = diagnosis.checks.iter().map(|c| c.name).collect();
     // The security posture is a check per finding.
     names.dedup();
@@ -54,7 +59,11 @@ async fn a_migrated_database_on_this_server_is_all_well() {
 async fn a_missing_or_outdated_schema_is_a_problem() {
     let db = TestDb::empty().await;
     let m = db.manager();
-    let diagnosis = m.doctor().await.expect("doctor");
+    let diagnosis = m
+        .admin()
+        .doctor(&pglease::doctor::DoctorOptions::default())
+        .await
+        .expect("doctor");
     let schema = check(&diagnosis, "schema");
     assert_eq!(schema.verdict, Verdict::Problem);
     assert!(
@@ -71,7 +80,13 @@ async fn a_missing_or_outdated_schema_is_a_problem() {
     .execute(db.pool())
     .await
     .expect("forget the latest migration");
-    let schema = m.doctor().await.expect("doctor").checks.remove(0);
+    let schema = m
+        .admin()
+        .doctor(&pglease::doctor::DoctorOptions::default())
+        .await
+        .expect("doctor")
+        .checks
+        .remove(0);
     assert_eq!(schema.verdict, Verdict::Problem, "{schema:?}");
     assert!(schema.detail.contains("needs"), "{}", schema.detail);
 }
@@ -93,7 +108,8 @@ async fn an_application_role_gets_findings_not_an_error() {
         .await
         .expect("connect as the application role");
     let diagnosis = pglease::LeaseManager::new(pool.clone())
-        .doctor()
+        .admin()
+        .doctor(&pglease::doctor::DoctorOptions::default())
         .await
         .expect("doctor as an application role");
     let schema = check(&diagnosis, "schema");
@@ -132,7 +148,8 @@ async fn an_application_role_gets_findings_not_an_error() {
         .await
         .expect("connect as a role granted nothing");
     let diagnosis = pglease::LeaseManager::new(pool.clone())
-        .doctor()
+        .admin()
+        .doctor(&pglease::doctor::DoctorOptions::default())
         .await
         .expect("doctor as a role granted nothing");
     assert_eq!(diagnosis.verdict(), Verdict::Problem);

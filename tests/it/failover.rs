@@ -420,7 +420,11 @@ async fn doctor_flags_an_asynchronous_standby_and_passes_a_synchronous_one()
         let cluster = Replicated::start(standby).await?;
         let leases = LeaseManager::new(cluster.primary().pool().await?);
         leases.migrate().await.expect("migrate");
-        let diagnosis = leases.doctor().await.expect("doctor");
+        let diagnosis = leases
+            .admin()
+            .doctor(&pglease::doctor::DoctorOptions::default())
+            .await
+            .expect("doctor");
         let verdict = |name: &str| {
             diagnosis
                 .checks

@@ -302,7 +302,8 @@ async fn a_set_waits_in_line_like_a_single_lease() {
 async fn a_set_on_a_name_made_fair_waits_in_its_line() {
     let db = TestDb::new().await;
     let m = db.manager();
-    m.set_fair("sf", true)
+    m.admin()
+        .set_fair("sf", true)
         .await
         .expect("an administrator makes sf fair");
     let h = m
@@ -425,7 +426,8 @@ async fn only_the_role_that_joined_acts_with_its_ticket() {
 async fn a_name_made_fair_serves_plain_waiters_in_turn() {
     let db = TestDb::new().await;
     let m = db.manager();
-    m.set_fair("pf", true)
+    m.admin()
+        .set_fair("pf", true)
         .await
         .expect("an administrator makes pf fair");
     let h = m
@@ -460,7 +462,7 @@ async fn a_name_made_fair_serves_plain_waiters_in_turn() {
     // Authority: only administrators set it.
     let roles = db.login_roles(&["app"], &[]).await;
     let app = db.manager_as(&roles[0], Default::default()).await;
-    match app.set_fair("pf", false).await {
+    match app.admin().set_fair("pf", false).await {
         Err(Error::NotPermitted { .. }) => {}
         other => panic!("an application role set a name's fairness: {other:?}"),
     }
@@ -473,7 +475,7 @@ async fn a_name_made_fair_serves_plain_waiters_in_turn() {
     );
 
     // Undone: a plain waiter waits outside the line.
-    m.set_fair("pf", false).await.expect("undo");
+    m.admin().set_fair("pf", false).await.expect("undo");
     let h = m
         .acquire("pf", AcquireOptions::ttl(TTL).holder("H"))
         .await

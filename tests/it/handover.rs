@@ -63,7 +63,7 @@ async fn a_waiting_successor_gets_the_lease_at_once_and_the_old_holder_is_fenced
 
     let handed = Instant::now();
     let token = m
-        .hand_over(&a, "B", TTL)
+        .hand_over(&a, "B", TTL, pglease::WithoutSuccessor::Release)
         .await
         .expect("the handover")
         .expect("B waited: handed over, not released");
@@ -152,10 +152,11 @@ async fn a_handover_to_a_successor_not_waiting_releases() {
     assert!(next.token() > old);
 }
 
-/// `hand_over_or_keep` to a successor that does not wait (a mistyped
-/// name): `None`, and nothing changed: the lease is still held under its
-/// token, the holder's fenced transaction left open commits its write,
-/// and no history row is added. Then a plain `hand_over` releases.
+/// `hand_over` with `WithoutSuccessor::Keep` to a successor that does not
+/// wait (a mistyped name): `None`, and nothing changed: the lease is still
+/// held under its token, the holder's fenced transaction left open commits
+/// its write, and no history row is added. Then `hand_over` with
+/// `WithoutSuccessor::Release` releases.
 async fn a_handover_or_keep_to_a_successor_not_waiting_changes_nothing() {
     let db = TestDb::new().await;
     create_data_table(&db).await;
@@ -181,7 +182,7 @@ async fn a_handover_or_keep_to_a_successor_not_waiting_changes_nothing() {
     .await
     .expect("A's fenced write, open");
     assert_eq!(
-        m.hand_over_or_keep(&a, "typo", TTL)
+        m.hand_over(&a, "typo", TTL, pglease::WithoutSuccessor::Keep)
             .await
             .expect("the call"),
         None,
@@ -202,7 +203,12 @@ async fn a_handover_or_keep_to_a_successor_not_waiting_changes_nothing() {
         .await
         .expect("still renewable under its token");
     // The other call, for contrast: released.
-    assert_eq!(m.hand_over(&a, "typo", TTL).await.expect("the call"), None);
+    assert_eq!(
+        m.hand_over(&a, "typo", TTL, pglease::WithoutSuccessor::Release)
+            .await
+            .expect("the call"),
+        None
+    );
     assert!(!m.inspect("batch").await.expect("inspect").held, "released");
 }
 
@@ -250,7 +256,7 @@ async fn only_the_holders_role_hands_over_and_the_successors_role_holds() {
     );
 
     let token = m1
-        .hand_over(&a, "B", TTL)
+        .hand_over(&a, "B", TTL, pglease::WithoutSuccessor::Release)
         .await
         .expect("app1 hands over")
         .expect("to the waiting B");
@@ -264,11 +270,17 @@ async fn only_the_holders_role_hands_over_and_the_successors_role_holds() {
         matches!(&refused, Err(Error::NotPermitted { .. })),
         "app1 may not act under app2's term: {refused:?}"
     );
-    match m1.hand_over(&a, "B", TTL).await {
+    match m1
+        .hand_over(&a, "B", TTL, pglease::WithoutSuccessor::Release)
+        .await
+    {
         Err(Error::NotHeld { .. }) => {}
         other => panic!("a handover under a stale token: {other:?}"),
     }
-    match m1.hand_over(&a, "", TTL).await {
+    match m1
+        .hand_over(&a, "", TTL, pglease::WithoutSuccessor::Release)
+        .await
+    {
         Err(Error::InvalidInput {
             argument: "successor",
             ..
@@ -317,10 +329,15 @@ async fn a_short_handed_over_term_is_renewed_to_the_successors_ttl() {
         })
     };
     until_waiting(&m, "relay", "B").await;
-    m.hand_over(&a, "B", Duration::from_secs(2))
-        .await
-        .expect("the handover")
-        .expect("B waited");
+    m.hand_over(
+        &a,
+        "B",
+        Duration::from_secs(2),
+        pglease::WithoutSuccessor::Release,
+    )
+    .await
+    .expect("the handover")
+    .expect("B waited");
     let b = successor.await.expect("task").expect("B gets the lease");
     let left = m
         .inspect("relay")

@@ -260,6 +260,7 @@ async fn force_release_fences_a_running_holder_at_once() {
 
     let admin = db.manager();
     let forced = admin
+        .admin()
         .force_release("job", "INC-42: worker stuck")
         .await
         .expect("force release");
@@ -317,7 +318,10 @@ async fn force_release_fences_a_running_holder_at_once() {
     assert!(evicted.id < forced_row.id);
     // Nobody holds it after a release: nothing to force.
     admin.release(&next).await.expect("release");
-    assert_eq!(admin.force_release("job", "again").await.unwrap(), None);
+    assert_eq!(
+        admin.admin().force_release("job", "again").await.unwrap(),
+        None
+    );
 }
 
 async fn force_release_is_for_administrators_and_checks_its_reason() {
@@ -351,7 +355,7 @@ async fn force_release_is_for_administrators_and_checks_its_reason() {
     // Bad reasons, before anything is sent, and in SQL.
     let before = db.state().await;
     for (reason, why) in [("", "empty"), (&*"r".repeat(1001), "too long")] {
-        match m.force_release("job", reason).await {
+        match m.admin().force_release("job", reason).await {
             Err(Error::InvalidInput { argument, .. }) => assert_eq!(argument, "reason", "{why}"),
             other => panic!("{why}: {other:?}"),
         }

@@ -105,6 +105,7 @@ async fn operations_are_counted_through_the_metrics_facade() {
     take(&snapshotter, &mut seen);
     assert_eq!(seen["pglease_acquirers_waiting"], 1.0);
     db.manager()
+        .admin()
         .force_release("job", "metrics test")
         .await
         .expect("force");

@@ -245,7 +245,10 @@ async fn worker(manager: LeaseManager, pool: PgPool, seen: Shared, seed: u64, id
                 // lease (issue 49): still its holder's.
                 let lease = &held[rng.below(held.len() as u64) as usize];
                 if !lease.is_shared() {
-                    match manager.hand_over_or_keep(lease, "nobody-waits", ttl).await {
+                    match manager
+                        .hand_over(lease, "nobody-waits", ttl, pglease::WithoutSuccessor::Keep)
+                        .await
+                    {
                         Ok(token) => assert_eq!(token, None, "seed {seed}: nobody waits"),
                         Err(e) => outcome(&seen, &e, seed, "hand over"),
                     }

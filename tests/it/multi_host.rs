@@ -38,7 +38,7 @@ async fn the_primary_is_chosen_whatever_the_order() -> Result<(), SetupError> {
             .await
             .expect("connect");
         assert_eq!(
-            m.current_host(),
+            m.admin().current_host(),
             Some(format!("127.0.0.1:{primary}")),
             "{query}"
         );
@@ -52,7 +52,10 @@ async fn the_primary_is_chosen_whatever_the_order() -> Result<(), SetupError> {
     let any = LeaseManager::connect(&url(&[standby, primary], "?target_session_attrs=any"))
         .await
         .expect("connect with any");
-    assert_eq!(any.current_host(), Some(format!("127.0.0.1:{standby}")));
+    assert_eq!(
+        any.admin().current_host(),
+        Some(format!("127.0.0.1:{standby}"))
+    );
     let refused = any
         .acquire("job", AcquireOptions::ttl(Duration::from_secs(5)))
         .await
@@ -104,7 +107,10 @@ async fn a_held_lease_follows_a_promotion_with_no_proxy() -> Result<(), SetupErr
     let promoted = crashed.elapsed();
     renewed_without_loss(&leases, &held, renewed_before, Duration::from_secs(9)).await;
     let renewed = crashed.elapsed();
-    assert_eq!(leases.current_host(), Some(format!("127.0.0.1:{standby}")));
+    assert_eq!(
+        leases.admin().current_host(),
+        Some(format!("127.0.0.1:{standby}"))
+    );
     held_write(&held, "after")
         .await
         .expect("write on the new primary");
@@ -153,7 +159,10 @@ async fn a_held_lease_follows_a_promotion_over_verify_full() -> Result<(), Setup
     pair.crash_primary()?;
     pair.promote().await?;
     renewed_without_loss(&leases, &held, renewed_before, Duration::from_secs(9)).await;
-    assert_eq!(leases.current_host(), Some(format!("localhost:{standby}")));
+    assert_eq!(
+        leases.admin().current_host(),
+        Some(format!("localhost:{standby}"))
+    );
     held_write(&held, "after")
         .await
         .expect("write on the new primary");

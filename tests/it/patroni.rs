@@ -168,7 +168,8 @@ async fn a_patroni_failover_that_loses_commits_never_hands_a_token_out_twice()
         (Duration::from_secs(4), Verdict::Warning),
     ] {
         let diagnosis = leases
-            .doctor_with(
+            .admin()
+            .doctor(
                 &DoctorOptions::new()
                     .ttl(lease_ttl)
                     .patroni(formation.timing()),
@@ -264,6 +265,7 @@ async fn a_patroni_failover_that_loses_commits_never_hands_a_token_out_twice()
         .expect("B's write");
     assert!(b.admit("store", b_holds.token()).await.expect("B's mark"));
     let change = b
+        .admin()
         .timeline_changes()
         .await
         .expect("changes")
@@ -438,7 +440,7 @@ async fn a_grant_delay_after_a_patroni_failover_holds_every_grant_until_it_ends(
             ack.at
         );
     }
-    let change = b.timeline_changes().await.expect("changes");
+    let change = b.admin().timeline_changes().await.expect("changes");
     assert_eq!(change.last().and_then(|c| c.grant_after), Some(until));
     eprintln!(
         "grant delay 4 s: the fresh lease granted {granted:?} after the crash, at {} (the delay \

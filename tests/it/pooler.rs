@@ -72,7 +72,13 @@ async fn lease_operations_from_many_tasks_share_a_few_server_sessions() -> Resul
             .expect("task")
             .expect("lease operations through pgbouncer");
     }
-    assert_eq!(m.list().await.expect("list").len(), 8);
+    assert_eq!(
+        m.list(&pglease::ListFilter::default())
+            .await
+            .expect("list")
+            .len(),
+        8
+    );
     assert!(data_value(&db).await.ends_with("/19"));
     assert!(
         m.admit("resource", crate::common::token(5))
@@ -211,7 +217,11 @@ async fn the_doctor_reports_the_pooler() -> Result<(), SetupError> {
     let bouncer = PgBouncer::builder().start(&db.options())?;
     let options = ManagerOptions::default().notify(false);
     let m = LeaseManager::with_options(pool(&bouncer, &db, 4).await, options).expect("options");
-    let diagnosis = m.doctor().await.expect("doctor through pgbouncer");
+    let diagnosis = m
+        .admin()
+        .doctor(&pglease::doctor::DoctorOptions::default())
+        .await
+        .expect("doctor through pgbouncer");
     let pooler = diagnosis
         .checks
         .iter()

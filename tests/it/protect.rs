@@ -54,7 +54,10 @@ async fn writers_that_ignore_the_lease_are_rejected() {
     let db = TestDb::new().await;
     create_data_table(&db).await;
     let m = db.manager();
-    m.protect("data", "data-lease").await.expect("protect");
+    m.admin()
+        .protect("data", "data-lease")
+        .await
+        .expect("protect");
     let lease = m
         .acquire("data-lease", AcquireOptions::ttl(LONG).holder("A"))
         .await
@@ -97,7 +100,10 @@ async fn each_write_rechecks_the_declared_token() {
     let db = TestDb::new().await;
     create_data_table(&db).await;
     let m = db.manager();
-    m.protect("data", "data-lease").await.expect("protect");
+    m.admin()
+        .protect("data", "data-lease")
+        .await
+        .expect("protect");
     let lease = m
         .acquire(
             "data-lease",
@@ -170,7 +176,7 @@ async fn unprotect_lifts_the_protection_and_bad_input_is_rejected() {
         .await
         .expect("view");
     assert!(matches!(
-        m.protect("data", "").await,
+        m.admin().protect("data", "").await,
         Err(Error::InvalidInput {
             argument: "name",
             ..
@@ -207,12 +213,15 @@ async fn unprotect_lifts_the_protection_and_bad_input_is_rejected() {
         );
     }
     assert!(matches!(
-        m.protect("no_such_table", "x").await,
+        m.admin().protect("no_such_table", "x").await,
         Err(Error::Database(_))
     ));
     assert_eq!(db.state().await, before);
 
-    m.protect("data", "data-lease").await.expect("protect");
+    m.admin()
+        .protect("data", "data-lease")
+        .await
+        .expect("protect");
     let listed: Vec<(String, String)> =
         sqlx::query_as("SELECT tbl::text, name FROM pglease.protected")
             .fetch_all(db.pool())
@@ -223,8 +232,8 @@ async fn unprotect_lifts_the_protection_and_bad_input_is_rejected() {
         rejection(&db, "", WRITES[1]).await.as_deref(),
         Some(NOT_DECLARED)
     );
-    assert!(m.unprotect("data").await.expect("unprotect"));
-    assert!(!m.unprotect("data").await.expect("unprotect twice"));
+    assert!(m.admin().unprotect("data").await.expect("unprotect"));
+    assert!(!m.admin().unprotect("data").await.expect("unprotect twice"));
     assert_eq!(rejection(&db, "", WRITES[1]).await, None);
     assert_eq!(data_value(&db).await, "updated");
 }
@@ -255,6 +264,7 @@ async fn only_the_table_owner_may_protect_or_unprotect_it() {
             .expect("set up");
     }
     db.manager()
+        .admin()
         .protect("ledger", "ledger-lease")
         .await
         .expect("the owner protects");

@@ -275,7 +275,12 @@ async fn a_role_with_trigger_cannot_repoint_a_protected_table() {
     );
     let intact = ledger_intact(&db).await;
     assert!(!intact);
-    let diagnosis = db.manager().doctor().await.expect("doctor");
+    let diagnosis = db
+        .manager()
+        .admin()
+        .doctor(&pglease::doctor::DoctorOptions::default())
+        .await
+        .expect("doctor");
     let warnings: Vec<&str> = diagnosis
         .checks
         .iter()
@@ -378,7 +383,8 @@ async fn only_the_acquiring_role_acts_under_a_token() {
     // An administrator forces it.
     let mo = db.manager_as(ops, ManagerOptions::default()).await;
     assert_eq!(
-        mo.force_release("job", "INC-7")
+        mo.admin()
+            .force_release("job", "INC-7")
             .await
             .expect("an administrator"),
         Some(fence.token())

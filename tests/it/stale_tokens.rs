@@ -245,7 +245,12 @@ async fn never_acquired_lease_reports_no_holder() {
             ..
         })
     ));
-    assert!(m.list().await.expect("list").is_empty());
+    assert!(
+        m.list(&pglease::ListFilter::default())
+            .await
+            .expect("list")
+            .is_empty()
+    );
 }
 
 tests![

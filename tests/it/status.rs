@@ -24,7 +24,7 @@ async fn filters_run_in_the_database_and_take_prefixes_literally() {
     db.wait_until(short.expires_at()).await;
 
     let names = async |filter: ListFilter| -> Vec<String> {
-        m.list_matching(&filter)
+        m.list(&filter)
             .await
             .expect("list")
             .into_iter()
@@ -48,7 +48,7 @@ async fn filters_run_in_the_database_and_take_prefixes_literally() {
     );
     assert!(names(ListFilter::default().limit(0)).await.is_empty());
     assert!(matches!(
-        m.list_matching(&ListFilter::default().prefix("a\0")).await,
+        m.list(&ListFilter::default().prefix("a\0")).await,
         Err(Error::InvalidInput {
             argument: "prefix",
             ..
@@ -62,13 +62,13 @@ async fn filters_run_in_the_database_and_take_prefixes_literally() {
 async fn the_database_clock_the_lease_count_and_the_functions_owner() {
     let db = TestDb::new().await;
     let m = db.manager();
-    assert_eq!(m.count_leases().await.expect("count"), 0);
-    let before = m.database_time().await.expect("database time");
+    assert_eq!(m.admin().count_leases().await.expect("count"), 0);
+    let before = m.admin().database_time().await.expect("database time");
     let lease = m
         .acquire("counted-1", AcquireOptions::ttl(Duration::from_secs(60)))
         .await
         .expect("acquire");
-    let after = m.database_time().await.expect("database time");
+    let after = m.admin().database_time().await.expect("database time");
     assert!(
         before <= lease.acquired_at() && lease.acquired_at() <= after,
         "{before} <= {} <= {after}",
@@ -79,18 +79,18 @@ async fn the_database_clock_the_lease_count_and_the_functions_owner() {
         .await
         .expect("acquire");
     // Released or held, each name is a row.
-    assert_eq!(m.count_leases().await.expect("count"), 2);
+    assert_eq!(m.admin().count_leases().await.expect("count"), 2);
     let owner: String = sqlx::query_scalar(
         "SELECT pg_get_userbyid(nspowner)::text FROM pg_namespace WHERE nspname = 'pglease'",
     )
     .fetch_one(m.pool())
     .await
     .expect("schema owner");
-    assert_eq!(m.functions_owner().await.expect("owner"), owner);
+    assert_eq!(m.admin().functions_owner().await.expect("owner"), owner);
 }
 
 /// A name held only by shared holders, and a counted lease held only
-/// through its slots: `inspect` and `list_matching(held)` show them held,
+/// through its slots: `inspect` and `list(held)` show them held,
 /// with their counts. `force_release` ends both shared holders at once,
 /// also the one inside its checked transaction (its session ends: nothing
 /// of it commits after), and every slot; each name is then acquired at
@@ -123,7 +123,7 @@ async fn shared_and_counted_holders_are_shown_and_forced() {
     );
     assert!(sh.is_held_by_anyone());
     assert_eq!(sh.readers_until, Some(b.expires_at()));
-    let holders = m.shared_holders("sh").await.expect("holders");
+    let holders = m.admin().shared_holders("sh").await.expect("holders");
     let tokens: Vec<_> = holders
         .iter()
         .map(|h| (h.token, h.holder.as_str()))
@@ -136,7 +136,7 @@ async fn shared_and_counted_holders_are_shown_and_forced() {
     );
     assert_eq!(jobs.expires_at, Some(s2.expires_at()));
     let held: Vec<String> = m
-        .list_matching(&ListFilter::default().held())
+        .list(&ListFilter::default().held())
         .await
         .expect("held")
         .into_iter()
@@ -155,7 +155,11 @@ async fn shared_and_counted_holders_are_shown_and_forced() {
         .execute(&mut reader)
         .await
         .expect("B's check");
-    let ended = m.force_release("sh", "test").await.expect("force sh");
+    let ended = m
+        .admin()
+        .force_release("sh", "test")
+        .await
+        .expect("force sh");
     assert_eq!(ended, Some(b.token()), "the greatest token ended");
     let commit = sqlx::query("COMMIT").execute(&mut reader).await;
     assert!(
@@ -177,7 +181,10 @@ async fn shared_and_counted_holders_are_shown_and_forced() {
     assert!(writer.token() > b.token());
 
     assert_eq!(
-        m.force_release("jobs", "test").await.expect("force jobs"),
+        m.admin()
+            .force_release("jobs", "test")
+            .await
+            .expect("force jobs"),
         Some(s2.token()).max(Some(s1.token()))
     );
     assert!(matches!(m.renew(&s1, ttl).await, Err(Error::Lost { .. })));
@@ -185,7 +192,13 @@ async fn shared_and_counted_holders_are_shown_and_forced() {
     m.acquire("jobs", AcquireOptions::ttl(ttl).limit(2))
         .await
         .expect("a slot at once");
-    assert_eq!(m.force_release("jobs#9", "test").await.expect("none"), None);
+    assert_eq!(
+        m.admin()
+            .force_release("jobs#9", "test")
+            .await
+            .expect("none"),
+        None
+    );
 }
 
 tests![

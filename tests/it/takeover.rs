@@ -313,7 +313,13 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
         .await
         .expect("connect as the owner");
     as_owner.migrate().await.expect("migrate as the owner");
-    assert!(!as_owner.can_end_stale_transactions().await.expect("check"));
+    assert!(
+        !as_owner
+            .admin()
+            .can_end_stale_transactions()
+            .await
+            .expect("check")
+    );
     for sql in [
         format!("GRANT USAGE ON SCHEMA pglease TO {app}"),
         format!("GRANT SELECT ON pglease.status TO {app}"),
@@ -384,7 +390,13 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
 
     db.execute(&[format!("GRANT pg_signal_backend TO {owner}")])
         .await;
-    assert!(as_owner.can_end_stale_transactions().await.expect("check"));
+    assert!(
+        as_owner
+            .admin()
+            .can_end_stale_transactions()
+            .await
+            .expect("check")
+    );
     let taken = tokio::time::timeout(
         BOUND,
         b.acquire("job", AcquireOptions::ttl(LONG).holder("B")),

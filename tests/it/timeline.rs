@@ -100,7 +100,11 @@ async fn a_failover_to_an_asynchronous_standby_never_hands_a_token_out_twice()
         "the new primary issued again a token the old one acknowledged: {issued:?} (highest \
          acknowledged {highest})"
     );
-    let changes = b.timeline_changes().await.expect("timeline changes");
+    let changes = b
+        .admin()
+        .timeline_changes()
+        .await
+        .expect("timeline changes");
     let change = changes.last().expect("a change of timeline recorded");
     eprintln!(
         "{} acquisitions acknowledged by the old primary, {lost} of them lost (the new primary \
@@ -141,7 +145,11 @@ async fn a_failover_to_an_asynchronous_standby_never_hands_a_token_out_twice()
         .find(|t| t.event == Event::TimelineChanged)
         .expect("the change in victim's history");
     assert_eq!(event.token.get(), change.floor);
-    let diagnosis = b.doctor().await.expect("doctor");
+    let diagnosis = b
+        .admin()
+        .doctor(&pglease::doctor::DoctorOptions::default())
+        .await
+        .expect("doctor");
     let timeline = diagnosis
         .checks
         .iter()
@@ -221,7 +229,14 @@ async fn an_acknowledged_renewal_survives_a_crash_with_asynchronous_commit()
     );
     // Same timeline: nothing changed but the check.
     let next = after.acquire("next", ttl(60)).await.expect("acquire after");
-    assert!(after.timeline_changes().await.expect("changes").is_empty());
+    assert!(
+        after
+            .admin()
+            .timeline_changes()
+            .await
+            .expect("changes")
+            .is_empty()
+    );
     assert!(
         next.token().get() < 1_000,
         "the fence moved: {}",
@@ -271,7 +286,7 @@ async fn the_grant_delay_holds_new_grants_and_lets_known_leases_renew() -> Resul
         "granted at {} before the delay's end {until}",
         waited.acquired_at()
     );
-    let change = new.timeline_changes().await.expect("changes");
+    let change = new.admin().timeline_changes().await.expect("changes");
     assert_eq!(change.last().and_then(|c| c.grant_after), Some(until));
     Ok(())
 }
@@ -315,7 +330,7 @@ async fn a_restore_to_a_point_in_time_moves_the_fence() -> Result<(), SetupError
         .expect("B acquires on the restored server");
     let highest = *acknowledged.iter().max().expect("tokens");
     assert!(b_holds.token().get() > highest, "token issued again");
-    let change = b.timeline_changes().await.expect("changes");
+    let change = b.admin().timeline_changes().await.expect("changes");
     let change = change.last().expect("a change recorded");
     eprintln!(
         "restored to the point: timeline {:?} -> {}, the server knew tokens up to {}, {} \
@@ -361,7 +376,7 @@ async fn a_declared_rollback_moves_the_fence() {
             .await
             .expect("admit stale")
     );
-    let change = leases.timeline_changes().await.expect("changes");
+    let change = leases.admin().timeline_changes().await.expect("changes");
     assert_eq!(
         change.last().and_then(|c| c.declared.clone()).as_deref(),
         Some("snapshot of this morning")

@@ -33,7 +33,7 @@ async fn every_operation_works_as_the_owner_over_verify_full() -> Result<(), Set
     assert!(encrypted(&m).await.0);
     m.migrate().await.expect("migrate as a non-superuser owner");
     // What the owner lacks is known and said (docs/design.md).
-    assert!(!m.can_end_stale_transactions().await.expect("ask"));
+    assert!(!m.admin().can_end_stale_transactions().await.expect("ask"));
     sqlx::raw_sql(
         "CREATE TABLE data (id int PRIMARY KEY, value text NOT NULL, token bigint); \
          INSERT INTO data VALUES (1, 'initial', NULL)",

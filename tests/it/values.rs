@@ -45,7 +45,9 @@ async fn a_value_is_published_changed_and_cleared_by_its_holder() {
         .await
         .expect("the largest value");
     assert_eq!(
-        m.list().await.expect("list")[0].value.as_deref(),
+        m.list(&pglease::ListFilter::default()).await.expect("list")[0]
+            .value
+            .as_deref(),
         Some(largest.as_str())
     );
 }

@@ -51,7 +51,8 @@ pub(crate) async fn doctor(manager: &LeaseManager, args: DoctorArgs) -> Outcome 
         }
     }
     let diagnosis = manager
-        .doctor_with(&options)
+        .admin()
+        .doctor(&options)
         .await
         .map_err(|e| (e, "doctor"))?;
     if json {

@@ -18,7 +18,7 @@ pub(crate) async fn force_release(
 ) -> Outcome {
     // Who held it, for the message only (the force decides on its own).
     let before = manager.inspect(name).await.ok();
-    let forced = manager.force_release(name, reason).await;
+    let forced = manager.admin().force_release(name, reason).await;
     if let (true, Ok(token)) = (json, &forced) {
         let kind = before.as_ref().map(|s| s.kind.as_str());
         out!(

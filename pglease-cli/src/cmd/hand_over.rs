@@ -33,11 +33,12 @@ pub(crate) async fn hand_over(
         ttl,
         or_release,
     } = to;
-    let handed = if or_release {
-        manager.hand_over(fence, successor, ttl).await
+    let otherwise = if or_release {
+        pglease::WithoutSuccessor::Release
     } else {
-        manager.hand_over_or_keep(fence, successor, ttl).await
+        pglease::WithoutSuccessor::Keep
     };
+    let handed = manager.hand_over(fence, successor, ttl, otherwise).await;
     let handed = match handed {
         Ok(handed) => handed,
         Err(e @ (Error::NotHeld { .. } | Error::Lost { .. })) => {

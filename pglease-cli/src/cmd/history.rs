@@ -21,7 +21,11 @@ pub(crate) async fn history(
     // this machine's clock against a database timestamp.
     let since = match since {
         Some(ago) => {
-            let now = manager.database_time().await.map_err(|e| (e, "history"))?;
+            let now = manager
+                .admin()
+                .database_time()
+                .await
+                .map_err(|e| (e, "history"))?;
             let ago = chrono::Duration::from_std(ago).unwrap_or(chrono::Duration::MAX);
             Some(now.checked_sub_signed(ago).unwrap_or_default())
         }

@@ -38,11 +38,13 @@ pub(crate) async fn migrate(manager: &LeaseManager, json: bool) -> Outcome {
         ),
     }
     let can_end = manager
+        .admin()
         .can_end_stale_transactions()
         .await
         .map_err(|e| (e, "migrate"))?;
     if !can_end {
         let owner = manager
+            .admin()
             .functions_owner()
             .await
             .map_err(|e| (e, "migrate"))?;

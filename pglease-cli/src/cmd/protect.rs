@@ -20,6 +20,7 @@ pub(crate) async fn protect(manager: &LeaseManager, args: &ProtectArgs) -> Outco
     let was_fenced = match args.ddl {
         true => Some(
             manager
+                .admin()
                 .fence_ddl(true)
                 .await
                 .map_err(|e| (e, "protect --ddl"))?,
@@ -27,9 +28,9 @@ pub(crate) async fn protect(manager: &LeaseManager, args: &ProtectArgs) -> Outco
         false => None,
     };
     if let (Some(table), Some(lease)) = (args.table(), args.lease.as_deref()) {
-        if let Err(e) = manager.protect(table, lease).await {
+        if let Err(e) = manager.admin().protect(table, lease).await {
             if was_fenced == Some(false)
-                && let Err(undo) = manager.fence_ddl(false).await
+                && let Err(undo) = manager.admin().fence_ddl(false).await
             {
                 eprintln!(
                     "pglease: the DDL fence, turned on first, could not be turned off again \
@@ -57,7 +58,7 @@ pub(crate) async fn protect(manager: &LeaseManager, args: &ProtectArgs) -> Outco
 /// nothing was protected, which it says).
 pub(crate) async fn unprotect(manager: &LeaseManager, args: &UnprotectArgs) -> Outcome {
     if let Some(table) = args.table() {
-        match manager.unprotect(table).await {
+        match manager.admin().unprotect(table).await {
             Ok(true) => note!("pglease: {table} is no longer protected"),
             Ok(false) => note!("pglease: {table} was not protected"),
             Err(e) => return missing_table(e, table, args.tool.as_deref(), "unprotect"),
@@ -65,6 +66,7 @@ pub(crate) async fn unprotect(manager: &LeaseManager, args: &UnprotectArgs) -> O
     }
     if args.ddl {
         let was = manager
+            .admin()
             .fence_ddl(false)
             .await
             .map_err(|e| (e, "unprotect --ddl"))?;

@@ -18,10 +18,7 @@ pub(crate) async fn status(manager: &LeaseManager, args: StatusArgs) -> Outcome 
     let leases = match name {
         Some(name) => vec![manager.inspect(name).await.map_err(|e| (e, "status"))?],
         // Filtered and limited in the database.
-        None => manager
-            .list_matching(&filter)
-            .await
-            .map_err(|e| (e, "status"))?,
+        None => manager.list(&filter).await.map_err(|e| (e, "status"))?,
     };
     let code = match name {
         Some(_) if !leases[0].is_held_by_anyone() => ExitCode::from(exit::NOT_ACQUIRED),
@@ -35,7 +32,11 @@ pub(crate) async fn status(manager: &LeaseManager, args: StatusArgs) -> Outcome 
         out!("{value}");
         return Ok(code);
     }
-    let now: DateTime<Utc> = manager.database_time().await.map_err(|e| (e, "status"))?;
+    let now: DateTime<Utc> = manager
+        .admin()
+        .database_time()
+        .await
+        .map_err(|e| (e, "status"))?;
     table(&leases, now);
     if name.is_none() && !crate::output::quiet() {
         summary(manager, &leases).await?;
@@ -169,7 +170,7 @@ async fn one_json(
 ) -> Result<serde_json::Value, (Error, &'static str)> {
     let mut value = status_json(s);
     if s.readers > 0 {
-        match manager.shared_holders(&s.name).await {
+        match manager.admin().shared_holders(&s.name).await {
             Ok(holders) => {
                 value["holders"] = holders
                     .iter()
@@ -188,10 +189,7 @@ async fn one_json(
     }
     if let Some(slots) = s.slots {
         let filter = ListFilter::default().prefix(format!("{}#", s.name));
-        let rows = manager
-            .list_matching(&filter)
-            .await
-            .map_err(|e| (e, "status"))?;
+        let rows = manager.list(&filter).await.map_err(|e| (e, "status"))?;
         value["slot_leases"] = rows
             .iter()
             .filter(|row| {
@@ -233,7 +231,11 @@ async fn summary(
     manager: &LeaseManager,
     leases: &[LeaseStatus],
 ) -> Result<(), (Error, &'static str)> {
-    let total = manager.count_leases().await.map_err(|e| (e, "status"))?;
+    let total = manager
+        .admin()
+        .count_leases()
+        .await
+        .map_err(|e| (e, "status"))?;
     let held = leases.iter().filter(|s| s.is_held_by_anyone()).count();
     let released = leases
         .iter()
@@ -251,7 +253,7 @@ async fn summary(
 /// a lease acquired before it could still run (the longest TTL). A role
 /// that may not read `pglease.timelines` is told nothing.
 async fn timeline_note(manager: &LeaseManager, now: DateTime<Utc>) {
-    let Ok(mut changes) = manager.timeline_changes().await else {
+    let Ok(mut changes) = manager.admin().timeline_changes().await else {
         return;
     };
     let Some(change) = changes.pop() else {

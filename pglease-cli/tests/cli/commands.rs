@@ -837,7 +837,7 @@ async fn a_stopped_run_loses_its_lease_and_its_command_is_fenced_off() {
     .execute(db.pool())
     .await
     .expect("create");
-    m.protect("log", "job").await.expect("protect");
+    m.admin().protect("log", "job").await.expect("protect");
     let outcomes = std::env::temp_dir().join(format!(
         "pglease-cli-{}-{}",
         std::process::id(),

@@ -32,7 +32,11 @@ async fn create_log(db: &TestDb) {
     .execute(db.pool())
     .await
     .expect("create the log");
-    db.manager().protect("log", "svc").await.expect("protect");
+    db.manager()
+        .admin()
+        .protect("log", "svc")
+        .await
+        .expect("protect");
 }
 
 /// In commit order (ids are drawn inside the fenced transactions), tokens

@@ -18,7 +18,11 @@ async fn force_release_stops_a_running_holder_and_the_history_says_why() {
         .execute(db.pool())
         .await
         .expect("create the log");
-    db.manager().protect("log", "job").await.expect("protect");
+    db.manager()
+        .admin()
+        .protect("log", "job")
+        .await
+        .expect("protect");
     let outcomes = std::env::temp_dir().join(format!("pglease-force-{}", db.name()));
     let _ = std::fs::remove_file(&outcomes);
     let script = crate::common::fenced_writer(&outcomes);

@@ -34,7 +34,11 @@ async fn shared_holders_from_the_command_line() {
         .execute(db.pool())
         .await
         .expect("create the log");
-    db.manager().protect("log", "doc").await.expect("protect");
+    db.manager()
+        .admin()
+        .protect("log", "doc")
+        .await
+        .expect("protect");
 
     let acquire = |holder: &str| {
         pglease(

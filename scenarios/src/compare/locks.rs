@@ -57,7 +57,7 @@ impl Contender for SessionContender {
     type Held = SessionLock;
 
     async fn acquire(&self, _who: Who, wait: Duration) -> Result<Option<SessionLock>, BoxError> {
-        Ok(poll_lock(wait, || self.ctx.m.try_session_lock(&self.ctx.name)).await?)
+        Ok(poll_lock(wait, || SessionLock::try_lock(&self.ctx.m, &self.ctx.name)).await?)
     }
 
     async fn write(&self, _held: &mut SessionLock, who: Who) -> Result<Written, BoxError> {
@@ -199,7 +199,8 @@ impl XactContender {
     }
 
     async fn take(&self, wait: Duration) -> Result<Option<XactHeld>, Error> {
-        let Some(mut lock) = poll_lock(wait, || self.ctx.m.try_xact_lock(&self.ctx.name)).await?
+        let Some(mut lock) =
+            poll_lock(wait, || XactLock::try_lock(&self.ctx.m, &self.ctx.name)).await?
         else {
             return Ok(None);
         };

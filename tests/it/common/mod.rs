@@ -377,7 +377,7 @@ pub async fn migrated_on_formation(url: &str, primary_port: u16) -> LeaseManager
     leases.migrate().await.expect("migrate");
     create_data_table_on(leases.pool()).await;
     assert_eq!(
-        leases.current_host(),
+        leases.admin().current_host(),
         Some(format!("127.0.0.1:{primary_port}"))
     );
     leases
