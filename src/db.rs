@@ -1,6 +1,10 @@
-//! The one-statement operations that more than one layer sends (the
-//! manager's methods, held leases, waiting acquisitions): each is one
-//! round trip on the pool, its SQL in [`crate::sql`].
+//! The one-statement operations on the pool: those that more than one
+//! layer sends (the manager's methods, held leases, waiting
+//! acquisitions), and every statement of the facade and the modules on
+//! its surface (`manager`, `history`, `elect`, `observe`), which send
+//! none themselves. Each is one round trip, its SQL in [`crate::sql`]; a
+//! caller checks its inputs first, and decodes rows into types of its
+//! own layer where they are not known here.
 
 use chrono::{DateTime, Utc};
 use sqlx::Row;
@@ -11,8 +15,9 @@ use sqlx::query::Query;
 use crate::context::Context;
 
 use crate::error::{Error, LossReason, NotHeldReason, Result};
-use crate::lease::{Fence, LeaseStatus};
+use crate::lease::{Fence, LeaseStatus, ListFilter, SharedHolder};
 use crate::sql;
+use crate::token::Token;
 
 /// Extends the lease to database-now + `ttl`; [`Error::Lost`] with the
 /// reason if the token is no longer valid.
@@ -238,4 +243,133 @@ async fn lost(pool: &PgPool, fence: &Fence) -> Error {
         },
         Err(error) => error,
     }
+}
+
+/// The first column of the one row `statement` answers.
+async fn scalar<T>(pool: &PgPool, statement: String) -> Result<T>
+where
+    T: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+{
+    let row = sql::query(statement).fetch_one(pool).await?;
+    Ok(row.try_get(0)?)
+}
+
+/// Asks the holder of `name` to step down on behalf of `by`; the token
+/// asked, if anyone held it.
+pub(crate) async fn request_step_down(
+    pool: &PgPool,
+    name: &str,
+    by: &str,
+) -> Result<Option<Token>> {
+    let token: Option<i64> = scalar(pool, sql::request_step_down(name, by)).await?;
+    Ok(token.map(Token::issued))
+}
+
+/// `pglease.hand_over`: the successor's token, or `None` when it did not
+/// wait (the lease released if `or_release`, else kept).
+pub(crate) async fn hand_over(
+    pool: &PgPool,
+    fence: &Fence,
+    successor: &str,
+    ttl: &PgInterval,
+    or_release: bool,
+) -> Result<Option<Token>> {
+    let token: Option<i64> =
+        scalar(pool, sql::hand_over(fence, successor, ttl, or_release)).await?;
+    Ok(token.map(Token::issued))
+}
+
+/// Whether `successor` waits in the line of `fence`'s lease.
+pub(crate) async fn successor_waits(pool: &PgPool, fence: &Fence, successor: &str) -> Result<bool> {
+    scalar(pool, sql::successor_waits(fence, successor)).await
+}
+
+/// The status of the leases `filter` keeps.
+pub(crate) async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Vec<LeaseStatus>> {
+    let rows = sql::query(sql::list(filter)).fetch_all(pool).await?;
+    rows.iter().map(LeaseStatus::from_row).collect()
+}
+
+/// Records `token` for `resource`; whether it is at least the highest seen.
+pub(crate) async fn admit(pool: &PgPool, resource: &str, token: Token) -> Result<bool> {
+    scalar(pool, sql::admit(resource, token)).await
+}
+
+/// Whether the functions' owner may end stale fenced sessions.
+pub(crate) async fn can_end_stale_transactions(pool: &PgPool) -> Result<bool> {
+    let can: Option<bool> = scalar(pool, sql::CAN_END_STALE.to_owned()).await?;
+    Ok(can.unwrap_or(false))
+}
+
+/// The role that owns the `pglease` functions.
+pub(crate) async fn functions_owner(pool: &PgPool) -> Result<String> {
+    scalar(pool, sql::FUNCTIONS_OWNER.to_owned()).await
+}
+
+/// The database server's clock now.
+pub(crate) async fn database_time(pool: &PgPool) -> Result<DateTime<Utc>> {
+    scalar(pool, sql::DATABASE_TIME.to_owned()).await
+}
+
+/// How many lease names the database knows.
+pub(crate) async fn count_leases(pool: &PgPool) -> Result<u64> {
+    let count: i64 = scalar(pool, sql::COUNT_LEASES.to_owned()).await?;
+    Ok(u64::try_from(count).unwrap_or_default())
+}
+
+/// The valid shared holders of `name`, the first acquired first.
+pub(crate) async fn shared_holders(pool: &PgPool, name: &str) -> Result<Vec<SharedHolder>> {
+    let rows = sql::query(sql::shared_holders(name))
+        .fetch_all(pool)
+        .await?;
+    rows.iter().map(SharedHolder::from_row).collect()
+}
+
+/// Makes every waiter for `name` wait in line, or undoes it.
+pub(crate) async fn set_fair(pool: &PgPool, name: &str, fair: bool) -> Result<()> {
+    sql::query(sql::set_fair(name, fair)).execute(pool).await?;
+    Ok(())
+}
+
+/// Protects `table` with lease `name`.
+pub(crate) async fn protect(pool: &PgPool, table: &str, name: &str) -> Result<()> {
+    sql::query(sql::protect(table, name)).execute(pool).await?;
+    Ok(())
+}
+
+/// Removes `table`'s protection; whether it was protected.
+pub(crate) async fn unprotect(pool: &PgPool, table: &str) -> Result<bool> {
+    scalar(pool, sql::unprotect(table)).await
+}
+
+/// Turns the DDL fence on or off; whether it was on.
+pub(crate) async fn fence_ddl(pool: &PgPool, on: bool) -> Result<bool> {
+    scalar(pool, sql::fence_ddl(on)).await
+}
+
+/// The rows of `pglease.timelines`, oldest first (decoded by `history`).
+pub(crate) async fn timeline_changes(pool: &PgPool) -> Result<Vec<PgRow>> {
+    Ok(sql::query(sql::TIMELINE_CHANGES).fetch_all(pool).await?)
+}
+
+/// The rows of `pglease.history` for `name` from `since` on, with the
+/// changes of timeline (decoded by `history`).
+pub(crate) async fn history(
+    pool: &PgPool,
+    name: &str,
+    since: Option<DateTime<Utc>>,
+) -> Result<Vec<PgRow>> {
+    Ok(sql::query(sql::history(name, since))
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Ends `name` at once, moving its fence; the token ended, if any.
+pub(crate) async fn force_release(
+    pool: &PgPool,
+    name: &str,
+    reason: &str,
+) -> Result<Option<Token>> {
+    let token: Option<i64> = scalar(pool, sql::force_release(name, reason)).await?;
+    Ok(token.map(Token::issued))
 }

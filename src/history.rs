@@ -5,10 +5,10 @@
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
+use crate::db;
 use crate::error::Result;
 use crate::limits::check_text;
 use crate::manager::{Admin, LeaseManager};
-use crate::sql;
 use crate::token::Token;
 
 /// What happened to a lease.
@@ -167,9 +167,7 @@ impl LeaseManager {
         since: Option<DateTime<Utc>>,
     ) -> Result<Vec<Transition>> {
         check_text("name", name)?;
-        let rows = sql::query(sql::history(name, since))
-            .fetch_all(self.pool())
-            .await?;
+        let rows = db::history(self.pool(), name, since).await?;
         rows.iter()
             .map(|row| {
                 let renewals: Option<i32> = row.try_get("renewals")?;
@@ -205,9 +203,7 @@ impl Admin<'_> {
     ///
     /// Cancel-safe: it only reads.
     pub async fn timeline_changes(&self) -> Result<Vec<TimelineChange>> {
-        let rows = sql::query(sql::TIMELINE_CHANGES)
-            .fetch_all(self.pool())
-            .await?;
+        let rows = db::timeline_changes(self.pool()).await?;
         rows.iter()
             .map(|row| {
                 let cause: String = row.try_get("cause")?;
@@ -251,10 +247,6 @@ impl Admin<'_> {
     pub async fn force_release(&self, name: &str, reason: &str) -> Result<Option<Token>> {
         check_text("name", name)?;
         crate::limits::check_reason(reason)?;
-        let row = sql::query(sql::force_release(name, reason))
-            .fetch_one(self.pool())
-            .await?;
-        let token: Option<i64> = row.try_get(0)?;
-        Ok(token.map(Token::issued))
+        db::force_release(self.pool(), name, reason).await
     }
 }

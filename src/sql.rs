@@ -2,6 +2,14 @@
 //! and at most one commit; the clock and lock each relies on are described
 //! at the function it calls, in `migrations/`.
 //!
+//! No other module writes SQL. Who sends it: the facade (`manager`) and
+//! the modules on its surface (`history`, `elect`, `observe`) send
+//! nothing themselves, but call `db`; each module below the facade
+//! (`connect`, `context`, `db`, `notify`, `fencing`, `hold`, `wait`) sends
+//! the statements of its own concern, on the pool or on a connection it
+//! owns; above the facade only `advisory`, `migrate` and `doctor`'s facts
+//! send, each on a connection it owns (the doctor also on the pool).
+//!
 //! Statements go over the simple query protocol with their values written
 //! in as literals: a transaction pooler (PgBouncer in transaction mode)
 //! may hand each statement to a different server session, where a

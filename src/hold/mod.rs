@@ -268,25 +268,22 @@ impl HeldLease {
         let pg_ttl = crate::lease::interval(ttl)?;
         self.inner.registry.forget(&self.inner.state.lease);
         self.inner.state.fire(LossReason::Released, Instant::now());
-        let outcome = crate::sql::query(crate::sql::hand_over(
+        let outcome = crate::db::hand_over(
+            &self.inner.context.pool,
             self.as_ref(),
             successor,
             &pg_ttl,
             true,
-        ))
-        .fetch_one(&self.inner.context.pool)
+        )
         .await;
         // Only now: dropped before the answer, `Drop` releases instead.
         self.inner.released.store(true, Ordering::Release);
-        let token = outcome
-            .and_then(|row| sqlx::Row::try_get::<Option<i64>, _>(&row, 0))
-            .inspect_err(|_| {
-                // Not handed over (a grant delay, a transaction that could
-                // not be ended, the network): nobody renews it any more, so
-                // release it (a no-op if the handover did commit).
-                self.inner.context.release_in_background(self.as_ref());
-            })?;
-        Ok(token.map(Token::issued))
+        outcome.inspect_err(|_| {
+            // Not handed over (a grant delay, a transaction that could not
+            // be ended, the network): nobody renews it any more, so release
+            // it (a no-op if the handover did commit).
+            self.inner.context.release_in_background(self.as_ref());
+        })
     }
 
     /// Stops renewing the lease and lets it expire `after` from now

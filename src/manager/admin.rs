@@ -6,16 +6,15 @@
 //! release and the timeline in `history`.
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 use sqlx::postgres::PgPool;
 
 use super::LeaseManager;
 use crate::context::Context;
+use crate::db;
 #[cfg(doc)]
 use crate::error::Error;
 use crate::error::Result;
 use crate::limits::check_text;
-use crate::sql;
 
 /// The administrator's operations on a manager's database (see
 /// [`LeaseManager::admin`]): protecting tables and fencing DDL, fair
@@ -75,11 +74,7 @@ impl Admin<'_> {
     ///
     /// Cancel-safe: it only reads.
     pub async fn can_end_stale_transactions(&self) -> Result<bool> {
-        let row = sql::query(sql::CAN_END_STALE)
-            .fetch_one(self.pool())
-            .await?;
-        let can: Option<bool> = row.try_get(0)?;
-        Ok(can.unwrap_or(false))
+        db::can_end_stale_transactions(self.pool()).await
     }
 
     /// The role that owns the `pglease` functions: the one
@@ -96,10 +91,7 @@ impl Admin<'_> {
     ///
     /// Cancel-safe: it only reads.
     pub async fn functions_owner(&self) -> Result<String> {
-        let row = sql::query(sql::FUNCTIONS_OWNER)
-            .fetch_one(self.pool())
-            .await?;
-        Ok(row.try_get(0)?)
+        db::functions_owner(self.pool()).await
     }
 
     /// The database server's clock now (`clock_timestamp()`): the clock
@@ -114,10 +106,7 @@ impl Admin<'_> {
     ///
     /// Cancel-safe: it only reads.
     pub async fn database_time(&self) -> Result<DateTime<Utc>> {
-        let row = sql::query(sql::DATABASE_TIME)
-            .fetch_one(self.pool())
-            .await?;
-        Ok(row.try_get(0)?)
+        db::database_time(self.pool()).await
     }
 
     /// How many lease names the database knows, held or not (the rows
@@ -132,9 +121,7 @@ impl Admin<'_> {
     ///
     /// Cancel-safe: it only reads.
     pub async fn count_leases(&self) -> Result<u64> {
-        let row = sql::query(sql::COUNT_LEASES).fetch_one(self.pool()).await?;
-        let count: i64 = row.try_get(0)?;
-        Ok(u64::try_from(count).unwrap_or_default())
+        db::count_leases(self.pool()).await
     }
 
     /// The valid shared holders of lease `name`
@@ -152,10 +139,7 @@ impl Admin<'_> {
     /// Cancel-safe: it only reads.
     pub async fn shared_holders(&self, name: &str) -> Result<Vec<crate::SharedHolder>> {
         check_text("name", name)?;
-        let rows = sql::query(sql::shared_holders(name))
-            .fetch_all(self.pool())
-            .await?;
-        rows.iter().map(crate::SharedHolder::from_row).collect()
+        db::shared_holders(self.pool(), name).await
     }
 
     /// Makes every waiter for lease `name` wait in line, first come, first
@@ -177,10 +161,7 @@ impl Admin<'_> {
     /// Dropped in flight, the setting may or may not commit; set it again.
     pub async fn set_fair(&self, name: &str, fair: bool) -> Result<()> {
         check_text("name", name)?;
-        sql::query(sql::set_fair(name, fair))
-            .execute(self.pool())
-            .await?;
-        Ok(())
+        db::set_fair(self.pool(), name, fair).await
     }
 
     /// Makes `table` (a name as SQL would resolve it, e.g. `public.orders`)
@@ -207,10 +188,7 @@ impl Admin<'_> {
     pub async fn protect(&self, table: &str, name: &str) -> Result<()> {
         check_text("table", table)?;
         check_text("name", name)?;
-        sql::query(sql::protect(table, name))
-            .execute(self.pool())
-            .await?;
-        Ok(())
+        db::protect(self.pool(), table, name).await
     }
 
     /// Removes the protection [`Admin::protect`] put on `table`;
@@ -228,10 +206,7 @@ impl Admin<'_> {
     #[tracing::instrument(name = "pglease.unprotect", level = "debug", skip(self))]
     pub async fn unprotect(&self, table: &str) -> Result<bool> {
         check_text("table", table)?;
-        let row = sql::query(sql::unprotect(table))
-            .fetch_one(self.pool())
-            .await?;
-        Ok(row.try_get(0)?)
+        db::unprotect(self.pool(), table).await
     }
 
     /// Turns the DDL fence on (`true`) or off for the database: each DDL
@@ -255,9 +230,6 @@ impl Admin<'_> {
     /// again.
     #[tracing::instrument(name = "pglease.fence_ddl", level = "debug", skip(self))]
     pub async fn fence_ddl(&self, on: bool) -> Result<bool> {
-        let row = sql::query(sql::fence_ddl(on))
-            .fetch_one(self.pool())
-            .await?;
-        Ok(row.try_get(0)?)
+        db::fence_ddl(self.pool(), on).await
     }
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 
 use super::LeaseManager;
 use crate::db;
@@ -13,7 +13,6 @@ use crate::fencing::{self, FencedTransaction};
 use crate::lease::{Fence, LeaseStatus, ListFilter, interval};
 use crate::limits::{check_text, check_value};
 use crate::options::WithoutSuccessor;
-use crate::sql;
 use crate::token::Token;
 
 impl LeaseManager {
@@ -93,11 +92,7 @@ impl LeaseManager {
     pub async fn request_step_down(&self, name: &str, by: &str) -> Result<Option<Token>> {
         check_text("name", name)?;
         check_text("requested_by", by)?;
-        let row = sql::query(sql::request_step_down(name, by))
-            .fetch_one(self.pool())
-            .await?;
-        let token: Option<i64> = row.try_get(0)?;
-        Ok(token.map(Token::issued))
+        db::request_step_down(self.pool(), name, by).await
     }
 
     /// Ends the lease at once, and wakes acquirers waiting for it.
@@ -168,11 +163,7 @@ impl LeaseManager {
         check_hand_over(fence, successor)?;
         let ttl = crate::lease::interval(ttl)?;
         let or_release = otherwise == WithoutSuccessor::Release;
-        let token: Option<i64> = sql::query(sql::hand_over(fence, successor, &ttl, or_release))
-            .fetch_one(self.pool())
-            .await?
-            .try_get(0)?;
-        Ok(token.map(Token::issued))
+        db::hand_over(self.pool(), fence, successor, &ttl, or_release).await
     }
 
     /// Whether [`hand_over`](LeaseManager::hand_over) would hand `lease`
@@ -187,10 +178,7 @@ impl LeaseManager {
     ) -> Result<bool> {
         let fence = lease.as_ref();
         check_hand_over(fence, successor)?;
-        Ok(sql::query(sql::successor_waits(fence, successor))
-            .fetch_one(self.pool())
-            .await?
-            .try_get(0)?)
+        db::successor_waits(self.pool(), fence, successor).await
     }
 
     /// The status of lease `name`; a name never acquired is reported with
@@ -248,8 +236,7 @@ impl LeaseManager {
                 "must not contain NUL bytes (PostgreSQL text cannot store them)",
             ));
         }
-        let rows = sql::query(sql::list(filter)).fetch_all(self.pool()).await?;
-        rows.iter().map(LeaseStatus::from_row).collect()
+        db::list(self.pool(), filter).await
     }
 
     /// Separate-resource fencing: records `token` for `resource` and
@@ -269,10 +256,7 @@ impl LeaseManager {
     #[tracing::instrument(name = "pglease.admit", level = "debug", skip(self), fields(token = token.get()))]
     pub async fn admit(&self, resource: &str, token: Token) -> Result<bool> {
         check_text("resource", resource)?;
-        let row = sql::query(sql::admit(resource, token))
-            .fetch_one(self.pool())
-            .await?;
-        Ok(row.try_get(0)?)
+        db::admit(self.pool(), resource, token).await
     }
 
     /// Begins a transaction and declares `lease` in it
