@@ -33,7 +33,7 @@ pub(crate) fn latest_version() -> i64 {
 /// What to apply, given the recorded migrations (version, hex checksum,
 /// success): the versions this build has and the record lacks, or why
 /// nothing may be applied.
-fn plan(recorded: &[(i64, String, bool)]) -> Result<Vec<i64>> {
+fn to_apply(recorded: &[(i64, String, bool)]) -> Result<Vec<i64>> {
     let known: HashMap<i64, String> = MIGRATOR
         .iter()
         .filter(|m| !m.migration_type.is_down_migration())
@@ -147,7 +147,7 @@ async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
         .filter(|row| row.len() == 3)
         .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
         .collect::<std::result::Result<Vec<(i64, String, bool)>, sqlx::Error>>()?;
-    let missing = plan(&recorded)?;
+    let missing = to_apply(&recorded)?;
     if !missing.is_empty() {
         apply(conn, &missing).await?;
     }

@@ -12,7 +12,7 @@ use percent_encoding::percent_decode_str;
 use sqlx::postgres::PgConnectOptions;
 
 use super::target::{SessionAttrs, Target};
-use super::tls::{Files, Plan, SslMode, TlsSettings};
+use super::tls::{Approach, Files, SslMode, TlsSettings};
 use crate::error::{Error, Result};
 
 /// The keywords pglease takes, as libpq names them (and sqlx's URL
@@ -134,10 +134,10 @@ impl Target {
         // libpq makes no TLS attempt over a socket, so TLS settings that
         // cannot be used matter only where a host is reached over TCP.
         let files = Files::read(&settings.tls);
-        let tls = match Plan::decide(&settings.tls, &files) {
-            Ok(plan) => plan,
+        let tls = match Approach::decide(&settings.tls, &files) {
+            Ok(approach) => approach,
             Err(_) if hosts.iter().all(|(host, _)| host.starts_with('/')) => {
-                Plan::decide(&TlsSettings::default(), &Files::default())?
+                Approach::decide(&TlsSettings::default(), &Files::default())?
             }
             Err(e) => return Err(e),
         };

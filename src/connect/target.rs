@@ -12,7 +12,7 @@ use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::{ConnectOptions, Connection, PgConnection, Row};
 
 use super::passfile::{self, Login, Lookup};
-use super::tls::{Attempt, Failure, Plan, Roots, SslMode};
+use super::tls::{Approach, Attempt, Failure, Roots, SslMode};
 use crate::error::{Error, Result};
 use crate::human::Human;
 use crate::sql;
@@ -110,7 +110,7 @@ pub struct Target {
     /// How TLS is set up, as libpq would; `None` for options given as
     /// they are (`From<PgConnectOptions>`): sqlx's own use of their
     /// sslmode.
-    pub(super) tls: Option<Plan>,
+    pub(super) tls: Option<Approach>,
     /// The password file read for each connection, when no password was
     /// given.
     pub(super) passfile: Option<PathBuf>,
@@ -241,7 +241,7 @@ impl Target {
     /// with `sslrootcert=system`), or `None` for a target made from
     /// [`PgConnectOptions`], whose own sslmode sqlx uses.
     pub fn sslmode(&self) -> Option<SslMode> {
-        self.tls.as_ref().map(|plan| plan.mode)
+        self.tls.as_ref().map(|approach| approach.mode)
     }
 
     /// The connect options of the host at `index` (in [`Target::hosts`]'
@@ -254,7 +254,10 @@ impl Target {
     ///
     /// If `index` is out of range.
     pub fn host_options(&self, index: usize) -> PgConnectOptions {
-        let mode = self.tls.as_ref().map(|plan| plan.settled(plan.first));
+        let mode = self
+            .tls
+            .as_ref()
+            .map(|approach| approach.settled(approach.first));
         self.options_with(index, mode).0
     }
 
@@ -271,7 +274,7 @@ impl Target {
             .host(host)
             .port(*port)
             .extra_float_digits(None);
-        if let (Some(plan), Some(mode)) = (&self.tls, mode) {
+        if let (Some(approach), Some(mode)) = (&self.tls, mode) {
             // libpq makes no TLS attempt over a socket.
             let mode = if host.starts_with('/') {
                 Attempt::Plain
@@ -279,7 +282,7 @@ impl Target {
                 mode
             };
             options = options.ssl_mode(mode.sqlx());
-            match &plan.roots {
+            match &approach.roots {
                 Roots::File(file) => options = options.ssl_root_cert(file),
                 // sqlx took PGSSLROOTCERT as a file: no file, no roots added
                 // to the platform's.
@@ -288,7 +291,7 @@ impl Target {
                 }
                 _ => {}
             }
-            if let Some((cert, key)) = &plan.client {
+            if let Some((cert, key)) = &approach.client {
                 options = options.ssl_client_cert(cert).ssl_client_key(key);
             }
         }
@@ -315,7 +318,7 @@ impl Target {
         (options, lookup)
     }
 
-    /// One connection to host `index` as libpq makes it: the plan's first
+    /// One connection to host `index` as libpq makes it: the approach's first
     /// attempt and, where libpq would, its second; each bounded by
     /// `per_host`. With it, the options the host's later connections use
     /// (the TLS that worked).
@@ -324,7 +327,7 @@ impl Target {
         index: usize,
         per_host: Duration,
     ) -> Result<(PgConnection, PgConnectOptions)> {
-        let Some(plan) = self
+        let Some(approach) = self
             .tls
             .as_ref()
             .filter(|_| !self.hosts[index].0.starts_with('/'))
@@ -337,14 +340,17 @@ impl Target {
             let connection = self.attempt(index, &options, per_host).await?;
             return Ok((connection, options));
         };
-        let (second, failed) = match self.try_mode(index, plan, plan.first, per_host).await {
+        let (second, failed) = match self
+            .try_mode(index, approach, approach.first, per_host)
+            .await
+        {
             Ok(done) => return Ok(done),
-            Err(failed) => (plan.retry_after(failed.1), failed),
+            Err(failed) => (approach.retry_after(failed.1), failed),
         };
         let Some(second) = second else {
             return Err(failed.0);
         };
-        match self.try_mode(index, plan, second, per_host).await {
+        match self.try_mode(index, approach, second, per_host).await {
             Ok(done) => Ok(done),
             // The attempt made with TLS says more than the plain one
             // (which a server that requires TLS refuses).
@@ -353,12 +359,12 @@ impl Target {
         }
     }
 
-    /// One attempt of `plan` with TLS `mode`: the connection and the options
+    /// One attempt of `approach` with TLS `mode`: the connection and the options
     /// later connections use, or the error (explained) and how it failed.
     async fn try_mode(
         &self,
         index: usize,
-        plan: &Plan,
+        approach: &Approach,
         mode: Attempt,
         per_host: Duration,
     ) -> std::result::Result<(PgConnection, PgConnectOptions), (Error, Failure)> {
@@ -366,11 +372,11 @@ impl Target {
         match self.attempt(index, &options, per_host).await {
             Ok(connection) => Ok((
                 connection,
-                self.options_with(index, Some(plan.settled(mode))).0,
+                self.options_with(index, Some(approach.settled(mode))).0,
             )),
             Err(error) => {
                 let failed = failure(&error, mode.encrypts());
-                Err((self.explain(error, failed, mode, plan, &lookup), failed))
+                Err((self.explain(error, failed, mode, approach, &lookup), failed))
             }
         }
     }
@@ -403,7 +409,7 @@ impl Target {
         error: Error,
         failure: Failure,
         mode: Attempt,
-        plan: &Plan,
+        approach: &Approach,
         lookup: &Lookup,
     ) -> Error {
         match (failure, &error) {
@@ -416,15 +422,15 @@ impl Target {
                 let checked = match mode {
                     Attempt::VerifyCa | Attempt::VerifyFull => format!(
                         "; the server's certificate was checked against {} (sslmode={}{})",
-                        plan.describe_roots(),
-                        plan.mode,
+                        approach.describe_roots(),
+                        approach.mode,
                         if mode == Attempt::VerifyFull {
                             ", and must name the host connected to"
                         } else {
                             ""
                         }
                     ),
-                    _ => format!(" (sslmode={})", plan.mode),
+                    _ => format!(" (sslmode={})", approach.mode),
                 };
                 Error::Database(sqlx::Error::Tls(format!("{why}{checked}").into()))
             }

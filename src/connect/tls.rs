@@ -1,6 +1,6 @@
 //! TLS as libpq sets it up: `sslmode`, `sslrootcert` (a file, or
 //! `system`), `sslcert` and `sslkey`, with libpq's defaults under
-//! `~/.postgresql/`, decided here without I/O ([`Plan::decide`] takes what
+//! `~/.postgresql/`, decided here without I/O ([`Approach::decide`] takes what
 //! the files are) and carried out by `target.rs`, one or two attempts per
 //! connection as libpq makes them.
 //!
@@ -128,7 +128,7 @@ pub(crate) struct TlsSettings {
     pub(crate) key: Option<PathBuf>,
 }
 
-/// What the files a plan depends on are: whether each exists, and the
+/// What the files a approach depends on are: whether each exists, and the
 /// client key's permissions. Read by [`Files::read`]; made up in tests.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Files {
@@ -213,13 +213,13 @@ pub(crate) enum Roots {
 /// the files: the first attempt, the one libpq would make after it fails,
 /// and what TLS attempts verify and present.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Plan {
+pub(crate) struct Approach {
     /// The sslmode in force (libpq's default `prefer`, or `verify-full` with
     /// `sslrootcert=system`).
     pub(crate) mode: SslMode,
     pub(crate) first: Attempt,
     /// The second attempt and when it is made: after the first failed in
-    /// the ways [`Plan::retry_after`] names.
+    /// the ways [`Approach::retry_after`] names.
     pub(crate) second: Option<Attempt>,
     pub(crate) roots: Roots,
     /// The client certificate and key, presented when the server asks.
@@ -237,10 +237,10 @@ pub(crate) enum Failure {
     Other,
 }
 
-impl Plan {
-    /// The plan for `settings` given `files`, or why they cannot be used
+impl Approach {
+    /// The approach for `settings` given `files`, or why they cannot be used
     /// (libpq's refusals, in its words where it has them).
-    pub(crate) fn decide(settings: &TlsSettings, files: &Files) -> Result<Plan> {
+    pub(crate) fn decide(settings: &TlsSettings, files: &Files) -> Result<Approach> {
         let system = settings.root.as_deref() == Some("system");
         let mode = match settings.mode {
             Some(mode) if system && mode < SslMode::VerifyFull => {
@@ -283,7 +283,7 @@ impl Plan {
                 Roots::None
             }
         };
-        let client = Plan::client(settings, files)?;
+        let client = Approach::client(settings, files)?;
         // A TLS attempt verifies the chain whenever there are roots to
         // verify against (libpq: also for require, prefer and allow), and
         // the name only for verify-full.
@@ -298,7 +298,7 @@ impl Plan {
             SslMode::Prefer => (tls, Some(Attempt::Plain)),
             SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => (tls, None),
         };
-        Ok(Plan {
+        Ok(Approach {
             mode,
             first,
             second,
@@ -408,8 +408,8 @@ mod tests {
         }
     }
 
-    fn plan(mode: Option<SslMode>, root: Option<&str>, existing: &[&str]) -> Result<Plan> {
-        Plan::decide(&settings(mode, root), &files(existing))
+    fn approach(mode: Option<SslMode>, root: Option<&str>, existing: &[&str]) -> Result<Approach> {
+        Approach::decide(&settings(mode, root), &files(existing))
     }
 
     #[test]
@@ -422,12 +422,15 @@ mod tests {
             (SslMode::Require, P::Encrypted, None),
         ];
         for (mode, first, second) in cases {
-            let plan = plan(Some(mode), None, &[]).expect("plan");
-            assert_eq!((plan.first, plan.second), (first, second), "{mode}");
-            assert_eq!(plan.roots, Roots::None, "{mode}");
+            let approach = approach(Some(mode), None, &[]).expect("approach");
+            assert_eq!((approach.first, approach.second), (first, second), "{mode}");
+            assert_eq!(approach.roots, Roots::None, "{mode}");
         }
         // The default is prefer.
-        assert_eq!(plan(None, None, &[]).expect("plan").mode, SslMode::Prefer);
+        assert_eq!(
+            approach(None, None, &[]).expect("approach").mode,
+            SslMode::Prefer
+        );
     }
 
     #[test]
@@ -441,17 +444,17 @@ mod tests {
             (SslMode::VerifyCa, P::VerifyCa, None),
             (SslMode::VerifyFull, P::VerifyFull, None),
         ] {
-            let plan = plan(Some(mode), None, &[root]).expect("plan");
-            assert_eq!((plan.first, plan.second), (first, second), "{mode}");
-            assert_eq!(plan.roots, Roots::File(root.into()), "{mode}");
+            let approach = approach(Some(mode), None, &[root]).expect("approach");
+            assert_eq!((approach.first, approach.second), (first, second), "{mode}");
+            assert_eq!(approach.roots, Roots::File(root.into()), "{mode}");
         }
-        let given = plan(
+        let given = approach(
             Some(SslMode::VerifyFull),
             Some("/etc/ca.pem"),
             &["/etc/ca.pem"],
         );
         assert_eq!(
-            given.expect("plan").roots,
+            given.expect("approach").roots,
             Roots::File("/etc/ca.pem".into())
         );
     }
@@ -459,13 +462,13 @@ mod tests {
     #[test]
     fn verifying_without_a_root_file_is_refused_as_libpq_refuses_it() {
         for mode in [SslMode::VerifyCa, SslMode::VerifyFull] {
-            let e = plan(Some(mode), None, &[]).expect_err("no root");
+            let e = approach(Some(mode), None, &[]).expect_err("no root");
             assert!(
                 e.to_string()
                     .contains("\"/home/u/.postgresql/root.crt\" does not exist"),
                 "{e}"
             );
-            let e = plan(Some(mode), Some("/nope.pem"), &[]).expect_err("missing root");
+            let e = approach(Some(mode), Some("/nope.pem"), &[]).expect_err("missing root");
             assert!(
                 e.to_string().contains("\"/nope.pem\" does not exist"),
                 "{e}"
@@ -473,13 +476,13 @@ mod tests {
             assert!(e.to_string().contains("sslrootcert=system"), "{e}");
         }
         // A missing file only matters where verification is asked for.
-        let plan = plan(Some(SslMode::Require), Some("/nope.pem"), &[]).expect("plan");
-        assert_eq!(plan.first, Attempt::Encrypted);
+        let approach = approach(Some(SslMode::Require), Some("/nope.pem"), &[]).expect("approach");
+        assert_eq!(approach.first, Attempt::Encrypted);
     }
 
     #[test]
     fn sslrootcert_system_means_verify_full() {
-        let p = plan(None, Some("system"), &[]).expect("plan");
+        let p = approach(None, Some("system"), &[]).expect("approach");
         assert_eq!(
             (p.mode, p.first, p.roots),
             (SslMode::VerifyFull, Attempt::VerifyFull, Roots::System)
@@ -490,7 +493,7 @@ mod tests {
             SslMode::Require,
             SslMode::VerifyCa,
         ] {
-            let e = plan(Some(weak), Some("system"), &[]).expect_err("weak");
+            let e = approach(Some(weak), Some("system"), &[]).expect_err("weak");
             assert!(
                 e.to_string().contains(&format!("weak sslmode \"{weak}\"")),
                 "{e}"
@@ -500,17 +503,17 @@ mod tests {
 
     #[test]
     fn retries_follow_libpq() {
-        let allow = plan(Some(SslMode::Allow), None, &[]).expect("plan");
+        let allow = approach(Some(SslMode::Allow), None, &[]).expect("approach");
         assert_eq!(
             allow.retry_after(Failure::Refused),
             Some(Attempt::Encrypted)
         );
         assert_eq!(allow.retry_after(Failure::Other), None);
-        let prefer = plan(Some(SslMode::Prefer), None, &[]).expect("plan");
+        let prefer = approach(Some(SslMode::Prefer), None, &[]).expect("approach");
         assert_eq!(prefer.retry_after(Failure::Tls), Some(Attempt::Plain));
         assert_eq!(prefer.retry_after(Failure::Refused), Some(Attempt::Plain));
         assert_eq!(prefer.retry_after(Failure::Other), None);
-        let require = plan(Some(SslMode::Require), None, &[]).expect("plan");
+        let require = approach(Some(SslMode::Require), None, &[]).expect("approach");
         assert_eq!(require.retry_after(Failure::Tls), None);
         assert_eq!(prefer.settled(Attempt::Encrypted), Attempt::Prefer);
         assert_eq!(prefer.settled(Attempt::Plain), Attempt::Plain);
@@ -521,17 +524,17 @@ mod tests {
         let cert = "/home/u/.postgresql/postgresql.crt";
         let key = "/home/u/.postgresql/postgresql.key";
         let mut facts = files(&[cert, key]);
-        let p = Plan::decide(&TlsSettings::default(), &facts).expect("plan");
+        let p = Approach::decide(&TlsSettings::default(), &facts).expect("approach");
         assert_eq!(p.client, Some((cert.into(), key.into())));
         facts.key_mode = Some((0o644, false));
-        let e = Plan::decide(&TlsSettings::default(), &facts).expect_err("readable key");
+        let e = Approach::decide(&TlsSettings::default(), &facts).expect_err("readable key");
         assert!(e.to_string().contains("group or world access"), "{e}");
         facts.key_mode = Some((0o640, true));
-        assert!(Plan::decide(&TlsSettings::default(), &facts).is_ok());
-        let e = Plan::decide(&TlsSettings::default(), &files(&[cert])).expect_err("no key");
+        assert!(Approach::decide(&TlsSettings::default(), &facts).is_ok());
+        let e = Approach::decide(&TlsSettings::default(), &files(&[cert])).expect_err("no key");
         assert!(e.to_string().contains("not private key file"), "{e}");
         // No certificate: no client authentication, whatever the key.
-        let p = Plan::decide(&TlsSettings::default(), &files(&[key])).expect("plan");
+        let p = Approach::decide(&TlsSettings::default(), &files(&[key])).expect("approach");
         assert_eq!(p.client, None);
     }
 

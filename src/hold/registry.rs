@@ -39,10 +39,10 @@ pub(crate) struct Registry {
     /// Wakes the renewal task: a lease was added.
     pub(crate) wake: Notify,
     /// When the renewal task plans next (`None`: only when woken), as its
-    /// last plan left it: a lease added that is due no sooner needs no
-    /// wake-up (with 100,000 leases, each plan reads them all).
+    /// last schedule left it: a lease added that is due no sooner needs no
+    /// wake-up (with 100,000 leases, each schedule reads them all).
     planned: Mutex<Option<Instant>>,
-    /// Leases found due by the last full plan that did not fit in its
+    /// Leases found due by the last full schedule that did not fit in its
     /// statement: the next statements take them from here without reading
     /// every lease again.
     pending: Mutex<Pending>,
@@ -57,7 +57,7 @@ pub(crate) struct Registry {
 struct Pending {
     /// Soonest due first.
     keys: std::collections::VecDeque<Key>,
-    /// The earliest loss of any held lease, as of the last full plan (or a
+    /// The earliest loss of any held lease, as of the last full schedule (or a
     /// lease added since): until then no deadline can pass, so statements
     /// may be planned from `keys` alone.
     earliest_fire: Option<Instant>,
@@ -99,10 +99,10 @@ pub(crate) struct Batch {
 }
 
 /// What the renewal task should do next.
-pub(crate) struct Plan {
+pub(crate) struct Schedule {
     /// A statement to send now, if any lease is due.
     pub(crate) batch: Option<Batch>,
-    /// When to plan again (absent: only when woken).
+    /// When to schedule again (absent: only when woken).
     pub(crate) wake: Option<Instant>,
     /// Leases given up locally (deadline passed) that may still be valid in
     /// the database: release them, so the next holder need not wait.
@@ -197,7 +197,7 @@ impl Registry {
     }
 
     /// Starts renewing `state`, first at `renew_at`; whether the renewal
-    /// task must be woken to plan again (it would not look before then).
+    /// task must be woken to schedule again (it would not look before then).
     pub(crate) fn insert(&self, state: Arc<HeldState>, renew_at: Instant) -> bool {
         let key = (state.lease.name().to_owned(), state.lease.token().get());
         let mut entries = self.entries();
@@ -247,9 +247,9 @@ impl Registry {
     /// half a period then go along, so that leases acquired at different
     /// times fall into step (sending for early ones alone would renew a few
     /// at a time as they enter the window).
-    pub(crate) fn plan(&self, now: Instant, can_send: bool) -> Plan {
+    pub(crate) fn schedule(&self, now: Instant, can_send: bool) -> Schedule {
         let mut entries = self.entries();
-        if can_send && let Some(plan) = self.plan_pending(&mut entries, now) {
+        if can_send && let Some(plan) = self.schedule_pending(&mut entries, now) {
             return plan;
         }
         let given_up = fire_losses(&mut entries, now, can_send);
@@ -298,7 +298,7 @@ impl Registry {
             }
             *self.pending() = Pending::default();
             *self.planned() = wake;
-            return Plan {
+            return Schedule {
                 batch: None,
                 wake,
                 given_up,
@@ -318,16 +318,20 @@ impl Registry {
         };
         // The task plans again as soon as the statement is answered.
         *self.planned() = Some(now);
-        Plan {
+        Schedule {
             batch: Some(batch),
             wake,
             given_up,
         }
     }
 
-    /// The next statement from the leases a full plan left pending, while
-    /// no deadline can have passed; `None`: plan in full.
-    fn plan_pending(&self, entries: &mut HashMap<Key, Entry>, now: Instant) -> Option<Plan> {
+    /// The next statement from the leases a full schedule left pending, while
+    /// no deadline can have passed; `None`: schedule in full.
+    fn schedule_pending(
+        &self,
+        entries: &mut HashMap<Key, Entry>,
+        now: Instant,
+    ) -> Option<Schedule> {
         let mut pending = self.pending();
         let earliest_fire = pending.earliest_fire?;
         if now >= earliest_fire {
@@ -358,7 +362,7 @@ impl Registry {
             return None;
         }
         *self.planned() = Some(now);
-        Some(Plan {
+        Some(Schedule {
             batch: Some(batch),
             wake: Some(earliest_fire),
             given_up: Vec::new(),

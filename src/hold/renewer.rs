@@ -69,7 +69,7 @@ async fn run(context: Arc<Context>, registry: Arc<Registry>) {
             }
             continue;
         }
-        let plan = registry.plan(now, in_flight.is_none());
+        let plan = registry.schedule(now, in_flight.is_none());
         for state in &plan.given_up {
             context.release_in_background(state.lease.fence());
         }

@@ -80,12 +80,12 @@ fn nothing_is_sent_before_a_lease_is_due_and_near_ones_go_along() {
     registry.insert(held("b", 1, t0), t0 + secs(14.0));
     registry.insert(held("c", 1, t0), t0 + secs(16.0));
 
-    let plan = registry.plan(t0 + secs(1.0), true);
+    let plan = registry.schedule(t0 + secs(1.0), true);
     assert!(plan.batch.is_none() && plan.given_up.is_empty());
     assert_eq!(plan.wake, Some(t0 + secs(10.0)));
 
     // At 10 s "a" is due; "b" (due within half a period) goes along.
-    let plan = registry.plan(t0 + secs(10.0), true);
+    let plan = registry.schedule(t0 + secs(10.0), true);
     let batch = plan.batch.expect("a batch");
     assert_eq!(sorted(batch.keys), vec![key("a", 1), key("b", 1)]);
     assert_eq!(batch.ttls.len(), 2);
@@ -94,7 +94,7 @@ fn nothing_is_sent_before_a_lease_is_due_and_near_ones_go_along() {
     assert_eq!(batch.first_fire_at, t0 + secs(29.15));
 
     // In flight: not sent again.
-    let plan = registry.plan(t0 + secs(10.5), true);
+    let plan = registry.schedule(t0 + secs(10.5), true);
     assert!(plan.batch.is_none());
 }
 
@@ -115,7 +115,7 @@ fn many_leases_go_in_bounded_statements_the_soonest_due_first() {
     let at = t0 + secs(10.1);
     let mut sent = Vec::new();
     for statement in 0..3 {
-        let batch = registry.plan(at, true).batch.expect("due");
+        let batch = registry.schedule(at, true).batch.expect("due");
         let expected = if statement < 2 { MAX_RENEW_BATCH } else { 1 };
         assert_eq!(batch.keys.len(), expected, "statement {statement}");
         assert_eq!(batch.ttls.len(), expected);
@@ -139,7 +139,7 @@ fn many_leases_go_in_bounded_statements_the_soonest_due_first() {
     }
     // Every lease went once.
     assert_eq!(sent.iter().map(Vec::len).sum::<usize>(), n);
-    assert!(registry.plan(at, true).batch.is_none());
+    assert!(registry.schedule(at, true).batch.is_none());
 }
 
 #[test]
@@ -155,7 +155,7 @@ fn leases_left_for_later_statements_are_skipped_when_gone_and_deadlines_still_fi
         registry.insert(state, t0 + secs(10.0) + Duration::from_micros(i as u64));
     }
     let at = t0 + secs(10.1);
-    let first = registry.plan(at, true).batch.expect("due");
+    let first = registry.schedule(at, true).batch.expect("due");
     assert_eq!(first.keys.len(), MAX_RENEW_BATCH);
     // Of the three left, one is released and one lost meanwhile.
     registry.forget(&states[MAX_RENEW_BATCH].lease);
@@ -166,7 +166,7 @@ fn leases_left_for_later_statements_are_skipped_when_gone_and_deadlines_still_fi
         .map(|(name, token)| confirmed(name, *token))
         .collect();
     registry.apply(&first.keys, at, Ok(rows), at);
-    let second = registry.plan(at, true).batch.expect("the one left");
+    let second = registry.schedule(at, true).batch.expect("the one left");
     assert_eq!(
         second.keys,
         vec![key(&format!("l{}", MAX_RENEW_BATCH + 2), 1)]
@@ -175,7 +175,7 @@ fn leases_left_for_later_statements_are_skipped_when_gone_and_deadlines_still_fi
     // it (29.15 s, never renewed): they are lost, not planned from the
     // leftovers.
     let late = t0 + secs(29.2);
-    let plan = registry.plan(late, false);
+    let plan = registry.schedule(late, false);
     assert!(plan.batch.is_none());
     assert!(!plan.given_up.is_empty());
 }
@@ -186,13 +186,13 @@ fn a_lease_added_wakes_the_renewal_task_only_if_due_before_its_next_plan() {
     let registry = Registry::new();
     // Nothing planned yet: wake.
     assert!(registry.insert(held("a", 1, t0), t0 + secs(10.0)));
-    let plan = registry.plan(t0 + secs(1.0), true);
+    let plan = registry.schedule(t0 + secs(1.0), true);
     assert_eq!(plan.wake, Some(t0 + secs(10.0)));
     // Due later than the planned look: no wake-up; due sooner: wake-up.
     assert!(!registry.insert(held("b", 1, t0), t0 + secs(12.0)));
     assert!(registry.insert(held("c", 1, t0), t0 + secs(5.0)));
     // With a statement in flight the task plans again when it is answered.
-    let plan = registry.plan(t0 + secs(10.0), true);
+    let plan = registry.schedule(t0 + secs(10.0), true);
     assert!(plan.batch.is_some());
     assert!(!registry.insert(held("d", 1, t0), t0 + secs(20.0)));
 }
@@ -204,14 +204,14 @@ fn a_confirmed_renewal_moves_the_deadline_from_its_send() {
     let state = held("a", 7, t0);
     registry.insert(Arc::clone(&state), t0 + secs(10.0));
     let sent = t0 + secs(10.0);
-    let keys = registry.plan(sent, true).batch.expect("due").keys;
+    let keys = registry.schedule(sent, true).batch.expect("due").keys;
 
     let applied = registry.apply(&keys, sent, Ok(vec![confirmed("a", 7)]), sent + secs(0.2));
     assert_eq!(applied.renewed, 1);
     assert!(!applied.failed);
     assert_eq!(state.view.borrow().deadline, sent + secs(29.4));
     // Next renewal a period after the send, not after the answer.
-    let plan = registry.plan(sent + secs(1.0), true);
+    let plan = registry.schedule(sent + secs(1.0), true);
     assert!(plan.batch.is_none());
     assert_eq!(plan.wake, Some(sent + secs(10.0)));
 }
@@ -223,25 +223,25 @@ fn a_failed_statement_is_retried_soon_and_its_error_becomes_the_reason() {
     let state = held("a", 1, t0);
     registry.insert(Arc::clone(&state), t0 + secs(10.0));
     let sent = t0 + secs(10.0);
-    let keys = registry.plan(sent, true).batch.expect("due").keys;
+    let keys = registry.schedule(sent, true).batch.expect("due").keys;
     let error = Arc::new(Error::ShutDown);
     let failed_at = sent + secs(1.0);
     let applied = registry.apply(&keys, sent, Err(Arc::clone(&error)), failed_at);
     assert!(applied.failed);
 
     // Retried within a quarter period (2.5 s), with jitter.
-    let plan = registry.plan(failed_at, true);
+    let plan = registry.schedule(failed_at, true);
     let retry = plan.wake.expect("a retry");
     assert!(
         retry > failed_at && retry <= failed_at + secs(2.5),
         "{retry:?}"
     );
-    assert!(registry.plan(retry, true).batch.is_some());
+    assert!(registry.schedule(retry, true).batch.is_some());
 
     // No answer after that, and the deadline comes: lost as unreachable,
     // with the last error, and given up for a background release.
     registry.apply(&keys, retry, Err(Arc::clone(&error)), retry + secs(0.1));
-    let plan = registry.plan(t0 + secs(29.15), true);
+    let plan = registry.schedule(t0 + secs(29.15), true);
     assert_eq!(plan.given_up.len(), 1);
     assert_eq!(
         state.loss(),
@@ -260,10 +260,10 @@ fn a_lease_never_renewed_expires_at_its_deadline_not_before() {
     let state = held("a", 1, t0);
     // Its renewal is not due before the deadline (a paused task, say).
     registry.insert(Arc::clone(&state), t0 + secs(40.0));
-    let plan = registry.plan(t0 + secs(29.1), true);
+    let plan = registry.schedule(t0 + secs(29.1), true);
     assert!(plan.given_up.is_empty() && state.loss().is_none());
     assert_eq!(plan.wake, Some(t0 + secs(29.15)));
-    let plan = registry.plan(t0 + secs(29.15), true);
+    let plan = registry.schedule(t0 + secs(29.15), true);
     assert_eq!(plan.given_up.len(), 1);
     assert_eq!(state.loss(), Some(LossReason::Expired));
     assert_eq!(state.view.borrow().lost_at, Some(t0 + secs(29.15)));
@@ -275,7 +275,7 @@ fn a_statement_hanging_for_others_makes_a_lease_unreachable() {
     let registry = Registry::new();
     let state = held("a", 1, t0);
     registry.insert(Arc::clone(&state), t0 + secs(40.0));
-    let plan = registry.plan(t0 + secs(29.2), false);
+    let plan = registry.schedule(t0 + secs(29.2), false);
     assert!(plan.batch.is_none());
     match state.loss() {
         Some(LossReason::Unreachable { error }) => {
@@ -294,8 +294,8 @@ fn a_renewal_in_flight_at_the_deadline_is_reported_as_timed_out() {
     let registry = Registry::new();
     let state = held("a", 1, t0);
     registry.insert(Arc::clone(&state), t0 + secs(10.0));
-    assert!(registry.plan(t0 + secs(10.0), true).batch.is_some());
-    registry.plan(t0 + secs(29.15), false);
+    assert!(registry.schedule(t0 + secs(10.0), true).batch.is_some());
+    registry.schedule(t0 + secs(29.15), false);
     match state.loss() {
         Some(LossReason::Unreachable { error }) => assert!(
             matches!(*error, Error::Timeout { after: Some(after), .. } if after == secs(19.15)),
@@ -314,7 +314,7 @@ fn refusals_say_taken_over_or_released_and_are_not_released_again() {
         registry.insert(Arc::clone(state), t0 + secs(10.0));
     }
     let sent = t0 + secs(10.0);
-    let keys = registry.plan(sent, true).batch.expect("due").keys;
+    let keys = registry.schedule(sent, true).batch.expect("due").keys;
     let rows = vec![
         confirmed("c", 1),
         refused("a", 3, 4, Some("other")),
@@ -333,7 +333,12 @@ fn refusals_say_taken_over_or_released_and_are_not_released_again() {
     assert_eq!(c.loss(), None);
     assert_eq!(registry.len(), 1);
     // The database no longer accepts them: nothing to release.
-    assert!(registry.plan(sent + secs(0.2), true).given_up.is_empty());
+    assert!(
+        registry
+            .schedule(sent + secs(0.2), true)
+            .given_up
+            .is_empty()
+    );
 }
 
 #[test]
@@ -342,9 +347,12 @@ fn a_lease_whose_row_is_missing_is_sent_again() {
     let registry = Registry::new();
     registry.insert(held("a", 1, t0), t0 + secs(10.0));
     let sent = t0 + secs(10.0);
-    let keys = registry.plan(sent, true).batch.expect("due").keys;
+    let keys = registry.schedule(sent, true).batch.expect("due").keys;
     registry.apply(&keys, sent, Ok(Vec::new()), sent + secs(0.1));
-    let batch = registry.plan(sent + secs(0.2), true).batch.expect("again");
+    let batch = registry
+        .schedule(sent + secs(0.2), true)
+        .batch
+        .expect("again");
     assert_eq!(batch.keys, vec![key("a", 1)]);
 }
 
@@ -356,14 +364,14 @@ fn a_holder_that_saw_its_deadline_is_dropped_and_given_up() {
     registry.insert(Arc::clone(&state), t0 + secs(40.0));
     // The holder's own check fires the loss first.
     assert_eq!(state.check(t0 + secs(29.3)), Some(LossReason::Expired));
-    let plan = registry.plan(t0 + secs(29.3), true);
+    let plan = registry.schedule(t0 + secs(29.3), true);
     assert_eq!(plan.given_up.len(), 1);
     assert_eq!(registry.len(), 0);
     // A released lease is dropped without a release.
     let released = held("b", 1, t0);
     registry.insert(Arc::clone(&released), t0 + secs(40.0));
     released.fire(LossReason::Released, t0 + secs(1.0));
-    assert!(registry.plan(t0 + secs(1.0), true).given_up.is_empty());
+    assert!(registry.schedule(t0 + secs(1.0), true).given_up.is_empty());
     assert_eq!(registry.len(), 0);
 }
 
@@ -376,7 +384,7 @@ fn a_late_or_failed_renewal_starts_an_outage_once_and_a_confirmation_ends_it() {
     // Not due with a's statement: not in flight, so not late with it.
     registry.insert(Arc::clone(&b), t0 + secs(20.0));
     let sent = t0 + secs(10.0);
-    let keys = registry.plan(sent, true).batch.expect("due").keys;
+    let keys = registry.schedule(sent, true).batch.expect("due").keys;
     assert_eq!(keys, [key("a", 1)]);
     let error = Arc::new(Error::ShutDown);
     // Unanswered a second later: a counts as failing from then, b not.
@@ -389,7 +397,7 @@ fn a_late_or_failed_renewal_starts_an_outage_once_and_a_confirmation_ends_it() {
     assert_eq!(applied.started_failing, 0);
     // Confirmed: over, with how long it lasted (from the first late look).
     let retry = sent + secs(3.0);
-    let keys = registry.plan(retry, true).batch.expect("a retry").keys;
+    let keys = registry.schedule(retry, true).batch.expect("a retry").keys;
     let applied = registry.apply(&keys, retry, Ok(vec![confirmed("a", 1)]), retry + secs(0.5));
     assert_eq!(applied.recovered, [secs(2.5)]);
     assert!(a.view.borrow().failing.is_none());

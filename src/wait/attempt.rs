@@ -35,7 +35,7 @@ pub(super) enum Attempt<W> {
         sent: Instant,
     },
     /// Not acquired: held, ended but pinned, or refused for a grant delay.
-    Held(Held),
+    Refused(Refusal),
 }
 
 /// The part of an answer row of `pglease.acquire` or `acquire_all` that
@@ -81,7 +81,7 @@ impl Answer {
 
 /// What an attempt that did not acquire saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Held {
+pub(super) struct Refusal {
     /// The current or last holder (`None` once released).
     pub(super) holder: Option<String>,
     pub(super) expires_at: DateTime<Utc>,
@@ -106,12 +106,12 @@ pub(super) struct Held {
     pub(super) fair: bool,
 }
 
-impl Held {
+impl Refusal {
     /// A refusal as an answer row of `pglease.acquire` or `acquire_all`
     /// says it (its `answer` already read), about `slot`; counted in
     /// telemetry.
-    pub(super) fn refused_in(row: &PgRow, answer: Answer, slot: String) -> sqlx::Result<Held> {
-        let held = Held {
+    pub(super) fn refused_in(row: &PgRow, answer: Answer, slot: String) -> sqlx::Result<Refusal> {
+        let refusal = Refusal {
             holder: answer.holder,
             expires_at: answer.expires_at,
             checked_at: answer.checked_at,
@@ -122,8 +122,8 @@ impl Held {
             ahead: row.try_get("ahead")?,
             fair: row.try_get::<Option<bool>, _>("fair")?.unwrap_or(false),
         };
-        telemetry::acquire_attempt(held.refused().label());
-        Ok(held)
+        telemetry::acquire_attempt(refusal.refused().label());
+        Ok(refusal)
     }
 
     /// Whether the lease has ended and is only pinned (see [`pinned`]).
@@ -151,10 +151,10 @@ impl Held {
     /// counted lease's, or the name): [`Error::Pinned`] when the lease has
     /// ended but a stale fenced transaction still holds it,
     /// [`Error::GrantDelayed`] during a grant delay.
-    pub(super) fn refusal(self) -> Error {
+    pub(super) fn into_error(self) -> Error {
         let refused = self.refused();
         let pinned = self.pinned();
-        let Held {
+        let Refusal {
             holder,
             expires_at,
             note,
@@ -263,7 +263,7 @@ pub(super) async fn attempt(
     // A counted lease's slot, or the name itself.
     let slot: String = row.try_get("slot_name")?;
     let Some(token) = answer.token else {
-        return Ok(Attempt::Held(Held::refused_in(&row, answer, slot)?));
+        return Ok(Attempt::Refused(Refusal::refused_in(&row, answer, slot)?));
     };
     telemetry::acquire_attempt("acquired");
     tracing::Span::current().record("token", token);

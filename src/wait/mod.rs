@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::options::AcquireOptions;
 use crate::telemetry;
-use attempt::{Answer, Attempt, Held, Won, attempt, confirm};
+use attempt::{Answer, Attempt, Refusal, Won, attempt, confirm};
 use detach::detached;
 use line::Line;
 use plan::Step;
@@ -71,12 +71,12 @@ trait Acquisition: Send + Sync + 'static {
         ticket: Option<i64>,
     ) -> impl Future<Output = Result<Attempt<Self::Won>>> + Send;
 
-    /// The name whose holder the waiter waits out after `held`.
+    /// The name whose holder the waiter waits out after `refusal`.
     ///
     /// # Errors
     ///
     /// A protocol error if the answer names what was not asked for.
-    fn blocking(&self, held: &Held) -> Result<&str>;
+    fn blocking(&self, refusal: &Refusal) -> Result<&str>;
 }
 
 /// One name (`LeaseManager::acquire`).
@@ -98,7 +98,7 @@ impl Acquisition for One {
     }
 
     /// The name itself, also for a counted lease: its waiter polls.
-    fn blocking(&self, _held: &Held) -> Result<&str> {
+    fn blocking(&self, _refusal: &Refusal) -> Result<&str> {
         Ok(&self.name[0])
     }
 }
@@ -181,17 +181,17 @@ impl Acquirer {
                 continue;
             }
             let now = Instant::now();
-            let held = match plan::step(outcome, now >= deadline) {
+            let refusal = match plan::step(outcome, now >= deadline) {
                 Step::Take { won, sent } => {
                     line.taken();
                     took(&won, waiter.as_ref(), start);
                     return Ok((won, sent));
                 }
                 Step::Retry => continue,
-                Step::Wait(held) => held,
-                Step::Refuse(held) => {
-                    telemetry::acquisition(held.refused().label(), None);
-                    return Err(held.refusal());
+                Step::Wait(refusal) => refusal,
+                Step::Refuse(refusal) => {
+                    telemetry::acquisition(refusal.refused().label(), None);
+                    return Err(refusal.into_error());
                 }
                 Step::Fail(error) => {
                     telemetry::acquisition("error", None);
@@ -201,14 +201,14 @@ impl Acquirer {
             if context.is_shut_down() {
                 return Err(Error::ShutDown);
             }
-            let blocking = what.blocking(&held)?;
+            let blocking = what.blocking(&refusal)?;
             let waiter = match &mut waiter {
                 Some(w) if w.name == blocking => w,
                 slot => slot.insert(Waiter::new(context, blocking, deadline)),
             };
-            waiter.seen_expiry = held.holder_expiry();
+            waiter.seen_expiry = refusal.holder_expiry();
             if line
-                .join(context, what.names(), how, held.fair, &ttl)
+                .join(context, what.names(), how, refusal.fair, &ttl)
                 .await?
             {
                 // Attempt at once with the ticket: the lease may be free
@@ -219,12 +219,12 @@ impl Acquirer {
             // and there is time to wait: a release committed before the
             // name is watched is caught by the attempt made after the watch.
             waiter.listen(how.get_limit().is_some());
-            if waiter.watch(held.pinned()).await? {
+            if waiter.watch(refusal.pinned()).await? {
                 // A release that committed before the watch took hold
                 // notified nobody: look again now that one would.
                 continue;
             }
-            let plan = waiter.plan(&held);
+            let plan = waiter.next_nap(&refusal);
             let nap = line.nap(
                 plan.nap.duration(context.options.get_max_poll_interval()),
                 how,

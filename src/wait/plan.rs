@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
-use super::{Attempt, Held};
+use super::{Attempt, Refusal};
 use crate::backoff;
 use crate::error::{Error, Result};
 
@@ -63,9 +63,9 @@ pub(crate) enum Step<W> {
     /// its confirming renewal, and there is time.
     Retry,
     /// Not acquired, and there is time: nap, then attempt again.
-    Wait(Held),
+    Wait(Refusal),
     /// Not acquired, and out of time: report the refusal.
-    Refuse(Held),
+    Refuse(Refusal),
     /// Report the error.
     Fail(Error),
 }
@@ -75,8 +75,8 @@ pub(crate) enum Step<W> {
 pub(crate) fn step<W>(outcome: Result<Attempt<W>>, out_of_time: bool) -> Step<W> {
     match outcome {
         Ok(Attempt::Acquired { won, sent }) => Step::Take { won, sent },
-        Ok(Attempt::Held(held)) if out_of_time => Step::Refuse(held),
-        Ok(Attempt::Held(held)) => Step::Wait(held),
+        Ok(Attempt::Refused(refusal)) if out_of_time => Step::Refuse(refusal),
+        Ok(Attempt::Refused(refusal)) => Step::Wait(refusal),
         Err(Error::Lost { .. }) if !out_of_time => Step::Retry,
         Err(error) => Step::Fail(error),
     }
@@ -210,7 +210,7 @@ impl Nap {
 
 /// The plan for one nap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Plan {
+pub(crate) struct NextNap {
     pub(crate) nap: Nap,
     /// Block in the server on this holder session's key meanwhile (its
     /// end wakes the waiter).
@@ -224,7 +224,7 @@ fn left(from: DateTime<Utc>, to: DateTime<Utc>) -> Duration {
 }
 
 /// The next nap, given what was seen; updates `counts`.
-pub(crate) fn plan(seen: &Seen, counts: &mut Counts) -> Plan {
+pub(crate) fn next_nap(seen: &Seen, counts: &mut Counts) -> NextNap {
     let until_expiry = left(seen.checked_at, seen.expires_at);
     // A session-bound holder's end wakes the waiter too (blocking in the
     // server), unless it just did: then the session is in its last
@@ -258,7 +258,7 @@ pub(crate) fn plan(seen: &Seen, counts: &mut Counts) -> Plan {
             expiry: Some(until_expiry),
         }
     };
-    Plan { nap, block_on }
+    NextNap { nap, block_on }
 }
 
 #[cfg(test)]
@@ -324,7 +324,7 @@ mod tests {
     #[test]
     fn a_heard_waiter_naps_until_the_expiry_and_an_unheard_one_polls() {
         let mut counts = Counts::default();
-        let heard = plan(
+        let heard = next_nap(
             &Seen {
                 heard: true,
                 ..held()
@@ -334,7 +334,7 @@ mod tests {
         assert_eq!(heard.nap, Nap::Expiry(EXPIRY));
         assert_eq!(counts, Counts::default());
         for attempt in 1..=3 {
-            let unheard = plan(&held(), &mut counts);
+            let unheard = next_nap(&held(), &mut counts);
             assert_eq!(
                 unheard.nap,
                 Nap::Poll {
@@ -355,7 +355,7 @@ mod tests {
             ..held()
         };
         let mut counts = Counts::default();
-        let plan = plan(&seen, &mut counts);
+        let plan = next_nap(&seen, &mut counts);
         assert_eq!(plan.nap, Nap::GrantDelay(Duration::from_millis(20_001)));
         assert_eq!(counts, Counts::default());
     }
@@ -370,7 +370,7 @@ mod tests {
             ..held()
         };
         let mut counts = Counts::default();
-        let plan = plan(&seen, &mut counts);
+        let plan = next_nap(&seen, &mut counts);
         assert_eq!(
             plan.nap,
             Nap::Poll {
@@ -389,7 +389,7 @@ mod tests {
             ..held()
         };
         let mut counts = Counts::default();
-        let first = plan(&bound, &mut counts);
+        let first = next_nap(&bound, &mut counts);
         assert_eq!(first.block_on, Some(42));
         assert_eq!(first.nap, Nap::Expiry(EXPIRY));
         // Its end woke us and it still holds: quick looks, not blocking
@@ -399,7 +399,7 @@ mod tests {
             ..bound
         };
         for attempt in 1..=EXIT_POLLS {
-            let racing = plan(&woke, &mut counts);
+            let racing = next_nap(&woke, &mut counts);
             assert_eq!(racing.block_on, None);
             assert_eq!(
                 racing.nap,
@@ -411,11 +411,11 @@ mod tests {
         }
         // Still there: another session holds its key; wait as for an
         // unbound holder.
-        let after = plan(&woke, &mut counts);
+        let after = next_nap(&woke, &mut counts);
         assert_eq!(after.nap, Nap::Expiry(EXPIRY));
         assert_eq!(after.block_on, None);
         // A new holder's session is blocked on again.
-        let other = plan(
+        let other = next_nap(
             &Seen {
                 holder_session: Some(7),
                 ..woke
@@ -445,8 +445,8 @@ mod tests {
     }
 
     /// What an attempt saw of `held()`'s lease.
-    fn refused() -> Held {
-        Held {
+    fn refused() -> Refusal {
+        Refusal {
             holder: Some("other".to_owned()),
             expires_at: at(5_000),
             checked_at: at(0),
@@ -483,12 +483,12 @@ mod tests {
 
     #[test]
     fn a_refusal_is_waited_out_while_there_is_time_then_reported() {
-        match step::<Lease>(Ok(Attempt::Held(refused())), false) {
-            Step::Wait(held) => assert_eq!(held, refused()),
+        match step::<Lease>(Ok(Attempt::Refused(refused())), false) {
+            Step::Wait(refusal) => assert_eq!(refusal, refused()),
             other => panic!("not waited out: {other:?}"),
         }
-        match step::<Lease>(Ok(Attempt::Held(refused())), true) {
-            Step::Refuse(held) => assert_eq!(held, refused()),
+        match step::<Lease>(Ok(Attempt::Refused(refused())), true) {
+            Step::Refuse(refusal) => assert_eq!(refusal, refused()),
             other => panic!("not reported: {other:?}"),
         }
     }

@@ -9,7 +9,7 @@ use sqlx::Row;
 use sqlx::postgres::types::PgInterval;
 use tokio::time::Instant;
 
-use super::{Acquirer, Acquisition, Answer, Attempt, Held, confirm};
+use super::{Acquirer, Acquisition, Answer, Attempt, Refusal, confirm};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::lease::{Lease, ttl_duration};
@@ -80,12 +80,12 @@ impl Acquisition for Set {
     }
 
     /// The name that could not be taken: the one waited for.
-    fn blocking(&self, held: &Held) -> Result<&str> {
-        match self.names.iter().find(|name| **name == held.slot) {
+    fn blocking(&self, refusal: &Refusal) -> Result<&str> {
+        match self.names.iter().find(|name| **name == refusal.slot) {
             Some(name) => Ok(name),
             None => Err(Error::Database(sqlx::Error::Protocol(format!(
                 "pglease.acquire_all refused {:?}, which was not asked for",
-                held.slot
+                refusal.slot
             )))),
         }
     }
@@ -115,7 +115,7 @@ async fn attempt(
         let name: String = row.try_get("name")?;
         let answer = Answer::read(row)?;
         let Some(token) = answer.token else {
-            return Ok(Attempt::Held(Held::refused_in(row, answer, name)?));
+            return Ok(Attempt::Refused(Refusal::refused_in(row, answer, name)?));
         };
         leases.push(answer.lease(&name, token, holder.as_ref()));
     }

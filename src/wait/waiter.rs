@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
-use super::attempt::{Held, SessionWait, session_ended};
+use super::attempt::{Refusal, SessionWait, session_ended};
 use super::plan::{self, Heard};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -99,9 +99,9 @@ impl<'a> Waiter<'a> {
         Ok(confirmed)
     }
 
-    /// The plan for the nap after `held`; starts (or keeps, or drops) the
+    /// The plan for the nap after `refusal`; starts (or keeps, or drops) the
     /// wait in the server for the holder's session that it blocks on.
-    pub(super) fn plan(&mut self, held: &Held) -> plan::Plan {
+    pub(super) fn next_nap(&mut self, refusal: &Refusal) -> plan::NextNap {
         // Read (and mark seen) the listener's state whether or not this
         // waiter is watched, so that an old change does not wake it.
         let connected = self
@@ -109,15 +109,15 @@ impl<'a> Waiter<'a> {
             .as_mut()
             .is_some_and(|w| *w.borrow_and_update() == Listening::Yes);
         let seen = plan::Seen {
-            expires_at: held.expires_at,
-            checked_at: held.checked_at,
-            delayed_until: held.delayed_until,
-            pinned: held.pinned(),
-            holder_session: held.holder_session,
+            expires_at: refusal.expires_at,
+            checked_at: refusal.checked_at,
+            delayed_until: refusal.delayed_until,
+            pinned: refusal.pinned(),
+            holder_session: refusal.holder_session,
             woken_by: self.woken_by,
             heard: self.watched && connected,
         };
-        let plan = plan::plan(&seen, &mut self.counts);
+        let plan = plan::next_nap(&seen, &mut self.counts);
         if self.session_wait.as_ref().map(|(pid, _)| *pid) != plan.block_on {
             let context = self.context;
             self.session_wait = plan.block_on.map(|pid| {
