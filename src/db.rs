@@ -120,7 +120,7 @@ pub(crate) async fn release_checked(context: &Context, fence: &Fence) -> Result<
     if release(context, fence).await? {
         return Ok(true);
     }
-    match check(&context.pool, fence).await? {
+    match fence_status(&context.pool, fence).await? {
         Some(found @ (Found::NeverHeld(_) | Found::Forgotten(_))) => Err(found.into_error(fence)),
         _ => Ok(false),
     }
@@ -142,8 +142,8 @@ pub(crate) async fn inspect(pool: &PgPool, name: &str) -> Result<LeaseStatus> {
 /// timeline ([`Found::Forgotten`]), or, for a token this lease has never
 /// had, as a refusal ([`Found::NeverHeld`]: the caller's mistake, not a
 /// loss).
-pub(crate) async fn check(pool: &PgPool, fence: &Fence) -> Result<Option<Found>> {
-    let row = sql::query(sql::check(fence)).fetch_one(pool).await?;
+pub(crate) async fn fence_status(pool: &PgPool, fence: &Fence) -> Result<Option<Found>> {
+    let row = sql::query(sql::fence_status(fence)).fetch_one(pool).await?;
     let forgotten_in: Option<i64> = row.try_get("forgotten_in")?;
     if fence.is_shared() {
         // A shared holder's row is gone once it has ended (released, or
@@ -160,7 +160,7 @@ pub(crate) async fn check(pool: &PgPool, fence: &Fence) -> Result<Option<Found>>
         Some(_) => LeaseStatus::from_row(&row)?,
         None => LeaseStatus::never_acquired(fence.name()),
     };
-    Ok(classify(&status, fence, forgotten_in))
+    Ok(found(&status, fence, forgotten_in))
 }
 
 /// A fence that the database does not accept, and why.
@@ -175,9 +175,9 @@ pub(crate) enum Found {
     NeverHeld(NotHeldReason),
 }
 
-/// [`check`]'s decision, from a status row read for `fence` and the
+/// [`fence_status`]'s decision, from a status row read for `fence` and the
 /// timeline whose change made the database forget the acquisition.
-fn classify(status: &LeaseStatus, fence: &Fence, forgotten_in: Option<i64>) -> Option<Found> {
+fn found(status: &LeaseStatus, fence: &Fence, forgotten_in: Option<i64>) -> Option<Found> {
     if let Some(timeline) = forgotten_in {
         return Some(Found::Forgotten(timeline));
     }
@@ -229,7 +229,7 @@ impl Found {
 /// with the reason read from the status view (one extra read, on the
 /// failure path only).
 async fn lost(pool: &PgPool, fence: &Fence) -> Error {
-    match check(pool, fence).await {
+    match fence_status(pool, fence).await {
         Ok(Some(found)) => found.into_error(fence),
         // Valid again by now (a retry of a renewal whose first answer was
         // lost): still, this statement changed nothing.

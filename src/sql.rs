@@ -440,7 +440,7 @@ pub(crate) fn inspect(name: &str) -> String {
 /// release and set_value): the status view's row for its lease (every
 /// column NULL for a name never acquired), and the timeline whose change
 /// made the database forget the acquisition, if one did.
-pub(crate) fn check(fence: &Fence) -> String {
+pub(crate) fn fence_status(fence: &Fence) -> String {
     let (name, token) = (fence.name(), fence.token());
     if fence.is_shared() {
         // A shared holder's token: valid or not (an ended one is gone).

@@ -73,7 +73,7 @@ impl Follow {
 
     /// For `after_connect`: refuses a new connection to a server without
     /// the attributes (and sets the watch task looking).
-    pub(crate) async fn check(&self, connection: &mut PgConnection) -> sqlx::Result<()> {
+    pub(crate) async fn vet(&self, connection: &mut PgConnection) -> sqlx::Result<()> {
         match refusal(connection, self.target.attrs()).await? {
             None => Ok(()),
             Some(why) => {

@@ -78,7 +78,7 @@ pub(crate) async fn connect_pool(
             .after_connect(move |connection, _| {
                 let follow = Arc::clone(&on_connect);
                 Box::pin(async move {
-                    follow.check(connection).await?;
+                    follow.vet(connection).await?;
                     abandon_when_gone(connection).await
                 })
             })

@@ -144,7 +144,7 @@ impl FencedTransaction {
     async fn after_session_gone(&self, error: sqlx::Error) -> Error {
         let read = tokio::time::timeout(
             std::time::Duration::from_secs(5),
-            db::check(&self.pool, &self.fence),
+            db::fence_status(&self.pool, &self.fence),
         )
         .await;
         match read {

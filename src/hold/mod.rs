@@ -148,17 +148,17 @@ impl HeldLease {
     /// Whether the lease is lost (this also notices a deadline that has
     /// passed while the renewal task could not run).
     pub fn is_lost(&self) -> bool {
-        self.inner.state.check(Instant::now()).is_some()
+        self.inner.state.loss_by(Instant::now()).is_some()
     }
 
     /// Why the lease is lost, if it is.
     pub fn loss_reason(&self) -> Option<LossReason> {
-        self.inner.state.check(Instant::now())
+        self.inner.state.loss_by(Instant::now())
     }
 
     /// When the loss signal fired, if it has.
     pub fn lost_at(&self) -> Option<std::time::Instant> {
-        self.inner.state.check(Instant::now());
+        self.inner.state.loss_by(Instant::now());
         self.inner
             .state
             .view
@@ -176,7 +176,7 @@ impl HeldLease {
             // Mark the current state seen *before* checking it, so that a
             // loss fired in between wakes `changed()` below.
             view.borrow_and_update();
-            if let Some(reason) = self.inner.state.check(Instant::now()) {
+            if let Some(reason) = self.inner.state.loss_by(Instant::now()) {
                 return reason;
             }
             let fire_at = self.inner.state.fire_at();
@@ -216,7 +216,7 @@ impl HeldLease {
     /// speaks `CancellationToken`. Cancelling it yourself affects only your
     /// copy, not the lease.
     pub fn loss_token(&self) -> CancellationToken {
-        self.inner.state.check(Instant::now());
+        self.inner.state.loss_by(Instant::now());
         self.inner.state.lost.child_token()
     }
 
@@ -224,7 +224,7 @@ impl HeldLease {
     /// [`Error::Lost`] if the lease is already lost locally (the database
     /// checks the token again either way).
     pub async fn begin_fenced(&self) -> Result<FencedTransaction> {
-        if let Some(reason) = self.inner.state.check(Instant::now()) {
+        if let Some(reason) = self.inner.state.loss_by(Instant::now()) {
             return Err(self.lost_error(reason));
         }
         fencing::begin(&self.inner.context.pool, self.as_ref()).await
@@ -308,7 +308,7 @@ impl HeldLease {
     /// got through.
     pub async fn expire_in(self, after: Duration) -> Result<DateTime<Utc>> {
         let ttl = micros_interval(check_duration("after", after)?);
-        if let Some(reason) = self.inner.state.check(Instant::now()) {
+        if let Some(reason) = self.inner.state.loss_by(Instant::now()) {
             return Err(self.lost_error(reason));
         }
         // From here on neither renewed nor released (not even by Drop).
@@ -333,12 +333,12 @@ impl HeldLease {
     /// is lost from now on, with the reason the database gives, which is
     /// returned; `None` while it is held, or when the database cannot say.
     pub(crate) async fn confirm(&self) -> Option<LossReason> {
-        if let Some(reason) = self.inner.state.check(Instant::now()) {
+        if let Some(reason) = self.inner.state.loss_by(Instant::now()) {
             return Some(reason);
         }
         let context = &self.inner.context;
         let limit = context.options.get_renew_timeout();
-        let found = tokio::time::timeout(limit, db::check(&context.pool, self.as_ref()))
+        let found = tokio::time::timeout(limit, db::fence_status(&context.pool, self.as_ref()))
             .await
             .ok()?
             .ok()??;

@@ -376,7 +376,7 @@ impl Registry {
     pub(crate) fn fire_due(&self, now: Instant) -> Option<Instant> {
         let mut wake: Option<Instant> = None;
         self.entries().retain(|_, entry| {
-            if entry.state.check(now).is_some() {
+            if entry.state.loss_by(now).is_some() {
                 return false;
             }
             let at = entry.state.fire_at();

@@ -128,7 +128,7 @@ impl HeldState {
 
     /// Fires the loss at the local deadline if it has passed by `now`;
     /// returns the reason if the lease is lost.
-    pub(crate) fn check(&self, now: Instant) -> Option<LossReason> {
+    pub(crate) fn loss_by(&self, now: Instant) -> Option<LossReason> {
         if let Some(reason) = self.loss() {
             return Some(reason);
         }

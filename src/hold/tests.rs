@@ -363,7 +363,7 @@ fn a_holder_that_saw_its_deadline_is_dropped_and_given_up() {
     let state = held("a", 1, t0);
     registry.insert(Arc::clone(&state), t0 + secs(40.0));
     // The holder's own check fires the loss first.
-    assert_eq!(state.check(t0 + secs(29.3)), Some(LossReason::Expired));
+    assert_eq!(state.loss_by(t0 + secs(29.3)), Some(LossReason::Expired));
     let plan = registry.schedule(t0 + secs(29.3), true);
     assert_eq!(plan.given_up.len(), 1);
     assert_eq!(registry.len(), 0);
