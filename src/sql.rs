@@ -260,7 +260,7 @@ pub(crate) fn dequeue(ticket: i64) -> String {
 }
 
 /// Who waits in line for `name`, from the front.
-pub(crate) fn line(name: &str) -> String {
+pub(crate) fn places_in_line(name: &str) -> String {
     format!(
         "SELECT ticket, holder, position, joined_at, expires_at FROM pglease.line \
           WHERE name = {} ORDER BY position",

@@ -213,7 +213,7 @@ impl LeaseManager {
     /// Cancel-safe: it only reads.
     pub async fn line(&self, name: &str) -> Result<Vec<crate::LinePlace>> {
         check_text("name", name)?;
-        crate::wait::line(&self.shared.context, name).await
+        crate::wait::places(&self.shared.context, name).await
     }
 
     /// The status of the leases `filter` keeps (every lease ever acquired

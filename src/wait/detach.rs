@@ -19,7 +19,7 @@ pub(super) trait GiveBack: Send + 'static {
     fn give_back(self, context: &Context);
 }
 
-impl GiveBack for (line::Place, u32) {
+impl GiveBack for (line::Ticket, u32) {
     /// A place joined for a waiter that stopped waiting: dropping it
     /// leaves the line in the background.
     fn give_back(self, _context: &Context) {

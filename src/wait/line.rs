@@ -16,17 +16,18 @@ use crate::error::{Error, Result};
 use crate::options::AcquireOptions;
 use crate::sql;
 
-/// A waiter's place in line. Dropped while it still holds the place (the
-/// waiter gave up, failed or was cancelled), it leaves the line in the
-/// background; an acquisition with its ticket that succeeds ends the
-/// place in the database, and [`Place::taken`] says so here.
-pub(super) struct Place {
+/// A waiter's own place in line, known by its ticket (a [`LinePlace`] is
+/// a place as an observer reads it). Dropped while it still holds the
+/// place (the waiter gave up, failed or was cancelled), it leaves the line
+/// in the background; an acquisition with its ticket that succeeds ends the
+/// place in the database, and [`Ticket::taken`] says so here.
+pub(super) struct Ticket {
     ticket: i64,
     context: Arc<Context>,
     held: bool,
 }
 
-impl Place {
+impl Ticket {
     /// Joins the line of every name of `names` for `holder`, the place
     /// kept for `ttl` between attempts.
     ///
@@ -41,7 +42,7 @@ impl Place {
         holder: &str,
         ttl: &PgInterval,
         max_waiting: Option<u32>,
-    ) -> Result<(Place, u32)> {
+    ) -> Result<(Ticket, u32)> {
         let row = sql::query(sql::enqueue(names, holder, ttl, max_waiting))
             .fetch_one(&context.pool)
             .await?;
@@ -55,7 +56,7 @@ impl Place {
         };
         let position: i32 = row.try_get("position")?;
         tracing::debug!(ticket, position, waiting, "joined the line");
-        let place = Place {
+        let place = Ticket {
             ticket,
             context: Arc::clone(context),
             held: true,
@@ -63,8 +64,8 @@ impl Place {
         Ok((place, u32::try_from(position).unwrap_or(0)))
     }
 
-    /// The ticket, for the attempts.
-    pub(super) fn ticket(&self) -> i64 {
+    /// The ticket's number, for the attempts.
+    pub(super) fn number(&self) -> i64 {
         self.ticket
     }
 
@@ -75,7 +76,7 @@ impl Place {
     }
 }
 
-impl Drop for Place {
+impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.held {
             return;
@@ -122,8 +123,10 @@ pub struct LinePlace {
 }
 
 /// Who waits in line for `name`, from the front (ended places left out).
-pub(crate) async fn line(context: &Context, name: &str) -> Result<Vec<LinePlace>> {
-    let rows = sql::query(sql::line(name)).fetch_all(&context.pool).await?;
+pub(crate) async fn places(context: &Context, name: &str) -> Result<Vec<LinePlace>> {
+    let rows = sql::query(sql::places_in_line(name))
+        .fetch_all(&context.pool)
+        .await?;
     rows.iter()
         .map(|row| {
             let position: i32 = row.try_get("position")?;
@@ -138,16 +141,17 @@ pub(crate) async fn line(context: &Context, name: &str) -> Result<Vec<LinePlace>
         .collect()
 }
 
-/// A fair acquisition's place in line across its attempts (none for an
-/// acquisition that is not fair, or before its first refusal).
+/// A fair acquisition's standing in line across its attempts: its ticket
+/// (none for an acquisition that is not fair, or before its first
+/// refusal), and how many places ended under it in a row.
 #[derive(Default)]
-pub(super) struct Line {
-    pub(super) place: Option<Place>,
+pub(super) struct Standing {
+    pub(super) place: Option<Ticket>,
     /// Places that ended under the waiter in a row (see `ended`).
     pub(super) ended: u32,
 }
 
-impl Line {
+impl Standing {
     /// Whether `outcome` says the place has ended (SQLSTATE LE003): the
     /// waiter then joins again after its next attempt. Three in a row
     /// are reported as the error.
@@ -188,7 +192,7 @@ impl Line {
             how.get_max_waiting(),
         );
         let (place, position) = detached(context, move |context| async move {
-            Place::join(&context, &joining, &holder, &ttl, max).await
+            Ticket::join(&context, &joining, &holder, &ttl, max).await
         })
         .await?;
         tracing::debug!(?names, position, "waiting in line");

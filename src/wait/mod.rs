@@ -18,7 +18,7 @@ mod set;
 mod waiter;
 
 pub use line::LinePlace;
-pub(crate) use line::line;
+pub(crate) use line::places;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -35,7 +35,7 @@ use crate::options::AcquireOptions;
 use crate::telemetry;
 use attempt::{Answer, Attempt, Refusal, Won, attempt, confirm};
 use detach::detached;
-use line::Line;
+use line::Standing;
 use plan::Step;
 use waiter::Waiter;
 
@@ -108,9 +108,9 @@ impl Acquisition for One {
 async fn attempt_detached<A: Acquisition>(
     context: &Arc<Context>,
     what: &Arc<A>,
-    place: Option<&line::Place>,
+    place: Option<&line::Ticket>,
 ) -> Result<Attempt<A::Won>> {
-    let (what, ticket) = (Arc::clone(what), place.map(line::Place::ticket));
+    let (what, ticket) = (Arc::clone(what), place.map(line::Ticket::number));
     detached(context, move |context| async move {
         what.attempt(&context, ticket).await
     })
@@ -174,7 +174,7 @@ impl Acquirer {
         let _waiting = Waiting(&context.counters.waiting);
         // The waiter for the name that blocked the last attempt.
         let mut waiter: Option<Waiter<'_>> = None;
-        let mut line = Line::default();
+        let mut line = Standing::default();
         loop {
             let outcome = attempt_detached(context, &what, line.place.as_ref()).await;
             if line.ended(&outcome)? {
