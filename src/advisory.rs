@@ -293,10 +293,7 @@ impl SessionLock {
                 }))
             }
             // lock_not_available: still held after max_wait.
-            Err(e)
-                if crate::sqlstate::of(&e).as_deref()
-                    == Some(crate::sqlstate::LOCK_NOT_AVAILABLE) =>
-            {
+            Err(e) if crate::sqlstate::lock_timed_out(&e) => {
                 tx.rollback().await?;
                 drop(conn.finish());
                 Ok(None)

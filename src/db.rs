@@ -58,25 +58,11 @@ pub(crate) async fn fetch_hot<'q>(
 ) -> sqlx::Result<PgRow> {
     if context.prepared() {
         match prepared().fetch_one(&context.pool).await {
-            Err(error) if is_not_prepared(&error) => context.stop_preparing(&error),
+            Err(error) if crate::sqlstate::not_prepared(&error) => context.stop_preparing(&error),
             row => return row,
         }
     }
     sql::query(text()).fetch_one(&context.pool).await
-}
-
-/// Whether `error` says that a prepared statement was not the
-/// connection's own on the server session (a transaction pooler in
-/// between): it did not run.
-fn is_not_prepared(error: &sqlx::Error) -> bool {
-    matches!(
-        crate::sqlstate::of(error).as_deref(),
-        Some(
-            crate::sqlstate::NO_SUCH_STATEMENT
-                | crate::sqlstate::DUPLICATE_STATEMENT
-                | crate::sqlstate::PROTOCOL_VIOLATION
-        )
-    )
 }
 
 /// Publishes `value` (or clears it) under a valid token; [`Error::Lost`]

@@ -98,6 +98,30 @@ pub(crate) fn of(error: &sqlx::Error) -> Option<std::borrow::Cow<'_, str>> {
     error.as_database_error().and_then(|db| db.code())
 }
 
+/// Whether `error` is a `lock_timeout` running out ([`LOCK_NOT_AVAILABLE`]).
+pub(crate) fn lock_timed_out(error: &sqlx::Error) -> bool {
+    of(error).as_deref() == Some(LOCK_NOT_AVAILABLE)
+}
+
+/// Whether `error` says that a prepared statement was not the
+/// connection's own on the server session (a transaction pooler in
+/// between): it did not run.
+pub(crate) fn not_prepared(error: &sqlx::Error) -> bool {
+    matches!(
+        of(error).as_deref(),
+        Some(NO_SUCH_STATEMENT | DUPLICATE_STATEMENT | PROTOCOL_VIOLATION)
+    )
+}
+
+/// Whether `error` says the connection or its session is gone: an I/O or
+/// protocol error, or the server ending the session ([`ends_session`]).
+pub(crate) fn session_gone(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
+        _ => of(error).is_some_and(|code| ends_session(&code)),
+    }
+}
+
 /// What a server error means to pglease: the one classification of
 /// SQLSTATEs behind [`Error`](crate::Error)'s variants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -133,7 +133,9 @@ impl FencedTransaction {
         }
         match PgTransactionManager::commit(&mut self.conn).await {
             Ok(()) => Ok(()),
-            Err(error) if session_gone(&error) => Err(self.after_session_gone(error).await),
+            Err(error) if crate::sqlstate::session_gone(&error) => {
+                Err(self.after_session_gone(error).await)
+            }
             Err(error) => Err(error.into()),
         }
     }
@@ -215,16 +217,6 @@ pub(crate) async fn begin(pool: &PgPool, fence: &Fence) -> Result<FencedTransact
             }
             Err(error.into())
         }
-    }
-}
-
-/// Whether `error` says the connection or its session is gone: an I/O
-/// error, or the server ending the session
-/// ([`ends_session`](crate::sqlstate::ends_session)).
-fn session_gone(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
-        _ => crate::sqlstate::of(error).is_some_and(|code| crate::sqlstate::ends_session(&code)),
     }
 }
 

@@ -382,9 +382,7 @@ pub(super) async fn session_ended(context: &Context, pid: i32) {
                 .await
             {
                 Ok(_) => return sqlx::Result::Ok(()),
-                Err(e)
-                    if crate::sqlstate::of(&e).as_deref()
-                        == Some(crate::sqlstate::LOCK_NOT_AVAILABLE) => {}
+                Err(e) if crate::sqlstate::lock_timed_out(&e) => {}
                 Err(error) => return Err(error),
             }
         }
