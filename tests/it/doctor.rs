@@ -1,4 +1,4 @@
-//! `LeaseManager::doctor` on the test server: all is well on a migrated
+//! `Admin::doctor` on the test server: all is well on a migrated
 //! database; a missing or outdated schema is a problem, said with what to
 //! do. (Standbys: `failover.rs`.)
 

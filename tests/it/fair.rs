@@ -419,7 +419,7 @@ async fn only_the_role_that_joined_acts_with_its_ticket() {
 }
 
 /// Per name: once an administrator has made a name fair
-/// (`LeaseManager::set_fair`), plain waiters (no `fair`) join its line
+/// (`Admin::set_fair`), plain waiters (no `fair`) join its line
 /// and are served in the order they joined; only administrators may set
 /// it (42501, `NotPermitted`); undone, a plain waiter waits outside the
 /// line again.
