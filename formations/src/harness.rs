@@ -12,35 +12,51 @@
 //! Each test gets a tokio runtime of its own, as `#[tokio::test]` gives,
 //! on a thread named after it. The command line is the standard harness's
 //! (filters, `--exact`, `--ignored`, `--include-ignored`, `--test-threads`,
-//! `--list`), through `libtest-mimic`. Output is not captured.
+//! `--list`), through `libtest-mimic`. Output is not captured. After the
+//! report, the slowest tests are listed with their durations.
+//!
+//! A binary registers each test once: a module lists its tests with
+//! [`tests!`](crate::tests) (a test function left out is dead code, which
+//! the lints refuse), and `main.rs` lists the modules with
+//! [`suite!`](crate::suite), which declares them and gathers their tests
+//! in that order:
 //!
 //! ```no_run
-//! use pglease::testing::SetupError;
-//! use pglease_formations::harness::{Test, run};
+//! // tests/it/pooler.rs (here inline)
+//! mod pooler {
+//!     use pglease::testing::SetupError;
 //!
-//! async fn leases_survive_a_pooler() -> Result<(), SetupError> {
-//!     let bouncer = pglease_formations::PgBouncer::builder()
-//!         .start(&pglease::provision::server().await?.options)?;
-//!     // ...
-//!     Ok(())
+//!     async fn leases_survive_a_pooler() -> Result<(), SetupError> {
+//!         let bouncer = pglease_formations::PgBouncer::builder()
+//!             .start(&pglease::provision::server().await?.options)?;
+//!         // ...
+//!         Ok(())
+//!     }
+//!
+//!     async fn plain() {}
+//!
+//!     pglease_formations::tests![leases_survive_a_pooler, plain(2)];
 //! }
 //!
-//! async fn plain() {}
-//!
+//! // tests/it/main.rs: `pglease_formations::suite![pooler, ...];` declares
+//! // `mod pooler;` and writes `suite()`, which this is for one module.
 //! fn main() -> std::process::ExitCode {
-//!     run(vec![
-//!         Test::new("pooler::leases_survive_a_pooler", leases_survive_a_pooler),
-//!         Test::new("plain", plain).threads(2),
-//!     ])
+//!     pglease_formations::harness::run(pooler::tests())
 //! }
 //! ```
+//!
+//! [`Test`] and [`run`] are what the macros use; a binary with one test
+//! may call them directly.
 
 use std::future::Future;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 use crate::SetupError;
+use crate::sync::lock;
 
 /// The environment variable that makes every test mandatory: with it set
 /// (to anything), a test that cannot run where it is fails.
@@ -140,7 +156,7 @@ impl Test {
         self
     }
 
-    fn into_trial(self, required: bool) -> Trial {
+    fn into_trial(self, required: bool, durations: Arc<Mutex<Vec<(String, Duration)>>>) -> Trial {
         let Test {
             name,
             threads,
@@ -149,6 +165,7 @@ impl Test {
         } = self;
         let thread = name.clone();
         Trial::ignorable_test(name, move || {
+            let started = Instant::now();
             let run = move || {
                 let runtime = match threads {
                     Some(workers) => tokio::runtime::Builder::new_multi_thread()
@@ -165,10 +182,11 @@ impl Test {
                 }
             };
             let joined = std::thread::Builder::new()
-                .name(thread)
+                .name(thread.clone())
                 .spawn(run)
                 .map_err(|e| Failed::from(format!("start the test's thread: {e}")))?
                 .join();
+            lock(&durations).push((thread, started.elapsed()));
             match joined {
                 Ok(Ok(())) => Ok(Completion::Completed),
                 Ok(Err(SetupError::Unavailable(why))) if !required => {
@@ -196,15 +214,78 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         )
 }
 
+/// How many of the slowest tests the report lists.
+const SLOWEST: usize = 10;
+
 /// Runs `tests` as the command line asks, prints the standard harness's
-/// report, and returns the exit status for `main` (failure if any test
-/// failed).
+/// report and the slowest tests with their durations, and returns the
+/// exit status for `main` (failure if any test failed).
 pub fn run(tests: impl IntoIterator<Item = Test>) -> ExitCode {
     let arguments = Arguments::from_args();
     let required = std::env::var_os(REQUIRE_ALL).is_some();
+    let durations = Arc::new(Mutex::new(Vec::new()));
     let trials = tests
         .into_iter()
-        .map(|test| test.into_trial(required))
+        .map(|test| test.into_trial(required, Arc::clone(&durations)))
         .collect();
-    libtest_mimic::run(&arguments, trials).exit_code()
+    let conclusion = libtest_mimic::run(&arguments, trials);
+    let mut durations = std::mem::take(&mut *lock(&durations));
+    if !durations.is_empty() {
+        // Slowest first: what to make faster, or to start earlier.
+        durations.sort_by_key(|(_, took)| std::cmp::Reverse(*took));
+        println!("slowest tests:");
+        for (name, took) in durations.iter().take(SLOWEST) {
+            println!("  {:>7.2} s  {name}", took.as_secs_f64());
+        }
+        println!();
+    }
+    conclusion.exit_code()
+}
+
+/// `tests![a, b(4), c ignored]`, at the end of a test module: the
+/// module's tests, as `pub(crate) fn tests() -> Vec<Test>`. Each is named
+/// `module::a` (the module's path without the crate's name, as the
+/// standard harness names tests) and runs on a tokio runtime of its own:
+/// current-thread, or with a number, multi-threaded with that many
+/// workers ([`Test::threads`]); `ignored` ones only when asked
+/// ([`Test::ignored`]: processes that another test starts). A test
+/// function left out of the list is never used, which the dead-code lint
+/// reports.
+#[macro_export]
+macro_rules! tests {
+    ($($name:ident $(($workers:expr))? $($ignored:ident)?),* $(,)?) => {
+        pub(crate) fn tests() -> ::std::vec::Vec<$crate::harness::Test> {
+            ::std::vec![$(
+                $crate::harness::Test::in_module(
+                    ::core::module_path!(),
+                    ::core::stringify!($name),
+                    $name,
+                )
+                $(.threads($workers))?
+                $(.$ignored())?
+            ),*]
+        }
+    };
+}
+
+/// `suite![a, b, c]`, in a test binary's `main.rs`: declares the test
+/// modules `a`, `b` and `c` (`mod a;` ...: a module is listed here and
+/// nowhere else), each ending with [`tests!`](crate::tests), and defines
+/// `fn suite() -> Vec<Test>`, their tests in the order listed, for
+/// [`run`]. Tests start in that order, as many at a time as
+/// `--test-threads` says, so a suite lists its slowest modules first
+/// rather than leave them to the end of the run.
+#[macro_export]
+macro_rules! suite {
+    ($($module:ident),* $(,)?) => {
+        $(mod $module;)*
+
+        /// Every test of this binary, module by module in the order
+        /// `suite!` lists them.
+        fn suite() -> ::std::vec::Vec<$crate::harness::Test> {
+            let mut tests = ::std::vec::Vec::new();
+            $(tests.extend($module::tests());)*
+            tests
+        }
+    };
 }

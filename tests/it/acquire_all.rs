@@ -504,7 +504,7 @@ async fn a_refused_set_keeps_the_timeline_check() {
     assert_eq!(still, floor, "a second refusal checked again");
 }
 
-tests![
+pglease_formations::tests![
     a_refused_set_keeps_the_timeline_check,
     the_library_takes_a_set_or_none_and_waits_for_the_blocker,
     a_held_set_is_renewed_and_each_lease_lost_on_its_own,

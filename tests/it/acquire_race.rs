@@ -185,7 +185,7 @@ async fn contenders_cycling_on_one_name_are_told_held_never_pinned() {
 
 const LONG_TTL: Duration = Duration::from_secs(600);
 
-tests![
+pglease_formations::tests![
     racing_acquirers_have_one_winner_per_round_and_increasing_tokens(4),
     failed_attempts_on_a_held_lease_issue_no_token(4),
     racing_first_acquisitions_of_new_names_never_deadlock(4),

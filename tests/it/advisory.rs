@@ -101,7 +101,7 @@ async fn transaction_locks_last_until_the_transaction_ends() {
     assert_eq!(holders(&db, advisory_key("job")).await, 0);
 }
 
-tests![
+pglease_formations::tests![
     keys_are_fnv1a_of_the_name,
     session_locks_exclude_wait_and_leave_no_lock_in_the_pool,
     transaction_locks_last_until_the_transaction_ends,

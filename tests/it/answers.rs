@@ -256,7 +256,7 @@ async fn the_timeline_checks_refusals_decode() {
     }
 }
 
-tests![
+pglease_formations::tests![
     a_locked_row_of_a_name_never_acquired_is_pinned,
     every_refusal_decodes_to_its_outcome,
     the_timeline_checks_refusals_decode,

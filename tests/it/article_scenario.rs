@@ -160,4 +160,4 @@ async fn article_serial_scenario_holds_against_postgres() {
     ));
 }
 
-tests![article_serial_scenario_holds_against_postgres,];
+pglease_formations::tests![article_serial_scenario_holds_against_postgres,];

@@ -280,6 +280,6 @@ async fn a_held_lease_and_acquisitions_survive_an_automatic_failover() -> Result
     Ok(())
 }
 
-tests![a_held_lease_and_acquisitions_survive_an_automatic_failover(
+pglease_formations::tests![a_held_lease_and_acquisitions_survive_an_automatic_failover(
     2
 ),];

@@ -311,7 +311,7 @@ async fn database_errors_for_bad_input_map_to_invalid_input() {
     }
 }
 
-tests![
+pglease_formations::tests![
     library_rejects_bad_input_before_touching_the_database,
     a_token_never_issued_is_refused_as_not_issued_not_lost,
     sql_functions_reject_bad_input_with_22023,

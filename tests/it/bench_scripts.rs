@@ -290,7 +290,7 @@ async fn a_held_lease_is_refused_renewed_and_guards_writes_under_each_script() {
     }
 }
 
-tests![
+pglease_formations::tests![
     a_cycle_acquires_and_releases_under_each_script,
     a_held_lease_is_refused_renewed_and_guards_writes_under_each_script,
 ];

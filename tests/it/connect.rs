@@ -190,7 +190,7 @@ async fn a_server_that_is_not_postgresql_is_named_as_such() {
     http.abort();
 }
 
-tests![
+pglease_formations::tests![
     a_url_that_is_not_postgresqls_is_refused_before_connecting,
     a_server_that_is_not_postgresql_is_named_as_such,
     a_refused_connection_fails_at_once_with_its_cause,

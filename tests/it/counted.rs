@@ -228,7 +228,7 @@ async fn counted_acquisitions_in_open_transactions_do_not_wait_for_each_other() 
     }
 }
 
-tests![
+pglease_formations::tests![
     counted_acquisitions_in_open_transactions_do_not_wait_for_each_other(2),
     up_to_the_limit_hold_at_once_each_with_its_own_token(2),
     an_expired_slot_is_taken_over_and_held_slots_are_renewed(2),

@@ -171,7 +171,7 @@ async fn an_application_role_gets_findings_not_an_error() {
     pool.close().await;
 }
 
-tests![
+pglease_formations::tests![
     a_migrated_database_on_this_server_is_all_well,
     a_missing_or_outdated_schema_is_a_problem,
     an_application_role_gets_findings_not_an_error,

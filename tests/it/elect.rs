@@ -436,7 +436,7 @@ async fn the_leader_hands_over_to_the_preferred_candidate_when_it_campaigns() {
     );
 }
 
-tests![
+pglease_formations::tests![
     candidates_lead_one_at_a_time_and_resigning_hands_over(4),
     a_lost_term_stops_the_work_and_the_campaign_goes_on(4),
     followers_see_the_leader_and_a_step_down_request_is_honoured(4),

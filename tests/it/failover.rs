@@ -454,7 +454,7 @@ async fn doctor_flags_an_asynchronous_standby_and_passes_a_synchronous_one()
     Ok(())
 }
 
-tests![
+pglease_formations::tests![
     a_synchronous_standby_keeps_every_acknowledged_acquisition(2),
     also_when_the_server_commits_locally_only(2),
     also_when_the_session_turns_synchronous_commit_off(2),

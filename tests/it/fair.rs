@@ -650,7 +650,7 @@ async fn a_join_held_up_past_its_ttl_gets_a_whole_place() {
     }
 }
 
-tests![
+pglease_formations::tests![
     every_refusal_of_a_fair_name_says_it_is_fair(4),
     waiters_are_served_in_the_order_they_joined(4),
     a_dead_waiter_is_skipped_at_once_and_a_frozen_one_after_its_ttl(2),

@@ -264,7 +264,7 @@ async fn a_commit_after_a_takeover_reports_the_lease_lost() {
     assert!(status.held && status.holder.as_deref() == Some("B"));
 }
 
-tests![
+pglease_formations::tests![
     a_commit_after_a_takeover_reports_the_lease_lost,
     awkward_names_are_checked_as_themselves,
     a_failed_check_leaves_the_connection_usable,

@@ -185,4 +185,4 @@ async fn checks_racing_takeovers_keep_their_sessions_within_the_grace() {
     );
 }
 
-tests![checks_racing_takeovers_keep_their_sessions_within_the_grace(8),];
+pglease_formations::tests![checks_racing_takeovers_keep_their_sessions_within_the_grace(8),];

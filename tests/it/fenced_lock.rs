@@ -305,7 +305,7 @@ async fn a_lock_taken_without_assert_held_pins_the_lease_within_a_bound() {
     assert!(b.token() > old.token());
 }
 
-tests![
+pglease_formations::tests![
     an_acquisition_after_expiry_ends_the_stale_fenced_transaction,
     fenced_transaction_does_not_block_renew_release_or_held_check,
     a_released_lease_is_taken_at_once_from_its_open_fenced_transaction,

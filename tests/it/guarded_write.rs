@@ -242,7 +242,7 @@ async fn single_statement_guarded_write() {
     assert_eq!(data_value(&db).await, "b-1");
 }
 
-tests![
+pglease_formations::tests![
     guarded_write_commits_under_valid_lease,
     guarded_write_rejected_after_expiry,
     guarded_write_rejected_after_takeover,

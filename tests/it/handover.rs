@@ -423,7 +423,7 @@ async fn a_handover_committing_during_the_successors_attempt_is_not_lost() {
     );
 }
 
-tests![
+pglease_formations::tests![
     a_waiting_successor_gets_the_lease_at_once_and_the_old_holder_is_fenced(2),
     a_handover_to_a_successor_not_waiting_releases,
     a_handover_or_keep_to_a_successor_not_waiting_changes_nothing,

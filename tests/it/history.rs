@@ -424,7 +424,7 @@ async fn a_zero_retention_records_nothing() {
     assert_eq!(events, vec![Event::Acquired, Event::Released]);
 }
 
-tests![
+pglease_formations::tests![
     every_transition_is_recorded_in_order(2),
     a_takeover_that_ends_a_frozen_holders_transaction_records_the_eviction(2),
     old_rows_are_pruned_by_the_transitions_themselves(2),

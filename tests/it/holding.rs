@@ -661,7 +661,7 @@ async fn a_held_lease_moved_into_a_spawned_task_sees_its_loss() {
     assert!(!m.inspect("spawned").await.expect("inspect").held);
 }
 
-tests![
+pglease_formations::tests![
     awkward_names_are_renewed_in_the_background,
     renewal_recovers_from_a_terminated_connection,
     unanswered_renewals_signal_loss_by_the_local_deadline,

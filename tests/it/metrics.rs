@@ -258,7 +258,7 @@ async fn failing_and_recovered_renewals_are_said_and_counted() {
     held.release().await.expect("release");
 }
 
-tests![
+pglease_formations::tests![
     operations_are_counted_through_the_metrics_facade,
     failing_and_recovered_renewals_are_said_and_counted,
 ];

@@ -301,7 +301,7 @@ async fn synchronous_commit(conn: &mut sqlx::PgConnection) -> String {
         .expect("read synchronous_commit")
 }
 
-tests![
+pglease_formations::tests![
     migrate_is_idempotent,
     concurrent_migrations_from_many_processes_all_succeed(4),
     host_application_migrations_do_not_clash,

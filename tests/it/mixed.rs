@@ -473,4 +473,4 @@ async fn every_kind_at_random_under_faults_stays_safe_live_and_decoded() {
     }
 }
 
-tests![every_kind_at_random_under_faults_stays_safe_live_and_decoded(4)];
+pglease_formations::tests![every_kind_at_random_under_faults_stays_safe_live_and_decoded(4)];

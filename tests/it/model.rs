@@ -315,4 +315,4 @@ async fn database_agrees_with_the_article_model() {
     assert!(cases >= 256);
 }
 
-tests![database_agrees_with_the_article_model(2)];
+pglease_formations::tests![database_agrees_with_the_article_model(2)];

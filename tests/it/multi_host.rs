@@ -182,7 +182,7 @@ async fn a_held_lease_follows_a_promotion_over_verify_full() -> Result<(), Setup
     Ok(())
 }
 
-tests![
+pglease_formations::tests![
     the_primary_is_chosen_whatever_the_order(2),
     a_held_lease_follows_a_promotion_with_no_proxy(2),
     a_held_lease_follows_a_promotion_over_verify_full(2),

@@ -495,7 +495,7 @@ async fn observers_electors_and_waiters_share_one_listening_connection() {
     drop(taken);
 }
 
-tests![
+pglease_formations::tests![
     observers_see_every_change_in_order(2),
     observers_electors_and_waiters_share_one_listening_connection(2),
     after_a_dropped_connection_the_latest_state_is_reported(2),

@@ -453,7 +453,7 @@ async fn a_grant_delay_after_a_patroni_failover_holds_every_grant_until_it_ends(
     Ok(())
 }
 
-tests![
+pglease_formations::tests![
     a_patroni_failover_that_loses_commits_never_hands_a_token_out_twice(2),
     a_grant_delay_after_a_patroni_failover_holds_every_grant_until_it_ends(2),
 ];

@@ -327,7 +327,7 @@ async fn forced_prepared_statements_fall_back_to_text_through_the_pooler() -> Re
     Ok(())
 }
 
-tests![
+pglease_formations::tests![
     lease_operations_from_many_tasks_share_a_few_server_sessions(4),
     a_held_lease_is_renewed_released_and_taken_over_through_the_pooler(4),
     many_processes_migrate_at_once_through_the_pooler(4),

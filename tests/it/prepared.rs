@@ -108,7 +108,7 @@ async fn a_manager_that_finds_no_pooler_prepares() {
     assert_eq!(prepared_calls(&m).await, 3);
 }
 
-tests![
+pglease_formations::tests![
     prepared_and_text_statements_give_the_same_answers,
     a_manager_that_finds_no_pooler_prepares,
 ];

@@ -316,7 +316,7 @@ async fn only_the_table_owner_may_protect_or_unprotect_it() {
     }
 }
 
-tests![
+pglease_formations::tests![
     writers_that_ignore_the_lease_are_rejected,
     each_write_rechecks_the_declared_token,
     unprotect_lifts_the_protection_and_bad_input_is_rejected,

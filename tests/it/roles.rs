@@ -66,4 +66,4 @@ async fn application_role_calls_functions_but_cannot_update_leases() {
         .expect("drop role");
 }
 
-tests![application_role_calls_functions_but_cannot_update_leases,];
+pglease_formations::tests![application_role_calls_functions_but_cannot_update_leases,];

@@ -939,7 +939,7 @@ async fn a_frozen_fenced_holder_is_ended_for_every_role_set_up() {
     }
 }
 
-tests![
+pglease_formations::tests![
     a_forged_notification_changes_nothing_an_observer_or_elector_reports(2),
     a_listener_learns_no_token_holder_value_or_name,
     a_role_with_trigger_cannot_repoint_a_protected_table,

@@ -321,7 +321,7 @@ async fn killed_holder_process_frees_the_lease_at_once() {
     assert_eq!(data_value(&db).await, "initial");
 }
 
-tests![
+pglease_formations::tests![
     terminated_backend_frees_the_lease_at_once(2),
     ended_session_is_lost_before_anyone_takes_it(2),
     surviving_session_keeps_the_lease(2),

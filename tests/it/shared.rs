@@ -761,7 +761,7 @@ async fn bad_input_to_a_shared_acquisition_is_refused() {
     assert_eq!(row.get::<i64, _>("n"), 0);
 }
 
-tests![
+pglease_formations::tests![
     shared_holders_hold_together_and_exclude_an_exclusive_one,
     a_waiting_exclusive_acquirer_keeps_new_shared_holders_out(2),
     an_exclusive_acquirer_that_gives_up_keeps_shared_ones_out_5_s_at_most,

@@ -180,7 +180,7 @@ async fn shutdown_waits_for_an_acquisition_still_in_the_database() {
     assert!(!status.held, "still held for {:?}", status.remaining);
 }
 
-tests![
+pglease_formations::tests![
     a_lease_dropped_before_shutdown_is_released_before_it_returns,
     service_process ignored,
     a_service_stopped_by_sigterm_hands_its_lease_over_at_once,

@@ -253,7 +253,7 @@ async fn never_acquired_lease_reports_no_holder() {
     );
 }
 
-tests![
+pglease_formations::tests![
     same_holder_delayed_release_cannot_end_new_lease,
     stale_renew_is_lost_and_changes_nothing,
     duplicate_release_is_harmless,

@@ -201,7 +201,7 @@ async fn shared_and_counted_holders_are_shown_and_forced() {
     );
 }
 
-tests![
+pglease_formations::tests![
     shared_and_counted_holders_are_shown_and_forced,
     filters_run_in_the_database_and_take_prefixes_literally,
     the_database_clock_the_lease_count_and_the_functions_owner,

@@ -414,7 +414,7 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
     as_owner.pool().close().await;
 }
 
-tests![
+pglease_formations::tests![
     holder_process ignored,
     a_holder_frozen_idle_in_its_fenced_transaction_is_taken_over,
     a_holder_frozen_in_a_long_fenced_statement_is_taken_over,

@@ -440,7 +440,7 @@ async fn discovery_falls_through_to_a_throwaway_cluster() -> Result<(), SetupErr
     Ok(())
 }
 
-tests![
+pglease_formations::tests![
     expire_now_ends_the_lease_in_the_database_and_the_holder_sees_it_stale,
     take_over_ends_the_old_holders_open_fenced_transaction,
     failing_renewals_lose_the_lease_as_unreachable_and_recover,

@@ -399,7 +399,7 @@ async fn a_declared_rollback_moves_the_fence() {
     );
 }
 
-tests![
+pglease_formations::tests![
     a_failover_to_an_asynchronous_standby_never_hands_a_token_out_twice(2),
     an_acknowledged_renewal_survives_a_crash_with_asynchronous_commit(2),
     the_grant_delay_holds_new_grants_and_lets_known_leases_renew(2),

@@ -370,7 +370,7 @@ fn as_user(url: &str, user: &str, password: &str) -> String {
     format!("{scheme}://{user}:{password}@{tail}")
 }
 
-tests![
+pglease_formations::tests![
     every_operation_works_as_the_owner_over_verify_full,
     a_certificate_from_another_ca_is_refused,
     a_connection_without_tls_is_refused_by_the_server,

@@ -173,7 +173,7 @@ async fn the_sql_interface_publishes_and_bounds_values_too() {
     assert_eq!(code.as_deref(), Some("22023"), "{error}");
 }
 
-tests![
+pglease_formations::tests![
     a_value_is_published_changed_and_cleared_by_its_holder,
     a_value_belongs_to_its_acquisition_and_a_stale_holder_cannot_change_it,
     bad_values_are_refused_before_anything_is_sent,

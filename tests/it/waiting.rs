@@ -255,7 +255,7 @@ async fn an_acquisition_held_up_in_the_database_past_its_ttl_is_kept() {
     assert!(held.release().await.expect("release"));
 }
 
-tests![
+pglease_formations::tests![
     a_waiter_is_woken_by_the_release_not_by_its_poll,
     a_waiter_takes_over_at_expiry_when_the_holder_vanished,
     a_polling_waiter_gets_the_lease_after_a_release,

@@ -296,7 +296,7 @@ async fn a_transaction_releasing_many_leases_holds_few_locks() {
     assert_eq!(held, 0);
 }
 
-tests![
+pglease_formations::tests![
     only_watched_names_are_notified,
     a_watch_is_refused_while_an_unwatched_release_commits,
     watch_rejects_bad_names,

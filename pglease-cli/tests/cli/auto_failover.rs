@@ -216,4 +216,4 @@ async fn run_rides_out_a_failover_that_fits_and_stops_before_the_expiry_when_not
     Ok(())
 }
 
-tests![run_rides_out_a_failover_that_fits_and_stops_before_the_expiry_when_not(2),];
+pglease_formations::tests![run_rides_out_a_failover_that_fits_and_stops_before_the_expiry_when_not(2),];

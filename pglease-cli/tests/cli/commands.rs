@@ -1484,7 +1484,7 @@ async fn run_with_a_limit_runs_at_most_that_many_at_once() {
     let _ = std::fs::remove_file(&started);
 }
 
-tests![
+pglease_formations::tests![
     every_argument_is_checked_before_connecting_and_said_without_echo,
     a_token_never_issued_exits_2_saying_so,
     another_kind_of_server_is_named_as_such,

@@ -959,7 +959,7 @@ async fn a_frozen_psql_job_cannot_commit_its_write_afterwards() {
     another_role_cannot_act_under(&db, "job", "report").await;
 }
 
-tests![
+pglease_formations::tests![
     a_frozen_deployers_ddl_migration_never_commits_after_the_takeover(2),
     a_frozen_deployers_data_migration_is_applied_exactly_once(2),
     alembic_run_unmodified_is_fenced(2),

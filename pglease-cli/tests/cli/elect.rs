@@ -435,7 +435,7 @@ async fn a_failing_command_is_restarted_a_bounded_number_of_times() {
     let _ = std::fs::remove_file(&runs);
 }
 
-tests![
+pglease_formations::tests![
     leader_observe_and_step_down_commands_and_the_value_round_trip(2),
     elect_hands_over_on_request_on_sigkill_and_resigns_on_sigterm(2),
     a_stopped_leader_loses_its_writes_are_refused_and_it_campaigns_again(2),

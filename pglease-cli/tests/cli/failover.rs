@@ -122,4 +122,4 @@ async fn run_stops_the_command_before_the_expiry_and_exits_4_soon_after() -> Res
     Ok(())
 }
 
-tests![run_stops_the_command_before_the_expiry_and_exits_4_soon_after(2),];
+pglease_formations::tests![run_stops_the_command_before_the_expiry_and_exits_4_soon_after(2),];

@@ -121,4 +121,4 @@ async fn hand_over_to_a_waiting_run_and_to_nobody() {
     assert_eq!(code(&status), 3, "released: {}", stdout(&status));
 }
 
-tests![hand_over_to_a_waiting_run_and_to_nobody];
+pglease_formations::tests![hand_over_to_a_waiting_run_and_to_nobody];

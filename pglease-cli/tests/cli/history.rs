@@ -140,4 +140,4 @@ async fn force_release_stops_a_running_holder_and_the_history_says_why() {
     let _ = std::fs::remove_file(&outcomes);
 }
 
-tests![force_release_stops_a_running_holder_and_the_history_says_why(2),];
+pglease_formations::tests![force_release_stops_a_running_holder_and_the_history_says_why(2),];

@@ -200,7 +200,7 @@ async fn long_names_keep_the_columns() {
     assert_eq!(listed[0]["name"], long.as_str());
 }
 
-tests![
+pglease_formations::tests![
     shared_holders_are_shown_and_forced,
     counted_slots_are_shown_and_forced,
     long_names_keep_the_columns,

@@ -107,4 +107,4 @@ async fn doctor_reads_patroni_and_a_lost_acquisition_exits_4_with_its_reason()
     Ok(())
 }
 
-tests![doctor_reads_patroni_and_a_lost_acquisition_exits_4_with_its_reason(2),];
+pglease_formations::tests![doctor_reads_patroni_and_a_lost_acquisition_exits_4_with_its_reason(2),];

@@ -274,7 +274,7 @@ async fn a_declared_command_is_refused_by_the_pooler() -> Result<(), SetupError>
     Ok(())
 }
 
-tests![
+pglease_formations::tests![
     every_command_works_through_the_pooler(2),
     migrate_names_the_missing_grant_through_the_pooler,
     a_declared_command_is_refused_by_the_pooler(2),

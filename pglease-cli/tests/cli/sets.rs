@@ -524,7 +524,7 @@ async fn set_fair_makes_plain_runs_wait_in_line() {
     assert_eq!(code(&out), 2, "{}", stderr(&out));
 }
 
-tests![
+pglease_formations::tests![
     run_takes_every_lease_or_none_and_hands_each_token_over,
     a_set_run_that_loses_one_lease_is_stopped_and_fenced_off_on_all,
     a_set_run_stops_when_any_one_lease_ends,

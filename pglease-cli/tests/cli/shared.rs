@@ -156,4 +156,4 @@ async fn shared_holders_from_the_command_line() {
     }
 }
 
-tests![shared_holders_from_the_command_line];
+pglease_formations::tests![shared_holders_from_the_command_line];

@@ -237,7 +237,7 @@ async fn ctrl_c_ends_an_election() -> Result<(), SetupError> {
     Ok(())
 }
 
-tests![
+pglease_formations::tests![
     a_command_under_run_or_elect_reads_the_terminal,
     ctrl_z_stops_the_job_and_fg_resumes_it,
     bg_leaves_the_shell_its_terminal_and_fg_gives_it_back,

@@ -157,4 +157,4 @@ async fn a_forgotten_acquisition_stops_run_and_is_refused_with_its_reason() -> R
     Ok(())
 }
 
-tests![a_forgotten_acquisition_stops_run_and_is_refused_with_its_reason(2),];
+pglease_formations::tests![a_forgotten_acquisition_stops_run_and_is_refused_with_its_reason(2),];

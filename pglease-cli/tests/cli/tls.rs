@@ -241,7 +241,7 @@ async fn a_role_without_grants_is_told_the_grant() -> Result<(), SetupError> {
     Ok(())
 }
 
-tests![
+pglease_formations::tests![
     every_command_works_over_verify_full,
     a_role_without_grants_is_told_the_grant,
     the_readmes_forms_connect_as_written,

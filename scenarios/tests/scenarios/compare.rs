@@ -140,4 +140,4 @@ async fn every_scenario_against_every_variant() {
     assert_eq!(tables, 0);
 }
 
-tests![every_scenario_against_every_variant,];
+pglease_formations::tests![every_scenario_against_every_variant,];

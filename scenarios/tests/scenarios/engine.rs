@@ -119,7 +119,7 @@ async fn one_lettering() {
     }
 }
 
-tests![
+pglease_formations::tests![
     a_row_committed_after_b_took_over_is_stale_whatever_its_place,
     two_holders_when_b_holds_before_a_is_told,
     each_scenario_is_judged_by_its_property,

@@ -31,4 +31,4 @@ async fn demo_shows_paused_holder_rejected_by_the_database() {
     assert!(!db.manager().inspect("demo").await.expect("inspect").held);
 }
 
-tests![demo_shows_paused_holder_rejected_by_the_database,];
+pglease_formations::tests![demo_shows_paused_holder_rejected_by_the_database,];
