@@ -8,7 +8,14 @@ mod common;
 
 pglease_formations::suite![
     auto_failover,
-    commands,
+    arguments,
+    acquire,
+    connect,
+    run,
+    demo,
+    migrate,
+    doctor,
+    output,
     declared,
     elect,
     failover,
