@@ -1,17 +1,20 @@
 //! Applies the `pglease` schema from `migrations/`, beside (never inside)
 //! the host application's own migrations.
 //!
-//! The migrations are embedded by `sqlx::migrate!` (which also computes
-//! their checksums) and recorded in a table of sqlx's shape, but applied
+//! The migrations are embedded (with the checksums sqlx's migrator
+//! computes) and recorded in a table of sqlx's shape, but applied
 //! here, all in one transaction that first takes a transaction-level
 //! advisory lock: a session-level lock (sqlx's migrator) is not kept by a
 //! transaction pooler, which lets concurrent migrators collide, and a lock
 //! that ends with the transaction cannot be left behind by a failure.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::LazyLock;
 use std::time::Instant;
 
-use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::SqlStr;
+use sqlx::migrate::{MigrateError, Migration, MigrationType};
 use sqlx::{Connection, PgConnection, Row};
 
 use crate::error::{Error, Result};
@@ -23,18 +26,32 @@ use crate::sql;
 /// database (the bytes of "pglease").
 const MIGRATION_LOCK: i64 = 0x0070_676c_6561_7365;
 
-static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+/// Every file of `migrations/`, as sqlx's `migrate!` would embed it:
+/// version and description from the file's name, the checksum (SHA-384
+/// of the text) computed by sqlx. Written out rather than by that macro,
+/// which builds its own copy of sqlx and tokio for the compiler, on the
+/// critical path of every build; a unit test checks that the list and the
+/// directory agree.
+static MIGRATIONS: LazyLock<[Migration; 1]> = LazyLock::new(|| {
+    [Migration::new(
+        1,
+        Cow::Borrowed("schema"),
+        MigrationType::Simple,
+        SqlStr::from_static(include_str!("../migrations/0001_schema.sql")),
+        false,
+    )]
+});
 
 /// The latest migration this version has.
 pub(crate) fn latest_version() -> i64 {
-    MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+    MIGRATIONS.iter().map(|m| m.version).max().unwrap_or(0)
 }
 
 /// What to apply, given the recorded migrations (version, hex checksum,
 /// success): the versions this build has and the record lacks, or why
 /// nothing may be applied.
 fn to_apply(recorded: &[(i64, String, bool)]) -> Result<Vec<i64>> {
-    let known: HashMap<i64, String> = MIGRATOR
+    let known: HashMap<i64, String> = MIGRATIONS
         .iter()
         .filter(|m| !m.migration_type.is_down_migration())
         .map(|m| (m.version, hex(&m.checksum)))
@@ -78,7 +95,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Applies the missing migrations inside the transaction `prepare` opened.
 async fn apply(conn: &mut PgConnection, missing: &[i64]) -> Result<()> {
-    for migration in MIGRATOR.iter().filter(|m| missing.contains(&m.version)) {
+    for migration in MIGRATIONS.iter().filter(|m| missing.contains(&m.version)) {
         let started = Instant::now();
         sqlx::raw_sql(migration.sql.clone())
             .execute(&mut *conn)
@@ -156,4 +173,42 @@ async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
         applied: missing,
         latest: latest_version(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MIGRATIONS;
+
+    /// Each file of `migrations/` is embedded, under the version and
+    /// description its name gives, and nothing else is.
+    #[test]
+    fn every_migration_file_is_embedded() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .expect("read migrations/")
+            .map(|entry| {
+                entry
+                    .expect("a directory entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        files.sort();
+        let embedded: Vec<String> = MIGRATIONS
+            .iter()
+            .map(|m| format!("{:04}_{}.sql", m.version, m.description.replace(' ', "_")))
+            .collect();
+        assert_eq!(files, embedded);
+        for m in MIGRATIONS.iter() {
+            let text = std::fs::read_to_string(dir.join(format!(
+                "{:04}_{}.sql",
+                m.version,
+                m.description.replace(' ', "_")
+            )))
+            .expect("read the migration");
+            assert_eq!(m.sql.as_str(), text);
+            assert!(!m.no_tx && !text.starts_with("-- no-transaction"));
+        }
+    }
 }
