@@ -4,14 +4,23 @@
 //! Each module ends with `pglease_formations::tests![...]`, the list of
 //! its tests; a test function left out of it is dead code, which the
 //! lints refuse. The modules are listed once, in `suite!` below, in the
-//! order their tests start. Tests run through `pglease_formations::harness`,
-//! so that one that cannot run here (no PgBouncer, no server binaries, no
-//! restart command) is reported as ignored with why, or fails with
-//! `PGLEASE_TEST_REQUIRE_ALL` set.
+//! order their tests start, the slowest first. Tests run through
+//! `pglease_formations::harness`, so that one that cannot run here (no
+//! PgBouncer, no server binaries, no restart command) is reported as
+//! ignored with why, or fails with `PGLEASE_TEST_REQUIRE_ALL` set.
 
 mod common;
 
 pglease_formations::suite![
+    // The slowest first (a minute, half a minute, ...), so that none is
+    // left to finish alone at the end of the run.
+    mixed,
+    auto_failover,
+    model,
+    patroni,
+    holding,
+    failover,
+    multi_host,
     acquire_all,
     fair,
     acquire_race,
@@ -19,27 +28,20 @@ pglease_formations::suite![
     answers,
     article_scenario,
     bench_scripts,
-    auto_failover,
     bad_input,
     connect,
     counted,
     doctor,
     elect,
-    failover,
     fenced_begin,
     fenced_grace,
     fenced_lock,
     guarded_write,
     handover,
     history,
-    holding,
     metrics,
     migrate,
-    mixed,
-    model,
-    multi_host,
     observe,
-    patroni,
     pooler,
     prepared,
     protect,
