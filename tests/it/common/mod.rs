@@ -4,8 +4,8 @@
 //! which finds the server in this order: `DATABASE_URL`; else the libpq
 //! defaults (`PGHOST`, `PGPORT`, `PGUSER`, ... then localhost:5432) if a
 //! server answers there; else a throwaway cluster from the installed server
-//! binaries; else a container started with `testcontainers`; else the test
-//! panics and says how to get a database.
+//! binaries; else (with `--features containers`) a container started with
+//! `testcontainers`; else the test panics and says how to get a database.
 
 use std::time::Duration;
 
