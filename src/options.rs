@@ -498,7 +498,7 @@ impl ManagerOptions {
     }
 }
 
-/// The timing of one held lease (see the README's timing model).
+/// The timing of one held lease (see docs/library.md, "The timing model").
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timing {
     pub(crate) ttl: Duration,

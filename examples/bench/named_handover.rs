@@ -1,4 +1,4 @@
-//! `BENCH_ONLY=p3h`, P3-style rows of issue 36. (1) From the holder's
+//! `BENCH_ONLY=p3h`, P3-style rows for a named handover. (1) From the holder's
 //! call to a successor waiting in line holding the lease: `hand_over` to
 //! it, against the minimal hand-made way with the same guarantee,
 //! `release` followed by the same fair waiter's acquisition (the line

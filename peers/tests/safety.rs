@@ -6,7 +6,7 @@ use std::time::Duration;
 use pglease_peers::{Judgement, Peer, SCENARIOS, Scenario, Violation, Written, safety};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_articles_failures_against_each_peer() {
+async fn the_failures_against_each_peer() {
     let verdicts = tokio::time::timeout(Duration::from_secs(180), safety())
         .await
         .expect("the scenarios end within 3 minutes")

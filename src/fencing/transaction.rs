@@ -29,8 +29,8 @@ use crate::token::Token;
 /// statement and protects nothing. The transaction protects its writes
 /// until it ends, as long as the lease stays valid: once the lease has
 /// ended (expired without renewal, or released), the next acquisition of
-/// `name` ends this transaction's session, which rolls it back (see the
-/// README, "Taking over from a frozen holder").
+/// `name` ends this transaction's session, which rolls it back (see
+/// docs/design.md, "Taking over from a frozen holder").
 ///
 /// # Errors
 ///

@@ -62,7 +62,7 @@ impl Admin<'_> {
     /// Whether the role that owns the `pglease` functions may end the
     /// sessions of stale fenced transactions (it is a superuser, or has the
     /// privileges of `pg_signal_backend`), which a takeover from a holder
-    /// frozen inside a fenced transaction needs. See the README,
+    /// frozen inside a fenced transaction needs. See docs/design.md,
     /// "Taking over from a frozen holder".
     ///
     /// # Errors

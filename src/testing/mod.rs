@@ -21,7 +21,7 @@
 //! `UPDATE` on the table) may run: an application role that follows
 //! the documented grants gets `42501`.
 //!
-//! See the README's "Testing your service" and `examples/worker_test.rs`.
+//! See docs/library.md, "Testing your service", and `examples/worker_test.rs`.
 
 mod database;
 mod faults;

@@ -53,7 +53,7 @@ async fn assert_finite_times(conn: &mut PgConnection, sqls: &[&str]) {
     }
 }
 
-/// Issue 49's sequence: the row of a name never acquired, locked for over
+/// The row of a name never acquired, locked for over
 /// 1 s by another transaction. `acquire` and `acquire_shared` answer a
 /// finite time (not -infinity), and the library reads both as `Pinned`
 /// (ended: nobody holds it, a transaction holds its row) saying why; once

@@ -540,7 +540,7 @@ async fn a_waiter_back_on_another_connection_keeps_its_place() {
 
 /// Every refusal of a fair name says so (`fair = true`), also under
 /// contention, where refusals come from the paths after the row lock
-/// (issue 49 measured 30 to 40 % of them answering NULL): 4 clients
+/// (30 to 40 % of them once answered NULL): 4 clients
 /// acquire and release one fair name for 1.5 s through the SQL.
 async fn every_refusal_of_a_fair_name_says_it_is_fair() {
     let db = TestDb::new().await;

@@ -204,7 +204,7 @@ async fn fenced_closure_rolls_back_on_error() {
     assert_eq!(data_value(&db).await, "initial");
 }
 
-/// The one-statement guarded write documented in the README: the check and
+/// The one-statement guarded write documented in docs/design.md ("SQL interface"): the check and
 /// the write share one autocommit transaction.
 async fn single_statement_guarded_write() {
     let db = TestDb::new().await;

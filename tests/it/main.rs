@@ -26,7 +26,7 @@ pglease_formations::suite![
     acquire_race,
     advisory,
     answers,
-    article_scenario,
+    paused_holder,
     bench_scripts,
     bad_input,
     connect,

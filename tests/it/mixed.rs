@@ -242,7 +242,7 @@ async fn worker(manager: LeaseManager, pool: PgPool, seen: Shared, seed: u64, id
             }
             11 if !held.is_empty() => {
                 // A handover to a successor that does not wait keeps the
-                // lease (issue 49): still its holder's.
+                // lease: still its holder's.
                 let lease = &held[rng.below(held.len() as u64) as usize];
                 if !lease.is_shared() {
                     match manager

@@ -1,6 +1,6 @@
 //! Model conformance: random sequences of acquire, renew, release, guarded
-//! write and expiry run against PostgreSQL and against a port of the
-//! article's serial model (`lease.py`), with identical outcomes.
+//! write and expiry run against PostgreSQL and against a serial model of
+//! a lease store (below), with identical outcomes.
 //!
 //! Deterministic in time: TTLs are an hour (nothing expires by itself
 //! during a case) and expiry is an explicit step, applied to the model's
@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
-/// The article's `LeaseStore`: serial, co-located coordinator and
+/// The serial model, `LeaseStore`: co-located coordinator and
 /// resource, one manual clock.
 #[derive(Debug, Default)]
 struct Model {
@@ -283,7 +283,7 @@ async fn fenced_write_row(
     .await
 }
 
-async fn database_agrees_with_the_article_model() {
+async fn database_agrees_with_the_serial_model() {
     let db = TestDb::new().await;
     sqlx::query("CREATE TABLE data (id int PRIMARY KEY, value text NOT NULL)")
         .execute(db.pool())
@@ -315,4 +315,4 @@ async fn database_agrees_with_the_article_model() {
     assert!(cases >= 256);
 }
 
-pglease_formations::tests![database_agrees_with_the_article_model(2)];
+pglease_formations::tests![database_agrees_with_the_serial_model(2)];

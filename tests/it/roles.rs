@@ -1,5 +1,5 @@
 //! An application role can use leases through the functions but cannot
-//! write the leases table directly (the README's grants).
+//! write the leases table directly (docs/design.md's grants, "Roles and grants").
 
 use crate::common::TestDb;
 use sqlx::{AssertSqlSafe, Connection};

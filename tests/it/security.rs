@@ -849,7 +849,7 @@ async fn names_granted_by_prefix_are_the_grantees_alone() {
     assert!(m1.release(&held).await.expect("release"));
 }
 
-/// The single-role set-up the README starts with needs no step beyond
+/// The single-role set-up docs/design.md starts with ("Roles and grants") needs no step beyond
 /// USAGE on the schema: one login role acquires, renews, writes fenced,
 /// observes, waits and releases.
 async fn one_application_role_needs_no_set_up() {
@@ -889,7 +889,7 @@ async fn one_application_role_needs_no_set_up() {
     assert!(next.token() > first);
 }
 
-/// Issue 9's bounded takeover, whoever the roles: a holder frozen inside
+/// The bounded takeover, whoever the roles: a holder frozen inside
 /// a fenced transaction is ended once its lease expires, by an acquirer of
 /// the same role or of another.
 async fn a_frozen_fenced_holder_is_ended_for_every_role_set_up() {

@@ -313,7 +313,7 @@ async fn an_exclusive_acquirer_that_will_not_wait_keeps_nobody_out() {
 }
 
 /// Liveness with nobody holding: a shared holder that renews shorter and
-/// expires leaves the name free. Issue 49's sequence: `acquire_shared`
+/// expires leaves the name free. The sequence: `acquire_shared`
 /// for 30 s, `renew` to 1 s; an exclusive acquisition (one attempt each
 /// time, no wait: nothing marks the name) is granted within 1 s of the
 /// shorter expiry, not 30 s later; the same after a release.

@@ -56,7 +56,7 @@ async fn a_lease_dropped_before_shutdown_is_released_before_it_returns() {
 }
 
 /// A service in a process of its own (this test binary again, with only
-/// this otherwise ignored test): the README's pattern, holding a lease
+/// this otherwise ignored test): the README's leader pattern, holding a lease
 /// with a ten-minute TTL until SIGTERM or SIGINT.
 async fn service_process() {
     let Ok(url) = std::env::var("PGLEASE_SERVICE_URL") else {

@@ -1,7 +1,7 @@
 //! The `pglease` binary against the server users have in production
 //! (`pglease_formations::TlsServer`: TLS only, `scram-sha-256`, a CA made
 //! at test time, a non-superuser owner): every command over `verify-full`,
-//! the README's URL, environment and password-file forms exactly as it
+//! docs/cli.md's URL, environment and password-file forms exactly as it
 //! writes them, a certificate from another CA and a connection without
 //! TLS refused with exit 5 and a message that says why.
 
@@ -122,7 +122,7 @@ async fn the_readmes_forms_connect_as_written() -> Result<(), SetupError> {
         ("PGPASSWORD", TlsServer::PASSWORD),
     ];
     check(&pglease(&env, &["status"]), 0, "environment form");
-    // The password file, as the README writes it: ~/.pgpass (HOME a
+    // The password file, as docs/cli.md writes it: ~/.pgpass (HOME a
     // scratch directory here), mode 0600.
     let dir = std::env::temp_dir().join(format!("pglease-cli-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
@@ -150,7 +150,7 @@ async fn the_readmes_forms_connect_as_written() -> Result<(), SetupError> {
     let out = pglease(&[("HOME", &home)], &["--database-url", &url, "status"]);
     check(&out, 5, "a password file others may read");
     assert!(stderr(&out).contains("chmod 0600"), "{}", stderr(&out));
-    // sslrootcert=system, as the README writes it (no sslmode: it implies
+    // sslrootcert=system, as docs/cli.md writes it (no sslmode: it implies
     // verify-full): the test CA is in no system store, so the certificate
     // is not trusted, and the message says against what.
     let system = format!(

@@ -1,5 +1,5 @@
-//! The article's serial scenario, step by step, in real (scaled) time
-//! against PostgreSQL. One article time unit is `UNIT`; every step waits for
+//! The paused-holder scenario, step by step, in real (scaled) time
+//! against PostgreSQL. One time unit of the scenario is `UNIT`; every step waits for
 //! the database clock, and no assertion depends on an exact instant.
 //!
 //! Written against the library alone, not through the scenario engine
@@ -27,11 +27,11 @@ fn assert_not_held(result: Result<(), Error>) {
     }
 }
 
-async fn article_serial_scenario_holds_against_postgres() {
+async fn paused_holder_scenario_holds_against_postgres() {
     let db = TestDb::new().await;
     create_data_table(&db).await;
     let m = db.manager();
-    let name = "article";
+    let name = "paused-holder";
 
     // A acquires at 0 for 5 units.
     let a = m
@@ -160,4 +160,4 @@ async fn article_serial_scenario_holds_against_postgres() {
     ));
 }
 
-pglease_formations::tests![article_serial_scenario_holds_against_postgres,];
+pglease_formations::tests![paused_holder_scenario_holds_against_postgres,];
