@@ -43,7 +43,7 @@ use crate::token::Token;
 /// TTL). Prefer [`HeldLease::release`], which reports the outcome.
 #[derive(Clone)]
 pub struct HeldLease {
-    inner: Arc<Held>,
+    inner: Arc<Holding>,
 }
 
 /// How a held lease's renewals are going (see
@@ -81,7 +81,7 @@ impl RenewalHealth {
 
 /// What the clones of one [`HeldLease`] share; released when the last one
 /// is dropped.
-struct Held {
+struct Holding {
     context: Arc<Context>,
     registry: Arc<Registry>,
     /// Keeps the manager's background tasks running while the lease is
@@ -313,7 +313,7 @@ impl HeldLease {
         }
         // From here on neither renewed nor released (not even by Drop).
         self.inner.released.store(true, Ordering::Release);
-        let Held {
+        let Holding {
             context, registry, ..
         } = &*self.inner;
         let mut applied = registry.applied();
@@ -371,7 +371,7 @@ impl AsRef<Fence> for HeldLease {
     }
 }
 
-impl Drop for Held {
+impl Drop for Holding {
     fn drop(&mut self) {
         if self.released.load(Ordering::Acquire) {
             return;
@@ -411,7 +411,7 @@ pub(crate) fn register(
         renewer::ensure_running(context, registry, wake);
     }
     HeldLease {
-        inner: Arc::new(Held {
+        inner: Arc::new(Holding {
             context: Arc::clone(context),
             registry: Arc::clone(registry),
             _keepalive: Arc::clone(keepalive),

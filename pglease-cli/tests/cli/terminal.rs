@@ -90,9 +90,38 @@ impl Shell {
         .await;
         assert!(
             seen.is_ok(),
-            "the terminal never showed {text:?}; it shows:\n{}",
-            self.output.lock().expect("output")
+            "the terminal never showed {text:?}; it shows:\n{}\nits processes:\n{}",
+            self.output.lock().expect("output"),
+            self.processes()
         );
+    }
+
+    /// The processes on the shell's terminal, with their groups, the
+    /// terminal's foreground group and their signal masks (ignored,
+    /// blocked, caught): what a step that never came needs to be
+    /// understood.
+    fn processes(&self) -> String {
+        let listed = Command::new("ps")
+            .args(["-e", "-o", "pid,ppid,pgid,tpgid,stat,ignored,blocked,caught,tty,args"])
+            .output();
+        let Ok(listed) = listed else {
+            return "(ps could not be run)".to_owned();
+        };
+        let text = String::from_utf8_lossy(&listed.stdout).into_owned();
+        let mut lines = text.lines();
+        let header = lines.next().unwrap_or_default();
+        // The pseudo-terminal is the one the shell (script's child) has.
+        let script = self.child.id().to_string();
+        let tty = text
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(script.as_str()))
+            .and_then(|l| l.split_whitespace().nth(8))
+            .unwrap_or("?")
+            .to_owned();
+        let on_it: Vec<&str> = lines
+            .filter(|l| l.split_whitespace().nth(8) == Some(tty.as_str()))
+            .collect();
+        format!("{header}\n{}", on_it.join("\n"))
     }
 
     /// Types a command line that prints `mark` and the previous
