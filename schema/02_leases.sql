@@ -413,10 +413,11 @@ REVOKE ALL ON FUNCTION pglease._take_handed(text, bigint, timestamptz, text, tim
                                             boolean, integer) FROM PUBLIC;
 
 -- The common path (step 2): NAME, released, whose name uses none of the
--- uncommon features, taken for HOLDER for SECONDS by one statement: _take's
--- without the expired term to record, the history inserted apart (the
--- cycle ran at 0.62 to 0.67 of the floor so, against 0.73 to 0.76 through
--- one statement for both paths). It takes nothing (answers NULL) when the
+-- uncommon features, taken for HOLDER for SECONDS by one statement of its
+-- own: _take's without the expired term to record. Serving it with
+-- _take's statement too (its history rows inserted apart) ran the cycle
+-- at 0.62 to 0.67 of the floor against 0.73 to 0.76 this way (pgbench, 8
+-- clients, history off). It takes nothing (answers NULL) when the
 -- row changed since it was read, is locked (a fenced transaction, another
 -- acquirer), a name grant covers the name, or the timeline is not checked
 -- or a grant delay runs (see TIMELINES, evaluated once per statement):
