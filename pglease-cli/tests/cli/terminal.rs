@@ -96,34 +96,6 @@ impl Shell {
         );
     }
 
-    /// The processes on the shell's terminal, with their groups, the
-    /// terminal's foreground group and their signal masks (ignored,
-    /// blocked, caught): what a step that never came needs to be
-    /// understood.
-    fn processes(&self) -> String {
-        let listed = Command::new("ps")
-            .args(["-e", "-o", "pid,ppid,pgid,tpgid,stat,ignored,blocked,caught,tty,args"])
-            .output();
-        let Ok(listed) = listed else {
-            return "(ps could not be run)".to_owned();
-        };
-        let text = String::from_utf8_lossy(&listed.stdout).into_owned();
-        let mut lines = text.lines();
-        let header = lines.next().unwrap_or_default();
-        // The pseudo-terminal is the one the shell (script's child) has.
-        let script = self.child.id().to_string();
-        let tty = text
-            .lines()
-            .find(|l| l.split_whitespace().nth(1) == Some(script.as_str()))
-            .and_then(|l| l.split_whitespace().nth(8))
-            .unwrap_or("?")
-            .to_owned();
-        let on_it: Vec<&str> = lines
-            .filter(|l| l.split_whitespace().nth(8) == Some(tty.as_str()))
-            .collect();
-        format!("{header}\n{}", on_it.join("\n"))
-    }
-
     /// Types a command line that prints `mark` and the previous
     /// command's status, and waits for it: the shell has its terminal
     /// back. The status.
@@ -135,6 +107,57 @@ impl Shell {
         let output = self.output.lock().expect("output").clone();
         let after = &output[output.rfind(&shown).unwrap_or(0) + shown.len()..];
         after.split('=').next().unwrap_or_default().to_owned()
+    }
+
+    /// The processes on the shell's terminal, with their groups, the
+    /// terminal's foreground group and their signal masks (ignored,
+    /// blocked, caught): what a step that never came needs to be
+    /// understood.
+    fn processes(&self) -> String {
+        let tty = self.tty();
+        let listed = Command::new("ps")
+            .args(["-t", &tty, "-o", "pid,ppid,pgid,tpgid,stat,ignored,blocked,caught,args"])
+            .output();
+        match listed {
+            Ok(listed) => String::from_utf8_lossy(&listed.stdout).into_owned(),
+            Err(e) => format!("(ps could not be run: {e})"),
+        }
+    }
+
+    /// The shell's pseudo-terminal (`pts/N`): the terminal of `script`'s
+    /// child, the shell.
+    fn tty(&self) -> String {
+        let script = self.child.id().to_string();
+        let listed = Command::new("ps")
+            .args(["--ppid", &script, "-o", "tty="])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        listed.lines().next().unwrap_or("?").trim().to_owned()
+    }
+
+    /// Waits until `program` runs in the terminal's foreground group, so
+    /// that a signal typed now reaches it. CMD's `echo ...-ready` is not
+    /// enough: until `sh -c` (dash) has started its next command, a
+    /// Ctrl-C is caught by the shell, which then starts the command
+    /// anyway, and a Ctrl-Z can stop the command's vfork child before its
+    /// exec, leaving the shell blocked in vfork, neither running nor
+    /// stopped; the same happens without pglease, so the test waits.
+    async fn runs_in_foreground(&self, program: &str) {
+        let tty = self.tty();
+        poll_until(&format!("{program} in the foreground"), STEP, || async {
+            let listed = Command::new("ps")
+                .args(["-t", &tty, "-o", "pgid=,tpgid=,comm="])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            listed.lines().any(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                matches!(fields.as_slice(), [group, foreground, name]
+                    if group == foreground && *name == program)
+            })
+        })
+        .await;
     }
 }
 
@@ -206,6 +229,7 @@ async fn ctrl_z_stops_the_job_and_fg_resumes_it() -> Result<(), SetupError> {
         "{BIN} run tty-int --ttl 30s -- sh -c 'echo int-re\"\"ady; sleep 600'\n"
     ));
     shell.shows("int-ready").await;
+    shell.runs_in_foreground("sleep").await;
     shell.tell("\x03");
     assert_eq!(shell.status("int-done").await, "130", "128 + SIGINT");
     assert!(!m.inspect("tty-int").await.expect("inspect").held);
@@ -220,9 +244,10 @@ async fn bg_leaves_the_shell_its_terminal_and_fg_gives_it_back() -> Result<(), S
     let mut shell = Shell::start(&db)?;
     let m = db.manager();
     shell.tell(&format!(
-        "{BIN} run tty-bg --ttl 30s -- sh -c 'echo bg-re\"\"ady; sleep 1'\n"
+        "{BIN} run tty-bg --ttl 30s -- sh -c 'echo bg-re\"\"ady; sleep 2'\n"
     ));
     shell.shows("bg-ready").await;
+    shell.runs_in_foreground("sleep").await;
     shell.tell("\x1a");
     shell.shows("Stopped").await;
     shell.tell("bg\n");
@@ -233,9 +258,10 @@ async fn bg_leaves_the_shell_its_terminal_and_fg_gives_it_back() -> Result<(), S
     assert_eq!(shell.status("bg-done").await, "0", "the shell reads on");
 
     shell.tell(&format!(
-        "{BIN} run tty-bgfg --ttl 30s -- sh -c 'echo bgfg-re\"\"ady; sleep 1; read a; echo \"got:$a\"'\n"
+        "{BIN} run tty-bgfg --ttl 30s -- sh -c 'echo bgfg-re\"\"ady; sleep 2; read a; echo \"got:$a\"'\n"
     ));
     shell.shows("bgfg-ready").await;
+    shell.runs_in_foreground("sleep").await;
     shell.tell("\x1a");
     shell.shows("tty-bgfg").await;
     shell.tell("bg\nfg\n");
@@ -255,6 +281,7 @@ async fn ctrl_c_ends_an_election() -> Result<(), SetupError> {
         "{BIN} elect tty-eint --ttl 30s --max-restarts 5 -- sh -c 'echo eint-re\"\"ady; sleep 600'\n"
     ));
     shell.shows("eint-ready").await;
+    shell.runs_in_foreground("sleep").await;
     shell.tell("\x03");
     assert_eq!(shell.status("eint-done").await, "130", "128 + SIGINT");
     assert!(
