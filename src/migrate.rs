@@ -200,13 +200,8 @@ mod tests {
             .map(|m| format!("{:04}_{}.sql", m.version, m.description.replace(' ', "_")))
             .collect();
         assert_eq!(files, embedded);
-        for m in MIGRATIONS.iter() {
-            let text = std::fs::read_to_string(dir.join(format!(
-                "{:04}_{}.sql",
-                m.version,
-                m.description.replace(' ', "_")
-            )))
-            .expect("read the migration");
+        for (m, file) in MIGRATIONS.iter().zip(&embedded) {
+            let text = std::fs::read_to_string(dir.join(file)).expect("read the migration");
             assert_eq!(m.sql.as_str(), text);
             assert!(!m.no_tx && !text.starts_with("-- no-transaction"));
         }

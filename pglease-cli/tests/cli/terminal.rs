@@ -114,25 +114,18 @@ impl Shell {
     /// blocked, caught): what a step that never came needs to be
     /// understood.
     fn processes(&self) -> String {
-        let tty = self.tty();
-        let listed = Command::new("ps")
-            .args(["-t", &tty, "-o", "pid,ppid,pgid,tpgid,stat,ignored,blocked,caught,args"])
-            .output();
-        match listed {
-            Ok(listed) => String::from_utf8_lossy(&listed.stdout).into_owned(),
-            Err(e) => format!("(ps could not be run: {e})"),
-        }
+        ps(&[
+            "-t",
+            &self.tty(),
+            "-o",
+            "pid,ppid,pgid,tpgid,stat,ignored,blocked,caught,args",
+        ])
     }
 
     /// The shell's pseudo-terminal (`pts/N`): the terminal of `script`'s
     /// child, the shell.
     fn tty(&self) -> String {
-        let script = self.child.id().to_string();
-        let listed = Command::new("ps")
-            .args(["--ppid", &script, "-o", "tty="])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
+        let listed = ps(&["--ppid", &self.child.id().to_string(), "-o", "tty="]);
         listed.lines().next().unwrap_or("?").trim().to_owned()
     }
 
@@ -146,11 +139,7 @@ impl Shell {
     async fn runs_in_foreground(&self, program: &str) {
         let tty = self.tty();
         poll_until(&format!("{program} in the foreground"), STEP, || async {
-            let listed = Command::new("ps")
-                .args(["-t", &tty, "-o", "pgid=,tpgid=,comm="])
-                .output()
-                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                .unwrap_or_default();
+            let listed = ps(&["-t", &tty, "-o", "pgid=,tpgid=,comm="]);
             listed.lines().any(|line| {
                 let fields: Vec<&str> = line.split_whitespace().collect();
                 matches!(fields.as_slice(), [group, foreground, name]
@@ -158,6 +147,14 @@ impl Shell {
             })
         })
         .await;
+    }
+}
+
+/// What `ps` prints with `args`, or why it could not be run.
+fn ps(args: &[&str]) -> String {
+    match Command::new("ps").args(args).output() {
+        Ok(listed) => String::from_utf8_lossy(&listed.stdout).into_owned(),
+        Err(e) => format!("(ps could not be run: {e})"),
     }
 }
 
