@@ -146,17 +146,12 @@ fn names_after<'a>(code: &'a str, prefix: &'a str) -> impl Iterator<Item = &'a s
 
 /// The objects a part creates (functions, views, tables, sequences, types).
 fn defined(code: &str) -> BTreeSet<&str> {
-    ["FUNCTION", "VIEW", "TABLE", "SEQUENCE", "TYPE"]
-        .iter()
-        .flat_map(|kind| {
-            let words = code.split_whitespace().collect::<Vec<_>>();
-            let kind = *kind;
-            words
-                .windows(3)
-                .filter(move |w| w[0] == "CREATE" && w[1] == kind)
-                .filter_map(|w| names_after(w[2], "pglease.").next())
-                .collect::<Vec<_>>()
-        })
+    const KINDS: [&str; 5] = ["FUNCTION", "VIEW", "TABLE", "SEQUENCE", "TYPE"];
+    let words: Vec<&str> = code.split_whitespace().collect();
+    words
+        .windows(3)
+        .filter(|w| w[0] == "CREATE" && KINDS.contains(&w[1]))
+        .filter_map(|w| names_after(w[2], "pglease.").next())
         .collect()
 }
 
