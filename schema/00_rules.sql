@@ -53,9 +53,13 @@
 -- 12. Shared leases, many holders or one: _shared, _writer_waits,
 --     acquire_shared, _lock_for_shared, _own_shared, _renew_shared,
 --     _release_shared, assert_shared, view shared.
--- 13. Handover to a named successor: hand_over, _successor_place,
---     successor_waits.
+-- 13. Handover to a named successor: _hand_to, hand_over,
+--     _successor_place, successor_waits.
 -- 14. One picture of a name, whoever holds it: view status.
+-- 15. Groups, members sharing partitions: _max_partitions, _max_take,
+--     _groups, _members, _piece, _group, _membership, join_group,
+--     group_state, take_partitions, hand_over_partition, leave_group,
+--     set_group_partitions, view groups.
 -- =====================================================================
 -- 0. THE RULES EVERY FUNCTION KEEPS
 -- =====================================================================

@@ -21,6 +21,53 @@
 -- 'released' and the new term's 'acquired', each naming the other holder.
 -- =====================================================================
 
+-- The move itself, shared by hand_over and a group's handover (see
+-- GROUPS): LEASE, the row as locked by _lock_to_end and checked valid by
+-- the caller, becomes SUCCESSOR's term, under ROLE, for SECONDS, with a
+-- new token; TICKET is recorded as handed_to (the successor's next
+-- attempt with it is answered the term). Durable, recorded in the
+-- history as the old term's 'released' and the new term's 'acquired',
+-- and notified. Returns the new token. Internal.
+CREATE FUNCTION pglease._hand_to(lease pglease.leases, successor text, role name,
+                                 seconds numeric, ticket bigint)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    new_token bigint := nextval('pglease.fence_seq');
+BEGIN
+    UPDATE pglease.leases AS l
+       SET holder = _hand_to.successor,
+           role = _hand_to.role,
+           token = new_token,
+           expires_at = clock_timestamp() + make_interval(secs => _hand_to.seconds::double precision),
+           acquired_at = clock_timestamp(),
+           renewed_at = NULL,
+           released_at = NULL,
+           renewals = 0,
+           session_pid = NULL,
+           session_start = NULL,
+           handed_to = _hand_to.ticket
+     WHERE l.name = (_hand_to.lease).name;
+    -- Durable whatever the session's synchronous_commit (see DURABILITY).
+    PERFORM pglease._durable();
+    PERFORM pglease._record((_hand_to.lease).name, (_hand_to.lease).token, 'released',
+                            (_hand_to.lease).holder, clock_timestamp(), (_hand_to.lease).renewals,
+                            format('handed over to %s', _hand_to.successor));
+    PERFORM pglease._record((_hand_to.lease).name, new_token, 'acquired', _hand_to.successor,
+                            clock_timestamp(), NULL,
+                            format('handed over by %s', (_hand_to.lease).holder));
+    -- Wakes the successor at commit (rare enough to notify whether or not
+    -- anyone watches).
+    PERFORM pg_notify('pglease_release', hashtext((_hand_to.lease).name)::text);
+    PERFORM pglease._changed((_hand_to.lease).name);
+    RETURN new_token;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._hand_to(pglease.leases, text, name, numeric, bigint) FROM PUBLIC;
+
 CREATE FUNCTION pglease.hand_over(name text, token bigint, successor text, ttl interval,
                                   or_release boolean DEFAULT true)
 RETURNS bigint
@@ -34,7 +81,6 @@ DECLARE
     place    pglease._line;
     note     text;
     t        timestamptz;
-    new_token bigint;
     waiting  bigint;
 BEGIN
     IF NOT coalesce(octet_length(hand_over.name) BETWEEN 1 AND pglease._max_text_bytes()
@@ -102,34 +148,8 @@ BEGIN
         RETURN NULL;
     END IF;
 
-    new_token := nextval('pglease.fence_seq');
-    UPDATE pglease.leases AS l
-       SET holder = hand_over.successor,
-           role = place.role,
-           token = new_token,
-           expires_at = clock_timestamp() + make_interval(secs => seconds::double precision),
-           acquired_at = clock_timestamp(),
-           renewed_at = NULL,
-           released_at = NULL,
-           renewals = 0,
-           session_pid = NULL,
-           session_start = NULL,
-           handed_to = place.ticket
-     WHERE l.name = hand_over.name;
     DELETE FROM pglease._line AS q WHERE q.ticket = place.ticket;
-    -- Durable whatever the session's synchronous_commit (see DURABILITY).
-    PERFORM pglease._durable();
-    PERFORM pglease._record(hand_over.name, hand_over.token, 'released', lease.holder,
-                            clock_timestamp(), lease.renewals,
-                            format('handed over to %s', hand_over.successor));
-    PERFORM pglease._record(hand_over.name, new_token, 'acquired', hand_over.successor,
-                            clock_timestamp(), NULL,
-                            format('handed over by %s', lease.holder));
-    -- Wakes the successor at commit (rare enough to notify whether or not
-    -- anyone watches).
-    PERFORM pg_notify('pglease_release', hashtext(hand_over.name)::text);
-    PERFORM pglease._changed(hand_over.name);
-    RETURN new_token;
+    RETURN pglease._hand_to(lease, hand_over.successor, place.role, seconds, place.ticket);
 END
 $$;
 
