@@ -5522,10 +5522,12 @@ $$;
 --                  commit on, its open fenced transactions ended first),
 --                  or a release when the successor is not live;
 --   leave_group    ends the membership.
--- join, leave and every handover notify pglease_release with the
--- group's watch key (hashtext(NAME)): members that watch NAME re-read the
--- group at once instead of at their next poll. A hint, as every
--- notification: nothing is believed from it.
+-- A join, a leave and a change of the partition count notify
+-- pglease_release with the group's watch key (hashtext(NAME)), a
+-- handover with the successor's membership's (hashtext of
+-- 'NAME/members/MEMBER'): members watch both and read the group at once
+-- instead of at their next look. A hint, as every notification: nothing
+-- is believed from it.
 -- =====================================================================
 
 CREATE FUNCTION pglease._max_partitions()
@@ -5889,8 +5891,9 @@ BEGIN
     ELSE
         new_token := pglease._hand_to(lease, hand_over_partition.successor, heir.role, seconds,
                                       heir.token);
+        -- Wakes the successor alone (its membership's watch key).
+        PERFORM pg_notify('pglease_release', hashtext(heir.name)::text);
     END IF;
-    PERFORM pg_notify('pglease_release', hashtext(hand_over_partition.grp)::text);
     RETURN new_token;
 END
 $$;

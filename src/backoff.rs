@@ -94,3 +94,9 @@ mod tests {
         assert!(draws.windows(2).any(|w| w[0] != w[1]));
     }
 }
+
+/// Between a group member's tries to read its group or join it again:
+/// from 50 ms up to 2 s.
+pub(crate) fn group_retry(failures: u32) -> Duration {
+    backoff(Duration::from_millis(50), failures, Duration::from_secs(2))
+}

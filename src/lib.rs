@@ -32,6 +32,7 @@ mod notify;
 mod fencing;
 mod hold;
 mod wait;
+mod group;
 // The facade:
 mod manager;
 // On top of the manager's surface:
@@ -51,6 +52,10 @@ pub mod testing;
 
 pub use error::{Error, ErrorKind, LossReason, NotHeldReason, Result};
 pub use fencing::{FencedTransaction, HighWaterMark, assert_held};
+pub use group::{
+    GroupEvent, GroupMember, GroupOptions, GroupStatus, MemberStatus, PartitionStatus, Revoke,
+    member_name, partition_name,
+};
 pub use hold::{HeldLease, RenewalHealth};
 pub use lease::{Fence, Lease, LeaseKind, LeaseStatus, ListFilter, SharedHolder};
 pub use manager::{Admin, LeaseManager, ManagerStats};

@@ -84,6 +84,13 @@ pub const MAX_SLOTS: u32 = 1000;
 /// How many leases `pglease.acquire_all` takes at once, at most.
 pub const MAX_SET_NAMES: usize = 100;
 
+/// Most partitions a lease group may have.
+pub const MAX_PARTITIONS: u32 = 100_000;
+
+/// Most partitions one statement takes for a group member (a member that
+/// should own more takes them over several rounds).
+pub const MAX_TAKE: usize = 1000;
+
 /// How many acquirers may wait in one line (first come, first served), at
 /// most ([`AcquireOptions::max_waiting`](crate::AcquireOptions::max_waiting)).
 pub const MAX_WAITING: u32 = 1000;
@@ -205,6 +212,8 @@ mod tests {
         assert_eq!(schema_limit("_max_value_bytes"), MAX_VALUE_BYTES as u64);
         assert_eq!(schema_limit("_max_slots"), u64::from(MAX_SLOTS));
         assert_eq!(schema_limit("_max_set_names"), MAX_SET_NAMES as u64);
+        assert_eq!(schema_limit("_max_partitions"), u64::from(MAX_PARTITIONS));
+        assert_eq!(schema_limit("_max_take"), MAX_TAKE as u64);
         assert_eq!(schema_limit("_max_waiting"), u64::from(MAX_WAITING));
         assert_eq!(
             u128::from(schema_limit("_fenced_grace_ms")),

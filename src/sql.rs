@@ -355,6 +355,80 @@ pub(crate) fn hand_over(
     )
 }
 
+/// Join `group` as `member` for `ttl` (creating it with `partitions`):
+/// acquire's answer for the membership lease.
+pub(crate) fn join_group(group: &str, member: &str, partitions: u32, ttl: &PgInterval) -> String {
+    format!(
+        "SELECT token, expires_at, holder, checked_at, note \
+         FROM pglease.join_group({}, {}, {partitions}, {})",
+        Text(group),
+        Text(member),
+        Interval(ttl)
+    )
+}
+
+/// The group now: its partition count, live members and, with
+/// `partitions`, each partition's valid owner.
+pub(crate) fn group_state(group: &str, partitions: bool) -> String {
+    format!(
+        "SELECT kind, member, partition, token, \
+         (extract(epoch FROM remaining) * 1000000)::bigint AS remaining_us, handed \
+         FROM pglease.group_state({}, {partitions})",
+        Text(group)
+    )
+}
+
+/// Take `partitions` of `group` as `member` under its membership token.
+pub(crate) fn take_partitions(
+    group: &str,
+    member: &str,
+    member_token: Token,
+    partitions: &[usize],
+    ttl: &PgInterval,
+) -> String {
+    format!(
+        "SELECT partition, token, expires_at, acquired_at, handed \
+         FROM pglease.take_partitions({}, {}, {}::bigint, {}, {})",
+        Text(group),
+        Text(member),
+        member_token.get(),
+        array(partitions, ToString::to_string, "integer"),
+        Interval(ttl)
+    )
+}
+
+/// Hand partition `partition` of `group` over to member `successor`: the
+/// new token, or NULL when it was released instead.
+pub(crate) fn hand_over_partition(
+    group: &str,
+    partition: usize,
+    fence: &Fence,
+    successor: &str,
+    ttl: &PgInterval,
+) -> String {
+    format!(
+        "SELECT pglease.hand_over_partition({}, {partition}, {}::bigint, {}, {})",
+        Text(group),
+        fence.token().get(),
+        Text(successor),
+        Interval(ttl)
+    )
+}
+
+/// End `member`'s membership of `group`.
+pub(crate) fn leave_group(group: &str, member: &str, member_token: Token) -> String {
+    format!(
+        "SELECT pglease.leave_group({}, {}, {}::bigint)",
+        Text(group),
+        Text(member),
+        member_token.get()
+    )
+}
+
+/// Every group: partitions, live members, owned partitions.
+pub(crate) const GROUPS: &str =
+    "SELECT name, partitions, members, owned, created_by::text, created_at FROM pglease.groups ORDER BY name";
+
 /// Whether `hand_over` would hand the lease over to `successor` now.
 pub(crate) fn successor_waits(fence: &Fence, successor: &str) -> String {
     format!(

@@ -82,6 +82,18 @@ pub const METRICS: &[(&str, &str, &str, &str)] = &[
         "",
         "times a manager of several hosts followed the primary to another host",
     ),
+    (
+        GROUP_PARTITIONS,
+        "gauge",
+        "group",
+        "partitions this process's members of a lease group own",
+    ),
+    (
+        GROUP_MOVES,
+        "counter",
+        "group, event = taken | handed_over | released | lost",
+        "partitions a lease group member took, handed over, released or lost",
+    ),
 ];
 
 const ACQUIRE_ATTEMPTS: &str = "pglease_acquire_attempts_total";
@@ -97,6 +109,8 @@ const WAITING: &str = "pglease_acquirers_waiting";
 const RENEWAL_OUTAGES: &str = "pglease_renewal_outages_total";
 const RENEWAL_OUTAGE_SECONDS: &str = "pglease_renewal_outage_seconds";
 const HOST_SWITCHES: &str = "pglease_host_switches_total";
+const GROUP_PARTITIONS: &str = "pglease_group_partitions";
+const GROUP_MOVES: &str = "pglease_group_moves_total";
 
 pub(crate) fn acquire_attempt(outcome: &'static str) {
     metrics::counter!(ACQUIRE_ATTEMPTS, "outcome" => outcome).increment(1);
@@ -162,4 +176,17 @@ pub(crate) fn renewal_outages(failing: u64, recovered: &[Duration]) {
 
 pub(crate) fn host_switch() {
     metrics::counter!(HOST_SWITCHES).increment(1);
+}
+
+/// Partitions of `group` the member owns now.
+pub(crate) fn group_partitions(group: &str, owned: usize) {
+    metrics::gauge!(GROUP_PARTITIONS, "group" => group.to_owned()).set(owned as f64);
+}
+
+/// `count` partitions of `group` moved by `event`.
+pub(crate) fn group_moves(group: &str, event: &'static str, count: usize) {
+    if count > 0 {
+        metrics::counter!(GROUP_MOVES, "group" => group.to_owned(), "event" => event)
+            .increment(count as u64);
+    }
 }

@@ -5,6 +5,7 @@
 
 mod acquire;
 mod admin;
+mod group;
 mod ops;
 pub use admin::Admin;
 pub(crate) use ops::check_hand_over;

@@ -36,6 +36,7 @@ pglease_formations::suite![
     fenced_begin,
     fenced_grace,
     fenced_lock,
+    groups,
     guarded_write,
     handover,
     history,

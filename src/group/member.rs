@@ -1,0 +1,602 @@
+//! A member's task: it reads its group, takes what the plan gives it,
+//! revokes and hands over what the plan moves, and tells its
+//! [`GroupMember`] each change. The decisions are `plan.rs`'s; this file
+//! only carries them out.
+//!
+//! Statements: besides the renewals (the manager's batch, one statement
+//! per period for every lease it holds), a member sends one read of its
+//! group when a membership could have expired (the soonest of the other
+//! members' expiries), or when a join, a leave or a handover to it is
+//! notified; while it is not settled (it waits for a handover, or
+//! revokes), at most one read every [`UNSETTLED_LOOK`]; one take per
+//! round (at most [`MAX_TAKE`] partitions), and one handover or release
+//! per partition that moves. A read names the owners only when the
+//! members changed since the last full read, a notification came, a
+//! partition was lost, or the member is not settled.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::postgres::types::PgInterval;
+use tokio::sync::{broadcast, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::DropGuard;
+
+use super::plan::{self, Live, Owner, Read};
+use super::{Command, GroupEvent, GroupMember, GroupOptions, Revoke, member_name, partition_name};
+use crate::backoff;
+use crate::context::Context;
+use crate::error::{Error, LossReason, Result};
+use crate::hold::{self, HeldLease, Registry};
+use crate::lease::{Lease, interval};
+use crate::limits::MAX_TAKE;
+use crate::notify::Topic;
+use crate::options::Timing;
+use crate::sql;
+use crate::token::Token;
+
+/// The longest a member that is not settled waits between reads.
+const UNSETTLED_LOOK: Duration = Duration::from_millis(250);
+
+/// Added to an expiry the member waits for, so that the read comes after
+/// it on the database clock.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(5);
+
+/// What a member's task needs of its manager.
+pub(crate) struct Setup {
+    pub(crate) context: Arc<Context>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) keepalive: Arc<DropGuard>,
+}
+
+/// Joins `group` as `options` say and starts the member's task.
+pub(crate) async fn join(setup: Setup, group: &str, options: GroupOptions) -> Result<GroupMember> {
+    let me = options.check(group)?;
+    let pg_ttl = interval(options.ttl)?;
+    let timing = setup.context.options.timing(options.ttl)?;
+    let _busy = setup.context.background.token();
+    if setup.context.is_shut_down() {
+        return Err(Error::ShutDown);
+    }
+    let (events, events_rx) = mpsc::unbounded_channel();
+    let (commands, commands_rx) = mpsc::unbounded_channel();
+    let (done, done_rx) = mpsc::unbounded_channel();
+    let (lost, lost_rx) = mpsc::unbounded_channel();
+    let mut task = Task {
+        setup,
+        group: group.to_owned(),
+        me: me.clone(),
+        partitions: options.partitions,
+        grace: options.grace,
+        timing,
+        pg_ttl,
+        membership: None,
+        held: BTreeMap::new(),
+        revoking: BTreeMap::new(),
+        leaving: false,
+        replies: Vec::new(),
+        last: None,
+        need_full: true,
+        events,
+        commands: commands_rx,
+        done,
+        done_rx,
+        lost,
+        lost_rx,
+    };
+    task.membership = Some(task.join_once().await?);
+    tokio::spawn(task.run());
+    Ok(GroupMember {
+        group: group.to_owned(),
+        member: me,
+        events: events_rx,
+        commands,
+    })
+}
+
+struct Task {
+    setup: Setup,
+    group: String,
+    me: String,
+    partitions: u32,
+    grace: Duration,
+    timing: Timing,
+    pg_ttl: PgInterval,
+    membership: Option<HeldLease>,
+    held: BTreeMap<usize, HeldLease>,
+    /// Partitions revoked and not handed over yet, with their deadline.
+    revoking: BTreeMap<usize, Instant>,
+    leaving: bool,
+    replies: Vec<tokio::sync::oneshot::Sender<Result<()>>>,
+    /// The last read with owners.
+    last: Option<Read>,
+    need_full: bool,
+    events: mpsc::UnboundedSender<GroupEvent>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    done: mpsc::UnboundedSender<(usize, Token)>,
+    done_rx: mpsc::UnboundedReceiver<(usize, Token)>,
+    lost: mpsc::UnboundedSender<(usize, Token)>,
+    lost_rx: mpsc::UnboundedReceiver<(usize, Token)>,
+}
+
+/// What woke the member.
+enum Wake {
+    Stop,
+    Look,
+    Lost(usize, Token),
+    Done(usize, Token),
+    Command(Option<Command>),
+    Membership,
+    Heard,
+}
+
+impl Task {
+    fn context(&self) -> &Context {
+        &self.setup.context
+    }
+
+    /// One statement, bounded by the renewal timeout.
+    async fn send<T>(&self, operation: &'static str, work: impl Future<Output = Result<T>>) -> Result<T> {
+        let limit = self.context().options.get_renew_timeout();
+        tokio::time::timeout(limit, work).await.unwrap_or(Err(Error::Timeout {
+            operation,
+            after: Some(limit),
+        }))
+    }
+
+    /// Joins (or joins again): the membership lease, renewed in the
+    /// background. [`Error::Held`] while another process is this member.
+    async fn join_once(&self) -> Result<HeldLease> {
+        let name = member_name(&self.group, &self.me);
+        let statement = sql::join_group(&self.group, &self.me, self.partitions, &self.pg_ttl);
+        let sent = Instant::now();
+        let row = self
+            .send("join", async {
+                Ok(sql::query(statement).fetch_one(&self.context().pool).await?)
+            })
+            .await?;
+        let token: Option<i64> = row.try_get("token")?;
+        let expires_at: DateTime<Utc> = row.try_get("expires_at")?;
+        let Some(token) = token else {
+            let holder: Option<String> = row.try_get("holder")?;
+            return Err(Error::Held {
+                name,
+                holder: holder.unwrap_or_default(),
+                expires_at,
+            });
+        };
+        let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
+        let lease = Lease::new(&name, self.me.clone(), Token::issued(token), expires_at, checked_at);
+        Ok(self.register(lease, sent))
+    }
+
+    fn register(&self, lease: Lease, sent: Instant) -> HeldLease {
+        hold::register(
+            &self.setup.context,
+            &self.setup.registry,
+            &self.setup.keepalive,
+            lease,
+            sent,
+            self.timing,
+            self.pg_ttl,
+        )
+    }
+
+    /// The group now: owners too when `full`.
+    async fn read(&self, full: bool) -> Result<Read> {
+        self.send("read the group", read(&self.context().pool, &self.group, full))
+            .await
+    }
+
+    /// Reads the group, with owners when they are needed (the members
+    /// changed since the last full read, or something said to).
+    async fn look(&mut self) -> Result<Read> {
+        if !self.need_full
+            && let Some(last) = &self.last
+        {
+            let now = self.read(false).await?;
+            if plan::same_members(last, &now) {
+                return Ok(now);
+            }
+        }
+        let read = self.read(true).await?;
+        self.need_full = false;
+        self.last = Some(read.clone());
+        Ok(read)
+    }
+
+    /// Takes `partitions` (at most [`MAX_TAKE`] at once) and tells of each.
+    async fn take(&mut self, partitions: &[usize]) -> Result<()> {
+        let Some(membership) = &self.membership else {
+            return Ok(());
+        };
+        let member_token = membership.token();
+        for chunk in partitions.chunks(MAX_TAKE) {
+            let statement =
+                sql::take_partitions(&self.group, &self.me, member_token, chunk, &self.pg_ttl);
+            let sent = Instant::now();
+            let rows = self
+                .send("take partitions", async {
+                    Ok(sql::query(statement).fetch_all(&self.context().pool).await?)
+                })
+                .await?;
+            crate::telemetry::group_moves(&self.group, "taken", rows.len());
+            for row in &rows {
+                let k: i32 = row.try_get("partition")?;
+                let token: i64 = row.try_get("token")?;
+                let expires_at: DateTime<Utc> = row.try_get("expires_at")?;
+                let acquired_at: DateTime<Utc> = row.try_get("acquired_at")?;
+                let Ok(k) = usize::try_from(k) else { continue };
+                let name = partition_name(&self.group, k as u32);
+                let lease = Lease::new(&name, self.me.clone(), Token::issued(token), expires_at, acquired_at);
+                let held = self.register(lease, sent);
+                self.watch_loss(k, &held);
+                self.held.insert(k, held.clone());
+                crate::telemetry::group_partitions(&self.group, self.held.len());
+                let _ = self.events.send(GroupEvent::Assigned {
+                    partition: k as u32,
+                    lease: held,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Forwards the loss of partition `k`'s lease to the task.
+    fn watch_loss(&self, k: usize, held: &HeldLease) {
+        let loss = held.loss_token();
+        let token = held.token();
+        let lost = self.lost.clone();
+        tokio::spawn(async move {
+            loss.cancelled().await;
+            let _ = lost.send((k, token));
+        });
+    }
+
+    /// Revokes partitions `ks`: tells the caller, who answers with
+    /// [`Revoke::done`]; a caller that no longer listens is done at once.
+    fn revoke(&mut self, ks: &[usize]) {
+        let now = Instant::now();
+        for &k in ks {
+            let Some(held) = self.held.get(&k) else { continue };
+            self.revoking.insert(k, now + self.grace);
+            let revoke = Revoke {
+                partition: k as u32,
+                token: held.token(),
+                deadline: (now + self.grace).into_std(),
+                done: self.done.clone(),
+            };
+            // A caller gone drops the event, which answers done.
+            let _ = self.events.send(GroupEvent::Revoking(revoke));
+        }
+    }
+
+    /// Hands over every revoked partition in `ks` to the member the
+    /// target gives it now (read afresh), or releases it.
+    async fn hand_over(&mut self, ks: &[usize]) {
+        let read = match self.read(true).await {
+            Ok(read) => read,
+            Err(error) => {
+                tracing::warn!(group = %self.group, %error,
+                               "could not read the group to hand partitions over: releasing them");
+                Read::default()
+            }
+        };
+        for &k in ks {
+            self.revoking.remove(&k);
+            let Some(held) = self.held.remove(&k) else { continue };
+            let successor = plan::successor(&read, &self.me, self.leaving, k);
+            let outcome = match &successor {
+                Some(to) => held
+                    .hand_over_partition(&self.group, k, to, &self.pg_ttl)
+                    .await
+                    .map(|token| if token.is_some() { "handed_over" } else { "released" }),
+                None => held.release().await.map(|_| "released"),
+            };
+            if let Ok(event) = outcome {
+                crate::telemetry::group_moves(&self.group, event, 1);
+            }
+            if let Err(error) = outcome {
+                tracing::warn!(group = %self.group, partition = k, %error,
+                               "could not hand the partition over: it is released in the background");
+            }
+        }
+        crate::telemetry::group_partitions(&self.group, self.held.len());
+        self.need_full = true;
+    }
+
+    /// The membership was lost: every partition goes with it (held, they
+    /// would keep the others from taking them), and the member joins again.
+    fn membership_lost(&mut self) {
+        let reason = self
+            .membership
+            .take()
+            .and_then(|m| m.loss_reason())
+            .unwrap_or(LossReason::Expired);
+        tracing::warn!(group = %self.group, member = %self.me, ?reason,
+                       "lost the group membership: giving up its partitions and joining again");
+        self.revoking.clear();
+        for (k, held) in std::mem::take(&mut self.held) {
+            // Dropped: released in the background.
+            drop(held);
+            let _ = self.events.send(GroupEvent::Lost {
+                partition: k as u32,
+                reason: reason.clone(),
+            });
+        }
+        crate::telemetry::group_partitions(&self.group, 0);
+        self.need_full = true;
+    }
+
+    async fn run(mut self) {
+        let outcome = self.serve().await;
+        match &outcome {
+            Err(Error::ShutDown) | Ok(()) => {}
+            Err(error) => {
+                tracing::warn!(group = %self.group, member = %self.me, %error,
+                               "the group member stopped");
+            }
+        }
+        let mut outcome = Some(outcome);
+        for reply in std::mem::take(&mut self.replies) {
+            let _ = reply.send(outcome.take().unwrap_or(Ok(())));
+        }
+        // Dropping the task ends the events: next_event answers None.
+    }
+
+    /// Ends the membership, once every partition has been handed over.
+    async fn finish_leaving(&mut self) -> Result<()> {
+        let Some(membership) = self.membership.take() else {
+            return Ok(());
+        };
+        membership.forget();
+        if membership.loss_reason() != Some(LossReason::Released) {
+            return Ok(());
+        }
+        let statement = sql::leave_group(&self.group, &self.me, membership.token());
+        let left = self
+            .send("leave the group", async {
+                Ok(sql::query(statement).execute(&self.context().pool).await?)
+            })
+            .await;
+        if let Err(error) = left {
+            // The membership then ends at its expiry.
+            tracing::warn!(group = %self.group, %error, "could not leave the group");
+        }
+        Ok(())
+    }
+
+    /// The member's rounds until it leaves or the manager stops.
+    async fn serve(&mut self) -> Result<()> {
+        let context = Arc::clone(&self.setup.context);
+        let stop = context.stop.clone();
+        let my_key = member_name(&self.group, &self.me);
+        let listener = context.options.get_notify().then(|| context.listener());
+        let _watching = listener.map(|l| {
+            (
+                l.subscribe(Topic::Releases, &self.group),
+                l.subscribe(Topic::Releases, &my_key),
+            )
+        });
+        let mut releases = listener.map(|l| l.releases.subscribe());
+        let mut commands_open = true;
+        let mut failures = 0u32;
+        loop {
+            // Joined, or joining (again).
+            let membership_loss = match &self.membership {
+                Some(m) if !m.is_lost() => m.loss_token(),
+                _ => {
+                    if self.membership.is_some() {
+                        self.membership_lost();
+                    }
+                    if self.leaving {
+                        return Ok(());
+                    }
+                    match self.join_once().await {
+                        Ok(m) => {
+                            self.membership = Some(m);
+                            failures = 0;
+                        }
+                        Err(error @ (Error::InvalidInput { .. } | Error::NotPermitted { .. })) => {
+                            return Err(error);
+                        }
+                        Err(error) => {
+                            failures += 1;
+                            tracing::debug!(group = %self.group, %error, "could not join again yet");
+                            tokio::select! {
+                                () = stop.cancelled() => return Err(Error::ShutDown),
+                                () = tokio::time::sleep(backoff::group_retry(failures)) => {}
+                            }
+                        }
+                    }
+                    continue;
+                }
+            };
+
+            // Read, and do what the plan says.
+            let now = Instant::now();
+            let mut wake_at = now + self.timing.ttl;
+            match self.look().await {
+                Ok(read) => {
+                    failures = 0;
+                    let look_in = if read.owners.is_some() {
+                        let held: BTreeSet<usize> = self.held.keys().copied().collect();
+                        let revoking: BTreeSet<usize> = self.revoking.keys().copied().collect();
+                        let plan = plan::plan(&read, &self.me, self.leaving, &held, &revoking);
+                        if !plan.take.is_empty()
+                            && let Err(error) = self.take(&plan.take).await
+                        {
+                            tracing::debug!(group = %self.group, %error, "could not take partitions");
+                            self.need_full = true;
+                        }
+                        self.revoke(&plan.revoke);
+                        if plan.awaited > 0 || !plan.take.is_empty() {
+                            // Waiting for a handover: look again soon.
+                            self.need_full = true;
+                            wake_at = wake_at.min(now + UNSETTLED_LOOK);
+                        }
+                        plan.look_in
+                    } else {
+                        read.members
+                            .iter()
+                            .filter(|m| m.name != self.me)
+                            .map(|m| m.remaining)
+                            .min()
+                    };
+                    if let Some(look_in) = look_in {
+                        wake_at = wake_at.min(now + look_in + EXPIRY_MARGIN);
+                    }
+                }
+                Err(error) => {
+                    failures += 1;
+                    tracing::debug!(group = %self.group, %error, "could not read the group");
+                    self.need_full = true;
+                    wake_at = now + backoff::group_retry(failures);
+                }
+            }
+            if self.leaving && self.held.is_empty() {
+                return self.finish_leaving().await;
+            }
+            if let Some(first) = self.revoking.values().min() {
+                wake_at = wake_at.min(*first);
+            }
+
+            // Wait for what comes first.
+            let wake = loop {
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => break Wake::Stop,
+                    () = membership_loss.cancelled() => break Wake::Membership,
+                    Some((k, token)) = self.lost_rx.recv() => break Wake::Lost(k, token),
+                    Some((k, token)) = self.done_rx.recv() => break Wake::Done(k, token),
+                    command = self.commands.recv(), if commands_open => break Wake::Command(command),
+                    heard = next_release(&mut releases) => match heard {
+                        Ok(Some(name)) if name == self.group || name == my_key => break Wake::Heard,
+                        Ok(Some(_)) => {}
+                        Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => break Wake::Heard,
+                        Err(broadcast::error::RecvError::Closed) => releases = None,
+                    },
+                    () = tokio::time::sleep_until(wake_at) => break Wake::Look,
+                }
+            };
+            match wake {
+                Wake::Stop => return Err(Error::ShutDown),
+                Wake::Membership | Wake::Look => {}
+                Wake::Heard => self.need_full = true,
+                Wake::Lost(k, token) => {
+                    if self.held.get(&k).is_some_and(|h| h.token() == token)
+                        && let Some(held) = self.held.remove(&k)
+                    {
+                        self.revoking.remove(&k);
+                        crate::telemetry::group_partitions(&self.group, self.held.len());
+                        crate::telemetry::group_moves(&self.group, "lost", 1);
+                        let _ = self.events.send(GroupEvent::Lost {
+                            partition: k as u32,
+                            reason: held.loss_reason().unwrap_or(LossReason::Expired),
+                        });
+                    }
+                    self.need_full = true;
+                }
+                Wake::Done(k, token) => {
+                    let mut ready = vec![(k, token)];
+                    while let Ok(more) = self.done_rx.try_recv() {
+                        ready.push(more);
+                    }
+                    let ks: Vec<usize> = ready
+                        .into_iter()
+                        .filter(|(k, token)| {
+                            self.revoking.contains_key(k)
+                                && self.held.get(k).is_some_and(|h| h.token() == *token)
+                        })
+                        .map(|(k, _)| k)
+                        .collect();
+                    self.hand_over(&ks).await;
+                }
+                Wake::Command(Some(Command::Leave)) => {
+                    self.leaving = true;
+                    self.need_full = true;
+                }
+                Wake::Command(Some(Command::Outcome(reply))) => self.replies.push(reply),
+                Wake::Command(None) => {
+                    // The caller dropped its member: leave.
+                    commands_open = false;
+                    self.leaving = true;
+                    self.need_full = true;
+                }
+            }
+            // Revokes whose grace has run out move now.
+            let now = Instant::now();
+            let overdue: Vec<usize> = self
+                .revoking
+                .iter()
+                .filter(|&(_, deadline)| *deadline <= now)
+                .map(|(&k, _)| k)
+                .collect();
+            if !overdue.is_empty() {
+                tracing::info!(group = %self.group, partitions = ?overdue,
+                               "revoked partitions not done within the grace: moving them anyway");
+                self.hand_over(&overdue).await;
+            }
+        }
+    }
+}
+
+/// Group `group` now (`pglease.group_state`): owners too when `full`.
+pub(crate) async fn read(pool: &sqlx::PgPool, group: &str, full: bool) -> Result<Read> {
+    let rows = sql::query(sql::group_state(group, full))
+        .fetch_all(pool)
+        .await?;
+    let mut read = Read {
+        owners: full.then(Vec::new),
+        ..Read::default()
+    };
+    for row in &rows {
+        let kind: String = row.try_get("kind")?;
+        let remaining = Duration::from_micros(
+            u64::try_from(row.try_get::<Option<i64>, _>("remaining_us")?.unwrap_or(0)).unwrap_or(0),
+        );
+        match kind.as_str() {
+            "group" => {
+                let partitions: i32 = row.try_get("partition")?;
+                read.partitions = usize::try_from(partitions).unwrap_or(0);
+                if let Some(owners) = &mut read.owners {
+                    owners.resize(read.partitions, None);
+                }
+            }
+            "member" => read.members.push(Live {
+                name: row.try_get("member")?,
+                token: row.try_get("token")?,
+                remaining,
+            }),
+            _ => {
+                let k: i32 = row.try_get("partition")?;
+                if let (Some(owners), Ok(k)) = (&mut read.owners, usize::try_from(k))
+                    && k < owners.len()
+                {
+                    owners[k] = Some(Owner {
+                        member: row.try_get("member")?,
+                        token: row.try_get("token")?,
+                        remaining,
+                        handed: row.try_get("handed")?,
+                    });
+                }
+            }
+        }
+    }
+    read.members
+        .sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
+    Ok(read)
+}
+
+/// The next notification the listener forwards; never without one.
+async fn next_release(
+    releases: &mut Option<broadcast::Receiver<Option<String>>>,
+) -> std::result::Result<Option<String>, broadcast::error::RecvError> {
+    match releases {
+        Some(receiver) => receiver.recv().await,
+        None => std::future::pending().await,
+    }
+}
