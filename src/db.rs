@@ -303,6 +303,23 @@ pub(crate) async fn count_leases(pool: &PgPool) -> Result<u64> {
     Ok(u64::try_from(count).unwrap_or_default())
 }
 
+/// Every lease group, by name.
+pub(crate) async fn groups(pool: &PgPool) -> Result<Vec<crate::GroupSummary>> {
+    let rows = sql::query(sql::GROUPS).fetch_all(pool).await?;
+    rows.iter()
+        .map(|row| {
+            Ok(crate::GroupSummary {
+                name: row.try_get("name")?,
+                partitions: u32::try_from(row.try_get::<i32, _>("partitions")?).unwrap_or(0),
+                members: u32::try_from(row.try_get::<i64, _>("members")?).unwrap_or(0),
+                owned: u32::try_from(row.try_get::<i64, _>("owned")?).unwrap_or(0),
+                created_by: row.try_get("created_by")?,
+                created_at: row.try_get("created_at")?,
+            })
+        })
+        .collect()
+}
+
 /// The valid shared holders of `name`, the first acquired first.
 pub(crate) async fn shared_holders(pool: &PgPool, name: &str) -> Result<Vec<SharedHolder>> {
     let rows = sql::query(sql::shared_holders(name))

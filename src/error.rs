@@ -573,7 +573,7 @@ impl Error {
 /// The arguments the SQL functions name (in the error's COLUMN field;
 /// checked against the schema by a unit test below). renew_many names an
 /// element's argument (name, token, ttl), or `names` for the arrays.
-const ARGUMENTS: [&str; 23] = [
+const ARGUMENTS: [&str; 27] = [
     "name",
     "holder",
     "ttl",
@@ -597,6 +597,10 @@ const ARGUMENTS: [&str; 23] = [
     "successor",
     "fair",
     "fenced",
+    "group",
+    "member",
+    "partition",
+    "partitions",
 ];
 
 impl From<sqlx::Error> for Error {

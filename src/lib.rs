@@ -30,9 +30,9 @@ mod db;
 mod notify;
 // The parts: fencing, holding leases over time, waiting for them:
 mod fencing;
+mod group;
 mod hold;
 mod wait;
-mod group;
 // The facade:
 mod manager;
 // On top of the manager's surface:
@@ -53,8 +53,8 @@ pub mod testing;
 pub use error::{Error, ErrorKind, LossReason, NotHeldReason, Result};
 pub use fencing::{FencedTransaction, HighWaterMark, assert_held};
 pub use group::{
-    GroupEvent, GroupMember, GroupOptions, GroupStatus, MemberStatus, PartitionStatus, Revoke,
-    member_name, partition_name,
+    GroupEvent, GroupMember, GroupOptions, GroupStatus, GroupSummary, MemberStatus,
+    PartitionStatus, Revoke, member_name, partition_name,
 };
 pub use hold::{HeldLease, RenewalHealth};
 pub use lease::{Fence, Lease, LeaseKind, LeaseStatus, ListFilter, SharedHolder};

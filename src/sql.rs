@@ -426,8 +426,7 @@ pub(crate) fn leave_group(group: &str, member: &str, member_token: Token) -> Str
 }
 
 /// Every group: partitions, live members, owned partitions.
-pub(crate) const GROUPS: &str =
-    "SELECT name, partitions, members, owned, created_by::text, created_at FROM pglease.groups ORDER BY name";
+pub(crate) const GROUPS: &str = "SELECT name, partitions, members, owned, created_by::text, created_at FROM pglease.groups ORDER BY name";
 
 /// Whether `hand_over` would hand the lease over to `successor` now.
 pub(crate) fn successor_waits(fence: &Fence, successor: &str) -> String {

@@ -88,12 +88,14 @@ pub(crate) async fn join(setup: Setup, group: &str, options: GroupOptions) -> Re
         lost_rx,
     };
     task.membership = Some(task.join_once().await?);
-    tokio::spawn(task.run());
+    let stopped = Arc::new(std::sync::Mutex::new(None));
+    tokio::spawn(task.run(Arc::clone(&stopped)));
     Ok(GroupMember {
         group: group.to_owned(),
         member: me,
         events: events_rx,
         commands,
+        stopped,
     })
 }
 
@@ -139,12 +141,18 @@ impl Task {
     }
 
     /// One statement, bounded by the renewal timeout.
-    async fn send<T>(&self, operation: &'static str, work: impl Future<Output = Result<T>>) -> Result<T> {
+    async fn send<T>(
+        &self,
+        operation: &'static str,
+        work: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
         let limit = self.context().options.get_renew_timeout();
-        tokio::time::timeout(limit, work).await.unwrap_or(Err(Error::Timeout {
-            operation,
-            after: Some(limit),
-        }))
+        tokio::time::timeout(limit, work)
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                operation,
+                after: Some(limit),
+            }))
     }
 
     /// Joins (or joins again): the membership lease, renewed in the
@@ -155,7 +163,9 @@ impl Task {
         let sent = Instant::now();
         let row = self
             .send("join", async {
-                Ok(sql::query(statement).fetch_one(&self.context().pool).await?)
+                Ok(sql::query(statement)
+                    .fetch_one(&self.context().pool)
+                    .await?)
             })
             .await?;
         let token: Option<i64> = row.try_get("token")?;
@@ -169,7 +179,13 @@ impl Task {
             });
         };
         let checked_at: DateTime<Utc> = row.try_get("checked_at")?;
-        let lease = Lease::new(&name, self.me.clone(), Token::issued(token), expires_at, checked_at);
+        let lease = Lease::new(
+            &name,
+            self.me.clone(),
+            Token::issued(token),
+            expires_at,
+            checked_at,
+        );
         Ok(self.register(lease, sent))
     }
 
@@ -187,8 +203,11 @@ impl Task {
 
     /// The group now: owners too when `full`.
     async fn read(&self, full: bool) -> Result<Read> {
-        self.send("read the group", read(&self.context().pool, &self.group, full))
-            .await
+        self.send(
+            "read the group",
+            read(&self.context().pool, &self.group, full),
+        )
+        .await
     }
 
     /// Reads the group, with owners when they are needed (the members
@@ -220,7 +239,9 @@ impl Task {
             let sent = Instant::now();
             let rows = self
                 .send("take partitions", async {
-                    Ok(sql::query(statement).fetch_all(&self.context().pool).await?)
+                    Ok(sql::query(statement)
+                        .fetch_all(&self.context().pool)
+                        .await?)
                 })
                 .await?;
             crate::telemetry::group_moves(&self.group, "taken", rows.len());
@@ -231,7 +252,13 @@ impl Task {
                 let acquired_at: DateTime<Utc> = row.try_get("acquired_at")?;
                 let Ok(k) = usize::try_from(k) else { continue };
                 let name = partition_name(&self.group, k as u32);
-                let lease = Lease::new(&name, self.me.clone(), Token::issued(token), expires_at, acquired_at);
+                let lease = Lease::new(
+                    &name,
+                    self.me.clone(),
+                    Token::issued(token),
+                    expires_at,
+                    acquired_at,
+                );
                 let held = self.register(lease, sent);
                 self.watch_loss(k, &held);
                 self.held.insert(k, held.clone());
@@ -261,7 +288,9 @@ impl Task {
     fn revoke(&mut self, ks: &[usize]) {
         let now = Instant::now();
         for &k in ks {
-            let Some(held) = self.held.get(&k) else { continue };
+            let Some(held) = self.held.get(&k) else {
+                continue;
+            };
             self.revoking.insert(k, now + self.grace);
             let revoke = Revoke {
                 partition: k as u32,
@@ -287,13 +316,21 @@ impl Task {
         };
         for &k in ks {
             self.revoking.remove(&k);
-            let Some(held) = self.held.remove(&k) else { continue };
+            let Some(held) = self.held.remove(&k) else {
+                continue;
+            };
             let successor = plan::successor(&read, &self.me, self.leaving, k);
             let outcome = match &successor {
                 Some(to) => held
                     .hand_over_partition(&self.group, k, to, &self.pg_ttl)
                     .await
-                    .map(|token| if token.is_some() { "handed_over" } else { "released" }),
+                    .map(|token| {
+                        if token.is_some() {
+                            "handed_over"
+                        } else {
+                            "released"
+                        }
+                    }),
                 None => held.release().await.map(|_| "released"),
             };
             if let Ok(event) = outcome {
@@ -331,7 +368,7 @@ impl Task {
         self.need_full = true;
     }
 
-    async fn run(mut self) {
+    async fn run(mut self, stopped: Arc<std::sync::Mutex<Option<Error>>>) {
         let outcome = self.serve().await;
         match &outcome {
             Err(Error::ShutDown) | Ok(()) => {}
@@ -340,9 +377,16 @@ impl Task {
                                "the group member stopped");
             }
         }
-        let mut outcome = Some(outcome);
-        for reply in std::mem::take(&mut self.replies) {
-            let _ = reply.send(outcome.take().unwrap_or(Ok(())));
+        let mut replies = std::mem::take(&mut self.replies).into_iter();
+        match (outcome, replies.next()) {
+            (outcome, Some(first)) => {
+                let _ = first.send(outcome);
+            }
+            (Err(error), None) => *crate::sync::lock(&stopped) = Some(error),
+            (Ok(()), None) => {}
+        }
+        for reply in replies {
+            let _ = reply.send(Ok(()));
         }
         // Dropping the task ends the events: next_event answers None.
     }

@@ -21,6 +21,7 @@ pub(crate) mod member;
 mod plan;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -252,6 +253,8 @@ pub struct GroupMember {
     member: String,
     events: mpsc::UnboundedReceiver<GroupEvent>,
     commands: mpsc::UnboundedSender<Command>,
+    /// Why the member's task stopped, once it has, if not by leaving.
+    stopped: Arc<Mutex<Option<Error>>>,
 }
 
 impl GroupMember {
@@ -305,12 +308,15 @@ impl GroupMember {
         let GroupMember {
             mut events,
             commands,
+            stopped,
             ..
         } = self;
         let (reply, outcome) = oneshot::channel();
         if commands.send(Command::Leave).is_err() || commands.send(Command::Outcome(reply)).is_err()
         {
-            return Err(Error::ShutDown);
+            return Err(crate::sync::lock(&stopped)
+                .take()
+                .unwrap_or(Error::ShutDown));
         }
         drop(commands);
         // Each revoke is answered by being dropped.
@@ -333,6 +339,24 @@ pub struct GroupStatus {
     pub members: Vec<MemberStatus>,
     /// Each partition's valid owner, by partition number (`None`: free).
     pub owners: Vec<Option<PartitionStatus>>,
+}
+
+/// One lease group in [`Admin::groups`](crate::Admin::groups).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct GroupSummary {
+    /// The group's name.
+    pub name: String,
+    /// Its partition count.
+    pub partitions: u32,
+    /// Its live members.
+    pub members: u32,
+    /// Its partitions with a valid owner.
+    pub owned: u32,
+    /// The role that created it (it may change the partition count).
+    pub created_by: String,
+    /// When it was created.
+    pub created_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// A live member of a lease group.

@@ -231,7 +231,13 @@ mod tests {
             assert_eq!(successor(&r, "a", false, k).as_deref(), Some("b"));
         }
         // Revoking already: not revoked twice.
-        let again = plan(&r, "a", false, &set(&[0, 1, 2, 3]), &a.revoke.iter().copied().collect());
+        let again = plan(
+            &r,
+            "a",
+            false,
+            &set(&[0, 1, 2, 3]),
+            &a.revoke.iter().copied().collect(),
+        );
         assert!(again.revoke.is_empty());
     }
 
@@ -267,7 +273,10 @@ mod tests {
         }
         // The last member leaving releases.
         let alone = read(1, &["a"], &[Some(("a", false))]);
-        assert_eq!(plan(&alone, "a", true, &set(&[0]), &set(&[])).revoke, vec![0]);
+        assert_eq!(
+            plan(&alone, "a", true, &set(&[0]), &set(&[])).revoke,
+            vec![0]
+        );
         assert_eq!(successor(&alone, "a", true, 0), None);
     }
 

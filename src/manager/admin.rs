@@ -124,6 +124,23 @@ impl Admin<'_> {
         db::count_leases(self.pool()).await
     }
 
+    /// Every lease group, by name: its partition count, live members and
+    /// partitions with a valid owner now (database clock). Needs SELECT
+    /// on `pglease.groups` (administrators, `pglease_admin`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotPermitted`] without SELECT on the view;
+    /// [`Error::SchemaMissing`] if the schema is missing;
+    /// [`Error::Database`] if the database fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn groups(&self) -> Result<Vec<crate::GroupSummary>> {
+        db::groups(self.pool()).await
+    }
+
     /// The valid shared holders of lease `name`
     /// ([`AcquireOptions::shared`](crate::AcquireOptions::shared)), the
     /// first acquired first. Needs SELECT on `pglease.shared`.
