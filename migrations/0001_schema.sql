@@ -61,8 +61,8 @@
 -- 14. One picture of a name, whoever holds it: view status.
 -- 15. Groups, members sharing partitions: _max_partitions, _max_take,
 --     _groups, _members, _piece, _group, _membership, join_group,
---     group_state, take_partitions, hand_over_partition, leave_group,
---     set_group_partitions, view groups.
+--     group_state, take_partitions, hand_over_partition, start_leaving,
+--     leave_group, set_group_partitions, view groups.
 -- =====================================================================
 -- 0. THE RULES EVERY FUNCTION KEEPS
 -- =====================================================================
@@ -5521,6 +5521,8 @@ $$;
 --                  token, as hand_over: the old one is refused from the
 --                  commit on, its open fenced transactions ended first),
 --                  or a release when the successor is not live;
+--   start_leaving  says the member is leaving: the others stop counting
+--                  it while it hands its partitions over;
 --   leave_group    ends the membership.
 -- A join, a leave and a change of the partition count notify
 -- pglease_release with the group's watch key (hashtext(NAME)), a
@@ -5562,6 +5564,9 @@ CREATE TABLE pglease._members (
     group_name  pglease.bounded_text NOT NULL REFERENCES pglease._groups ON DELETE CASCADE,
     member      pglease.bounded_text NOT NULL,
     joined_at   timestamptz NOT NULL,
+    -- Leaving (start_leaving): no longer a member in the others' eyes,
+    -- though its lease stays valid while it hands its partitions over.
+    leaving     boolean     NOT NULL DEFAULT false,
     PRIMARY KEY (group_name, member)
 );
 
@@ -5685,7 +5690,8 @@ BEGIN
     END IF;
     INSERT INTO pglease._members AS m (group_name, member, joined_at)
     VALUES (join_group.grp, join_group.member, clock_timestamp())
-    ON CONFLICT ON CONSTRAINT _members_pkey DO UPDATE SET joined_at = excluded.joined_at;
+    ON CONFLICT ON CONSTRAINT _members_pkey
+    DO UPDATE SET joined_at = excluded.joined_at, leaving = false;
     -- Members whose lease has ended are gone: their rows go too.
     DELETE FROM pglease._members AS m
      WHERE m.group_name = join_group.grp AND m.member <> join_group.member
@@ -5725,7 +5731,7 @@ BEGIN
     SELECT 'member', m.member::text, NULL::integer, l.token, l.expires_at - t, NULL::boolean
       FROM pglease._members AS m
       JOIN pglease.leases AS l ON l.name = pglease._piece(m.group_name, m.member, NULL)
-     WHERE m.group_name = group_state.grp
+     WHERE m.group_name = group_state.grp AND NOT m.leaving
        AND l.holder = m.member AND t < l.expires_at
      ORDER BY m.member COLLATE "C";
     IF group_state.partitions THEN
@@ -5880,11 +5886,15 @@ BEGIN
         PERFORM pglease._refuse_owner(piece, lease.role, 'hand over');
     END IF;
 
-    -- The successor, a live member (its lease, under the lock of no one:
-    -- a membership ending meanwhile only makes the handed term expire).
-    SELECT * INTO heir FROM pglease.leases AS l
+    -- The successor, a live member not leaving (its lease, under the lock
+    -- of no one: a membership ending meanwhile only makes the handed term
+    -- expire).
+    SELECT l.* INTO heir FROM pglease.leases AS l
+      JOIN pglease._members AS m
+        ON m.group_name = hand_over_partition.grp AND m.member = hand_over_partition.successor
      WHERE l.name = pglease._piece(hand_over_partition.grp, hand_over_partition.successor, NULL)
-       AND l.holder = hand_over_partition.successor AND clock_timestamp() < l.expires_at;
+       AND l.holder = hand_over_partition.successor AND clock_timestamp() < l.expires_at
+       AND NOT m.leaving;
     IF heir.name IS NULL THEN
         PERFORM pglease.release(piece, hand_over_partition.token);
         new_token := NULL;
@@ -5904,6 +5914,31 @@ COMMENT ON FUNCTION pglease.hand_over_partition(text, integer, bigint, text, int
     'fenced transactions ended first). SUCCESSOR picks it up with take_partitions. When '
     'SUCCESSOR is not a live member, the partition is released instead and NULL returned. '
     'LE001 if TOKEN is not valid; 42501 for another role''s lease.';
+
+CREATE FUNCTION pglease.start_leaving(grp text, member text, member_token bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    checked text;
+    membership pglease.leases;
+BEGIN
+    checked := pglease._check_text('group', start_leaving.grp);
+    checked := pglease._check_text('member', start_leaving.member);
+    PERFORM pglease._check_token(start_leaving.member_token);
+    membership := pglease._membership(start_leaving.grp, start_leaving.member,
+                                      start_leaving.member_token);
+    UPDATE pglease._members AS m SET leaving = true
+     WHERE m.group_name = start_leaving.grp AND m.member = start_leaving.member;
+    PERFORM pg_notify('pglease_release', hashtext(start_leaving.grp)::text);
+END
+$$;
+
+COMMENT ON FUNCTION pglease.start_leaving(text, text, bigint) IS
+    'MEMBER, a member of group GRP under MEMBER_TOKEN (LE001 unless valid), is leaving: '
+    'from now on group_state no longer lists it, so the others share the partitions '
+    'without it while it hands its own over (hand_over_partition), then leave_group.';
 
 CREATE FUNCTION pglease.leave_group(grp text, member text, member_token bigint)
 RETURNS boolean
@@ -5977,7 +6012,7 @@ SELECT g.name::text AS name,
        g.partitions,
        (SELECT count(*) FROM pglease._members AS m
           JOIN pglease.leases AS l ON l.name = format('%s/members/%s', m.group_name, m.member)
-         WHERE m.group_name = g.name AND l.holder = m.member
+         WHERE m.group_name = g.name AND NOT m.leaving AND l.holder = m.member
            AND clock_timestamp() < l.expires_at) AS members,
        (SELECT count(*) FROM generate_series(0, g.partitions - 1) AS k
           JOIN pglease.leases AS l ON l.name = format('%s/%s', g.name, k)

@@ -415,6 +415,16 @@ pub(crate) fn hand_over_partition(
     )
 }
 
+/// Say that `member` is leaving `group`: the others stop counting it.
+pub(crate) fn start_leaving(group: &str, member: &str, member_token: Token) -> String {
+    format!(
+        "SELECT pglease.start_leaving({}, {}, {}::bigint)",
+        Text(group),
+        Text(member),
+        member_token.get()
+    )
+}
+
 /// End `member`'s membership of `group`.
 pub(crate) fn leave_group(group: &str, member: &str, member_token: Token) -> String {
     format!(

@@ -391,6 +391,30 @@ impl Task {
         // Dropping the task ends the events: next_event answers None.
     }
 
+    /// Starts leaving: the others stop counting this member (so that none
+    /// hands it a partition while it hands its own over), and the next
+    /// plan revokes everything it owns.
+    async fn start_leaving(&mut self) {
+        if self.leaving {
+            return;
+        }
+        self.leaving = true;
+        self.need_full = true;
+        let Some(membership) = &self.membership else {
+            return;
+        };
+        let statement = sql::start_leaving(&self.group, &self.me, membership.token());
+        let said = self
+            .send("start leaving the group", async {
+                Ok(sql::query(statement).execute(&self.context().pool).await?)
+            })
+            .await;
+        if let Err(error) = said {
+            // The others then go on counting it until it has left.
+            tracing::warn!(group = %self.group, %error, "could not say that the member leaves");
+        }
+    }
+
     /// Ends the membership, once every partition has been handed over.
     async fn finish_leaving(&mut self) -> Result<()> {
         let Some(membership) = self.membership.take() else {
@@ -559,16 +583,12 @@ impl Task {
                         .collect();
                     self.hand_over(&ks).await;
                 }
-                Wake::Command(Some(Command::Leave)) => {
-                    self.leaving = true;
-                    self.need_full = true;
-                }
+                Wake::Command(Some(Command::Leave)) => self.start_leaving().await,
                 Wake::Command(Some(Command::Outcome(reply))) => self.replies.push(reply),
                 Wake::Command(None) => {
                     // The caller dropped its member: leave.
                     commands_open = false;
-                    self.leaving = true;
-                    self.need_full = true;
+                    self.start_leaving().await;
                 }
             }
             // Revokes whose grace has run out move now.

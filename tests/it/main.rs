@@ -15,6 +15,7 @@ pglease_formations::suite![
     // The slowest first (a minute, half a minute, ...), so that none is
     // left to finish alone at the end of the run.
     mixed,
+    group_churn,
     auto_failover,
     model,
     patroni,
