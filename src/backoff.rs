@@ -58,6 +58,12 @@ pub(crate) fn spread(base: Duration) -> Duration {
         .mul_f64(jitter() / 10.0)
 }
 
+/// Between a group member's tries to read its group or join it again:
+/// from 50 ms up to 2 s.
+pub(crate) fn group_retry(failures: u32) -> Duration {
+    backoff(Duration::from_millis(50), failures, Duration::from_secs(2))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,10 +99,4 @@ mod tests {
         assert!(draws.iter().all(|j| (0.0..1.0).contains(j)));
         assert!(draws.windows(2).any(|w| w[0] != w[1]));
     }
-}
-
-/// Between a group member's tries to read its group or join it again:
-/// from 50 ms up to 2 s.
-pub(crate) fn group_retry(failures: u32) -> Duration {
-    backoff(Duration::from_millis(50), failures, Duration::from_secs(2))
 }
