@@ -108,6 +108,9 @@ pub(super) struct Here {
     /// this role may not ask.
     pub(super) can_end: Option<std::result::Result<bool, String>>,
     pub(super) audit: Option<std::result::Result<Vec<Finding>, String>>,
+    /// The lease groups (`None`: no schema, or this role may not read
+    /// `pglease.groups`, which only administrators may unless granted).
+    pub(super) groups: Option<Vec<crate::GroupSummary>>,
     pub(super) privileges: Option<Privileges>,
     pub(super) connection: Connection,
 }
@@ -193,6 +196,15 @@ impl LeaseManager {
         } else {
             None
         };
+        let groups = if migrated {
+            match self.admin().groups().await {
+                Ok(groups) => Some(groups),
+                Err(Error::NotPermitted { .. }) => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
         let privileges = if migrated {
             Some(self.privileges().await?)
         } else {
@@ -207,6 +219,7 @@ impl LeaseManager {
             timelines,
             can_end,
             audit,
+            groups,
             privileges,
             connection,
         })

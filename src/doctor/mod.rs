@@ -170,7 +170,8 @@ impl std::fmt::Display for Verdict {
 pub struct Check {
     /// What was checked: `schema`, `primary`, `pooler`, `durability`,
     /// `replication`, `timeline`, `takeover`, `security` (one per finding),
-    /// `server_version`, `privileges` (one per missing privilege),
+    /// `group` (one per lease group), `server_version`, `privileges` (one
+    /// per missing privilege),
     /// `connection`; with
     /// several hosts also `host` (one per host), `promotion` (one per
     /// standby) and `failover`.

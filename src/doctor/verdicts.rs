@@ -44,6 +44,9 @@ pub(super) fn here(facts: &Here, known: i64) -> Vec<Check> {
     if let Some(audit) = &facts.audit {
         checks.extend(security(audit));
     }
+    if let Some(groups) = &facts.groups {
+        checks.extend(groups_checks(groups));
+    }
     checks.push(server_version(server.version));
     if let Some(privileges) = &facts.privileges {
         checks.extend(privileges_checks(privileges));
@@ -370,6 +373,39 @@ fn security(audit: &Result<Vec<Finding>, String>) -> Vec<Check> {
             ),
         )],
     }
+}
+
+/// The `group` checks: one per lease group (none without groups, or for
+/// a role that may not read them).
+fn groups_checks(groups: &[crate::GroupSummary]) -> Vec<Check> {
+    groups
+        .iter()
+        .map(|g| {
+            let free = g.partitions.saturating_sub(g.owned);
+            if g.members > 0 && free > 0 {
+                Check::new(
+                    "group",
+                    Verdict::Warning,
+                    format!(
+                        "group {:?}: {free} of {} partitions have no owner while {} members \
+                         are live: a rebalance under way (a member died less than a TTL \
+                         ago: run doctor again), or members that cannot take them (see \
+                         their logs, and `pglease status {}`)",
+                        g.name, g.partitions, g.members, g.name
+                    ),
+                )
+            } else {
+                Check::new(
+                    "group",
+                    Verdict::Ok,
+                    format!(
+                        "group {:?}: {} partitions, {} live members, {} owned",
+                        g.name, g.partitions, g.members, g.owned
+                    ),
+                )
+            }
+        })
+        .collect()
 }
 
 /// The `server_version` check: 14 or later (`server_version_num`).
@@ -936,6 +972,7 @@ mod tests {
                 topic: "admins".to_owned(),
                 message: "none".to_owned(),
             }])),
+            groups: Some(Vec::new()),
             privileges: Some(Privileges {
                 role: "app".to_owned(),
                 usage: true,
@@ -970,6 +1007,32 @@ mod tests {
 
     fn names(checks: &[Check]) -> Vec<&'static str> {
         checks.iter().map(|c| c.name).collect()
+    }
+
+    #[test]
+    fn a_group_with_unowned_partitions_and_live_members_is_a_warning() {
+        let group = |members, owned| crate::GroupSummary {
+            name: "orders".to_owned(),
+            partitions: 16,
+            members,
+            owned,
+            created_by: "app".to_owned(),
+            created_at: chrono::DateTime::UNIX_EPOCH,
+        };
+        let mut facts = healthy();
+        facts.groups = Some(vec![group(3, 16), group(0, 0), group(2, 13)]);
+        let checks = here(&facts, 1);
+        let verdicts: Vec<Verdict> = checks
+            .iter()
+            .filter(|c| c.name == "group")
+            .map(|c| c.verdict)
+            .collect();
+        assert_eq!(verdicts, [Verdict::Ok, Verdict::Ok, Verdict::Warning]);
+        assert!(
+            checks
+                .iter()
+                .any(|c| c.detail.contains("3 of 16 partitions have no owner"))
+        );
     }
 
     #[test]

@@ -236,6 +236,15 @@ async fn a_graceful_leave_hands_the_partitions_over_under_new_tokens() {
     let summary = mb.admin().groups().await.expect("the groups");
     assert_eq!(summary.len(), 1);
     assert_eq!((summary[0].members, summary[0].owned), (1, 6));
+    let diagnosis = mb
+        .admin()
+        .doctor(&pglease::doctor::DoctorOptions::default())
+        .await
+        .expect("doctor");
+    let groups: Vec<_> = diagnosis.checks.iter().filter(|c| c.name == "group").collect();
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    assert_eq!(groups[0].verdict, pglease::doctor::Verdict::Ok, "{groups:?}");
+    assert!(groups[0].detail.contains("6 partitions, 1 live members, 6 owned"), "{groups:?}");
 
     // A member dropped leaves too: its partitions go back to b.
     let mut c = Tracked::join(&ma, "c", options.clone()).await;
