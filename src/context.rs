@@ -59,6 +59,7 @@ pub(crate) struct Counters {
     pub(crate) leases_renewed: AtomicU64,
     pub(crate) renewal_failures: AtomicU64,
     pub(crate) acquire_attempts: AtomicU64,
+    pub(crate) group_statements: AtomicU64,
     pub(crate) waiting: AtomicUsize,
 }
 

@@ -147,12 +147,21 @@ impl Task {
         work: impl Future<Output = Result<T>>,
     ) -> Result<T> {
         let limit = self.context().options.get_renew_timeout();
+        self.count();
         tokio::time::timeout(limit, work)
             .await
             .unwrap_or(Err(Error::Timeout {
                 operation,
                 after: Some(limit),
             }))
+    }
+
+    /// Counts one statement of this member (`ManagerStats::group_statements`).
+    fn count(&self) {
+        self.context()
+            .counters
+            .group_statements
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Joins (or joins again): the membership lease, renewed in the
@@ -320,6 +329,7 @@ impl Task {
                 continue;
             };
             let successor = plan::successor(&read, &self.me, self.leaving, k);
+            self.count();
             let outcome = match &successor {
                 Some(to) => held
                     .hand_over_partition(&self.group, k, to, &self.pg_ttl)

@@ -41,6 +41,10 @@ pub struct ManagerStats {
     pub renewal_failures: u64,
     /// Acquisition statements answered (successful or not).
     pub acquire_attempts: u64,
+    /// Statements its lease group members sent: joins, reads of the
+    /// group, takes, handovers, leaves (their renewals are counted in
+    /// `renewal_statements`).
+    pub group_statements: u64,
     /// Acquirers waiting for a lease right now.
     pub waiting: usize,
     /// Whether this manager's listening connection (shared by its waiters,
@@ -240,6 +244,7 @@ impl LeaseManager {
             leases_renewed: c.leases_renewed.load(Ordering::Relaxed),
             renewal_failures: c.renewal_failures.load(Ordering::Relaxed),
             acquire_attempts: c.acquire_attempts.load(Ordering::Relaxed),
+            group_statements: c.group_statements.load(Ordering::Relaxed),
             waiting: c.waiting.load(Ordering::Relaxed),
             listening: shared.acquirer.is_listening(),
         }

@@ -27,6 +27,8 @@ struct Tracked {
     /// Revokes kept unanswered (`answer` false).
     pending: Vec<Revoke>,
     answer: bool,
+    /// Its own manager, where a test counts its statements.
+    manager: Option<LeaseManager>,
 }
 
 impl Tracked {
@@ -40,6 +42,7 @@ impl Tracked {
             owned: BTreeMap::new(),
             pending: Vec::new(),
             answer: true,
+            manager: None,
         }
     }
 
@@ -253,6 +256,61 @@ async fn a_graceful_leave_hands_the_partitions_over_under_new_tokens() {
     until(&mut [&mut b], "all to b again", |n| n == [6]).await;
 }
 
+/// A settled group costs each member, per second, about one renewal
+/// statement per renewal period and one members-only read of the group
+/// per membership period (counted by each member's manager over a stable
+/// stretch of five members).
+async fn a_settled_group_costs_each_member_a_bounded_number_of_statements() {
+    let db = TestDb::new().await;
+    let options = GroupOptions::partitions(16).ttl(TTL);
+    let mut members = Vec::new();
+    for name in ["a", "b", "c", "d", "e"] {
+        let m = db.manager_with(name, Default::default()).await;
+        members.push(Tracked::join(&m, name, options.clone()).await);
+        members.last_mut().expect("just pushed").manager = Some(m);
+    }
+    {
+        let mut tracked: Vec<&mut Tracked> = members.iter_mut().collect();
+        until(&mut tracked, "five members", balanced(16)).await;
+    }
+    let stats = |members: &Vec<Tracked>| {
+        members
+            .iter()
+            .map(|t| t.manager.as_ref().expect("a manager").stats())
+            .fold((0, 0), |(g, r), s| (g + s.group_statements, r + s.renewal_statements))
+    };
+    let first = stats(&members);
+    let stretch = Duration::from_secs(6);
+    let started = Instant::now();
+    while started.elapsed() < stretch {
+        for t in members.iter_mut() {
+            if let Ok(Some(event)) =
+                tokio::time::timeout(Duration::from_millis(10), t.member.next_event()).await
+            {
+                t.apply(event);
+            }
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let last = stats(&members);
+    let per_member = |n: u64| n as f64 / 5.0 / seconds;
+    let (group, renewals) = (per_member(last.0 - first.0), per_member(last.1 - first.1));
+    println!(
+        "figures: a settled group of 5 members and 16 partitions (TTL {TTL:?}), per member per \
+         second: {group:.2} group statements (reads), {renewals:.2} renewal statements"
+    );
+    // Renewals: one statement per renewal period (a third of the TTL);
+    // reads: one per membership period (the soonest other member's
+    // expiry, at least two thirds of the TTL away); each with room for
+    // one more in the stretch.
+    let period = TTL.as_secs_f64() / 3.0;
+    assert!(
+        renewals > 0.0 && renewals <= 1.0 / period + 1.0 / seconds,
+        "renewals {renewals:.2}/s"
+    );
+    assert!(group <= 1.0 / (2.0 * period) + 1.0 / seconds, "reads {group:.2}/s");
+}
+
 /// Authority: a role outside the group's name grant cannot join, read or
 /// hand over; a membership token must be valid to take partitions; the
 /// same member cannot join twice; bad input is refused before anything
@@ -327,5 +385,6 @@ pglease_formations::tests![
     members_share_partitions_evenly_and_a_join_moves_only_to_the_newcomer,
     a_revoked_owner_gets_its_grace_and_is_fenced_when_it_overruns_it,
     a_graceful_leave_hands_the_partitions_over_under_new_tokens,
+    a_settled_group_costs_each_member_a_bounded_number_of_statements,
     only_permitted_roles_act_in_a_group_and_bad_input_is_refused,
 ];
