@@ -57,7 +57,9 @@ pub async fn assert_held(conn: &mut PgConnection, lease: impl AsRef<Fence>) -> R
 /// connection is used again.
 #[derive(Debug)]
 pub struct FencedTransaction {
-    conn: PoolConnection<Postgres>,
+    /// Present until `commit` or `rollback` consumes the transaction
+    /// (taken out early only to free the pool's slot, see `commit`).
+    conn: Option<PoolConnection<Postgres>>,
     /// The pool it came from, to read the lease when the connection fails.
     pool: PgPool,
     fence: Fence,
@@ -66,7 +68,15 @@ pub struct FencedTransaction {
     failed: Option<NotHeldReason>,
 }
 
+/// Why the connection is there: only `commit`, which consumes the
+/// transaction, takes it out.
+const PRESENT: &str = "a fenced transaction's connection is present until it ends";
+
 impl FencedTransaction {
+    fn conn_mut(&mut self) -> &mut PgConnection {
+        self.conn.as_deref_mut().expect(PRESENT)
+    }
+
     /// The lease this transaction writes under.
     pub fn name(&self) -> &str {
         self.fence.name()
@@ -89,7 +99,8 @@ impl FencedTransaction {
     ///
     /// Dropped in flight, the transaction's state is unknown: roll it back.
     pub async fn recheck(&mut self) -> Result<()> {
-        let outcome = assert_held(&mut self.conn, &self.fence).await;
+        let conn = self.conn.as_deref_mut().expect(PRESENT);
+        let outcome = assert_held(conn, &self.fence).await;
         if let Err(Error::NotHeld { reason, .. }) = &outcome {
             self.failed = Some(reason.clone());
         }
@@ -124,16 +135,22 @@ impl FencedTransaction {
     /// commit whose answer is lost.
     pub async fn commit(mut self) -> Result<()> {
         if let Some(reason) = self.failed.take() {
-            let _ = PgTransactionManager::rollback(&mut self.conn).await;
+            let _ = PgTransactionManager::rollback(self.conn_mut()).await;
             return Err(Error::NotHeld {
                 name: self.fence.name().to_owned(),
                 token: Some(self.fence.token()),
                 reason,
             });
         }
-        match PgTransactionManager::commit(&mut self.conn).await {
+        match PgTransactionManager::commit(self.conn_mut()).await {
             Ok(()) => Ok(()),
             Err(error) if crate::sqlstate::session_gone(&error) => {
+                // The session is gone: close its connection now, so that
+                // the read below does not wait for a pool whose every
+                // connection is held by transactions failing the same way.
+                if let Some(conn) = self.conn.take() {
+                    drop(conn.detach());
+                }
                 Err(self.after_session_gone(error).await)
             }
             Err(error) => Err(error.into()),
@@ -164,7 +181,7 @@ impl FencedTransaction {
     /// [`Error::Database`] if the connection failed (nothing commits then
     /// either).
     pub async fn rollback(mut self) -> Result<()> {
-        PgTransactionManager::rollback(&mut self.conn).await?;
+        PgTransactionManager::rollback(self.conn_mut()).await?;
         Ok(())
     }
 }
@@ -173,8 +190,10 @@ impl Drop for FencedTransaction {
     fn drop(&mut self) {
         // Still open: queue the ROLLBACK; the pool sends it (with its
         // check of the returned connection) before anyone else uses it.
-        if PgTransactionManager::get_transaction_depth(&self.conn) > 0 {
-            PgTransactionManager::start_rollback(&mut self.conn);
+        if let Some(conn) = &mut self.conn
+            && PgTransactionManager::get_transaction_depth(conn) > 0
+        {
+            PgTransactionManager::start_rollback(conn);
         }
     }
 }
@@ -183,13 +202,13 @@ impl Deref for FencedTransaction {
     type Target = PgConnection;
 
     fn deref(&self) -> &PgConnection {
-        &self.conn
+        self.conn.as_deref().expect(PRESENT)
     }
 }
 
 impl DerefMut for FencedTransaction {
     fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self.conn
+        self.conn_mut()
     }
 }
 
@@ -206,7 +225,7 @@ pub(crate) async fn begin(pool: &PgPool, fence: &Fence) -> Result<FencedTransact
     let conn = opening.conn();
     match PgTransactionManager::begin(conn, Some(AssertSqlSafe(statement).into_sql_str())).await {
         Ok(()) => Ok(FencedTransaction {
-            conn: opening.finish(),
+            conn: Some(opening.finish()),
             pool: pool.clone(),
             fence: fence.clone(),
             failed: None,

@@ -7,10 +7,12 @@
 //! per period for every lease it holds), a member sends one read of its
 //! group when a membership could have expired (the soonest of the other
 //! members' expiries), or when a join, a leave or a handover to it is
-//! notified; while it is not settled (it waits for a handover, or
-//! revokes), at most one read every [`UNSETTLED_LOOK`]; one take per
-//! round (at most [`MAX_TAKE`] partitions), and one handover or release
-//! per partition that moves. A read names the owners only when the
+//! notified; while it waits for a handover, at most one read every
+//! [`UNSETTLED_LOOK_HEARING`] (or [`UNSETTLED_LOOK`] without
+//! notifications); one take per round (at most [`MAX_TAKE`] partitions),
+//! and after a take that missed some, another read from 25 to 50 ms
+//! later, backing off to 2 s while they keep being missed; one handover
+//! or release per partition that moves. A read names the owners only when the
 //! members changed since the last full read, a notification came, a
 //! partition was lost, or the member is not settled.
 
@@ -38,8 +40,15 @@ use crate::options::Timing;
 use crate::sql;
 use crate::token::Token;
 
-/// The longest a member that is not settled waits between reads.
+/// The longest a member that waits for a handover waits between reads:
+/// without notifications, and with them (a handover to it is notified, so
+/// that reading is only the fallback).
 const UNSETTLED_LOOK: Duration = Duration::from_millis(250);
+const UNSETTLED_LOOK_HEARING: Duration = Duration::from_secs(1);
+
+/// How soon a member reads again when its read showed free partitions
+/// that the target gives another member.
+const UNOWNED_LOOK: Duration = Duration::from_millis(100);
 
 /// Added to an expiry the member waits for, so that the read comes after
 /// it on the database clock.
@@ -387,6 +396,12 @@ impl Task {
                                "the group member stopped");
             }
         }
+        // A leave asked while the member was stopping is answered too.
+        while let Ok(command) = self.commands.try_recv() {
+            if let Command::LeaveAndTell(reply) = command {
+                self.replies.push(reply);
+            }
+        }
         let mut replies = std::mem::take(&mut self.replies).into_iter();
         match (outcome, replies.next()) {
             (outcome, Some(first)) => {
@@ -462,6 +477,7 @@ impl Task {
         let mut releases = listener.map(|l| l.releases.subscribe());
         let mut commands_open = true;
         let mut failures = 0u32;
+        let mut take_misses = 0u32;
         loop {
             // Joined, or joining (again).
             let membership_loss = match &self.membership {
@@ -511,10 +527,33 @@ impl Task {
                             self.need_full = true;
                         }
                         self.revoke(&plan.revoke);
-                        if plan.awaited > 0 || !plan.take.is_empty() {
+                        let missed = plan.take.iter().any(|k| !self.held.contains_key(k));
+                        if missed {
+                            // Another member took one first (from a read
+                            // older than ours), or the take failed: read
+                            // again shortly, backing off while it lasts.
+                            take_misses += 1;
+                            self.need_full = true;
+                            wake_at = wake_at.min(now + backoff::group_retry(take_misses));
+                        } else {
+                            take_misses = 0;
+                        }
+                        if plan.unowned > 0 {
+                            // Free partitions another member should take:
+                            // if a read of another moment targets them
+                            // here, this member takes them then.
+                            self.need_full = true;
+                            wake_at = wake_at.min(now + UNOWNED_LOOK);
+                        }
+                        if plan.awaited > 0 {
                             // Waiting for a handover: look again soon.
                             self.need_full = true;
-                            wake_at = wake_at.min(now + UNSETTLED_LOOK);
+                            let soon = if context.is_listening() {
+                                UNSETTLED_LOOK_HEARING
+                            } else {
+                                UNSETTLED_LOOK
+                            };
+                            wake_at = wake_at.min(now + soon);
                         }
                         plan.look_in
                     } else {
@@ -594,7 +633,10 @@ impl Task {
                     self.hand_over(&ks).await;
                 }
                 Wake::Command(Some(Command::Leave)) => self.start_leaving().await,
-                Wake::Command(Some(Command::Outcome(reply))) => self.replies.push(reply),
+                Wake::Command(Some(Command::LeaveAndTell(reply))) => {
+                    self.replies.push(reply);
+                    self.start_leaving().await;
+                }
                 Wake::Command(None) => {
                     // The caller dropped its member: leave.
                     commands_open = false;

@@ -235,8 +235,8 @@ impl Drop for Revoke {
 pub(crate) enum Command {
     /// Leave the group, revoking every partition with its grace.
     Leave,
-    /// Leave too, and answer here once the member has stopped.
-    Outcome(oneshot::Sender<Result<()>>),
+    /// Leave, and answer here once the member has stopped.
+    LeaveAndTell(oneshot::Sender<Result<()>>),
 }
 
 /// This process's membership of a lease group, from
@@ -312,8 +312,7 @@ impl GroupMember {
             ..
         } = self;
         let (reply, outcome) = oneshot::channel();
-        if commands.send(Command::Leave).is_err() || commands.send(Command::Outcome(reply)).is_err()
-        {
+        if commands.send(Command::LeaveAndTell(reply)).is_err() {
             return Err(crate::sync::lock(&stopped)
                 .take()
                 .unwrap_or(Error::ShutDown));

@@ -63,6 +63,10 @@ pub(crate) struct Plan {
     /// Partitions the target gives it that another holds: it waits for
     /// their handover (or their owner's expiry).
     pub(crate) awaited: usize,
+    /// Partitions nobody owns now that the target gives another member:
+    /// reads made at other moments may target them elsewhere, so a member
+    /// looks again soon while any is left.
+    pub(crate) unowned: usize,
     /// The soonest the read says something may change by itself: another
     /// member's membership, or the lease of a partition it waits for whose
     /// owner is gone, could expire then.
@@ -117,6 +121,14 @@ pub(crate) fn plan(
     };
     for (k, &to) in target.iter().enumerate() {
         let owner = owners.get(k).and_then(Option::as_ref);
+        // A partition whose owner is gone frees itself at its expiry,
+        // whoever the target gives it to: look then.
+        if let Some(o) = owner
+            && !live.contains(o.member.as_str())
+            && !(leaving && o.member == me)
+        {
+            plan.look_in = plan.look_in.min(Some(o.remaining)).or(Some(o.remaining));
+        }
         if to == me {
             if held.contains(&k) {
                 continue;
@@ -126,15 +138,21 @@ pub(crate) fn plan(
                 Some(o) if o.member == me && o.handed => plan.take.push(k),
                 Some(o) => {
                     plan.awaited += 1;
-                    // An owner that is no longer a member hands nothing
-                    // over: its lease's expiry frees the partition.
-                    if !live.contains(o.member.as_str()) || o.member == me {
+                    // Not handed over by an owner that is no longer a
+                    // member (see above), nor by this member's earlier
+                    // self: the lease's expiry frees the partition.
+                    if o.member == me {
                         plan.look_in = plan.look_in.min(Some(o.remaining)).or(Some(o.remaining));
                     }
                 }
             }
-        } else if held.contains(&k) && !revoking.contains(&k) {
-            plan.revoke.push(k);
+        } else {
+            if owner.is_none() {
+                plan.unowned += 1;
+            }
+            if held.contains(&k) && !revoking.contains(&k) {
+                plan.revoke.push(k);
+            }
         }
     }
     // Partitions beyond the count (it shrank), or everything without a
@@ -258,6 +276,30 @@ mod tests {
         assert!(b.take.is_empty());
         assert_eq!(b.awaited, 1);
         assert_eq!(b.look_in, Some(3 * SEC));
+    }
+
+    #[test]
+    fn a_free_partition_targeted_elsewhere_is_counted_and_a_gone_owners_expiry_watched() {
+        // c died: its partition 1 is still valid; partition 2 is free.
+        let owners = [
+            Some(("a", false)),
+            Some(("c", false)),
+            None,
+            Some(("b", false)),
+        ];
+        let r = read(4, &["a", "b"], &owners);
+        for me in ["a", "b"] {
+            let p = plan(&r, me, false, &set(&[]), &set(&[]));
+            // Whoever the target gives them to, each member watches c's
+            // expiry and sees the free partition.
+            assert_eq!(p.look_in, Some(3 * SEC), "{me}");
+            let t = target(&r, me, false);
+            let free_elsewhere = [1usize, 2]
+                .iter()
+                .filter(|&&k| t[k] != me && owners[k].is_none())
+                .count();
+            assert_eq!(p.unowned, free_elsewhere, "{me}");
+        }
     }
 
     #[test]

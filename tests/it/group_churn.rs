@@ -49,6 +49,15 @@ const WORK: Duration = Duration::from_millis(100);
 
 /// One member process: joins, writes under each partition it owns, and
 /// leaves when told (a line on stdin). Prints what happens.
+/// A line on stdout, after the wall-clock time (ms of the second) it
+/// was said at, for reading a member's story.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let now = chrono::Utc::now();
+        println!("{} {}", now.format("%S%.3f"), format!($($arg)*));
+    }};
+}
+
 async fn member_process() {
     let Ok(url) = std::env::var("PGLEASE_CHILD_URL") else {
         return;
@@ -65,7 +74,7 @@ async fn member_process() {
         .grace(GRACE)
         .member(&member);
     let mut joined = m.join(GROUP, options).await.expect("join");
-    println!("joined");
+    say!("joined");
     let leave = tokio::task::spawn_blocking(|| {
         let mut line = String::new();
         let _ = std::io::stdin().read_line(&mut line);
@@ -85,13 +94,13 @@ async fn member_process() {
         let Some(event) = event else { break };
         match event {
             GroupEvent::Assigned { partition, lease } => {
-                println!("assigned {partition} {}", lease.token());
+                say!("assigned {partition} {}", lease.token());
                 let stop = tokio_util::sync::CancellationToken::new();
                 let worker = tokio::spawn(work(m.clone(), partition, lease, stop.clone()));
                 workers.insert(partition, (stop, worker));
             }
             GroupEvent::Revoking(revoke) => {
-                println!("revoking {}", revoke.partition());
+                say!("revoking {}", revoke.partition());
                 if let Some((stop, worker)) = workers.remove(&revoke.partition()) {
                     // The write in flight finishes, then the partition goes.
                     stop.cancel();
@@ -102,7 +111,7 @@ async fn member_process() {
                 }
             }
             GroupEvent::Lost { partition, reason } => {
-                println!("lost {partition} {reason}");
+                say!("lost {partition} {reason}");
                 // The write in flight tries to commit (and is refused).
                 if let Some((stop, _)) = workers.remove(&partition) {
                     stop.cancel();
@@ -111,7 +120,7 @@ async fn member_process() {
             _ => {}
         }
     }
-    println!("left");
+    say!("left");
 }
 
 /// Writes under `lease` until stopped: each write's transaction stays
@@ -140,7 +149,7 @@ async fn work(
         }
         .await;
         if let Err(error) = outcome {
-            println!("refused {partition} {} {error}", lease.token());
+            say!("refused {partition} {} {error}", lease.token());
         }
         tokio::time::sleep(WORK).await;
     }
@@ -443,12 +452,39 @@ async fn run_seed(seed: u64, figures: &mut Figures) {
                     // hears of its losses, and it joins again.
                     let before = after;
                     kill(gone.pid(), Signal::SIGCONT).expect("resume the member");
+                    if std::env::var("GROUP_CHURN_DEBUG").is_ok() {
+                        println!("DEBUG resumed at {}", chrono::Utc::now().format("%S%.3f"));
+                    }
                     let resumed = Instant::now();
                     gone.printed("lost ", SETTLE).await;
                     let newcomer = gone.name.clone();
                     members.push(gone);
                     let names: Vec<String> = members.iter().map(|m| m.name.clone()).collect();
                     let live: Vec<&str> = names.iter().map(String::as_str).collect();
+                    if std::env::var("GROUP_CHURN_DEBUG").is_ok() {
+                        tokio::time::sleep(Duration::from_secs(6)).await;
+                        let back = members.last_mut().expect("pushed");
+                        back.drain();
+                        println!("DEBUG {}: {:?}", back.name, back.seen);
+                        let rows = sqlx::query(
+                            "SELECT name, token, event, holder, to_char(at, 'SS.MS') AS t, detail \
+                             FROM pglease.history WHERE at > now() - interval '9 s' ORDER BY id",
+                        )
+                        .fetch_all(db.pool())
+                        .await
+                        .expect("history");
+                        for r in rows {
+                            println!(
+                                "DEBUG h {} {} {} {:?} {} {:?}",
+                                r.get::<String, _>("t"),
+                                r.get::<String, _>("name"),
+                                r.get::<i64, _>("token"),
+                                r.get::<Option<String>, _>("holder"),
+                                r.get::<String, _>("event"),
+                                r.get::<Option<String>, _>("detail")
+                            );
+                        }
+                    }
                     let (took, after) = until(&m, "balance after a frozen member came back", resumed,
                                               SETTLE, |o| balanced(o, &live)).await;
                     let moves = moved(&before, &after);

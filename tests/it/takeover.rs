@@ -414,9 +414,65 @@ async fn without_the_privilege_an_ended_lease_is_reported_pinned() {
     as_owner.pool().close().await;
 }
 
+/// Every connection of a holder's pool is in a fenced transaction when
+/// a takeover ends their sessions: each commit fails at once and says the
+/// lease was lost (its read of the lease must not wait for a connection
+/// of that pool, which the failing transactions would all be holding).
+async fn fenced_transactions_holding_every_connection_each_hear_their_loss() {
+    let db = TestDb::new().await;
+    create_log(&db).await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&db.url())
+        .await
+        .expect("a pool of two");
+    let holder = LeaseManager::new(pool);
+    let held = holder
+        .hold("busy", AcquireOptions::ttl(TTL).holder("A"))
+        .await
+        .expect("hold");
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut tx = held.begin_fenced().await.expect("a fenced transaction");
+        sqlx::query("INSERT INTO log (who, token) VALUES ('A', $1)")
+            .bind(held.token())
+            .execute(&mut *tx)
+            .await
+            .expect("the write");
+        open.push(tx);
+    }
+    holder.faults().pause_renewals();
+    let other = db.manager();
+    poll_until("B takes over", BOUND, || async {
+        other
+            .acquire("busy", AcquireOptions::ttl(TTL).holder("B"))
+            .await
+            .is_ok()
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let commits = futures_join(open).await;
+    println!("both commits answered in {:?}", started.elapsed());
+    for outcome in commits {
+        assert!(matches!(outcome, Err(Error::Lost { .. })), "{outcome:?}");
+    }
+    assert_eq!(rows_of(&db, "A").await, 0);
+}
+
+/// Commits every transaction at once.
+async fn futures_join(open: Vec<pglease::FencedTransaction>) -> Vec<Result<(), Error>> {
+    let tasks: Vec<_> = open.into_iter().map(|tx| tokio::spawn(tx.commit())).collect();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.expect("the commit task"));
+    }
+    outcomes
+}
+
 pglease_formations::tests![
     holder_process ignored,
     a_holder_frozen_idle_in_its_fenced_transaction_is_taken_over,
     a_holder_frozen_in_a_long_fenced_statement_is_taken_over,
     without_the_privilege_an_ended_lease_is_reported_pinned,
+    fenced_transactions_holding_every_connection_each_hear_their_loss,
 ];
