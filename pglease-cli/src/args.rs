@@ -54,7 +54,8 @@ pub(crate) struct Cli {
     #[arg(short, long, global = true)]
     pub(crate) quiet: bool,
 
-    /// The exit status for "held by another" (acquire, run), instead of 3
+    /// The exit status for "held by another" (acquire, run, share: the
+    /// member name in use), instead of 3
     /// (like `flock -E`: a skipped cron run need not look like a failure).
     #[arg(long, global = true, default_value_t = 3, value_parser = Checked(exit_code))]
     pub(crate) conflict_exit_code: u8,
@@ -489,8 +490,8 @@ pub(crate) struct ShareArgs {
     /// a revoked partition moves at its end in any case.
     #[arg(long, default_value = "5s", value_parser = Checked(group_grace), allow_hyphen_values = true)]
     pub(crate) grace: Duration,
-    /// This member's name, unique in the group (default: host name and
-    /// process id).
+    /// This member's name, unique in the group (default: HOST:PID#1, the
+    /// host name and process id).
     #[arg(long, value_parser = Checked(text))]
     pub(crate) member: Option<String>,
     /// The pause before a CMD that exited by itself is started again.

@@ -235,6 +235,27 @@ async fn two_members_share_four_partitions_and_sigterm_hands_over() {
         "{overview}"
     );
 
+    // A member name in use: exit 3, no command run.
+    let again = pglease(
+        &db,
+        &[
+            "share",
+            GROUP,
+            "--partitions",
+            "4",
+            "--ttl",
+            "5s",
+            "--member",
+            "a",
+            "--",
+            "sh",
+            "-c",
+            "exit 9",
+        ],
+    );
+    assert_eq!(code(&again), 3, "{}", stderr(&again));
+    assert!(stderr(&again).contains("work/members/a"), "{}", stderr(&again));
+
     // SIGTERM to a: its commands get SIGTERM, it leaves and exits 0, and b
     // takes over all four partitions, a's under new, larger tokens.
     let sent = Instant::now();
