@@ -116,7 +116,7 @@ async fn owners(db: &TestDb) -> BTreeMap<u32, (String, i64)> {
 /// owners' names.
 async fn settled(db: &TestDb, log: &Path, expected: &[(&str, usize)]) -> bool {
     let owners = owners(db).await;
-    if owners.len() != 4 {
+    if owners.len() != expected.iter().map(|(_, n)| n).sum::<usize>() {
         return false;
     }
     for (member, count) in expected {
@@ -295,6 +295,55 @@ async fn two_members_share_four_partitions_and_sigterm_hands_over() {
     let _ = std::fs::remove_file(&log);
 }
 
+/// A partition whose lease is lost (forced by an administrator) has its
+/// command stopped; `share` goes on, takes the partition again under a new
+/// token and starts a command for it once the old one has exited.
+async fn a_lost_partition_stops_its_command_and_share_goes_on() {
+    let db = crate::common::new_db().await;
+    let log = scratch("lost");
+    let a = start_member(&db, "a", &log);
+    poll_until("a to run all 4 partitions", BOUND, || {
+        settled(&db, &log, &[("a", 4)])
+    })
+    .await;
+    let old = running(&log)
+        .into_iter()
+        .find(|(k, _, _)| *k == 1)
+        .map(|(_, token, _)| token)
+        .expect("partition 1 runs");
+    let forced = pglease(
+        &db,
+        &["force-release", "work/1", "--reason", "share test"],
+    );
+    assert_eq!(code(&forced), 0, "{}", stderr(&forced));
+    poll_until("partition 1 to run again under a new token", BOUND, || async {
+        settled(&db, &log, &[("a", 4)]).await
+            && running(&log).iter().any(|(k, t, _)| *k == 1 && *t > old)
+    })
+    .await;
+    let record = read(&log);
+    assert!(
+        record.contains(&format!("term 1 {old} a")),
+        "the lost partition's command got no SIGTERM: {record}"
+    );
+    // The old command had ended before the new one started.
+    let lines: Vec<&str> = record.lines().collect();
+    let ended = lines.iter().position(|l| *l == format!("term 1 {old} a"));
+    let restarted = lines
+        .iter()
+        .position(|l| l.starts_with("start 1 ") && !l.starts_with(&format!("start 1 {old} ")));
+    match (ended, restarted) {
+        (Some(ended), Some(restarted)) => assert!(restarted > ended, "{record}"),
+        _ => panic!("no stop and restart of partition 1: {record}"),
+    }
+    kill(a.pid(), Signal::SIGTERM).expect("SIGTERM");
+    let (status, err) = exited(a.take()).await;
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(err.contains(&format!("lost partition 1 (token {old})")), "{err}");
+    assert!(running(&log).is_empty(), "{}", read(&log));
+    let _ = std::fs::remove_file(&log);
+}
+
 /// A command that exits by itself is started again after
 /// `--restart-delay`, under the same token; a command that cannot be
 /// started ends `share` with 127, after leaving the group.
@@ -387,6 +436,7 @@ async fn bad_share_input_exits_2_before_connecting() {
 
 pglease_formations::tests![
     two_members_share_four_partitions_and_sigterm_hands_over,
+    a_lost_partition_stops_its_command_and_share_goes_on,
     a_command_that_exits_is_started_again_and_one_that_cannot_start_exits_127,
     bad_share_input_exits_2_before_connecting,
 ];
