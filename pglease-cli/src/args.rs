@@ -11,19 +11,20 @@ use crate::output::human;
 /// pglease(1); each command's own are in `manual.rs`.
 pub(crate) const EXIT_STATUSES: &str = "\
 Exit status:
-  0    done (acquired, renewed, released, held, forced, ...)
+  0    done (acquired, renewed, released, held, forced, ...); share:
+       stopped by a signal, its commands stopped and the group left
   1    doctor: a check is not ok; elect, run: the command's own status
   2    bad usage or input (nothing was changed); step-down: held shared
        or counted
   3    not acquired: held by another (acquire, run); hand-over: the
-       successor does not wait (--conflict-exit-code sets it for these
-       three); nobody holds it (status NAME, leader, step-down,
-       force-release)
+       successor does not wait; share: the member name is in use
+       (--conflict-exit-code sets it for these four); nobody holds it
+       (status NAME, leader, step-down, force-release)
   4    lease lost (renew, release, hand-over, run)
   5    database unreachable or failing, the schema missing (run migrate),
        or a privilege missing
   124  run --timeout: the command ran out of time
-  127  run, elect: the command cannot be started
+  127  run, elect, share: the command cannot be started
   128+N  run, elect: signal N";
 
 #[derive(Parser, Debug)]
@@ -53,7 +54,8 @@ pub(crate) struct Cli {
     #[arg(short, long, global = true)]
     pub(crate) quiet: bool,
 
-    /// The exit status for "held by another" (acquire, run), instead of 3
+    /// The exit status for "held by another" (acquire, run, share: the
+    /// member name in use), instead of 3
     /// (like `flock -E`: a skipped cron run need not look like a failure).
     #[arg(long, global = true, default_value_t = 3, value_parser = Checked(exit_code))]
     pub(crate) conflict_exit_code: u8,
@@ -146,7 +148,8 @@ pub(crate) enum Command {
     /// Undo `protect`: TABLE (or the tool's table) is written freely
     /// again; --ddl turns the DDL fence off.
     Unprotect(UnprotectArgs),
-    /// Show one lease (exit 3 if it is not held), or all of them.
+    /// Show one lease (exit 3 if it is not held), all of them, or a lease
+    /// group's members and partitions (--group).
     Status(StatusArgs),
     /// Hold a lease while CMD runs: renew it, stop CMD if it is lost.
     Run(RunArgs),
@@ -211,6 +214,37 @@ pub(crate) enum Command {
     /// leadership is lost or the leader is asked to step down, and
     /// campaign again.
     Elect(ElectArgs),
+    /// Join lease group GROUP and run CMD once for each partition this
+    /// member owns, sharing GROUP's partitions with the other members.
+    ///
+    /// Each member (a `share` of GROUP on any host) owns an even share of
+    /// the partitions, 0 to M-1. For each partition it owns, CMD runs in a
+    /// process group of its own with PGLEASE_GROUP, PGLEASE_MEMBER,
+    /// PGLEASE_PARTITION (k), PGLEASE_NAME (the partition's lease name,
+    /// GROUP/k) and PGLEASE_TOKEN (its fencing token) in its environment,
+    /// and PGLEASE_DATABASE_URL when a URL was given. Standard input is
+    /// closed. One line on stderr says each change: a partition assigned
+    /// (with its token), revoked, lost, a CMD that exited, and the group
+    /// left.
+    ///
+    /// When a partition must move to another member (a member joined or
+    /// left), its CMD gets SIGTERM, SIGKILL after --grace, and the
+    /// partition is handed over once CMD has exited; it moves at the end
+    /// of --grace in any case, and its token is refused from then on. When
+    /// a partition's lease is lost, its CMD is stopped the same way and
+    /// share goes on with the others.
+    ///
+    /// A CMD that exits by itself while its partition is still owned,
+    /// whatever its status, is started again after --restart-delay, under
+    /// the same token, as a worker pool restarts its workers; the partition
+    /// stays with this member. Each start after the first is said on
+    /// stderr with its count for that partition.
+    ///
+    /// On SIGTERM, SIGINT or SIGHUP, share stops every CMD (SIGTERM,
+    /// SIGKILL after --grace; a second signal kills them at once), then
+    /// leaves the group, handing its partitions over to the other members
+    /// at once, and exits 0.
+    Share(ShareArgs),
     /// Print a completion script for SHELL (bash, zsh, fish, elvish,
     /// powershell) to stdout.
     Completions {
@@ -349,6 +383,11 @@ pub(crate) struct StatusArgs {
     /// The lease name (all leases without it).
     #[arg(value_parser = Checked(text))]
     pub(crate) name: Option<String>,
+    /// A lease group instead: its members, the partitions each owns, and
+    /// the free ones.
+    #[arg(long, value_parser = Checked(text),
+          conflicts_with_all = ["name", "held", "expired", "prefix", "limit"])]
+    pub(crate) group: Option<String>,
     /// Print JSON (an object for one name, an array for all).
     #[arg(long)]
     pub(crate) json: bool,
@@ -431,6 +470,61 @@ pub(crate) struct RunArgs {
     /// The command and its arguments.
     #[arg(required = true, last = true)]
     pub(crate) cmd: Vec<String>,
+}
+
+// `pglease share`'s arguments.
+#[derive(Args, Debug)]
+pub(crate) struct ShareArgs {
+    /// The group's name: partition k's lease is GROUP/k.
+    #[arg(value_parser = Checked(text))]
+    pub(crate) group: String,
+    /// How many partitions the group has (1 to 100000); every member gives
+    /// the same.
+    #[arg(long, value_parser = Checked(partitions))]
+    pub(crate) partitions: u32,
+    /// Time to live of the membership and of each partition's lease;
+    /// renewed every third of it.
+    #[arg(long, value_parser = Checked(ttl), allow_hyphen_values = true)]
+    pub(crate) ttl: Duration,
+    /// Time between SIGTERM and SIGKILL when a partition's CMD must stop;
+    /// a revoked partition moves at its end in any case.
+    #[arg(long, default_value = "5s", value_parser = Checked(group_grace), allow_hyphen_values = true)]
+    pub(crate) grace: Duration,
+    /// This member's name, unique in the group (default: HOST:PID#1, the
+    /// host name and process id).
+    #[arg(long, value_parser = Checked(text))]
+    pub(crate) member: Option<String>,
+    /// The pause before a CMD that exited by itself is started again.
+    #[arg(long, default_value = "1s", value_parser = Checked(pause), allow_hyphen_values = true)]
+    pub(crate) restart_delay: Duration,
+    /// The command and its arguments, run once per partition owned.
+    #[arg(required = true, last = true)]
+    pub(crate) cmd: Vec<String>,
+}
+
+impl ShareArgs {
+    /// What clap cannot check: the lease names the group makes fit the
+    /// name limit.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let limit = pglease::limits::MAX_NAME_BYTES;
+        let mut names = vec![pglease::partition_name(
+            &self.group,
+            self.partitions.saturating_sub(1),
+        )];
+        if let Some(member) = &self.member {
+            names.push(pglease::member_name(&self.group, member));
+        }
+        for name in names {
+            if name.len() > limit {
+                return Err(format!(
+                    "GROUP makes the lease name {}, {} bytes long; the limit is {limit} bytes",
+                    quoted(&name),
+                    name.len()
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 // `pglease elect`'s arguments.
@@ -529,6 +623,7 @@ impl Command {
     pub(crate) fn check(&self) -> Result<(), (&'static str, String)> {
         match self {
             Command::Run(args) => args.check().map_err(|why| ("run", why)),
+            Command::Share(args) => args.check().map_err(|why| ("share", why)),
             _ => Ok(()),
         }
     }
@@ -722,6 +817,11 @@ fn limit(text: &str) -> Result<u32, String> {
     whole(text, 1, pglease::limits::MAX_SLOTS)
 }
 
+/// `share --partitions`: 1 to [`pglease::limits::MAX_PARTITIONS`].
+fn partitions(text: &str) -> Result<u32, String> {
+    whole(text, 1, pglease::limits::MAX_PARTITIONS)
+}
+
 /// `--max-waiting`: 1 to [`pglease::limits::MAX_WAITING`] waiters.
 fn max_waiting(text: &str) -> Result<u32, String> {
     whole(text, 1, pglease::limits::MAX_WAITING)
@@ -767,6 +867,12 @@ fn wait(text: &str) -> Result<Duration, String> {
 /// Time between SIGTERM and SIGKILL: zero to a day.
 fn grace(text: &str) -> Result<Duration, String> {
     duration(text, Duration::ZERO, DAY)
+}
+
+/// `share --grace`: above zero (a revoked partition moves at its end),
+/// at most a day.
+fn group_grace(text: &str) -> Result<Duration, String> {
+    duration(text, Duration::from_millis(1), DAY)
 }
 
 /// A pause before CMD starts again: zero to a day.

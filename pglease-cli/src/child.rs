@@ -40,6 +40,9 @@ pub(crate) struct LeaseEnv<'a> {
     pub(crate) value: Option<&'a str>,
     pub(crate) database_url: Option<&'a str>,
     pub(crate) declare: bool,
+    /// More variables, set as they are (`share`'s group, member and
+    /// partition).
+    pub(crate) extra: Vec<(&'static str, String)>,
 }
 
 impl LeaseEnv<'_> {
@@ -66,6 +69,11 @@ impl LeaseEnv<'_> {
         if let Some(url) = self.database_url {
             variables.push(("PGLEASE_DATABASE_URL".to_owned(), url.to_owned()));
         }
+        variables.extend(
+            self.extra
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), value.clone())),
+        );
         if let (true, [(name, token)]) = (self.declare, &self.leases[..]) {
             variables.extend(crate::declare::variables(
                 name,
@@ -453,6 +461,7 @@ mod tests {
             value: None,
             database_url: None,
             declare,
+            extra: Vec::new(),
         }
         .variables()
     }

@@ -173,6 +173,7 @@ async fn dispatch(
             .await
         }
         Command::Elect(args) => cmd::elect::elect(manager, database_url, args).await,
+        Command::Share(args) => cmd::share::share(manager, database_url, args).await,
         Command::Demo | Command::Completions { .. } | Command::Man { .. } => {
             unreachable!("answered before connecting")
         }

@@ -97,7 +97,15 @@ const OWN: &[(&str, Statuses)] = &[
     (
         "status",
         &[
-            ("0", "listed; with NAME: someone holds it (of any kind)"),
+            (
+                "0",
+                "listed; with NAME: someone holds it (of any kind); with --group: the \
+                 group shown",
+            ),
+            (
+                "2",
+                "bad usage or input, or --group names no group; nothing was changed",
+            ),
             ("3", "NAME: nobody holds it"),
         ],
     ),
@@ -158,6 +166,36 @@ const OWN: &[(&str, Statuses)] = &[
             ("CMD's", "CMD ended the election: its exit status (0: done)"),
             ("127", "CMD cannot be started"),
             ("128+N", "signal N: CMD stopped and the leadership resigned"),
+        ],
+    ),
+    (
+        "share",
+        &[
+            (
+                "0",
+                "stopped by SIGTERM, SIGINT or SIGHUP: every CMD stopped, and the group left \
+                 (its partitions handed over)",
+            ),
+            (
+                "2",
+                "bad usage or input (--partitions 0, no CMD, a bad --ttl), or a partition \
+                 count other than the group's; nothing was changed",
+            ),
+            (
+                "3",
+                "the member name is in use by another live member (--conflict-exit-code \
+                 sets this status)",
+            ),
+            (
+                "5",
+                "the database is unreachable or failing, the schema is missing (run \
+                 `pglease migrate`), or a privilege is missing; also when the membership \
+                 was lost and could not be taken again",
+            ),
+            (
+                "127",
+                "CMD cannot be started: every CMD stopped, and the group left",
+            ),
         ],
     ),
     ("completions", &[("0", "the script on stdout")]),

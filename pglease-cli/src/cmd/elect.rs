@@ -289,6 +289,7 @@ impl Running {
             value: args.value.as_deref(),
             database_url: shared.database_url.as_deref(),
             declare: args.declare,
+            extra: Vec::new(),
         };
         // Standard input only when CMD gets the terminal (as a shell's job
         // does); a pipe or file is not read again by each term's CMD, and

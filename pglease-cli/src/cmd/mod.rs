@@ -16,6 +16,7 @@ pub(crate) mod protect;
 pub(crate) mod release;
 pub(crate) mod renew;
 pub(crate) mod run;
+pub(crate) mod share;
 pub(crate) mod status;
 pub(crate) mod step_down;
 

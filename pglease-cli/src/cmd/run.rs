@@ -72,6 +72,7 @@ pub(crate) async fn run(
         value: None,
         database_url,
         declare: args.declare,
+        extra: Vec::new(),
     };
     let mut child = match Child::spawn(&args.cmd, &lease, true) {
         Ok(child) => child,

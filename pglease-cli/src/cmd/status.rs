@@ -13,6 +13,9 @@ use crate::output::{note, out, printable, short, status_json};
 /// `pglease status [NAME]`: one name (exit 3 if nobody holds it), or the
 /// leases the filters keep, with a summary line on stderr.
 pub(crate) async fn status(manager: &LeaseManager, args: StatusArgs) -> Outcome {
+    if let Some(group) = &args.group {
+        return group_status(manager, group, args.json).await;
+    }
     let filter = filter(&args);
     let name = args.name.as_deref();
     let leases = match name {
@@ -38,11 +41,189 @@ pub(crate) async fn status(manager: &LeaseManager, args: StatusArgs) -> Outcome 
         .await
         .map_err(|e| (e, "status"))?;
     table(&leases, now);
+    if name.is_none() && unfiltered(&args) {
+        groups_table(manager).await;
+    }
     if name.is_none() && !crate::output::quiet() {
         summary(manager, &leases).await?;
     }
     timeline_note(manager, now).await;
     Ok(code)
+}
+
+/// Whether no filter was asked for (the whole overview).
+fn unfiltered(args: &StatusArgs) -> bool {
+    !args.held && !args.expired && args.prefix.is_none() && args.limit.is_none()
+}
+
+/// The overview's lease groups, after its leases: a table, if there are
+/// any and the role may read `pglease.groups` (nothing otherwise).
+async fn groups_table(manager: &LeaseManager) {
+    let Ok(groups) = manager.admin().groups().await else {
+        return;
+    };
+    if groups.is_empty() {
+        return;
+    }
+    let names: Vec<String> = groups
+        .iter()
+        .map(|g| fit(&printable(&g.name), NAME_WIDTH))
+        .collect();
+    let width = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(5);
+    out!();
+    out!(
+        "{:<width$} {:>10} {:>8} {:>6}",
+        "GROUP",
+        "PARTITIONS",
+        "MEMBERS",
+        "OWNED"
+    );
+    for (g, shown) in groups.iter().zip(&names) {
+        out!(
+            "{shown:<width$} {:>10} {:>8} {:>6}",
+            g.partitions,
+            g.members,
+            g.owned
+        );
+    }
+}
+
+/// `status --group GROUP`: a line per member with the partitions it owns,
+/// then the free partitions; `--json`: one object.
+async fn group_status(manager: &LeaseManager, group: &str, json: bool) -> Outcome {
+    let status = manager.group(group).await.map_err(|e| (e, "status"))?;
+    let free: Vec<u32> = status
+        .owners
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.is_none())
+        .map(|(k, _)| k as u32)
+        .collect();
+    if json {
+        out!("{}", group_json(&status, &free));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let names: Vec<String> = status
+        .members
+        .iter()
+        .map(|m| fit(&printable(&m.name), HOLDER_WIDTH))
+        .collect();
+    let width = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(6);
+    out!(
+        "{:<width$} {:>10} {:>8}  PARTITIONS",
+        "MEMBER",
+        "TOKEN",
+        "EXPIRES"
+    );
+    for (m, shown) in status.members.iter().zip(&names) {
+        // A partition handed over to the member, not picked up yet: k*.
+        let handed = |k: u32| {
+            status
+                .owners
+                .get(k as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|o| o.handed)
+        };
+        let owns = if m.owns.is_empty() {
+            "-".to_owned()
+        } else if m.owns.iter().any(|&k| handed(k)) {
+            let each: Vec<String> = m
+                .owns
+                .iter()
+                .map(|&k| format!("{k}{}", if handed(k) { "*" } else { "" }))
+                .collect();
+            each.join(" ")
+        } else {
+            ranges(&m.owns)
+        };
+        out!(
+            "{shown:<width$} {:>10} {:>8}  {owns}",
+            m.token,
+            format!("in {}", short(m.remaining)),
+        );
+    }
+    out!(
+        "{:<width$} {:>10} {:>8}  {}",
+        "(free)",
+        "",
+        "",
+        if free.is_empty() {
+            "-".to_owned()
+        } else {
+            ranges(&free)
+        }
+    );
+    let handed = status.owners.iter().flatten().any(|o| o.handed);
+    note!(
+        "pglease: group {:?}: {} partitions, {} member{}, {} owned, {} free{}",
+        status.name,
+        status.partitions,
+        status.members.len(),
+        plural(status.members.len() as u32),
+        status.owners.iter().flatten().count(),
+        free.len(),
+        if handed {
+            "; k*: handed over to the member, not picked up yet"
+        } else {
+            ""
+        }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `status --group --json`: the group, its members (each with the
+/// partitions it owns) and each partition's owner (null: free).
+fn group_json(status: &pglease::GroupStatus, free: &[u32]) -> serde_json::Value {
+    json!({
+        "name": status.name,
+        "partitions": status.partitions,
+        "members": status.members.iter().map(|m| json!({
+            "name": m.name,
+            "token": m.token.get(),
+            "remaining_ms": m.remaining.as_millis() as u64,
+            "owns": m.owns,
+        })).collect::<Vec<_>>(),
+        "owners": status.owners.iter().enumerate().map(|(k, o)| o.as_ref().map(|o| json!({
+            "partition": k,
+            "name": pglease::partition_name(&status.name, k as u32),
+            "member": o.member,
+            "token": o.token.get(),
+            "remaining_ms": o.remaining.as_millis() as u64,
+            "handed": o.handed,
+        }))).collect::<Vec<_>>(),
+        "free": free,
+    })
+}
+
+/// Partition numbers as ranges: `0-3 5 7-8`.
+fn ranges(ks: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ks.len() {
+        let start = ks[i];
+        let mut end = start;
+        while i + 1 < ks.len() && ks[i + 1] == end + 1 {
+            i += 1;
+            end = ks[i];
+        }
+        parts.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+        i += 1;
+    }
+    parts.join(" ")
 }
 
 /// The filter the command line asks for (all leases without one).

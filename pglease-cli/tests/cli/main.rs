@@ -25,6 +25,7 @@ pglease_formations::suite![
     patroni,
     pooler,
     sets,
+    share,
     shared,
     terminal,
     timeline,
