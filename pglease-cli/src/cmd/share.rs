@@ -16,9 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use pglease::{
-    Error, GroupEvent, GroupMember, GroupOptions, HeldLease, LeaseManager, Revoke, Token,
-};
+use pglease::{GroupEvent, GroupMember, GroupOptions, HeldLease, LeaseManager, Revoke, Token};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -163,26 +161,13 @@ pub(crate) async fn share(
         }
     };
     pool.stop_all(&mut signals).await;
-    leave(manager, member, ending).await
+    leave(member, ending).await
 }
 
 /// Leaves the group once every CMD has stopped; how `share` exits.
-async fn leave(manager: &LeaseManager, member: GroupMember, ending: Ending) -> Outcome {
+async fn leave(member: GroupMember, ending: Ending) -> Outcome {
     let group = member.group().to_owned();
-    let name = member.member().to_owned();
-    let left = match tokio::time::timeout(LEAVE_LIMIT, member.leave()).await {
-        // The member's task can end its leave before it reads the request
-        // for the outcome, which then says ShutDown (this manager is never
-        // shut down): the group says whether the member is gone.
-        Ok(Err(Error::ShutDown)) if !matches!(ending, Ending::Stopped) => {
-            match manager.group(&group).await {
-                Ok(status) if status.members.iter().all(|m| m.name != name) => Ok(Ok(())),
-                Ok(_) => Ok(Err(Error::ShutDown)),
-                Err(e) => Ok(Err(e)),
-            }
-        }
-        left => left,
-    };
+    let left = tokio::time::timeout(LEAVE_LIMIT, member.leave()).await;
     match (ending, left) {
         (Ending::Stopped, Ok(Err(e))) => Err((e, "share")),
         (Ending::Stopped, _) => {
