@@ -303,6 +303,16 @@ pub(crate) async fn count_leases(pool: &PgPool) -> Result<u64> {
     Ok(u64::try_from(count).unwrap_or_default())
 }
 
+/// Changes a group's partition count; the count before.
+pub(crate) async fn set_group_partitions(
+    pool: &PgPool,
+    group: &str,
+    partitions: u32,
+) -> Result<u32> {
+    let before: i32 = scalar(pool, sql::set_group_partitions(group, partitions)).await?;
+    Ok(u32::try_from(before).unwrap_or(0))
+}
+
 /// Every lease group, by name.
 pub(crate) async fn groups(pool: &PgPool) -> Result<Vec<crate::GroupSummary>> {
     let rows = sql::query(sql::GROUPS).fetch_all(pool).await?;

@@ -435,6 +435,14 @@ pub(crate) fn leave_group(group: &str, member: &str, member_token: Token) -> Str
     )
 }
 
+/// Change a group's partition count: the count before.
+pub(crate) fn set_group_partitions(group: &str, partitions: u32) -> String {
+    format!(
+        "SELECT pglease.set_group_partitions({}, {partitions})",
+        Text(group)
+    )
+}
+
 /// Every group: partitions, live members, owned partitions.
 pub(crate) const GROUPS: &str = "SELECT name, partitions, members, owned, created_by::text, created_at FROM pglease.groups ORDER BY name";
 

@@ -516,6 +516,12 @@ impl Task {
             match self.look().await {
                 Ok(read) => {
                     failures = 0;
+                    // Joining again uses the group's count as it is now.
+                    if let Ok(partitions) = u32::try_from(read.partitions)
+                        && partitions > 0
+                    {
+                        self.partitions = partitions;
+                    }
                     let look_in = if read.owners.is_some() {
                         let held: BTreeSet<usize> = self.held.keys().copied().collect();
                         let revoking: BTreeSet<usize> = self.revoking.keys().copied().collect();

@@ -11,9 +11,7 @@ use sqlx::postgres::PgPool;
 use super::LeaseManager;
 use crate::context::Context;
 use crate::db;
-#[cfg(doc)]
-use crate::error::Error;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::limits::check_text;
 
 /// The administrator's operations on a manager's database (see
@@ -122,6 +120,38 @@ impl Admin<'_> {
     /// Cancel-safe: it only reads.
     pub async fn count_leases(&self) -> Result<u64> {
         db::count_leases(self.pool()).await
+    }
+
+    /// Changes lease group `group`'s partition count to `partitions` (1 to
+    /// [`MAX_PARTITIONS`](crate::limits::MAX_PARTITIONS)); returns the
+    /// count before. The role that created the group, or an
+    /// administrator. The members release the partitions beyond the new
+    /// count and share out the new ones at their next read (at once: the
+    /// change is notified).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad name or count, or a group that
+    /// does not exist (nothing sent for a bad count);
+    /// [`Error::NotPermitted`] for another role's group;
+    /// [`Error::Database`] if the statement failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before the database answers, the change may or may not
+    /// commit.
+    pub async fn set_group_partitions(&self, group: &str, partitions: u32) -> Result<u32> {
+        check_text("group", group)?;
+        if !(1..=crate::limits::MAX_PARTITIONS).contains(&partitions) {
+            return Err(Error::invalid(
+                "partitions",
+                format!(
+                    "must be 1 to {}, got {partitions}",
+                    crate::limits::MAX_PARTITIONS
+                ),
+            ));
+        }
+        db::set_group_partitions(self.pool(), group, partitions).await
     }
 
     /// Every lease group, by name: its partition count, live members and

@@ -93,6 +93,29 @@ async fn until(members: &mut [&mut Tracked], what: &str, done: impl Fn(&[usize])
     }
 }
 
+/// Reads every member's events until they own exactly partitions 0 to
+/// `partitions` - 1, each member its share.
+async fn until_shared(members: &mut [&mut Tracked], what: &str, partitions: usize) {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let owned: Vec<u32> = members.iter().flat_map(|t| t.owned.keys().copied()).collect();
+        let counts: Vec<usize> = members.iter().map(|t| t.owned.len()).collect();
+        let mut sorted = owned.clone();
+        sorted.sort_unstable();
+        if sorted == (0..partitions as u32).collect::<Vec<_>>() && balanced(partitions)(&counts) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {SETTLE:?}: {owned:?}");
+        for t in members.iter_mut() {
+            if let Ok(Some(event)) =
+                tokio::time::timeout(Duration::from_millis(10), t.member.next_event()).await
+            {
+                t.apply(event);
+            }
+        }
+    }
+}
+
 /// Every one of `partitions` owned, each member its share.
 fn balanced(partitions: usize) -> impl Fn(&[usize]) -> bool {
     move |counts| {
@@ -311,6 +334,35 @@ async fn a_settled_group_costs_each_member_a_bounded_number_of_statements() {
     assert!(group <= 1.0 / (2.0 * period) + 1.0 / seconds, "reads {group:.2}/s");
 }
 
+/// The partition count changes under live members: they release the
+/// partitions beyond a smaller count and share out a larger one; only the
+/// role that created the group (or an administrator) changes it.
+async fn a_changed_partition_count_is_shared_out_by_the_live_members() {
+    let db = TestDb::new().await;
+    let options = GroupOptions::partitions(8).ttl(TTL);
+    let (ma, mb) = (db.manager(), db.manager());
+    let mut a = Tracked::join(&ma, "a", options.clone()).await;
+    let mut b = Tracked::join(&mb, "b", options.clone()).await;
+    until(&mut [&mut a, &mut b], "8 over two", balanced(8)).await;
+    assert_eq!(ma.admin().set_group_partitions("orders", 5).await.expect("shrink"), 8);
+    until_shared(&mut [&mut a, &mut b], "5 over two", 5).await;
+    assert_eq!(ma.admin().set_group_partitions("orders", 12).await.expect("grow"), 5);
+    until_shared(&mut [&mut a, &mut b], "12 over two", 12).await;
+    let status = ma.group("orders").await.expect("the group");
+    assert_eq!(status.partitions, 12);
+    assert!(status.owners.iter().all(Option::is_some));
+    // A member joining now joins with the new count.
+    let c = mb.join("orders", GroupOptions::partitions(12).ttl(TTL).member("c")).await;
+    assert!(c.is_ok(), "{c:?}");
+    let refused = ma.admin().set_group_partitions("orders", 0).await;
+    assert!(
+        matches!(refused, Err(Error::InvalidInput { argument: "partitions", .. })),
+        "{refused:?}"
+    );
+    let missing = ma.admin().set_group_partitions("nothing", 3).await;
+    assert!(matches!(missing, Err(Error::InvalidInput { .. })), "{missing:?}");
+}
+
 /// Authority: a role outside the group's name grant cannot join, read or
 /// hand over; a membership token must be valid to take partitions; the
 /// same member cannot join twice; bad input is refused before anything
@@ -340,6 +392,12 @@ async fn only_permitted_roles_act_in_a_group_and_bad_input_is_refused() {
         lease.token()
     );
     assert_eq!(sqlstate_of(&mut conn, &sql).await.as_deref(), Some("42501"));
+    assert_eq!(
+        sqlstate_of(&mut conn, "SELECT pglease.set_group_partitions('orders', 9)")
+            .await
+            .as_deref(),
+        Some("42501")
+    );
     let mut as_owner = db.connect_as(&roles[0]).await;
     let sql = "SELECT * FROM pglease.take_partitions('orders', 'a', 999999, '{0}', '2 s')";
     assert_eq!(sqlstate_of(&mut as_owner, sql).await.as_deref(), Some("LE001"));
@@ -386,5 +444,6 @@ pglease_formations::tests![
     a_revoked_owner_gets_its_grace_and_is_fenced_when_it_overruns_it,
     a_graceful_leave_hands_the_partitions_over_under_new_tokens,
     a_settled_group_costs_each_member_a_bounded_number_of_statements,
+    a_changed_partition_count_is_shared_out_by_the_live_members,
     only_permitted_roles_act_in_a_group_and_bad_input_is_refused,
 ];
