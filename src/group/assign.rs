@@ -225,6 +225,58 @@ mod tests {
         assert_eq!(moved(&owners, &after), 14 - 4);
     }
 
+    proptest::proptest! {
+        /// From any owners at all (any members, strangers, free), the
+        /// target is balanced, keeps every member's partitions up to its
+        /// quota, and is then stable; a join from there moves only to the
+        /// newcomer, at most ceil(M / (N + 1)); a leave only the leaver's.
+        #[test]
+        fn any_start_is_balanced_sticky_and_bounded(
+            m in 1usize..200,
+            n in 1usize..12,
+            seed in proptest::collection::vec(0usize..14, 0..200),
+            gone in 0usize..12,
+        ) {
+            let all = names(n + 1);
+            let members = refs(&all[..n]);
+            let pool: Vec<&str> = refs(&all).into_iter().chain(["stranger"]).collect();
+            let owners: Vec<Option<&str>> =
+                seed.iter().take(m).map(|&i| pool.get(i).copied()).collect();
+            let t = target(m, &members, &owners);
+            assert_balanced(m, &members, &t);
+            let settled = owners_of(&members, &t);
+            // Sticky: a member keeps min(what it had, its new count).
+            for (i, member) in members.iter().enumerate() {
+                let had = owners.iter().filter(|o| **o == Some(*member)).count();
+                let kept = owners
+                    .iter()
+                    .zip(&settled)
+                    .filter(|(o, s)| **o == Some(*member) && **s == Some(*member))
+                    .count();
+                let now = t.iter().filter(|&&x| x == i).count();
+                proptest::prop_assert_eq!(kept, had.min(now));
+            }
+            proptest::prop_assert_eq!(target(m, &members, &settled), t.clone());
+            // A join.
+            let joined = refs(&all);
+            let after = owners_of(&joined, &target(m, &joined, &settled));
+            let newcomer = joined[n];
+            for (b, a) in settled.iter().zip(&after) {
+                proptest::prop_assert!(b == a || *a == Some(newcomer));
+            }
+            proptest::prop_assert!(moved(&settled, &after) <= m.div_ceil(n + 1));
+            // A leave.
+            if n > 1 {
+                let left = members[gone % n];
+                let rest: Vec<&str> = members.iter().copied().filter(|&x| x != left).collect();
+                let after = owners_of(&rest, &target(m, &rest, &settled));
+                for (b, a) in settled.iter().zip(&after) {
+                    proptest::prop_assert!(b == a || *b == Some(left));
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_weights_do_not_depend_on_the_process() {
         // Pinned: every member in every process and version computes these.
