@@ -53,7 +53,8 @@
 -- 12. Shared leases, many holders or one: _shared, _writer_waits,
 --     acquire_shared, _lock_for_shared, _own_shared, _renew_shared,
 --     _release_shared, assert_shared, view shared.
--- 13. Handover to a named successor: _hand_to, hand_over,
+-- 13. Handover to a named successor: _may_hand_over, _lock_to_hand,
+--     _hand_to, hand_over,
 --     _successor_place, successor_waits.
 -- 14. One picture of a name, whoever holds it: view status.
 -- 15. Groups, members sharing partitions: _max_partitions, _max_take,

@@ -21,6 +21,64 @@
 -- 'released' and the new term's 'acquired', each naming the other holder.
 -- =====================================================================
 
+-- Whether a lease may be handed over now (raises otherwise): not on a
+-- standby, and, since a handover draws a token, as acquire: not before
+-- the timeline is checked nor in a grant delay (55P03; see TIMELINES).
+-- Internal.
+CREATE FUNCTION pglease._may_hand_over(name text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    note text;
+BEGIN
+    IF pg_is_in_recovery() THEN
+        PERFORM pglease._refuse_standby('hand over a lease');
+    END IF;
+    note := (pglease._no_grant_now('hand_over')).why;
+    IF note IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '55P03',
+            MESSAGE = format('pglease: cannot hand lease %L over now: %s; release it instead',
+                             _may_hand_over.name, note);
+    END IF;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._may_hand_over(text) FROM PUBLIC;
+
+-- Lease NAME's row, FOR UPDATE, once its holder's open fenced
+-- transactions have ended (as by force_release), checked valid under
+-- TOKEN (LE001) and this session's to act on (42501): what a handover
+-- moves. Internal.
+CREATE FUNCTION pglease._lock_to_hand(name text, token bigint)
+RETURNS pglease.leases
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    lease pglease.leases := pglease._lock_to_end(_lock_to_hand.name, _lock_to_hand.token,
+                                                 'hand over');
+BEGIN
+    IF lease.name IS NULL OR lease.token <> _lock_to_hand.token OR lease.holder IS NULL
+       OR clock_timestamp() >= lease.expires_at
+       OR (lease.session_pid IS NOT NULL
+           AND pglease._session_gone(lease.session_pid, lease.session_start)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'LE001',
+            MESSAGE = format('pglease: lease %L is not held under token %s: only a valid '
+                             'lease can be handed over', _lock_to_hand.name, _lock_to_hand.token),
+            DETAIL = format('reason=not_held token=%s name=%s', _lock_to_hand.token,
+                            _lock_to_hand.name);
+    END IF;
+    IF lease.role IS DISTINCT FROM session_user AND NOT pglease._may_act(lease.role) THEN
+        PERFORM pglease._refuse_owner(_lock_to_hand.name, lease.role, 'hand over');
+    END IF;
+    RETURN lease;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._lock_to_hand(text, bigint) FROM PUBLIC;
+
 -- The move itself, shared by hand_over and a group's handover (see
 -- GROUPS): LEASE, the row as locked by _lock_to_end and checked valid by
 -- the caller, becomes SUCCESSOR's term, under ROLE, for SECONDS, with a
@@ -79,8 +137,6 @@ DECLARE
     checked  text;
     lease    pglease.leases;
     place    pglease._line;
-    note     text;
-    t        timestamptz;
     waiting  bigint;
 BEGIN
     IF NOT coalesce(octet_length(hand_over.name) BETWEEN 1 AND pglease._max_text_bytes()
@@ -92,17 +148,7 @@ BEGIN
         checked := pglease._check_text('successor', hand_over.successor);
         PERFORM pglease._check_ttl(hand_over.ttl);
     END IF;
-    IF pg_is_in_recovery() THEN
-        PERFORM pglease._refuse_standby('hand over a lease');
-    END IF;
-    -- It draws a token: as acquire, not before the timeline is checked and
-    -- not in a grant delay (see TIMELINES).
-    note := (pglease._no_grant_now('hand_over')).why;
-    IF note IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '55P03',
-            MESSAGE = format('pglease: cannot hand lease %L over now: %s; release it instead',
-                             hand_over.name, note);
-    END IF;
+    PERFORM pglease._may_hand_over(hand_over.name);
 
     -- Kept when nobody waits under that name (OR_RELEASE false): a read
     -- first, so that a mistyped successor ends nothing of a valid
@@ -118,22 +164,7 @@ BEGIN
         END IF;
     END IF;
 
-    -- The row, FOR UPDATE, once the holder's open fenced transactions have
-    -- ended (as by force_release).
-    lease := pglease._lock_to_end(hand_over.name, hand_over.token, 'hand over');
-    t := clock_timestamp();
-    IF lease.name IS NULL OR lease.token <> hand_over.token OR lease.holder IS NULL
-       OR t >= lease.expires_at
-       OR (lease.session_pid IS NOT NULL
-           AND pglease._session_gone(lease.session_pid, lease.session_start)) THEN
-        RAISE EXCEPTION USING ERRCODE = 'LE001',
-            MESSAGE = format('pglease: lease %L is not held under token %s: only a valid '
-                             'lease can be handed over', hand_over.name, hand_over.token),
-            DETAIL = format('reason=not_held token=%s name=%s', hand_over.token, hand_over.name);
-    END IF;
-    IF lease.role IS DISTINCT FROM session_user AND NOT pglease._may_act(lease.role) THEN
-        PERFORM pglease._refuse_owner(hand_over.name, lease.role, 'hand over');
-    END IF;
+    lease := pglease._lock_to_hand(hand_over.name, hand_over.token);
 
     -- The successor's live place in this name's line, for this name alone.
     waiting := pglease._successor_place(hand_over.name, hand_over.successor);

@@ -371,29 +371,9 @@ BEGIN
                              hand_over_partition.grp, found_group.partitions - 1,
                              hand_over_partition.partition);
     END IF;
-    IF pg_is_in_recovery() THEN
-        PERFORM pglease._refuse_standby('hand over a partition');
-    END IF;
     piece := pglease._piece(hand_over_partition.grp, NULL, hand_over_partition.partition);
-    checked := (pglease._no_grant_now('hand_over_partition')).why;
-    IF checked IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '55P03',
-            MESSAGE = format('pglease: cannot hand lease %L over now: %s; release it instead',
-                             piece, checked);
-    END IF;
-
-    lease := pglease._lock_to_end(piece, hand_over_partition.token, 'hand over');
-    IF lease.name IS NULL OR lease.token <> hand_over_partition.token OR lease.holder IS NULL
-       OR clock_timestamp() >= lease.expires_at THEN
-        RAISE EXCEPTION USING ERRCODE = 'LE001',
-            MESSAGE = format('pglease: lease %L is not held under token %s: only a valid '
-                             'lease can be handed over', piece, hand_over_partition.token),
-            DETAIL = format('reason=not_held token=%s name=%s', hand_over_partition.token,
-                            piece);
-    END IF;
-    IF lease.role IS DISTINCT FROM session_user AND NOT pglease._may_act(lease.role) THEN
-        PERFORM pglease._refuse_owner(piece, lease.role, 'hand over');
-    END IF;
+    PERFORM pglease._may_hand_over(piece);
+    lease := pglease._lock_to_hand(piece, hand_over_partition.token);
 
     -- The successor, a live member not leaving (its lease, under the lock
     -- of no one: a membership ending meanwhile only makes the handed term

@@ -74,6 +74,17 @@ impl Tracked {
     }
 }
 
+/// Applies the events each member has ready (waiting up to 10 ms each).
+async fn pump(members: &mut [&mut Tracked]) {
+    for t in members.iter_mut() {
+        if let Ok(Some(event)) =
+            tokio::time::timeout(Duration::from_millis(10), t.member.next_event()).await
+        {
+            t.apply(event);
+        }
+    }
+}
+
 /// Reads every member's events until `done(counts)`.
 async fn until(members: &mut [&mut Tracked], what: &str, done: impl Fn(&[usize]) -> bool) {
     let deadline = Instant::now() + SETTLE;
@@ -83,13 +94,7 @@ async fn until(members: &mut [&mut Tracked], what: &str, done: impl Fn(&[usize])
             return;
         }
         assert!(Instant::now() < deadline, "{what}: not within {SETTLE:?}: {counts:?}");
-        for t in members.iter_mut() {
-            if let Ok(Some(event)) =
-                tokio::time::timeout(Duration::from_millis(10), t.member.next_event()).await
-            {
-                t.apply(event);
-            }
-        }
+        pump(members).await;
     }
 }
 
@@ -106,13 +111,7 @@ async fn until_shared(members: &mut [&mut Tracked], what: &str, partitions: usiz
             return;
         }
         assert!(Instant::now() < deadline, "{what}: not within {SETTLE:?}: {owned:?}");
-        for t in members.iter_mut() {
-            if let Ok(Some(event)) =
-                tokio::time::timeout(Duration::from_millis(10), t.member.next_event()).await
-            {
-                t.apply(event);
-            }
-        }
+        pump(members).await;
     }
 }
 
@@ -305,13 +304,10 @@ async fn a_settled_group_costs_each_member_a_bounded_number_of_statements() {
     let first = stats(&members);
     let stretch = Duration::from_secs(6);
     let started = Instant::now();
-    while started.elapsed() < stretch {
-        for t in members.iter_mut() {
-            if let Ok(Some(event)) =
-                tokio::time::timeout(Duration::from_millis(10), t.member.next_event()).await
-            {
-                t.apply(event);
-            }
+    {
+        let mut tracked: Vec<&mut Tracked> = members.iter_mut().collect();
+        while started.elapsed() < stretch {
+            pump(&mut tracked).await;
         }
     }
     let seconds = started.elapsed().as_secs_f64();
