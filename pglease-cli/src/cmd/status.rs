@@ -65,16 +65,7 @@ async fn groups_table(manager: &LeaseManager) {
     if groups.is_empty() {
         return;
     }
-    let names: Vec<String> = groups
-        .iter()
-        .map(|g| fit(&printable(&g.name), NAME_WIDTH))
-        .collect();
-    let width = names
-        .iter()
-        .map(|n| n.chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(5);
+    let (names, width) = column(groups.iter().map(|g| g.name.as_str()), NAME_WIDTH, "GROUP");
     out!();
     out!(
         "{:<width$} {:>10} {:>8} {:>6}",
@@ -108,17 +99,11 @@ async fn group_status(manager: &LeaseManager, group: &str, json: bool) -> Outcom
         out!("{}", group_json(&status, &free));
         return Ok(ExitCode::SUCCESS);
     }
-    let names: Vec<String> = status
-        .members
-        .iter()
-        .map(|m| fit(&printable(&m.name), HOLDER_WIDTH))
-        .collect();
-    let width = names
-        .iter()
-        .map(|n| n.chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(6);
+    let (names, width) = column(
+        status.members.iter().map(|m| m.name.as_str()),
+        HOLDER_WIDTH,
+        "MEMBER",
+    );
     out!(
         "{:<width$} {:>10} {:>8}  PARTITIONS",
         "MEMBER",
@@ -250,19 +235,27 @@ const NAME_WIDTH: usize = 48;
 /// The HOLDER column's width, likewise.
 const HOLDER_WIDTH: usize = 28;
 
+/// A table's first column: each text made printable and cut to `limit`
+/// characters, and the column's width (at least its `heading`'s).
+fn column<'a>(
+    texts: impl Iterator<Item = &'a str>,
+    limit: usize,
+    heading: &str,
+) -> (Vec<String>, usize) {
+    let cells: Vec<String> = texts.map(|t| fit(&printable(t), limit)).collect();
+    let width = cells
+        .iter()
+        .map(|c| c.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(heading.chars().count());
+    (cells, width)
+}
+
 /// Prints `leases` as a table, their expiries as seen at `now` (database
 /// clock).
 fn table(leases: &[LeaseStatus], now: DateTime<Utc>) {
-    let names: Vec<String> = leases
-        .iter()
-        .map(|s| fit(&printable(&s.name), NAME_WIDTH))
-        .collect();
-    let width = names
-        .iter()
-        .map(|n| n.chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(4);
+    let (names, width) = column(leases.iter().map(|s| s.name.as_str()), NAME_WIDTH, "NAME");
     out!(
         "{:<width$} {:<HOLDER_WIDTH$} {:>10}  EXPIRES",
         "NAME",
