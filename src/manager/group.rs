@@ -1,6 +1,8 @@
 //! Lease groups on the manager: joining one, and reading one.
 
 use super::LeaseManager;
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::Result;
 use crate::group::{self, GroupMember, GroupOptions, GroupStatus};
 
