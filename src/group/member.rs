@@ -544,6 +544,11 @@ impl Task {
                         } else {
                             take_misses = 0;
                         }
+                        if plan.gone > 0 {
+                            // The next look (at their expiry) reads the
+                            // owners again.
+                            self.need_full = true;
+                        }
                         if plan.unowned > 0 {
                             // Free partitions another member should take:
                             // if a read of another moment targets them

@@ -67,6 +67,10 @@ pub(crate) struct Plan {
     /// reads made at other moments may target them elsewhere, so a member
     /// looks again soon while any is left.
     pub(crate) unowned: usize,
+    /// Partitions whose owner is no longer a live member: they free
+    /// themselves at their expiry (`look_in` says when), and the read
+    /// then must name the owners again.
+    pub(crate) gone: usize,
     /// The soonest the read says something may change by itself: another
     /// member's membership, or the lease of a partition it waits for whose
     /// owner is gone, could expire then.
@@ -127,6 +131,7 @@ pub(crate) fn plan(
             && !live.contains(o.member.as_str())
             && !(leaving && o.member == me)
         {
+            plan.gone += 1;
             plan.look_in = plan.look_in.min(Some(o.remaining)).or(Some(o.remaining));
         }
         if to == me {
@@ -299,6 +304,7 @@ mod tests {
                 .filter(|&&k| t[k] != me && owners[k].is_none())
                 .count();
             assert_eq!(p.unowned, free_elsewhere, "{me}");
+            assert_eq!(p.gone, 1, "{me}");
         }
     }
 
