@@ -61,9 +61,9 @@
 --     _successor_place, successor_waits.
 -- 14. One picture of a name, whoever holds it: view status.
 -- 15. Groups, members sharing partitions: _max_partitions, _max_take,
---     _groups, _members, _piece, _group, _membership, join_group,
---     group_state, take_partitions, hand_over_partition, start_leaving,
---     leave_group, set_group_partitions, view groups.
+--     _groups, _members, _piece, _create_pieces, _group, _membership,
+--     join_group, group_state, take_partitions, hand_over_partition,
+--     start_leaving, leave_group, set_group_partitions, view groups.
 -- =====================================================================
 -- 0. THE RULES EVERY FUNCTION KEEPS
 -- =====================================================================
@@ -5625,6 +5625,36 @@ $$;
 
 REVOKE ALL ON FUNCTION pglease._piece(text, text, integer) FROM PUBLIC;
 
+-- Creates the rows of partitions FIRST to LAST of group GRP that do not
+-- exist yet, free, as _create makes one (token 0, so that the first
+-- acquisition draws the first token), under the creator slots of their
+-- names (see _create), locked in slot order so that two of these never
+-- wait on each other in a circle. Done once, when the group is created or
+-- grows: otherwise each member's first take would create its partitions
+-- one by one and hold their slots to its commit, and members taking at
+-- once would wait on each other's slots for up to a second a partition.
+CREATE FUNCTION pglease._create_pieces(grp text, first integer, last integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM 1 FROM pglease._creators AS c
+     WHERE c.slot IN (SELECT DISTINCT hashtext(format('%s/%s', _create_pieces.grp, k)) & 255
+                        FROM generate_series(_create_pieces.first, _create_pieces.last) AS k)
+     ORDER BY c.slot
+       FOR UPDATE OF c;
+    INSERT INTO pglease.leases AS l (name, holder, token, expires_at, acquired_at, queued)
+    SELECT format('%s/%s', _create_pieces.grp, k), NULL, 0, clock_timestamp(), clock_timestamp(),
+           EXISTS (SELECT 1 FROM pglease._line AS q
+                    WHERE q.name = format('%s/%s', _create_pieces.grp, k))
+      FROM generate_series(_create_pieces.first, _create_pieces.last) AS k
+    ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._create_pieces(text, integer, integer) FROM PUBLIC;
+
 -- The group's row, or 22023 naming the group when it does not exist.
 CREATE FUNCTION pglease._group(grp text)
 RETURNS pglease._groups
@@ -5706,6 +5736,9 @@ BEGIN
         INSERT INTO pglease._groups AS g (name, partitions, role, created_at)
         VALUES (join_group.grp, join_group.partitions, session_user, clock_timestamp())
         ON CONFLICT (name) DO NOTHING;
+        IF FOUND THEN
+            PERFORM pglease._create_pieces(join_group.grp, 0, join_group.partitions - 1);
+        END IF;
     END IF;
     known := (pglease._group(join_group.grp)).partitions;
     IF known <> coalesce(join_group.partitions, known) THEN
@@ -5762,7 +5795,7 @@ BEGIN
     RETURN QUERY
     SELECT 'member', m.member::text, NULL::integer, l.token, l.expires_at - t, NULL::boolean
       FROM pglease._members AS m
-      JOIN pglease.leases AS l ON l.name = pglease._piece(m.group_name, m.member, NULL)
+      JOIN pglease.leases AS l ON l.name = format('%s/members/%s', m.group_name, m.member)
      WHERE m.group_name = group_state.grp AND NOT m.leaving
        AND l.holder = m.member AND t < l.expires_at
      ORDER BY m.member COLLATE "C";
@@ -5771,7 +5804,7 @@ BEGIN
         SELECT 'partition', l.holder::text, k, l.token, l.expires_at - t,
                l.handed_to IS NOT NULL
           FROM generate_series(0, found_group.partitions - 1) AS k
-          JOIN pglease.leases AS l ON l.name = pglease._piece(group_state.grp, NULL, k)
+          JOIN pglease.leases AS l ON l.name = format('%s/%s', group_state.grp, k)
          WHERE l.holder IS NOT NULL AND t < l.expires_at
          ORDER BY k;
     END IF;
@@ -5801,6 +5834,7 @@ DECLARE
     piece text;
     lease pglease.leases;
     got pglease.acquisition;
+    give_up timestamptz := clock_timestamp() + interval '1 second';
 BEGIN
     checked := pglease._check_text('group', take_partitions.grp);
     checked := pglease._check_text('member', take_partitions.member);
@@ -5825,6 +5859,9 @@ BEGIN
                                       take_partitions.member_token);
 
     FOR k IN SELECT DISTINCT u.k FROM unnest(take_partitions.partitions) AS u(k) ORDER BY u.k LOOP
+        -- A bounded statement: what is left after a second waits for the
+        -- member's next round (a takeover can take up to two seconds).
+        EXIT WHEN clock_timestamp() >= give_up;
         piece := pglease._piece(take_partitions.grp, NULL, k);
         -- Handed to this membership (hand_over_partition): picked up, and
         -- renewed from now, so that the taker's deadline, counted from
@@ -5864,7 +5901,7 @@ COMMENT ON FUNCTION pglease.take_partitions(text, text, bigint, integer[], inter
     'As MEMBER of group GRP under its membership token MEMBER_TOKEN (LE001 unless valid), '
     'take each of PARTITIONS (1 to _max_take()) that it can for TTL: one handed to this '
     'membership is picked up (renewed), a free or ended one is acquired (acquire), a held '
-    'one is left. Returns one row per partition taken: its token, expiry, when its term '
+    'one is left; those not reached within about a second are left for the next call. Returns one row per partition taken: its token, expiry, when its term '
     'began, and whether it was handed over.';
 
 CREATE FUNCTION pglease.hand_over_partition(grp text, partition integer, token bigint,
@@ -6009,6 +6046,10 @@ BEGIN
     END IF;
     UPDATE pglease._groups AS g SET partitions = set_group_partitions.partitions
      WHERE g.name = set_group_partitions.grp;
+    IF set_group_partitions.partitions > found_group.partitions THEN
+        PERFORM pglease._create_pieces(set_group_partitions.grp, found_group.partitions,
+                                       set_group_partitions.partitions - 1);
+    END IF;
     PERFORM pg_notify('pglease_release', hashtext(set_group_partitions.grp)::text);
     RETURN found_group.partitions;
 END

@@ -483,6 +483,10 @@ impl Task {
             let membership_loss = match &self.membership {
                 Some(m) if !m.is_lost() => m.loss_token(),
                 _ => {
+                    if stop.is_cancelled() || context.is_shut_down() {
+                        // The manager shut down (which released everything).
+                        return Err(Error::ShutDown);
+                    }
                     if self.membership.is_some() {
                         self.membership_lost();
                     }

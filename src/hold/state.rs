@@ -93,7 +93,13 @@ impl HeldState {
             if v.lost.is_some() {
                 return false;
             }
-            tracing::warn!(name = self.lease.name(), token = self.lease.token().get(), %reason, "lease lost");
+            // Released is the holder's own doing (release, handover,
+            // shutdown): said, not warned of.
+            if matches!(reason, LossReason::Released) {
+                tracing::debug!(name = self.lease.name(), token = self.lease.token().get(), "lease released");
+            } else {
+                tracing::warn!(name = self.lease.name(), token = self.lease.token().get(), %reason, "lease lost");
+            }
             v.lost = Some(reason);
             v.lost_at = Some(now);
             true

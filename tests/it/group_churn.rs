@@ -263,12 +263,28 @@ async fn until(
     limit: Duration,
     done: impl Fn(&[Option<String>]) -> bool,
 ) -> (Duration, Vec<Option<String>>) {
+    match within(m, since, limit, done).await {
+        Ok(found) => found,
+        Err(now) => panic!("{what}: not within {limit:?}: {now:?}"),
+    }
+}
+
+/// Polls until `done(owners)`: how long it took from `since`, or the
+/// owners at `limit`.
+async fn within(
+    m: &LeaseManager,
+    since: Instant,
+    limit: Duration,
+    done: impl Fn(&[Option<String>]) -> bool,
+) -> Result<(Duration, Vec<Option<String>>), Vec<Option<String>>> {
     loop {
         let now = owners(m).await;
         if done(&now) {
-            return (since.elapsed(), now);
+            return Ok((since.elapsed(), now));
         }
-        assert!(since.elapsed() < limit, "{what}: not within {limit:?}: {now:?}");
+        if since.elapsed() >= limit {
+            return Err(now);
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -437,8 +453,25 @@ async fn run_seed(seed: u64, figures: &mut Figures) {
                 let died = Instant::now();
                 let names: Vec<String> = members.iter().map(|m| m.name.clone()).collect();
                 let live: Vec<&str> = names.iter().map(String::as_str).collect();
-                let (owned_in, _) = until(&m, "every partition owned after a death", died,
-                                          TTL + Duration::from_secs(1), |o| all_owned_by(o, &live)).await;
+                let (owned_in, _) =
+                    match within(&m, died, TTL + Duration::from_secs(1), |o| all_owned_by(o, &live))
+                        .await
+                    {
+                        Ok(found) => found,
+                        Err(now) => {
+                            // What each live member said last, for the story.
+                            for member in &mut members {
+                                member.drain();
+                                let from = member.seen.len().saturating_sub(12);
+                                println!("{} said: {:?}", member.name, &member.seen[from..]);
+                            }
+                            panic!(
+                                "liveness: seed {seed}: every partition owned after a death: not \
+                                 within TTL + 1 s: {now:?} (died at {})",
+                                chrono::Utc::now().format("%S%.3f")
+                            );
+                        }
+                    };
                 figures.owned_after_death.push(owned_in);
                 let (took, after) =
                     until(&m, "balance after a death", died, SETTLE, |o| balanced(o, &live)).await;
