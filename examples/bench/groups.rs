@@ -2,6 +2,8 @@
 //! member on a manager and a pool of its own unless said otherwise (as
 //! separate processes would run), TTL 10 s, every revoke answered at once
 //! (no work to finish), in a database of its own (`pglease_bench_p7`).
+//! The first member of each group joins alone and takes every partition
+//! before the others join. `BENCH_GROUPS=1,3` runs only those parts.
 //!
 //! 1. A graceful leave beside P3: one of 4 members on 40 partitions calls
 //!    `leave()`; from the call to each of its partitions' `Assigned` event
@@ -18,7 +20,8 @@
 //!    time per renewal period, on the server (pg_stat_user_functions,
 //!    `track_functions = 'pl'`) and on the client (sqlx's statement log,
 //!    counted by pool: [`crate::shared::statements`]).
-//! 4. 100 members on 10,000 partitions, joining at once: time to settle;
+//! 4. 100 members on 10,000 partitions, 99 joining at once after the
+//!    first took every partition: time to settle (or the state at 60 s);
 //!    statements of one member (on its own manager) and of the group
 //!    while settling and while stable; server time and this process's CPU
 //!    per renewal period. The 99 other members run 11 to a manager (9
