@@ -24,6 +24,7 @@ mod failed_attempts;
 mod failover;
 mod fenced;
 mod flushes;
+mod groups;
 mod handover;
 mod history;
 mod library_level;
@@ -54,7 +55,7 @@ type Measure = for<'a> fn(&'a Bench) -> Pin<Box<dyn Future<Output = Result<(), E
 
 /// Every value of `BENCH_ONLY`, and the measure it runs alone: the one
 /// list the dispatcher reads.
-const ALONE: [(&str, Measure); 17] = [
+const ALONE: [(&str, Measure); 18] = [
     ("sql", |b| Box::pin(sql_level::run(b))),
     ("failover", |b| Box::pin(failover::run(b))),
     ("pooler", |b| Box::pin(pooler::run(b))),
@@ -72,6 +73,7 @@ const ALONE: [(&str, Measure); 17] = [
     ("tls", |b| Box::pin(tls::run(b))),
     ("thin", |b| Box::pin(thin::run(b))),
     ("declared", |b| Box::pin(declared::run(b))),
+    ("groups", |b| Box::pin(groups::run(b))),
 ];
 
 /// What a run without `BENCH_ONLY` measures, in this order (P1, P6, P1's

@@ -17,6 +17,7 @@ use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::shared::Bench;
 use crate::shared::database::{drop_database, fresh_database, server};
+use crate::shared::timing::process_cpu;
 
 const TTL: Duration = Duration::from_secs(60);
 const NAME: &str = "pglease_bench_p2b";
@@ -184,22 +185,4 @@ async fn failed_acquisitions(pool: &PgPool, leases: usize) -> Result<(), Error> 
         token_after - token
     );
     Ok(())
-}
-
-/// This process's CPU time (user + system) so far.
-fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command name (in parentheses): utime and stime
-    // are the 12th and 13th of them, in clock ticks (100 per second).
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }

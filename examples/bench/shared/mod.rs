@@ -1,13 +1,15 @@
 //! What the measures share: the timing and the pair tables
 //! ([`timing`]), the databases ([`database`]), the held leases
 //! ([`hold`]), the operations several measures time ([`ops`]), pgbench
-//! ([`pgbench`]) and the pairs it runs ([`pairs`]), and the waiters of
-//! the handover measures ([`waiters`]).
+//! ([`pgbench`]) and the pairs it runs ([`pairs`]), the waiters of the
+//! handover measures ([`waiters`]), and statements counted by pool
+//! ([`statements`]).
 
 pub(crate) mod database;
 pub(crate) mod ops;
 pub(crate) mod pairs;
 pub(crate) mod pgbench;
+pub(crate) mod statements;
 pub(crate) mod timing;
 pub(crate) mod waiters;
 
