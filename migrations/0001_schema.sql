@@ -62,8 +62,9 @@
 -- 14. One picture of a name, whoever holds it: view status.
 -- 15. Groups, members sharing partitions: _max_partitions, _max_take,
 --     _groups, _members, _piece, _create_pieces, _group, _membership,
---     join_group, group_state, take_partitions, hand_over_partition,
---     start_leaving, leave_group, set_group_partitions, view groups.
+--     join_group, group_state, take_partitions, _hand_partition,
+--     hand_over_partition, hand_over_partitions, start_leaving,
+--     leave_group, set_group_partitions, view groups.
 -- =====================================================================
 -- 0. THE RULES EVERY FUNCTION KEEPS
 -- =====================================================================
@@ -5549,7 +5550,7 @@ $$;
 --   take_partitions  the partitions a member takes, free ones by acquire
 --                  and ones handed to it by picking them up, in one
 --                  statement, only while its membership is valid;
---   hand_over_partition  the owner's handover to a live member (a new
+--   hand_over_partition(s)  the owner's handover to a live member (a new
 --                  token, as hand_over: the old one is refused from the
 --                  commit on, its open fenced transactions ended first),
 --                  or a release when the successor is not live;
@@ -5904,6 +5905,43 @@ COMMENT ON FUNCTION pglease.take_partitions(text, text, bigint, integer[], inter
     'one is left; those not reached within about a second are left for the next call. Returns one row per partition taken: its token, expiry, when its term '
     'began, and whether it was handed over.';
 
+-- Partition PIECE of group GRP, locked and checked valid under TOKEN
+-- (LE001 otherwise, 42501 for another role's), handed to member
+-- SUCCESSOR for SECONDS when it is a live member not leaving, else
+-- released: the new token, or NULL. Internal: the callers check their
+-- arguments and _may_hand_over first.
+CREATE FUNCTION pglease._hand_partition(grp text, piece text, token bigint, successor text,
+                                        seconds numeric)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    heir  pglease.leases;
+    lease pglease.leases := pglease._lock_to_hand(_hand_partition.piece, _hand_partition.token);
+BEGIN
+    -- The successor, a live member not leaving (its lease, under the lock
+    -- of no one: a membership ending meanwhile only makes the handed term
+    -- expire).
+    SELECT l.* INTO heir FROM pglease.leases AS l
+      JOIN pglease._members AS m
+        ON m.group_name = _hand_partition.grp AND m.member = _hand_partition.successor
+     WHERE l.name = format('%s/members/%s', _hand_partition.grp, _hand_partition.successor)
+       AND l.holder = _hand_partition.successor AND clock_timestamp() < l.expires_at
+       AND NOT m.leaving;
+    IF heir.name IS NULL THEN
+        PERFORM pglease.release(_hand_partition.piece, _hand_partition.token);
+        RETURN NULL;
+    END IF;
+    -- Wakes the successor alone (its membership's watch key).
+    PERFORM pg_notify('pglease_release', hashtext(heir.name)::text);
+    RETURN pglease._hand_to(lease, _hand_partition.successor, heir.role,
+                            _hand_partition.seconds, heir.token);
+END
+$$;
+
+REVOKE ALL ON FUNCTION pglease._hand_partition(text, text, bigint, text, numeric) FROM PUBLIC;
+
 CREATE FUNCTION pglease.hand_over_partition(grp text, partition integer, token bigint,
                                             successor text, ttl interval)
 RETURNS bigint
@@ -5912,12 +5950,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     checked text;
-    seconds numeric := extract(epoch FROM hand_over_partition.ttl);
     found_group pglease._groups;
     piece text;
-    heir  pglease.leases;
-    lease pglease.leases;
-    new_token bigint;
 BEGIN
     checked := pglease._check_text('group', hand_over_partition.grp);
     PERFORM pglease._check_token(hand_over_partition.token);
@@ -5933,27 +5967,9 @@ BEGIN
     END IF;
     piece := pglease._piece(hand_over_partition.grp, NULL, hand_over_partition.partition);
     PERFORM pglease._may_hand_over(piece);
-    lease := pglease._lock_to_hand(piece, hand_over_partition.token);
-
-    -- The successor, a live member not leaving (its lease, under the lock
-    -- of no one: a membership ending meanwhile only makes the handed term
-    -- expire).
-    SELECT l.* INTO heir FROM pglease.leases AS l
-      JOIN pglease._members AS m
-        ON m.group_name = hand_over_partition.grp AND m.member = hand_over_partition.successor
-     WHERE l.name = pglease._piece(hand_over_partition.grp, hand_over_partition.successor, NULL)
-       AND l.holder = hand_over_partition.successor AND clock_timestamp() < l.expires_at
-       AND NOT m.leaving;
-    IF heir.name IS NULL THEN
-        PERFORM pglease.release(piece, hand_over_partition.token);
-        new_token := NULL;
-    ELSE
-        new_token := pglease._hand_to(lease, hand_over_partition.successor, heir.role, seconds,
-                                      heir.token);
-        -- Wakes the successor alone (its membership's watch key).
-        PERFORM pg_notify('pglease_release', hashtext(heir.name)::text);
-    END IF;
-    RETURN new_token;
+    RETURN pglease._hand_partition(hand_over_partition.grp, piece, hand_over_partition.token,
+                                   hand_over_partition.successor,
+                                   extract(epoch FROM hand_over_partition.ttl));
 END
 $$;
 
@@ -5963,6 +5979,70 @@ COMMENT ON FUNCTION pglease.hand_over_partition(text, integer, bigint, text, int
     'fenced transactions ended first). SUCCESSOR picks it up with take_partitions. When '
     'SUCCESSOR is not a live member, the partition is released instead and NULL returned. '
     'LE001 if TOKEN is not valid; 42501 for another role''s lease.';
+
+CREATE FUNCTION pglease.hand_over_partitions(grp text, partitions integer[], tokens bigint[],
+                                             successors text[], ttl interval)
+RETURNS TABLE (partition integer, token bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    checked text;
+    found_group pglease._groups;
+    seconds numeric := extract(epoch FROM hand_over_partitions.ttl);
+    n integer := coalesce(cardinality(hand_over_partitions.partitions), 0);
+    i integer;
+BEGIN
+    checked := pglease._check_text('group', hand_over_partitions.grp);
+    PERFORM pglease._check_ttl(hand_over_partitions.ttl);
+    IF n NOT BETWEEN 1 AND pglease._max_take()
+       OR n <> coalesce(cardinality(hand_over_partitions.tokens), 0)
+       OR n <> coalesce(cardinality(hand_over_partitions.successors), 0) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'partitions',
+            MESSAGE = format('pglease: partitions, tokens and successors must list 1 to %s '
+                             'each, as many of each; got %s, %s and %s', pglease._max_take(), n,
+                             coalesce(cardinality(hand_over_partitions.tokens), 0),
+                             coalesce(cardinality(hand_over_partitions.successors), 0));
+    END IF;
+    found_group := pglease._group(hand_over_partitions.grp);
+    IF EXISTS (SELECT 1 FROM unnest(hand_over_partitions.partitions, hand_over_partitions.tokens)
+                                AS u(k, t)
+                WHERE u.k IS NULL OR u.k NOT BETWEEN 0 AND found_group.partitions - 1
+                   OR u.t IS NULL) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'partitions',
+            MESSAGE = format('pglease: group %L has partitions 0 to %s, each with a token; '
+                             'got %s', hand_over_partitions.grp, found_group.partitions - 1,
+                             hand_over_partitions.partitions);
+    END IF;
+    PERFORM pglease._may_hand_over(hand_over_partitions.grp);
+    FOR i IN 1 .. n LOOP
+        partition := hand_over_partitions.partitions[i];
+        BEGIN
+            token := NULL;
+            IF coalesce(hand_over_partitions.successors[i], '') = '' THEN
+                PERFORM pglease.release(format('%s/%s', hand_over_partitions.grp, partition),
+                                        hand_over_partitions.tokens[i]);
+            ELSE
+                token := pglease._hand_partition(hand_over_partitions.grp,
+                                                 format('%s/%s', hand_over_partitions.grp,
+                                                        partition),
+                                                 hand_over_partitions.tokens[i],
+                                                 hand_over_partitions.successors[i], seconds);
+            END IF;
+        EXCEPTION WHEN SQLSTATE 'LE001' THEN
+            -- No longer valid under that token: nothing to move.
+            token := NULL;
+        END;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION pglease.hand_over_partitions(text, integer[], bigint[], text[], interval) IS
+    'hand_over_partition for each PARTITIONS[i] held under TOKENS[i], to SUCCESSORS[i] (NULL '
+    'or empty: release it), in one statement and one commit (1 to _max_take() of them). One row per '
+    'partition: its new token, or NULL when it was released or was no longer valid under '
+    'its token (no error for that one). 42501 for another role''s lease.';
 
 CREATE FUNCTION pglease.start_leaving(grp text, member text, member_token bigint)
 RETURNS void

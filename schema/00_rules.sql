@@ -59,8 +59,9 @@
 -- 14. One picture of a name, whoever holds it: view status.
 -- 15. Groups, members sharing partitions: _max_partitions, _max_take,
 --     _groups, _members, _piece, _create_pieces, _group, _membership,
---     join_group, group_state, take_partitions, hand_over_partition,
---     start_leaving, leave_group, set_group_partitions, view groups.
+--     join_group, group_state, take_partitions, _hand_partition,
+--     hand_over_partition, hand_over_partitions, start_leaving,
+--     leave_group, set_group_partitions, view groups.
 -- =====================================================================
 -- 0. THE RULES EVERY FUNCTION KEEPS
 -- =====================================================================

@@ -397,20 +397,22 @@ pub(crate) fn take_partitions(
     )
 }
 
-/// Hand partition `partition` of `group` over to member `successor`: the
-/// new token, or NULL when it was released instead.
-pub(crate) fn hand_over_partition(
+/// Hand each of `partitions` of `group`, held under `tokens`, over to
+/// its member in `successors` (empty: release it): one row per partition
+/// with its new token, NULL when released or no longer valid.
+pub(crate) fn hand_over_partitions(
     group: &str,
-    partition: usize,
-    fence: &Fence,
-    successor: &str,
+    partitions: &[usize],
+    tokens: &[i64],
+    successors: &[&str],
     ttl: &PgInterval,
 ) -> String {
     format!(
-        "SELECT pglease.hand_over_partition({}, {partition}, {}::bigint, {}, {})",
+        "SELECT partition, token FROM pglease.hand_over_partitions({}, {}, {}, {}, {})",
         Text(group),
-        fence.token().get(),
-        Text(successor),
+        array(partitions, ToString::to_string, "integer"),
+        array(tokens, ToString::to_string, "bigint"),
+        array(successors, |s| (*s).to_owned(), "text"),
         Interval(ttl)
     )
 }

@@ -7,12 +7,11 @@
 //! per period for every lease it holds), a member sends one read of its
 //! group when a membership could have expired (the soonest of the other
 //! members' expiries), or when a join, a leave or a handover to it is
-//! notified; while it waits for a handover, at most one read every
-//! [`UNSETTLED_LOOK_HEARING`] (or [`UNSETTLED_LOOK`] without
-//! notifications); one take per round (at most [`MAX_TAKE`] partitions),
+//! notified; while it waits for a handover, at most one read a renewal
+//! period (every [`UNSETTLED_LOOK`] without notifications); one take per round (at most [`MAX_TAKE`] partitions),
 //! and after a take that missed some, another read from 25 to 50 ms
-//! later, backing off to 2 s while they keep being missed; one handover
-//! or release per partition that moves. A read names the owners only when the
+//! later, backing off to 2 s while they keep being missed; one statement
+//! per [`MAX_TAKE`] partitions handed over or released at once. A read names the owners only when the
 //! members changed since the last full read, a notification came, a
 //! partition was lost, or the member is not settled.
 
@@ -40,11 +39,10 @@ use crate::options::Timing;
 use crate::sql;
 use crate::token::Token;
 
-/// The longest a member that waits for a handover waits between reads:
-/// without notifications, and with them (a handover to it is notified, so
-/// that reading is only the fallback).
+/// The longest a member that waits for a handover waits between reads
+/// without notifications (behind a pooler). With them, a handover to it
+/// is notified, and it reads once a renewal period as a fallback.
 const UNSETTLED_LOOK: Duration = Duration::from_millis(250);
-const UNSETTLED_LOOK_HEARING: Duration = Duration::from_secs(1);
 
 /// How soon a member reads again when its read showed free partitions
 /// that the target gives another member.
@@ -332,32 +330,55 @@ impl Task {
                 Read::default()
             }
         };
+        let mut moving = Vec::new();
         for &k in ks {
             self.revoking.remove(&k);
-            let Some(held) = self.held.remove(&k) else {
-                continue;
-            };
-            let successor = plan::successor(&read, &self.me, self.leaving, k);
-            self.count();
-            let outcome = match &successor {
-                Some(to) => held
-                    .hand_over_partition(&self.group, k, to, &self.pg_ttl)
-                    .await
-                    .map(|token| {
-                        if token.is_some() {
-                            "handed_over"
-                        } else {
-                            "released"
-                        }
-                    }),
-                None => held.release().await.map(|_| "released"),
-            };
-            if let Ok(event) = outcome {
-                crate::telemetry::group_moves(&self.group, event, 1);
+            if let Some(held) = self.held.remove(&k) {
+                // Not renewed from here on, whatever the statement's fate.
+                held.forget();
+                let successor = plan::successor(&read, &self.me, self.leaving, k);
+                moving.push((k, held, successor.unwrap_or_default()));
             }
-            if let Err(error) = outcome {
-                tracing::warn!(group = %self.group, partition = k, %error,
-                               "could not hand the partition over: it is released in the background");
+        }
+        for chunk in moving.chunks(MAX_TAKE) {
+            let partitions: Vec<usize> = chunk.iter().map(|(k, _, _)| *k).collect();
+            let tokens: Vec<i64> = chunk.iter().map(|(_, h, _)| h.token().get()).collect();
+            let successors: Vec<&str> = chunk.iter().map(|(_, _, s)| s.as_str()).collect();
+            let statement = sql::hand_over_partitions(
+                &self.group,
+                &partitions,
+                &tokens,
+                &successors,
+                &self.pg_ttl,
+            );
+            let moved = self
+                .send("hand partitions over", async {
+                    Ok(sql::query(statement)
+                        .fetch_all(&self.context().pool)
+                        .await?)
+                })
+                .await;
+            match moved {
+                Ok(rows) => {
+                    let handed = rows
+                        .iter()
+                        .filter(|row| {
+                            row.try_get::<Option<i64>, _>("token")
+                                .ok()
+                                .flatten()
+                                .is_some()
+                        })
+                        .count();
+                    crate::telemetry::group_moves(&self.group, "handed_over", handed);
+                    crate::telemetry::group_moves(&self.group, "released", rows.len() - handed);
+                }
+                Err(error) => {
+                    tracing::warn!(group = %self.group, ?partitions, %error,
+                                   "could not hand the partitions over: releasing them in the background");
+                    for (_, held, _) in chunk {
+                        self.context().release_in_background(held.as_ref());
+                    }
+                }
             }
         }
         crate::telemetry::group_partitions(&self.group, self.held.len());
@@ -564,7 +585,7 @@ impl Task {
                             // Waiting for a handover: look again soon.
                             self.need_full = true;
                             let soon = if context.is_listening() {
-                                UNSETTLED_LOOK_HEARING
+                                self.timing.period
                             } else {
                                 UNSETTLED_LOOK
                             };

@@ -295,39 +295,6 @@ impl HeldLease {
         self.inner.released.store(true, Ordering::Release);
     }
 
-    /// Hands this group partition over to member `successor` (or releases
-    /// it when `successor` is no live member): a lease group's handover,
-    /// as [`HeldLease::hand_over`] is a line's. The handle reports the
-    /// lease released either way; on failure the lease is released in
-    /// the background.
-    pub(crate) async fn hand_over_partition(
-        self,
-        group: &str,
-        partition: usize,
-        successor: &str,
-        ttl: &PgInterval,
-    ) -> Result<Option<Token>> {
-        self.inner.registry.forget(&self.inner.state.lease);
-        self.inner.state.fire(LossReason::Released, Instant::now());
-        let outcome: Result<Option<i64>> = async {
-            let row = crate::sql::query(crate::sql::hand_over_partition(
-                group,
-                partition,
-                self.as_ref(),
-                successor,
-                ttl,
-            ))
-            .fetch_one(&self.inner.context.pool)
-            .await?;
-            Ok(sqlx::Row::try_get(&row, 0)?)
-        }
-        .await;
-        self.inner.released.store(true, Ordering::Release);
-        outcome
-            .map(|token| token.map(Token::issued))
-            .inspect_err(|_| self.inner.context.release_in_background(self.as_ref()))
-    }
-
     /// Stops renewing the lease and lets it expire `after` from now
     /// (database clock) instead of releasing it: nobody else can acquire it
     /// until then. For work that must not run again elsewhere too soon after
