@@ -45,7 +45,8 @@ use crate::token::Token;
 const UNSETTLED_LOOK: Duration = Duration::from_millis(250);
 
 /// How soon a member reads again when its read showed free partitions
-/// that the target gives another member.
+/// that the target gives another member (doubling while they stay free,
+/// up to a renewal period).
 const UNOWNED_LOOK: Duration = Duration::from_millis(100);
 
 /// Added to an expiry the member waits for, so that the read comes after
@@ -139,7 +140,6 @@ enum Wake {
     Done(usize, Token),
     Command(Option<Command>),
     Membership,
-    Heard,
 }
 
 impl Task {
@@ -499,6 +499,7 @@ impl Task {
         let mut commands_open = true;
         let mut failures = 0u32;
         let mut take_misses = 0u32;
+        let mut unowned_looks = 0u32;
         loop {
             // Joined, or joining (again).
             let membership_loss = match &self.membership {
@@ -577,9 +578,18 @@ impl Task {
                         if plan.unowned > 0 {
                             // Free partitions another member should take:
                             // if a read of another moment targets them
-                            // here, this member takes them then.
+                            // here, this member takes them then. Soon at
+                            // first, then less and less often (up to a
+                            // renewal period), so that a large group
+                            // waiting for a few partitions does not read
+                            // itself to a standstill.
+                            unowned_looks += 1;
                             self.need_full = true;
-                            wake_at = wake_at.min(now + UNOWNED_LOOK);
+                            let soon =
+                                backoff::backoff(UNOWNED_LOOK, unowned_looks, self.timing.period);
+                            wake_at = wake_at.min(now + soon);
+                        } else {
+                            unowned_looks = 0;
                         }
                         if plan.awaited > 0 {
                             // Waiting for a handover: look again soon.
@@ -627,9 +637,15 @@ impl Task {
                     Some((k, token)) = self.done_rx.recv() => break Wake::Done(k, token),
                     command = self.commands.recv(), if commands_open => break Wake::Command(command),
                     heard = next_release(&mut releases) => match heard {
-                        Ok(Some(name)) if name == self.group || name == my_key => break Wake::Heard,
+                        Ok(Some(name)) if name == self.group || name == my_key => {
+                            self.need_full = true;
+                            break Wake::Look;
+                        }
                         Ok(Some(_)) => {}
-                        Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => break Wake::Heard,
+                        Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                            self.need_full = true;
+                            break Wake::Look;
+                        }
                         Err(broadcast::error::RecvError::Closed) => releases = None,
                     },
                     () = tokio::time::sleep_until(wake_at) => break Wake::Look,
@@ -638,7 +654,6 @@ impl Task {
             match wake {
                 Wake::Stop => return Err(Error::ShutDown),
                 Wake::Membership | Wake::Look => {}
-                Wake::Heard => self.need_full = true,
                 Wake::Lost(k, token) => {
                     if self.held.get(&k).is_some_and(|h| h.token() == token)
                         && let Some(held) = self.held.remove(&k)
