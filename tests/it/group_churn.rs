@@ -221,14 +221,16 @@ impl Drop for Member {
     }
 }
 
-/// Who owns each partition now (valid leases only).
+/// Who owns each partition now: valid leases, picked up by their member
+/// (a partition handed over and not picked up yet is in transit: its new
+/// owner may not have heard of it, and may be frozen before it does).
 async fn owners(m: &LeaseManager) -> Vec<Option<String>> {
     m.group(GROUP)
         .await
         .expect("read the group")
         .owners
         .into_iter()
-        .map(|o| o.map(|o| o.member))
+        .map(|o| o.filter(|o| !o.handed).map(|o| o.member))
         .collect()
 }
 
