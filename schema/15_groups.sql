@@ -468,6 +468,7 @@ DECLARE
     seconds numeric := extract(epoch FROM hand_over_partitions.ttl);
     n integer := coalesce(cardinality(hand_over_partitions.partitions), 0);
     i integer;
+    piece text;
 BEGIN
     checked := pglease._check_text('group', hand_over_partitions.grp);
     PERFORM pglease._check_ttl(hand_over_partitions.ttl);
@@ -493,15 +494,13 @@ BEGIN
     PERFORM pglease._may_hand_over(hand_over_partitions.grp);
     FOR i IN 1 .. n LOOP
         partition := hand_over_partitions.partitions[i];
+        piece := pglease._piece(hand_over_partitions.grp, NULL, partition);
         BEGIN
             token := NULL;
             IF coalesce(hand_over_partitions.successors[i], '') = '' THEN
-                PERFORM pglease.release(format('%s/%s', hand_over_partitions.grp, partition),
-                                        hand_over_partitions.tokens[i]);
+                PERFORM pglease.release(piece, hand_over_partitions.tokens[i]);
             ELSE
-                token := pglease._hand_partition(hand_over_partitions.grp,
-                                                 format('%s/%s', hand_over_partitions.grp,
-                                                        partition),
+                token := pglease._hand_partition(hand_over_partitions.grp, piece,
                                                  hand_over_partitions.tokens[i],
                                                  hand_over_partitions.successors[i], seconds);
             END IF;

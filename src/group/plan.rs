@@ -77,6 +77,13 @@ pub(crate) struct Plan {
     pub(crate) look_in: Option<Duration>,
 }
 
+impl Plan {
+    /// Looks again no later than `after` from the read.
+    fn look_at_most(&mut self, after: Duration) {
+        self.look_in = Some(self.look_in.map_or(after, |soonest| soonest.min(after)));
+    }
+}
+
 /// The members the target shares the partitions among: the live ones,
 /// without `me` while it leaves.
 fn sharing<'a>(read: &'a Read, me: &str, leaving: bool) -> Vec<&'a str> {
@@ -132,7 +139,7 @@ pub(crate) fn plan(
             && !(leaving && o.member == me)
         {
             plan.gone += 1;
-            plan.look_in = plan.look_in.min(Some(o.remaining)).or(Some(o.remaining));
+            plan.look_at_most(o.remaining);
         }
         if to == me {
             if held.contains(&k) {
@@ -147,7 +154,7 @@ pub(crate) fn plan(
                     // member (see above), nor by this member's earlier
                     // self: the lease's expiry frees the partition.
                     if o.member == me {
-                        plan.look_in = plan.look_in.min(Some(o.remaining)).or(Some(o.remaining));
+                        plan.look_at_most(o.remaining);
                     }
                 }
             }

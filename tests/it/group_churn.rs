@@ -236,9 +236,9 @@ async fn owners(m: &LeaseManager) -> Vec<Option<String>> {
 
 /// Whether `owners` is balanced among `live`: every partition owned by a
 /// live member, each owning M / N rounded down or up.
-fn balanced(owners: &[Option<String>], live: &[&str]) -> bool {
+fn balanced(owners: &[Option<String>], live: &[String]) -> bool {
     let n = live.len();
-    let mut counts: BTreeMap<&str, usize> = live.iter().map(|m| (*m, 0)).collect();
+    let mut counts: BTreeMap<&str, usize> = live.iter().map(|m| (m.as_str(), 0)).collect();
     for owner in owners {
         match owner.as_deref().and_then(|o| counts.get_mut(o)) {
             Some(count) => *count += 1,
@@ -251,10 +251,15 @@ fn balanced(owners: &[Option<String>], live: &[&str]) -> bool {
 }
 
 /// Every partition owned by one of `live` (not necessarily balanced).
-fn all_owned_by(owners: &[Option<String>], live: &[&str]) -> bool {
+fn all_owned_by(owners: &[Option<String>], live: &[String]) -> bool {
     owners
         .iter()
-        .all(|o| o.as_deref().is_some_and(|o| live.contains(&o)))
+        .all(|o| o.as_ref().is_some_and(|o| live.contains(o)))
+}
+
+/// The names of `members`.
+fn names(members: &[Member]) -> Vec<String> {
+    members.iter().map(|m| m.name.clone()).collect()
 }
 
 /// Polls until `done(owners)`; how long it took from `since`.
@@ -395,8 +400,7 @@ async fn run_seed(seed: u64, figures: &mut Figures) {
         member.printed("joined", SETTLE).await;
         members.push(member);
     }
-    let live: Vec<String> = members.iter().map(|m| m.name.clone()).collect();
-    let live: Vec<&str> = live.iter().map(String::as_str).collect();
+    let live = names(&members);
     until(&m, "the first balance", Instant::now(), SETTLE * 2, |o| balanced(o, &live)).await;
 
     let mut steps = Steps(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
@@ -417,8 +421,7 @@ async fn run_seed(seed: u64, figures: &mut Figures) {
                 member.printed("joined", SETTLE).await;
                 let newcomer = member.name.clone();
                 members.push(member);
-                let names: Vec<String> = members.iter().map(|m| m.name.clone()).collect();
-                let live: Vec<&str> = names.iter().map(String::as_str).collect();
+                let live = names(&members);
                 let (took, after) =
                     until(&m, "balance after a join", started, SETTLE, |o| balanced(o, &live)).await;
                 let moves = moved(&before, &after);
@@ -436,8 +439,7 @@ async fn run_seed(seed: u64, figures: &mut Figures) {
                 let _ = leaver.stdin.take().map(|mut s| s.write_all(b"leave\n"));
                 leaver.printed("left", SETTLE).await;
                 figures.refused += leaver.refused();
-                let names: Vec<String> = members.iter().map(|m| m.name.clone()).collect();
-                let live: Vec<&str> = names.iter().map(String::as_str).collect();
+                let live = names(&members);
                 let (took, after) =
                     until(&m, "balance after a leave", started, SETTLE, |o| balanced(o, &live)).await;
                 let moves = moved(&before, &after);
@@ -453,8 +455,7 @@ async fn run_seed(seed: u64, figures: &mut Figures) {
                 let signal = if kind == "kill" { Signal::SIGKILL } else { Signal::SIGSTOP };
                 kill(gone.pid(), signal).expect("signal the member");
                 let died = Instant::now();
-                let names: Vec<String> = members.iter().map(|m| m.name.clone()).collect();
-                let live: Vec<&str> = names.iter().map(String::as_str).collect();
+                let live = names(&members);
                 let (owned_in, _) =
                     match within(&m, died, TTL + Duration::from_secs(1), |o| all_owned_by(o, &live))
                         .await
@@ -494,8 +495,7 @@ async fn run_seed(seed: u64, figures: &mut Figures) {
                     gone.printed("lost ", SETTLE).await;
                     let newcomer = gone.name.clone();
                     members.push(gone);
-                    let names: Vec<String> = members.iter().map(|m| m.name.clone()).collect();
-                    let live: Vec<&str> = names.iter().map(String::as_str).collect();
+                    let live = names(&members);
                     if std::env::var("GROUP_CHURN_DEBUG").is_ok() {
                         tokio::time::sleep(Duration::from_secs(6)).await;
                         let back = members.last_mut().expect("pushed");

@@ -85,34 +85,43 @@ async fn pump(members: &mut [&mut Tracked]) {
     }
 }
 
-/// Reads every member's events until `done(counts)`.
-async fn until(members: &mut [&mut Tracked], what: &str, done: impl Fn(&[usize]) -> bool) {
+/// Reads every member's events until `done` holds of the partitions
+/// each owns.
+async fn until_owned(
+    members: &mut [&mut Tracked],
+    what: &str,
+    done: impl Fn(&[Vec<u32>]) -> bool,
+) {
     let deadline = Instant::now() + SETTLE;
     loop {
-        let counts: Vec<usize> = members.iter().map(|t| t.owned.len()).collect();
-        if done(&counts) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {SETTLE:?}: {counts:?}");
-        pump(members).await;
-    }
-}
-
-/// Reads every member's events until they own exactly partitions 0 to
-/// `partitions` - 1, each member its share.
-async fn until_shared(members: &mut [&mut Tracked], what: &str, partitions: usize) {
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let owned: Vec<u32> = members.iter().flat_map(|t| t.owned.keys().copied()).collect();
-        let counts: Vec<usize> = members.iter().map(|t| t.owned.len()).collect();
-        let mut sorted = owned.clone();
-        sorted.sort_unstable();
-        if sorted == (0..partitions as u32).collect::<Vec<_>>() && balanced(partitions)(&counts) {
+        let owned: Vec<Vec<u32>> = members.iter().map(|t| t.owned.keys().copied().collect()).collect();
+        if done(&owned) {
             return;
         }
         assert!(Instant::now() < deadline, "{what}: not within {SETTLE:?}: {owned:?}");
         pump(members).await;
     }
+}
+
+/// Reads every member's events until `done(counts)`.
+async fn until(members: &mut [&mut Tracked], what: &str, done: impl Fn(&[usize]) -> bool) {
+    until_owned(members, what, |owned| {
+        done(&owned.iter().map(Vec::len).collect::<Vec<_>>())
+    })
+    .await;
+}
+
+/// Reads every member's events until they own exactly partitions 0 to
+/// `partitions` - 1, each member its share.
+async fn until_shared(members: &mut [&mut Tracked], what: &str, partitions: usize) {
+    let balanced = balanced(partitions);
+    until_owned(members, what, |owned| {
+        let mut all: Vec<u32> = owned.concat();
+        all.sort_unstable();
+        all == (0..partitions as u32).collect::<Vec<_>>()
+            && balanced(&owned.iter().map(Vec::len).collect::<Vec<_>>())
+    })
+    .await;
 }
 
 /// Every one of `partitions` owned, each member its share.
