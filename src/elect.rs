@@ -446,13 +446,15 @@ impl Elector {
         let token = held.token();
         match ended {
             Ended::Lost(reason) => {
-                tracing::info!(name = self.name, %token, ?reason, "leadership lost");
+                tracing::warn!(name = self.name, %token, %reason,
+                               "leadership lost: the leader's work was dropped");
                 false
             }
             Ended::Observed => {
                 // Somebody ended the term (an operator releasing it,
                 // say): most likely to move leadership elsewhere.
-                tracing::info!(name = self.name, %token, "leadership ended (observed)");
+                tracing::warn!(name = self.name, %token,
+                               "leadership ended by another session (observed): the leader's work was dropped");
                 self.state.send_replace(Leadership::Candidate);
                 self.sit_out(token).await
             }

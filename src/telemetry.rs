@@ -96,6 +96,20 @@ pub const METRICS: &[(&str, &str, &str, &str)] = &[
     ),
 ];
 
+/// Describes every metric of [`METRICS`] to the recorder installed (its
+/// meaning becomes the exporter's help text, `# HELP` in Prometheus'
+/// format; the histograms are in seconds). Call it once, after installing
+/// the recorder; without one it does nothing.
+pub fn describe() {
+    for &(name, kind, _, meaning) in METRICS {
+        match kind {
+            "counter" => metrics::describe_counter!(name, meaning),
+            "gauge" => metrics::describe_gauge!(name, meaning),
+            _ => metrics::describe_histogram!(name, metrics::Unit::Seconds, meaning),
+        }
+    }
+}
+
 const ACQUIRE_ATTEMPTS: &str = "pglease_acquire_attempts_total";
 const ACQUISITIONS: &str = "pglease_acquisitions_total";
 const ACQUIRE_SECONDS: &str = "pglease_acquire_seconds";

@@ -22,7 +22,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::postgres::types::PgInterval;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::DropGuard;
 
@@ -73,6 +73,7 @@ pub(crate) async fn join(setup: Setup, group: &str, options: GroupOptions) -> Re
     let (commands, commands_rx) = mpsc::unbounded_channel();
     let (done, done_rx) = mpsc::unbounded_channel();
     let (lost, lost_rx) = mpsc::unbounded_channel();
+    let (shown, membership) = watch::channel(None);
     let mut task = Task {
         setup,
         group: group.to_owned(),
@@ -94,8 +95,10 @@ pub(crate) async fn join(setup: Setup, group: &str, options: GroupOptions) -> Re
         done_rx,
         lost,
         lost_rx,
+        shown,
     };
     task.membership = Some(task.join_once().await?);
+    task.show_membership();
     let stopped = Arc::new(std::sync::Mutex::new(None));
     tokio::spawn(task.run(Arc::clone(&stopped)));
     Ok(GroupMember {
@@ -104,6 +107,7 @@ pub(crate) async fn join(setup: Setup, group: &str, options: GroupOptions) -> Re
         events: events_rx,
         commands,
         stopped,
+        membership,
     })
 }
 
@@ -128,6 +132,8 @@ struct Task {
     commands: mpsc::UnboundedReceiver<Command>,
     done: mpsc::UnboundedSender<(usize, Token)>,
     done_rx: mpsc::UnboundedReceiver<(usize, Token)>,
+    /// The membership as [`GroupMember::membership`] shows it.
+    shown: watch::Sender<Option<HeldLease>>,
     lost: mpsc::UnboundedSender<(usize, Token)>,
     lost_rx: mpsc::UnboundedReceiver<(usize, Token)>,
 }
@@ -385,6 +391,19 @@ impl Task {
         self.need_full = true;
     }
 
+    /// Shows the membership held now to [`GroupMember::membership`], if it
+    /// changed.
+    fn show_membership(&self) {
+        let now = self.membership.as_ref().map(HeldLease::token);
+        self.shown.send_if_modified(|shown| {
+            let changed = shown.as_ref().map(HeldLease::token) != now;
+            if changed {
+                shown.clone_from(&self.membership);
+            }
+            changed
+        });
+    }
+
     /// The membership was lost: every partition goes with it (held, they
     /// would keep the others from taking them), and the member joins again.
     fn membership_lost(&mut self) {
@@ -393,6 +412,7 @@ impl Task {
             .take()
             .and_then(|m| m.loss_reason())
             .unwrap_or(LossReason::Expired);
+        self.show_membership();
         tracing::warn!(group = %self.group, member = %self.me, ?reason,
                        "lost the group membership: giving up its partitions and joining again");
         self.revoking.clear();
@@ -410,6 +430,8 @@ impl Task {
 
     async fn run(mut self, stopped: Arc<std::sync::Mutex<Option<Error>>>) {
         let outcome = self.serve().await;
+        self.membership = None;
+        self.show_membership();
         match &outcome {
             Err(Error::ShutDown) | Ok(()) => {}
             Err(error) => {
@@ -466,6 +488,7 @@ impl Task {
         let Some(membership) = self.membership.take() else {
             return Ok(());
         };
+        self.show_membership();
         membership.forget();
         if membership.loss_reason() != Some(LossReason::Released) {
             return Ok(());
@@ -518,6 +541,7 @@ impl Task {
                     match self.join_once().await {
                         Ok(m) => {
                             self.membership = Some(m);
+                            self.show_membership();
                             failures = 0;
                         }
                         Err(error @ (Error::InvalidInput { .. } | Error::NotPermitted { .. })) => {

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::{Error, LossReason, Result};
 use crate::hold::HeldLease;
@@ -255,6 +255,8 @@ pub struct GroupMember {
     commands: mpsc::UnboundedSender<Command>,
     /// Why the member's task stopped, once it has, if not by leaving.
     stopped: Arc<Mutex<Option<Error>>>,
+    /// The membership lease held now.
+    membership: watch::Receiver<Option<HeldLease>>,
 }
 
 impl GroupMember {
@@ -266,6 +268,22 @@ impl GroupMember {
     /// This member's name.
     pub fn member(&self) -> &str {
         &self.member
+    }
+
+    /// The membership lease held now (the lease `GROUP/members/MEMBER`),
+    /// or `None` while the member joins again after losing it, and once
+    /// it has stopped. Its [`HeldLease::renewal_health`] says whether the
+    /// member's renewals (which renew its partitions in the same
+    /// statement) are confirmed; a sidecar's health check reads it. The
+    /// lease is the member's: do not release it, leave instead.
+    pub fn membership(&self) -> Option<HeldLease> {
+        self.membership.borrow().clone()
+    }
+
+    /// Every change of [`GroupMember::membership`], as a watch channel
+    /// (a joining again is a change).
+    pub fn watch_membership(&self) -> watch::Receiver<Option<HeldLease>> {
+        self.membership.clone()
     }
 
     /// The next event, or `None` once the member has stopped: it left, the
