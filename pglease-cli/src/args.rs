@@ -467,6 +467,11 @@ pub(crate) struct RunArgs {
     /// sessions.
     #[arg(long, conflicts_with_all = ["shared", "limit"])]
     pub(crate) declare: bool,
+    /// Serve /healthz, /readyz, /lease and /metrics over HTTP on ADDR
+    /// (HOST:PORT, or PORT alone for 127.0.0.1:PORT; port 0 picks a free
+    /// one, said on stderr).
+    #[arg(long, value_name = "ADDR", value_parser = Checked(http))]
+    pub(crate) http: Option<std::net::SocketAddr>,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
     pub(crate) cmd: Vec<String>,
@@ -497,6 +502,11 @@ pub(crate) struct ShareArgs {
     /// The pause before a CMD that exited by itself is started again.
     #[arg(long, default_value = "1s", value_parser = Checked(pause), allow_hyphen_values = true)]
     pub(crate) restart_delay: Duration,
+    /// Serve /healthz, /readyz, /lease and /metrics over HTTP on ADDR
+    /// (HOST:PORT, or PORT alone for 127.0.0.1:PORT; port 0 picks a free
+    /// one, said on stderr).
+    #[arg(long, value_name = "ADDR", value_parser = Checked(http))]
+    pub(crate) http: Option<std::net::SocketAddr>,
     /// The command and its arguments, run once per partition owned.
     #[arg(required = true, last = true)]
     pub(crate) cmd: Vec<String>,
@@ -563,6 +573,11 @@ pub(crate) struct ElectArgs {
     /// with `run --declare`.
     #[arg(long)]
     pub(crate) declare: bool,
+    /// Serve /healthz, /readyz, /lease and /metrics over HTTP on ADDR
+    /// (HOST:PORT, or PORT alone for 127.0.0.1:PORT; port 0 picks a free
+    /// one, said on stderr).
+    #[arg(long, value_name = "ADDR", value_parser = Checked(http))]
+    pub(crate) http: Option<std::net::SocketAddr>,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
     pub(crate) cmd: Vec<String>,
@@ -625,6 +640,20 @@ impl Command {
             Command::Run(args) => args.check().map_err(|why| ("run", why)),
             Command::Share(args) => args.check().map_err(|why| ("share", why)),
             _ => Ok(()),
+        }
+    }
+
+    /// A long-running command's board (`run`, `elect`, `share`), and
+    /// the address `--http` serves it on, if given.
+    pub(crate) fn board(
+        &self,
+    ) -> Option<(crate::sidecar::board::Kind, Option<std::net::SocketAddr>)> {
+        use crate::sidecar::board::Kind;
+        match self {
+            Command::Run(args) => Some((Kind::Run, args.http)),
+            Command::Elect(args) => Some((Kind::Elect, args.http)),
+            Command::Share(args) => Some((Kind::Share, args.http)),
+            _ => None,
         }
     }
 
@@ -876,6 +905,19 @@ fn group_grace(text: &str) -> Result<Duration, String> {
 }
 
 /// A pause before CMD starts again: zero to a day.
+fn http(text: &str) -> Result<std::net::SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse().map_err(|_| {
+        format!(
+            "{text:?} is not an address to listen on: give HOST:PORT with an IP address \
+             (127.0.0.1:9090, [::1]:9090, 0.0.0.0:9090) or a port alone (9090, for 127.0.0.1)"
+        )
+    })
+}
+
 fn pause(text: &str) -> Result<Duration, String> {
     duration(text, Duration::ZERO, DAY)
 }

@@ -443,6 +443,7 @@ impl Forwarding {
                  (a second signal kills it)"
             );
             group.signal(signal);
+            crate::sidecar::metrics::signal_forwarded(signal);
             self.forwarded = true;
         }
     }

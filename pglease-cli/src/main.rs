@@ -11,9 +11,11 @@ mod declare;
 mod exit;
 mod manual;
 mod output;
+mod sidecar;
 mod sync;
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{CommandFactory, FromArgMatches};
 use pglease::{AcquireOptions, Fence, LeaseManager};
@@ -73,6 +75,24 @@ async fn main() -> ExitCode {
         let explicit = database_url.is_some() || target.len() > 1;
         return cmd::demo::demo(&target, explicit, connect_timeout).await;
     }
+    // run, elect and share keep a board of where they stand; --http
+    // serves it from before connecting.
+    let board = cli
+        .command
+        .board()
+        .map(|(kind, _)| Arc::new(sidecar::board::Board::new(kind)));
+    let sidecar = match (cli.command.board(), &board) {
+        (Some((_, Some(addr))), Some(board)) => {
+            match sidecar::Sidecar::start(addr, Arc::clone(board)).await {
+                Ok(sidecar) => Some(sidecar),
+                Err(why) => {
+                    eprintln!("pglease: {why}");
+                    return ExitCode::from(exit::USAGE);
+                }
+            }
+        }
+        _ => None,
+    };
     // With --json, failures are answered in JSON on stdout too.
     let json = cli.command.wants_json();
     let manager = match connect::connect(&target, connect_timeout).await {
@@ -84,7 +104,13 @@ async fn main() -> ExitCode {
             return ExitCode::from(exit::DATABASE);
         }
     };
-    match dispatch(cli.command, &manager, database_url.as_deref()).await {
+    if let Some(sidecar) = &sidecar {
+        sidecar.connected(&manager);
+    }
+    if let Some(board) = &board {
+        board.set_phase(sidecar::first_phase(board));
+    }
+    match dispatch(cli.command, &manager, database_url.as_deref(), board).await {
         Ok(code) => code,
         Err((e, what)) => {
             let status = exit::fail(&e, what);
@@ -101,7 +127,14 @@ async fn dispatch(
     command: Command,
     manager: &LeaseManager,
     database_url: Option<&str>,
+    board: Option<Arc<sidecar::board::Board>>,
 ) -> exit::Outcome {
+    // run, elect and share have one (made from the command itself).
+    let board = || {
+        board
+            .clone()
+            .unwrap_or_else(|| unreachable!("made for this command"))
+    };
     match command {
         Command::Migrate { json } => cmd::migrate::migrate(manager, json).await,
         Command::Doctor(args) => cmd::doctor::doctor(manager, args).await,
@@ -154,7 +187,7 @@ async fn dispatch(
         Command::Protect(args) => cmd::protect::protect(manager, &args).await,
         Command::Unprotect(args) => cmd::protect::unprotect(manager, &args).await,
         Command::Status(args) => cmd::status::status(manager, args).await,
-        Command::Run(args) => cmd::run::run(manager, database_url, args).await,
+        Command::Run(args) => cmd::run::run(manager, database_url, args, &board()).await,
         Command::History { name, since, json } => {
             cmd::history::history(manager, &name, since, json).await
         }
@@ -172,8 +205,8 @@ async fn dispatch(
             )
             .await
         }
-        Command::Elect(args) => cmd::elect::elect(manager, database_url, args).await,
-        Command::Share(args) => cmd::share::share(manager, database_url, args).await,
+        Command::Elect(args) => cmd::elect::elect(manager, database_url, args, board()).await,
+        Command::Share(args) => cmd::share::share(manager, database_url, args, board()).await,
         Command::Demo | Command::Completions { .. } | Command::Man { .. } => {
             unreachable!("answered before connecting")
         }

@@ -18,6 +18,8 @@ use crate::args::ElectArgs;
 use crate::child::{Child, Group, LeaseEnv, StopSignals, signalled, status_number};
 use crate::exit::{self, Outcome};
 use crate::output::{human, note};
+use crate::sidecar::board::{Board, Phase};
+use crate::sidecar::metrics;
 use crate::sync::lock;
 
 /// What the terms of one `elect` share.
@@ -39,12 +41,15 @@ struct Shared {
     failures: Mutex<u32>,
     /// The process group of the CMD that runs, if one does.
     running: Mutex<Option<Group>>,
+    /// What `--http` reports.
+    board: Arc<Board>,
 }
 
 pub(crate) async fn elect(
     manager: &LeaseManager,
     database_url: Option<&str>,
     args: ElectArgs,
+    board: Arc<Board>,
 ) -> Outcome {
     let Some(mut signals) = StopSignals::watch() else {
         return Ok(ExitCode::from(exit::DATABASE));
@@ -61,6 +66,7 @@ pub(crate) async fn elect(
     if let Some(candidate) = &args.prefer {
         elector = elector.prefer(candidate.as_str());
     }
+    board.follow_leader(elector.watch_leader());
     note!("pglease: campaigning for {:?}", args.name);
     let shared = Arc::new(Shared {
         elector,
@@ -72,6 +78,7 @@ pub(crate) async fn elect(
         busy: watch::Sender::new(false),
         failures: Mutex::new(0),
         running: Mutex::new(None),
+        board,
     });
     let campaign = {
         let shared = Arc::clone(&shared);
@@ -125,6 +132,7 @@ fn stop(shared: &Shared, code: &mut Option<u8>, signal: Signal) {
         );
     }
     code.get_or_insert(signalled(signal));
+    shared.board.set_phase(Phase::Stopping);
     shared.stopping.cancel();
 }
 
@@ -140,13 +148,15 @@ async fn term(shared: &Shared, held: HeldLease) {
     // The previous term's CMD may still be stopping.
     let mut busy = shared.busy.subscribe();
     let _ = busy.wait_for(|b| !b).await;
+    let _leading = Leading::on(&shared.board, &held);
     let report = super::report_renewals(&held);
     tokio::pin!(report);
+    let mut again = false;
     loop {
         if shared.stopping.is_cancelled() {
             return;
         }
-        let mut running = match Running::start(shared, token) {
+        let mut running = match Running::start(shared, token, again) {
             Ok(running) => running,
             Err(e) => {
                 eprintln!("pglease: cannot start {:?}: {e}", shared.args.cmd[0]);
@@ -161,14 +171,17 @@ async fn term(shared: &Shared, held: HeldLease) {
                 if !restart_after(shared, ended(status, running.terminal)).await {
                     return;
                 }
+                again = true;
             }
             () = shared.elector.until_handover_due() => {
                 note!("pglease: the preferred candidate campaigns; stopping the command to hand over");
+                shared.board.set_phase(Phase::Stopping);
                 running.stop().await;
                 return;
             }
             by = shared.elector.until_step_down_requested() => {
                 note!("pglease: {by:?} asked this leader to step down; stopping the command");
+                shared.board.set_phase(Phase::Stopping);
                 running.stop().await;
                 shared.elector.step_down();
                 return;
@@ -178,6 +191,23 @@ async fn term(shared: &Shared, held: HeldLease) {
                 return;
             }
         }
+    }
+}
+
+/// A term on the board: leading under its lease from `on` until dropped
+/// (the term ended, or was lost), then campaigning again.
+struct Leading<'a>(&'a Board);
+
+impl Leading<'_> {
+    fn on<'a>(board: &'a Board, held: &HeldLease) -> Leading<'a> {
+        board.hold(Phase::Leading, std::slice::from_ref(held));
+        Leading(board)
+    }
+}
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        self.0.drop_leases(Phase::Campaigning);
     }
 }
 
@@ -280,7 +310,7 @@ struct Running {
 impl Running {
     /// CMD, in a process group of its own, with the term in its
     /// environment.
-    fn start(shared: &Shared, token: Token) -> std::io::Result<Running> {
+    fn start(shared: &Shared, token: Token, again: bool) -> std::io::Result<Running> {
         let args = &shared.args;
         let lease = LeaseEnv {
             leases: vec![(&args.name, token)],
@@ -295,6 +325,7 @@ impl Running {
         // does); a pipe or file is not read again by each term's CMD, and
         // a CMD in the background would only stop reading the terminal.
         let child = Child::spawn(&args.cmd, &lease, crate::child::in_terminal_foreground())?;
+        metrics::cmd_started(shared.board.kind(), again);
         shared.busy.send_replace(true);
         *lock(&shared.running) = Some(child.group());
         let terminal = child.has_terminal();

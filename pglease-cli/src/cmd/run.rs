@@ -14,6 +14,8 @@ use crate::args::RunArgs;
 use crate::child::{Child, Forwarding, Group, LeaseEnv, StopSignals, signalled, status_number};
 use crate::exit::{self, Outcome};
 use crate::output::{human, note};
+use crate::sidecar::board::{Board, Phase};
+use crate::sidecar::metrics;
 
 /// Why CMD is being stopped.
 enum Stopping {
@@ -48,6 +50,7 @@ pub(crate) async fn run(
     manager: &LeaseManager,
     database_url: Option<&str>,
     args: RunArgs,
+    board: &Board,
 ) -> Outcome {
     let holder = args
         .holder
@@ -74,9 +77,14 @@ pub(crate) async fn run(
         declare: args.declare,
         extra: Vec::new(),
     };
+    board.hold(Phase::Running, &held);
     let mut child = match Child::spawn(&args.cmd, &lease, true) {
-        Ok(child) => child,
+        Ok(child) => {
+            metrics::cmd_started(board.kind(), false);
+            child
+        }
         Err(e) => {
+            board.set_phase(Phase::Stopping);
             eprintln!("pglease: cannot start {:?}: {e}", args.cmd[0]);
             release_after(held, RELEASE_AFTER_LOSS).await;
             return Ok(ExitCode::from(exit::CANNOT_START));
@@ -102,6 +110,7 @@ pub(crate) async fn run(
             None => (status, None),
         },
         Err(stopping) => {
+            board.set_phase(Phase::Stopping);
             stopping.announce(&args);
             (
                 stop(&mut child, &mut signals, args.grace).await,
@@ -109,6 +118,7 @@ pub(crate) async fn run(
             )
         }
     };
+    board.set_phase(Phase::Stopping);
     let lost = matches!(stopped, Some(Stopping::Lost(..)));
     match kept_for(args.min_hold, acquired.elapsed(), lost) {
         Some(left) => expire_after(held, left).await,

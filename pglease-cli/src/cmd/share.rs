@@ -27,6 +27,8 @@ use crate::args::ShareArgs;
 use crate::child::{Child, LeaseEnv, StopSignals, signalled};
 use crate::exit::{self, Outcome};
 use crate::output::{human, note, short};
+use crate::sidecar::board::{Board, Phase};
+use crate::sidecar::metrics;
 
 /// The longest wait for the group to be left once every CMD has stopped
 /// (the database may be unreachable: the partitions then move when their
@@ -44,6 +46,8 @@ struct Common {
     /// Cancelled by a second signal: every CMD is killed at once.
     kill: CancellationToken,
     reports: mpsc::UnboundedSender<Report>,
+    /// What `--http` reports.
+    board: Arc<Board>,
 }
 
 /// What a worker is told: stop CMD.
@@ -84,6 +88,7 @@ pub(crate) async fn share(
     manager: &LeaseManager,
     database_url: Option<&str>,
     args: ShareArgs,
+    board: Arc<Board>,
 ) -> Outcome {
     // Signals are watched from the start, so that none is lost while
     // joining.
@@ -114,6 +119,7 @@ pub(crate) async fn share(
             return Ok(ExitCode::from(signalled(signal)));
         }
     };
+    board.joined(member.group(), member.member(), member.watch_membership());
     note!(
         "pglease: joined group {:?} as member {:?} ({} partitions)",
         member.group(),
@@ -130,6 +136,7 @@ pub(crate) async fn share(
         restart_delay: args.restart_delay,
         kill: CancellationToken::new(),
         reports,
+        board,
     });
     let mut pool = Pool {
         common: Arc::clone(&common),
@@ -160,6 +167,7 @@ pub(crate) async fn share(
             }
         }
     };
+    common.board.set_phase(Phase::Stopping);
     pool.stop_all(&mut signals).await;
     leave(member, ending).await
 }
@@ -212,10 +220,12 @@ impl Pool {
                     self.common.group,
                     lease.token()
                 );
+                self.common.board.owns(partition, &lease);
                 self.start(partition, lease);
             }
             GroupEvent::Revoking(revoke) => {
                 let k = revoke.partition();
+                self.common.board.disowns(k);
                 let deadline = Instant::from_std(revoke.deadline());
                 match self.workers.get(&k) {
                     Some(worker) => note!(
@@ -229,6 +239,7 @@ impl Pool {
                 self.stop(k, deadline, Some(revoke));
             }
             GroupEvent::Lost { partition, reason } => {
+                self.common.board.disowns(partition);
                 let token = self
                     .workers
                     .get(&partition)
@@ -334,7 +345,10 @@ async fn work(
             break stop;
         }
         let mut child = match Child::spawn(&common.cmd, &env, false) {
-            Ok(child) => child,
+            Ok(child) => {
+                metrics::cmd_started(common.board.kind(), starts > 0);
+                child
+            }
             Err(e) => {
                 let _ = common.reports.send(Report::CannotStart(k, e));
                 break stops.recv().await.unwrap_or(Stop {
