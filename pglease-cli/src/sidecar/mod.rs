@@ -102,29 +102,28 @@ impl Sidecar {
             return verdict;
         }
         let phase = snapshot.phase;
+        let Some(manager) = self.manager.get() else {
+            return Err(format!("{}: not connected yet", phase.as_str()));
+        };
         let mut checked = self.checked.lock().await;
         if let Some((at, verdict)) = &*checked
             && at.elapsed() < CHECK_FRESH
         {
             return verdict.clone();
         }
-        let verdict = match self.manager.get() {
-            None => Err(format!("{}: not connected yet", phase.as_str())),
-            Some(manager) => {
-                match tokio::time::timeout(CHECK_TIMEOUT, manager.admin().database_time()).await {
-                    Ok(Ok(_)) => Ok(format!(
-                        "{}: holding no lease; the database answers",
-                        phase.as_str()
-                    )),
-                    Ok(Err(e)) => Err(format!("{}: the database fails: {e}", phase.as_str())),
-                    Err(_) => Err(format!(
-                        "{}: the database did not answer within {} s",
-                        phase.as_str(),
-                        CHECK_TIMEOUT.as_secs()
-                    )),
-                }
-            }
-        };
+        let verdict =
+            match tokio::time::timeout(CHECK_TIMEOUT, manager.admin().database_time()).await {
+                Ok(Ok(_)) => Ok(format!(
+                    "{}: holding no lease; the database answers",
+                    phase.as_str()
+                )),
+                Ok(Err(e)) => Err(format!("{}: the database fails: {e}", phase.as_str())),
+                Err(_) => Err(format!(
+                    "{}: the database did not answer within {} s",
+                    phase.as_str(),
+                    CHECK_TIMEOUT.as_secs()
+                )),
+            };
         *checked = Some((Instant::now(), verdict.clone()));
         verdict
     }

@@ -27,6 +27,7 @@ pglease_formations::suite![
     sets,
     share,
     shared,
+    sidecar,
     terminal,
     timeline,
     tls,
