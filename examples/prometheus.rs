@@ -81,12 +81,19 @@ mod tests {
         assert!(renewals >= 2.0, "{rendered}");
         let released = "pglease_lease_ends_total{reason=\"released\"}";
         assert_eq!(sample(&rendered, released), Some(1.0), "{rendered}");
-        assert_eq!(sample(&rendered, "pglease_leases_held"), Some(0.0), "{rendered}");
+        assert_eq!(
+            sample(&rendered, "pglease_leases_held"),
+            Some(0.0),
+            "{rendered}"
+        );
         assert!(
             rendered.contains("# HELP pglease_acquire_seconds time from an acquire/hold call"),
             "{rendered}"
         );
-        assert!(rendered.contains("pglease_acquire_seconds_bucket{le=\"0.1\"}"), "{rendered}");
+        assert!(
+            rendered.contains("pglease_acquire_seconds_bucket{le=\"0.1\"}"),
+            "{rendered}"
+        );
         // Every series rendered is one the list names.
         for line in rendered.lines().filter(|l| l.starts_with("pglease_")) {
             let name = line.split(['{', ' ']).next().unwrap_or_default();
@@ -95,7 +102,9 @@ mod tests {
                 .find_map(|s| name.strip_suffix(s))
                 .unwrap_or(name);
             assert!(
-                pglease::telemetry::METRICS.iter().any(|m| m.0 == name || m.0 == base),
+                pglease::telemetry::METRICS
+                    .iter()
+                    .any(|m| m.0 == name || m.0 == base),
                 "{name} is not in pglease::telemetry::METRICS"
             );
         }

@@ -2,17 +2,57 @@
 //! (no two terms' fenced writes interleave), a resignation hands over to a
 //! waiting candidate at once (the time is printed, not asserted), and a
 //! leader whose lease is lost has its work stopped, its writes refused,
-//! and campaigns again while another candidate takes over.
+//! and campaigns again while another candidate takes over (saying so at
+//! `warn`, with the reason).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::common::{TestDb, poll_until};
+use tracing::instrument::WithSubscriber;
 use pglease::elect::{Elector, Leader, Leadership};
 use pglease::{AcquireOptions, Error, HeldLease, ManagerOptions};
 
 const BOUND: Duration = Duration::from_secs(10);
+
+/// What the library logs, formatted: on this test's thread while the
+/// guard of [`Logged::capture`] lives, and in the futures given it with
+/// `with_current_subscriber` (the runtime has worker threads).
+#[derive(Clone, Default)]
+struct Logged(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logged {
+    /// Captures every event at `warn` and above until the guard drops.
+    fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let to = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || to.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn text(&self) -> String {
+        let bytes = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
 
 async fn create_log(db: &TestDb) {
     sqlx::query("CREATE TABLE log (id bigserial PRIMARY KEY, token bigint NOT NULL)")
@@ -149,16 +189,21 @@ async fn candidates_lead_one_at_a_time_and_resigning_hands_over() {
 }
 
 async fn a_lost_term_stops_the_work_and_the_campaign_goes_on() {
+    let logged = Logged::default();
+    let _capture = logged.capture();
     let db = TestDb::new().await;
     create_log(&db).await;
     let electors = candidates(&db, 2, Duration::from_secs(1)).await;
     let stopped = Arc::new(AtomicBool::new(false));
     let first = {
         let (e, stopped) = (Arc::clone(&electors[0]), Arc::clone(&stopped));
-        tokio::spawn(async move {
-            e.run(async move |held| lead_until_dropped(held, Arc::clone(&stopped)).await)
-                .await
-        })
+        tokio::spawn(
+            async move {
+                e.run(async move |held| lead_until_dropped(held, Arc::clone(&stopped)).await)
+                    .await
+            }
+            .with_current_subscriber(),
+        )
     };
     poll_until("the first leads", BOUND, || async {
         electors[0].is_leader()
@@ -200,6 +245,18 @@ async fn a_lost_term_stops_the_work_and_the_campaign_goes_on() {
     })
     .await;
     eprintln!("the first knew after: {:?}", ended.elapsed());
+    // ... and said so, at warn, with the token and how the term ended (its
+    // renewal found the lease gone, or it observed the release first).
+    let said = logged.text();
+    let line = said
+        .lines()
+        .find(|l| l.contains("the leader's work was dropped"))
+        .unwrap_or_else(|| panic!("no warning of the dropped work in: {said}"));
+    assert!(line.contains("WARN") && line.contains(&format!("token={old}")), "{line}");
+    assert!(
+        line.contains("leadership lost") || line.contains("ended by another session"),
+        "{line}"
+    );
     // The old term's token fences nothing any more.
     let manager = db.manager();
     assert!(matches!(
