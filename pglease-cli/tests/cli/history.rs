@@ -140,4 +140,107 @@ async fn force_release_stops_a_running_holder_and_the_history_says_why() {
     let _ = std::fs::remove_file(&outcomes);
 }
 
-pglease_formations::tests![force_release_stops_a_running_holder_and_the_history_says_why(2),];
+/// The demo's scenario played with the command line on lease `job`: A
+/// acquires it (TTL 1 s) and opens a fenced transaction, then pauses
+/// past its TTL; B waits for it and takes it over, which ends A's
+/// fenced session; A's late fenced write under its token is refused; B
+/// releases. Returns A's and B's tokens.
+pub async fn stale_takeover(db: &crate::common::TestDb) -> (i64, i64) {
+    let a: i64 = crate::common::acquired(db, &["job", "--ttl", "1s", "--holder", "A"])
+        .parse()
+        .expect("a token");
+    let mut paused = db.pool().acquire().await.expect("A's connection");
+    sqlx::query("BEGIN")
+        .execute(&mut *paused)
+        .await
+        .expect("begin");
+    sqlx::query("SELECT pglease.assert_held('job', $1)")
+        .bind(a)
+        .execute(&mut *paused)
+        .await
+        .expect("A's fenced transaction");
+    let out = pglease(
+        db,
+        &[
+            "acquire", "job", "--ttl", "30s", "--holder", "B", "--wait", "20s", "--json",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let b = json(&out)["token"].as_i64().expect("B's token");
+    // A's paused session was ended by the takeover; its late write under
+    // its token, on a new connection, is refused.
+    assert!(
+        sqlx::query("SELECT 1")
+            .execute(&mut *paused)
+            .await
+            .is_err(),
+        "A's fenced session outlived the takeover"
+    );
+    paused.close_on_drop();
+    drop(paused);
+    let late = sqlx::query("SELECT pglease.assert_held('job', $1)")
+        .bind(a)
+        .execute(db.pool())
+        .await
+        .expect_err("A's late write is refused");
+    assert!(late.to_string().contains("job"), "{late}");
+    let out = pglease(db, &["release", "job", "--token", &b.to_string()]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    (a, b)
+}
+
+/// `history` lists a lease's transitions in the order they happened:
+/// the takeover ends A's fenced session after A's term expired, and
+/// records that eviction before it records the expiry (at the time it
+/// happened, in the past): oldest first means by time, not by row id.
+async fn history_lists_an_expiry_before_the_eviction_that_followed_it() {
+    let db = crate::common::new_db().await;
+    let (a, b) = stale_takeover(&db).await;
+    let history = json(&pglease(&db, &["history", "job", "--json"]));
+    let rows = history.as_array().expect("an array");
+    let seen: Vec<(&str, i64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["event"].as_str().expect("an event"),
+                r["token"].as_i64().expect("a token"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("acquired", a),
+            ("expired", a),
+            ("evicted", a),
+            ("acquired", b),
+            ("released", b)
+        ],
+        "{history}"
+    );
+    let times: Vec<chrono::DateTime<chrono::FixedOffset>> = rows
+        .iter()
+        .map(|r| {
+            chrono::DateTime::parse_from_rfc3339(r["at"].as_str().expect("a time"))
+                .expect("an RFC 3339 time")
+        })
+        .collect();
+    assert!(times.is_sorted(), "{history}");
+    // The table says the same, in the same order.
+    let table = stdout(&pglease(&db, &["history", "job"]));
+    let events: Vec<&str> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    assert_eq!(
+        events,
+        ["acquired", "expired", "evicted", "acquired", "released"],
+        "{table}"
+    );
+}
+
+pglease_formations::tests![
+    force_release_stops_a_running_holder_and_the_history_says_why(2),
+    history_lists_an_expiry_before_the_eviction_that_followed_it,
+];
