@@ -418,7 +418,10 @@ pub(crate) fn svg(name: &str, rows: &[Row]) -> String {
     let lanes = chart.holders.len().max(1);
     let plot_bottom = TOP + LANE * lanes as f64;
     // The span drawn: the rows' times, padded; an instant widened to 1 s.
-    let span = (chart.to - chart.from).num_milliseconds().max(1_000);
+    let span = match (chart.to - chart.from).num_milliseconds() {
+        0 => 1_000,
+        span => span,
+    };
     let pad = span / 25 + 1;
     let from = chart.from - chrono::Duration::milliseconds(pad);
     let to = chart.from + chrono::Duration::milliseconds(span + pad);
@@ -769,8 +772,7 @@ pub(crate) fn html(name: &str, rows: &[Row]) -> String {
          body{{font-family:sans-serif;margin:16px;color:#222}}\
          table{{border-collapse:collapse;font-size:13px}}\
          th,td{{border:1px solid #ccc;padding:2px 8px;text-align:left}}\
-         td.at{{font-family:monospace}}</style></head><body>\n\
-         <h1>pglease history: {n}</h1>\n",
+         td.at{{font-family:monospace}}</style></head><body>\n",
         n = escape(name),
     )
     .ok();

@@ -193,7 +193,7 @@ pub(crate) async fn history(
     Ok(ExitCode::SUCCESS)
 }
 
-fn transition_json(t: &Transition) -> serde_json::Value {
+pub(crate) fn transition_json(t: &Transition) -> serde_json::Value {
     json!({
         "id": t.id,
         "name": t.name,
