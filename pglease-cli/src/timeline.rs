@@ -160,16 +160,14 @@ const NOBODY: &str = "(no holder)";
 
 fn chart(name: &str, rows: &[Row]) -> Chart {
     let mut holders: Vec<String> = Vec::new();
-    let lane_of = |holder: &str, holders: &mut Vec<String>| match holders
-        .iter()
-        .position(|h| h == holder)
-    {
-        Some(i) => i,
-        None => {
-            holders.push(holder.to_owned());
-            holders.len() - 1
-        }
-    };
+    let lane_of =
+        |holder: &str, holders: &mut Vec<String>| match holders.iter().position(|h| h == holder) {
+            Some(i) => i,
+            None => {
+                holders.push(holder.to_owned());
+                holders.len() - 1
+            }
+        };
     let mut terms: Vec<Term> = Vec::new();
     let mut marks = Vec::new();
     // The latest term of each token.
@@ -782,10 +780,10 @@ pub(crate) fn html(name: &str, rows: &[Row]) -> String {
          <th>token</th><th>holder</th><th>renewals</th><th>detail</th></tr></thead><tbody>\n",
     );
     for r in rows {
-        write!(
+        writeln!(
             s,
             "<tr data-event=\"{e}\"><td class=\"at\">{at}</td><td>{e}</td><td>{t}</td>\
-             <td>{h}</td><td>{n}</td><td>{d}</td></tr>\n",
+             <td>{h}</td><td>{n}</td><td>{d}</td></tr>",
             e = escape(&r.event),
             at = exact(r.at),
             t = r.token,
@@ -867,7 +865,14 @@ mod tests {
         }
         assert!(!svg.contains(">handed over<") && !svg.contains(">timeline changed<"));
         // Self-contained: nothing fetched.
-        for fetch in ["<script", "href=", "url(http", "@import", "<image", "@font-face"] {
+        for fetch in [
+            "<script",
+            "href=",
+            "url(http",
+            "@import",
+            "<image",
+            "@font-face",
+        ] {
             assert!(!svg.contains(fetch), "{fetch}");
         }
     }
@@ -902,7 +907,13 @@ mod tests {
             forced,
             timeline,
             row(6, 101, "acquired", "C", "2026-12-06T15:00:07+00:00"),
-            row(7, 101, "step_down_requested", "C", "2026-12-06T15:00:08+00:00"),
+            row(
+                7,
+                101,
+                "step_down_requested",
+                "C",
+                "2026-12-06T15:00:08+00:00"
+            ),
         ]))
         .expect("parsed");
         let c = chart("job", &rows);
@@ -950,7 +961,10 @@ mod tests {
         assert!(bad(json!([r.clone()])).contains("row 1: \"at\" is not an RFC 3339 time"));
         r["at"] = json!("2026-12-06T15:00:00Z");
         r["token"] = json!("one");
-        assert_eq!(bad(json!([r.clone()])), "row 1: \"token\" is not an integer");
+        assert_eq!(
+            bad(json!([r.clone()])),
+            "row 1: \"token\" is not an integer"
+        );
         r["token"] = json!(1);
         r["event"] = Value::Null;
         assert_eq!(bad(json!([r])), "row 1: no \"event\"");

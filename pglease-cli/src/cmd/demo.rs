@@ -145,7 +145,10 @@ async fn paused_holder(manager: &LeaseManager) -> Result<(), BoxError> {
 /// at the end) as `history --json` prints it, and says how to draw it.
 async fn save_history(manager: &LeaseManager) -> Result<(), BoxError> {
     let rows = manager.history("report", None).await?;
-    let rows: Vec<_> = rows.iter().map(crate::cmd::history::transition_json).collect();
+    let rows: Vec<_> = rows
+        .iter()
+        .map(crate::cmd::history::transition_json)
+        .collect();
     let path = std::env::temp_dir().join(format!("pglease-demo-{}.json", std::process::id()));
     match std::fs::write(&path, serde_json::Value::Array(rows).to_string()) {
         Ok(()) => say(&format!(

@@ -85,7 +85,10 @@ pub(crate) fn draw_saved(name: Option<&str>, from: &Path, draw: &Draw) -> ExitCo
 /// Writes the drawings asked for; exit 2 when a file cannot be written.
 fn write_drawings(name: &str, rows: &[timeline::Row], draw: &Draw) -> ExitCode {
     let drawings = [
-        (draw.html.as_deref(), timeline::html as fn(&str, &[timeline::Row]) -> String),
+        (
+            draw.html.as_deref(),
+            timeline::html as fn(&str, &[timeline::Row]) -> String,
+        ),
         (draw.svg.as_deref(), timeline::svg),
     ];
     for (path, render) in drawings {
@@ -93,7 +96,9 @@ fn write_drawings(name: &str, rows: &[timeline::Row], draw: &Draw) -> ExitCode {
         let text = render(name, rows);
         let written = if path == Path::new("-") {
             let mut stdout = std::io::stdout().lock();
-            stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush())
+            stdout
+                .write_all(text.as_bytes())
+                .and_then(|()| stdout.flush())
         } else {
             std::fs::write(path, &text)
         };
