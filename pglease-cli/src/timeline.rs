@@ -203,12 +203,13 @@ fn chart(name: &str, rows: &[Row]) -> Chart {
         };
         if row.event == "acquired" {
             let lane = lane_of(&holder, &mut holders);
-            // The term before ended by an expiry, another's: taken over.
+            // The term before ended by an expiry, another's, and no term
+            // is still held (a shared holder beside others takes nothing
+            // over): taken over.
             let mut took_from = None;
-            if let Some(before) = terms
-                .iter_mut()
-                .rev()
-                .find(|t| t.ended != End::Open || t.end.is_some())
+            let none_held = terms.iter().all(|t| t.end.is_some());
+            if let Some(before) = terms.iter_mut().rev().find(|t| t.end.is_some())
+                && none_held
                 && before.ended == End::Expired
                 && before.lane != lane
                 && before.taken_by.is_none()
@@ -927,6 +928,23 @@ mod tests {
             assert!(svg.contains(&format!(">{words}</text>")), "{words}");
         }
         assert!(svg.contains("data-end=\"open\""));
+    }
+
+    #[test]
+    fn shared_holders_beside_each_other_take_nothing_over() {
+        let rows = parse(&json!([
+            row(1, 1, "acquired", "A", "2026-12-06T15:00:00+00:00"),
+            row(2, 2, "acquired", "B", "2026-12-06T15:00:01+00:00"),
+            row(3, 1, "expired", "A", "2026-12-06T15:00:02+00:00"),
+            row(4, 3, "acquired", "C", "2026-12-06T15:00:03+00:00"),
+            row(5, 2, "released", "B", "2026-12-06T15:00:04+00:00"),
+        ]))
+        .expect("parsed");
+        let c = chart("job", &rows);
+        assert_eq!(c.holders, ["A", "B", "C"]);
+        assert!(c.terms.iter().all(|t| t.took_from.is_none()), "{c:?}");
+        assert_eq!(c.terms[0].unaware_until, None);
+        assert_eq!(c.terms[2].ended, End::Open);
     }
 
     #[test]
