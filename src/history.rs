@@ -87,7 +87,9 @@ impl std::fmt::Display for Event {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Transition {
-    /// Its place in the history (increasing in the order recorded).
+    /// Its place in the history (increasing in the order recorded, which
+    /// is not always the order of `at`: an expiry is recorded at the next
+    /// acquisition, after an eviction that acquisition made).
     pub id: i64,
     /// The lease name.
     pub name: String,
@@ -142,7 +144,8 @@ pub struct TimelineChange {
 }
 
 impl LeaseManager {
-    /// The recorded transitions of lease `name`, oldest first, from
+    /// The recorded transitions of lease `name`, oldest first (by `at`,
+    /// then by `id`), from
     /// `since` on (all that are kept without it: 30 days by default, see
     /// docs/design.md, "History"), with the changes of timeline of the
     /// whole server ([`Event::TimelineChanged`]). One statement. `since` is compared with

@@ -617,11 +617,14 @@ pub(crate) fn history(name: &str, since: Option<DateTime<Utc>>) -> String {
         None => String::new(),
     };
     // A change of timeline (name NULL) belongs to every lease's history.
+    // By time, then id: rows are not written in the order of their times
+    // (a takeover records the eviction of the old term's fenced sessions
+    // first, then that term's expiry, at the earlier time it expired).
     format!(
         "SELECT id, coalesce(name, {0}) AS name, token, event, holder, at, renewals, detail, \
                 role::text AS role \
          FROM pglease.history \
-          WHERE (name = {0} OR name IS NULL){since} ORDER BY id",
+          WHERE (name = {0} OR name IS NULL){since} ORDER BY at, id",
         Text(name)
     )
 }

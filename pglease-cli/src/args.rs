@@ -154,17 +154,30 @@ pub(crate) enum Command {
     /// Hold a lease while CMD runs: renew it, stop CMD if it is lost.
     Run(RunArgs),
     /// NAME's recorded transitions, oldest first: acquired, released,
-    /// expired, evicted, force_released, value, step_down_requested.
+    /// expired, evicted, force_released, value, step_down_requested; or
+    /// drawn as a timeline (--html, --svg), also from a saved --json
+    /// (--from, no database).
     History {
-        /// The lease name.
-        #[arg(value_parser = Checked(text))]
-        name: String,
+        /// The lease name (with --from: only its rows; all without it).
+        #[arg(value_parser = Checked(text), required_unless_present = "from")]
+        name: Option<String>,
         /// Only those of the last D (e.g. 1h, 7days).
-        #[arg(long, value_parser = Checked(since), allow_hyphen_values = true)]
+        #[arg(long, value_parser = Checked(since), allow_hyphen_values = true,
+              conflicts_with = "from")]
         since: Option<Duration>,
         /// Print one JSON array.
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["html", "svg"])]
         json: bool,
+        /// Draw the timeline as an HTML page into FILE (- for stdout).
+        #[arg(long, value_name = "FILE")]
+        html: Option<std::path::PathBuf>,
+        /// Draw the timeline as an SVG image into FILE (- for stdout).
+        #[arg(long, value_name = "FILE")]
+        svg: Option<std::path::PathBuf>,
+        /// Draw from FILE, saved from `history NAME --json` (- for stdin),
+        /// without a database; needs --html or --svg.
+        #[arg(long, value_name = "FILE", conflicts_with = "json")]
+        from: Option<std::path::PathBuf>,
     },
     /// Break-glass: end NAME at once and move its fence, so its holder's
     /// token is stale (exit 3 if nobody holds it). Administrators only.

@@ -13,6 +13,7 @@ mod manual;
 mod output;
 mod sidecar;
 mod sync;
+mod timeline;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -29,7 +30,19 @@ async fn main() -> ExitCode {
         .try_get_matches()
         .and_then(|matches| Cli::from_arg_matches(&matches))
         .unwrap_or_else(|e| usage_error(e));
-    if let Err((subcommand, why)) = cli.command.check() {
+    let checked = cli.command.check().and_then(|()| match &cli.command {
+        Command::History {
+            html, svg, from, ..
+        } => {
+            let draw = cmd::history::Draw {
+                html: html.clone(),
+                svg: svg.clone(),
+            };
+            cmd::history::check(&draw, from.as_deref()).map_err(|why| ("history", why))
+        }
+        _ => Ok(()),
+    });
+    if let Err((subcommand, why)) = checked {
         // Said as clap says its own, with the subcommand's usage.
         let mut command = manual::command();
         command.build();
@@ -46,6 +59,19 @@ async fn main() -> ExitCode {
     match &cli.command {
         Command::Completions { shell } => return completions(*shell),
         Command::Man { dir } => return man(dir.as_deref()),
+        Command::History {
+            name,
+            from: Some(from),
+            html,
+            svg,
+            ..
+        } => {
+            let draw = cmd::history::Draw {
+                html: html.clone(),
+                svg: svg.clone(),
+            };
+            return cmd::history::draw_saved(name.as_deref(), from, &draw);
+        }
         _ => {}
     }
     // --database-url, else DATABASE_URL; empty means "not set".
@@ -188,8 +214,18 @@ async fn dispatch(
         Command::Unprotect(args) => cmd::protect::unprotect(manager, &args).await,
         Command::Status(args) => cmd::status::status(manager, args).await,
         Command::Run(args) => cmd::run::run(manager, database_url, args, &board()).await,
-        Command::History { name, since, json } => {
-            cmd::history::history(manager, &name, since, json).await
+        Command::History {
+            name,
+            since,
+            json,
+            html,
+            svg,
+            from: _,
+        } => {
+            // NAME is required without --from (clap checks).
+            let name = name.unwrap_or_default();
+            let draw = cmd::history::Draw { html, svg };
+            cmd::history::history(manager, &name, since, json, &draw).await
         }
         Command::ForceRelease { name, reason, json } => {
             cmd::force_release::force_release(manager, &name, &reason, json).await

@@ -131,7 +131,14 @@ const OWN: &[(&str, Statuses)] = &[
     ),
     (
         "history",
-        &[("0", "listed (nothing, for a name never acquired)")],
+        &[
+            ("0", "listed or drawn (nothing, for a name never acquired)"),
+            (
+                "2",
+                "a drawing's FILE cannot be written, or --from FILE cannot be read or is not a \
+                 saved history --json",
+            ),
+        ],
     ),
     (
         "force-release",

@@ -139,15 +139,16 @@ async fn a_takeover_that_ends_a_frozen_holders_transaction_records_the_eviction(
         events(&db, "job").await,
         vec![
             (Event::Acquired, to, s("frozen"), None),
-            // The sessions are ended first; the term is recorded expired
-            // as the takeover moves the fence.
+            // The term expired (recorded at that time, as the takeover
+            // moves the fence), then the takeover ended its sessions
+            // (recorded first, at that later time): listed by time.
+            (Event::Expired, to, s("frozen"), None),
             (
                 Event::Evicted,
                 to,
                 s("frozen"),
                 Some(format!("ended sessions {pid}"))
             ),
-            (Event::Expired, to, s("frozen"), None),
             (Event::Acquired, tn, s("next"), None),
         ]
     );

@@ -99,6 +99,7 @@ async fn demo_in(target: &Target, timeout: Duration) -> ExitCode {
              late write:\n"
         );
         paused_holder(&manager).await?;
+        save_history(&manager).await?;
         out!(
             "\n2. Five failures against a lease, a session advisory lock and a transaction \
              advisory lock:\n"
@@ -137,6 +138,29 @@ async fn paused_holder(manager: &LeaseManager) -> Result<(), BoxError> {
         say(&format!("  {line}"))
     });
     pglease_scenarios::play(manager, scenario, variant, "report", unit, &narrator).await?;
+    Ok(())
+}
+
+/// Saves the history of scenario (a)'s lease (the scratch database goes
+/// at the end) as `history --json` prints it, and says how to draw it.
+async fn save_history(manager: &LeaseManager) -> Result<(), BoxError> {
+    let rows = manager.history("report", None).await?;
+    let rows: Vec<_> = rows
+        .iter()
+        .map(crate::cmd::history::transition_json)
+        .collect();
+    let path = std::env::temp_dir().join(format!("pglease-demo-{}.json", std::process::id()));
+    match std::fs::write(&path, serde_json::Value::Array(rows).to_string()) {
+        Ok(()) => say(&format!(
+            "  Its history is saved in {path}; its timeline: pglease history --from {path} \
+             --html demo.html",
+            path = path.display()
+        )),
+        Err(e) => note!(
+            "pglease: could not save the history of \"report\" in {}: {e}",
+            path.display()
+        ),
+    }
     Ok(())
 }
 

@@ -30,6 +30,25 @@ async fn demo_runs_in_a_scratch_database_and_exits_0() {
             "a raw float: {line}"
         );
     }
+    // Scenario (a)'s history is saved, to be drawn without the database:
+    // A's term expired, A unaware until B took over, B's term.
+    let saved = text
+        .split_whitespace()
+        .skip_while(|w| *w != "--from")
+        .nth(1)
+        .expect("the demo says how to draw its timeline");
+    let out = pglease(&db, &["history", "--from", saved, "--svg", "-"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let drawn = stdout(&out);
+    for part in [
+        "class=\"term expired\"",
+        "class=\"unaware-term\"",
+        "class=\"marker takeover\"",
+        "class=\"term released\"",
+    ] {
+        assert!(drawn.contains(part), "{part}: {drawn}");
+    }
+    let _ = std::fs::remove_file(saved);
     // Its scratch database is gone.
     let scratch = text
         .lines()
