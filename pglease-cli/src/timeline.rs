@@ -6,6 +6,13 @@
 //! stayed unaware (until the lease was taken over, or its fenced sessions
 //! were ended) dashed after it; evictions, values, step-down requests and
 //! changes of timeline as markers; the exact times in hover titles.
+//!
+//! Two kinds of row are never in the database's history, only in a saved
+//! file whose writer saw them (`pglease demo` adds those it saw): a
+//! holder's pause (`paused`, then `resumed`), drawn as a grey band on its
+//! row, and a write refused under a stale token (`refused`), drawn as a
+//! red stop mark. A refused write's transaction rolls back, and with it
+//! anything it could record.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -144,6 +151,16 @@ struct Mark {
     event: String,
 }
 
+/// A holder's pause, as its observer saw it (not in the database's
+/// history): from `paused` to `resumed` (or the end of the rows).
+#[derive(Debug, Clone, PartialEq)]
+struct Pause {
+    lane: usize,
+    token: i64,
+    from: DateTime<Utc>,
+    to: Option<DateTime<Utc>>,
+}
+
 /// The history as drawn.
 #[derive(Debug, Clone, PartialEq)]
 struct Chart {
@@ -151,6 +168,7 @@ struct Chart {
     holders: Vec<String>,
     terms: Vec<Term>,
     marks: Vec<Mark>,
+    pauses: Vec<Pause>,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 }
@@ -170,6 +188,7 @@ fn chart(name: &str, rows: &[Row]) -> Chart {
         };
     let mut terms: Vec<Term> = Vec::new();
     let mut marks = Vec::new();
+    let mut pauses: Vec<Pause> = Vec::new();
     // The latest term of each token.
     let mut by_token: HashMap<i64, usize> = HashMap::new();
     // Oldest first by time (a history saved by an older version is in
@@ -258,8 +277,25 @@ fn chart(name: &str, rows: &[Row]) -> Chart {
             term.end = Some(row.at);
             term.ended = ended;
             term.renewals = row.renewals;
+        } else if row.event == "paused" {
+            pauses.push(Pause {
+                lane: lane_of(&holder, &mut holders),
+                token: row.token,
+                from: row.at,
+                to: None,
+            });
+        } else if row.event == "resumed" {
+            let lane = lane_of(&holder, &mut holders);
+            if let Some(pause) = pauses
+                .iter_mut()
+                .rev()
+                .find(|p| p.lane == lane && p.to.is_none())
+            {
+                pause.to = Some(row.at);
+            }
         } else {
             let (lane, kind) = match row.event.as_str() {
+                "refused" => (Some(lane_of(&holder, &mut holders)), "refused"),
                 "timeline" => (None, "timeline"),
                 "evicted" => (Some(lane_of(&holder, &mut holders)), "evicted"),
                 "value" => (Some(lane_of(&holder, &mut holders)), "value"),
@@ -293,6 +329,7 @@ fn chart(name: &str, rows: &[Row]) -> Chart {
         holders,
         terms,
         marks,
+        pauses,
         from,
         to,
     }
@@ -378,6 +415,8 @@ text{font-family:sans-serif;font-size:12px;fill:#222}\
 .value{fill:#2f9e6a}\
 .step-down{fill:#f2c12e;stroke:#8a6d00}\
 .other{fill:#888}\
+.paused{fill:#8a8a8a;fill-opacity:.28;stroke:#777;stroke-dasharray:3 3}\
+.refused{fill:#fff;stroke:#c62828;stroke-width:2.5}\
 .timeline{stroke:#7b1fa2;stroke-width:2;stroke-dasharray:6 3}\
 .legend text{font-size:11px}";
 
@@ -489,6 +528,27 @@ pub(crate) fn svg(name: &str, rows: &[Row]) -> String {
             x2 = WIDTH - RIGHT,
             ty = y(lane) + 4.0,
             shown = escape(&shown),
+        )
+        .ok();
+    }
+    // The pauses, behind the terms.
+    for p in &chart.pauses {
+        let (p1, p2) = (x(p.from), x(p.to.unwrap_or(to)));
+        write!(
+            s,
+            "<g class=\"pause\" data-holder=\"{h}\" data-token=\"{token}\">\
+             <title>{h} paused (token {token}) from {a} {until}: seen by its observer, \
+             not recorded by the database</title>\
+             <rect class=\"paused\" x=\"{p1:.1}\" y=\"{ry:.1}\" width=\"{w:.1}\" \
+             height=\"{hh:.1}\" rx=\"2\"/></g>",
+            h = escape(&chart.holders[p.lane]),
+            token = p.token,
+            a = exact(p.from),
+            until =
+                p.to.map_or_else(|| "on".to_owned(), |t| format!("to {}", exact(t))),
+            ry = y(p.lane) - LANE / 2.0 + 4.0,
+            w = (p2 - p1).max(2.0),
+            hh = LANE - 8.0,
         )
         .ok();
     }
@@ -605,6 +665,7 @@ pub(crate) fn svg(name: &str, rows: &[Row]) -> String {
             token = m.token,
             what = match m.kind {
                 "evicted" => "evicted: its fenced sessions ended, their open writes rolled back",
+                "refused" => "write refused under a stale token (seen by its writer, not recorded by the database)",
                 "value" => "value published",
                 "step-down" => "step-down requested",
                 "timeline" => "the database changed timeline: every lease's fence moved",
@@ -635,6 +696,15 @@ pub(crate) fn svg(name: &str, rows: &[Row]) -> String {
                 c = mx + 7.0,
                 b = cy - 7.0,
                 d = cy + 7.0,
+            ),
+            ("refused", Some(cy)) => write!(
+                s,
+                "<circle class=\"refused\" cx=\"{mx:.1}\" cy=\"{cy:.1}\" r=\"7\"/>\
+                 <line class=\"refused\" x1=\"{a:.1}\" y1=\"{b:.1}\" x2=\"{c:.1}\" y2=\"{d:.1}\"/>",
+                a = mx - 5.0,
+                b = cy + 5.0,
+                c = mx + 5.0,
+                d = cy - 5.0,
             ),
             ("value", Some(cy)) => write!(
                 s,
@@ -682,7 +752,18 @@ fn legend(s: &mut String, chart: &Chart, top: f64) -> f64 {
         "<rect x=\"0\" y=\"-6\" width=\"22\" height=\"12\" rx=\"3\" fill=\"#4a7fb5\"/>",
         "held (token above)",
     )];
-    let shapes: [(bool, &str, &str); 10] = [
+    let shapes: [(bool, &str, &str); 12] = [
+        (
+            !chart.pauses.is_empty(),
+            "<rect class=\"paused\" x=\"0\" y=\"-7\" width=\"22\" height=\"14\" rx=\"2\"/>",
+            "paused (seen by the client)",
+        ),
+        (
+            marks("refused"),
+            "<circle class=\"refused\" cx=\"11\" cy=\"0\" r=\"7\"/>\
+             <line class=\"refused\" x1=\"6\" y1=\"5\" x2=\"16\" y2=\"-5\"/>",
+            "write refused (seen by the client)",
+        ),
         (
             ends(End::Released),
             "<line class=\"end-released\" x1=\"11\" y1=\"-8\" x2=\"11\" y2=\"8\"/>",
@@ -771,7 +852,7 @@ pub(crate) fn html(name: &str, rows: &[Row]) -> String {
          body{{font-family:sans-serif;margin:16px;color:#222}}\
          table{{border-collapse:collapse;font-size:13px}}\
          th,td{{border:1px solid #ccc;padding:2px 8px;text-align:left}}\
-         td.at{{font-family:monospace}}</style></head><body>\n",
+         td.at{{font-family:monospace;white-space:nowrap}}</style></head><body>\n",
         n = escape(name),
     )
     .ok();
@@ -841,6 +922,56 @@ mod tests {
         assert_eq!(b.took_from.as_deref(), Some("A"));
         assert_eq!(c.marks.len(), 1);
         assert_eq!((c.marks[0].kind, c.marks[0].lane), ("evicted", Some(0)));
+    }
+
+    #[test]
+    fn a_pause_and_a_refused_write_seen_by_the_client_are_drawn_on_its_row() {
+        let mut refused = row(0, 1, "refused", "A", "2026-12-06T15:09:41.500+00:00");
+        refused["detail"] = json!("by PostgreSQL (LE001): stale token");
+        let rows = parse(&json!([
+            row(1, 1, "acquired", "A", "2026-12-06T15:09:39.203+00:00"),
+            row(0, 1, "paused", "A", "2026-12-06T15:09:40.000+00:00"),
+            row(3, 1, "expired", "A", "2026-12-06T15:09:41.203+00:00"),
+            row(4, 2, "acquired", "B", "2026-12-06T15:09:41.280+00:00"),
+            row(0, 1, "resumed", "A", "2026-12-06T15:09:41.450+00:00"),
+            refused,
+            row(0, 1, "paused", "B", "2026-12-06T15:09:41.900+00:00"),
+        ]))
+        .expect("parsed");
+        let c = chart("job", &rows);
+        let at = |i: usize| rows[i].at;
+        assert_eq!(
+            c.pauses,
+            [
+                Pause {
+                    lane: 0,
+                    token: 1,
+                    from: at(1),
+                    to: Some(at(4))
+                },
+                // Not resumed within the rows: to the end of the axis.
+                Pause {
+                    lane: 1,
+                    token: 1,
+                    from: at(6),
+                    to: None
+                },
+            ]
+        );
+        assert_eq!(c.marks.len(), 1);
+        assert_eq!((c.marks[0].kind, c.marks[0].lane), ("refused", Some(0)));
+        let svg = svg("job", &rows);
+        assert_eq!(svg.matches("<g class=\"pause\"").count(), 2);
+        assert!(svg.contains("<g class=\"marker refused\" data-holder=\"A\" data-token=\"1\">"));
+        assert!(svg.contains("not recorded by the database"));
+        for words in [
+            "paused (seen by the client)",
+            "write refused (seen by the client)",
+        ] {
+            assert!(svg.contains(words), "{words}");
+        }
+        // A history without them shows neither in its legend.
+        assert!(!super::svg("job", &story()).contains("seen by the client"));
     }
 
     #[test]

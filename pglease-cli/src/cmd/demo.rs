@@ -3,16 +3,21 @@
 //! for it and dropped after.
 
 use std::process::ExitCode;
+use std::sync::Mutex;
 use std::time::Duration;
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use pglease::LeaseManager;
 use pglease::connect::Target;
-use pglease_scenarios::{BoxError, Narrator, Scenario, Variant};
+use pglease_scenarios::engine::{Fault, Who};
+use pglease_scenarios::{BoxError, Narrator, Observer, Scenario, Step, Variant, Written};
+use serde_json::json;
 use sqlx::{AssertSqlSafe, Connection};
 
 use crate::connect::connect;
 use crate::exit;
 use crate::output::{note, out};
+use crate::sync::lock;
 
 /// Runs the demo in a scratch database created for it and dropped after.
 pub(crate) async fn demo(target: &Target, explicit: bool, timeout: Duration) -> ExitCode {
@@ -98,8 +103,8 @@ async fn demo_in(target: &Target, timeout: Duration) -> ExitCode {
             "1. Scenario (a) step by step: a holder pauses past its TTL, another takes over, its \
              late write:\n"
         );
-        paused_holder(&manager).await?;
-        save_history(&manager).await?;
+        let seen = paused_holder(&manager).await?;
+        save_history(&manager, seen).await?;
         out!(
             "\n2. Five failures against a lease, a session advisory lock and a transaction \
              advisory lock:\n"
@@ -130,30 +135,107 @@ async fn demo_in(target: &Target, timeout: Duration) -> ExitCode {
 
 /// Scenario (a) for the lease, played by the scenario engine and told
 /// step by step as it happens: the paused holder's late write is rejected
-/// by PostgreSQL, its delayed release ignored.
-async fn paused_holder(manager: &LeaseManager) -> Result<(), BoxError> {
+/// by PostgreSQL, its delayed release ignored. What the demo saw of A
+/// that the database's history cannot know (its pause, its refused
+/// write), as rows of `history --json`.
+async fn paused_holder(manager: &LeaseManager) -> Result<Vec<serde_json::Value>, BoxError> {
     let (scenario, variant) = (Scenario::PausedHolder, Variant::Lease);
     let unit = Duration::from_millis(300);
     let narrator = Narrator::new("report", variant.ttl(scenario, unit), |line: &str| {
         say(&format!("  {line}"))
     });
-    pglease_scenarios::play(manager, scenario, variant, "report", unit, &narrator).await?;
-    Ok(())
+    // The database's clock against this host's, to place what the demo
+    // saw beside the history's times.
+    let sent = Utc::now();
+    let database = manager.admin().database_time().await?;
+    let offset = database - (sent + (Utc::now() - sent) / 2);
+    let witness = Witness {
+        narrator: &narrator,
+        token: Mutex::new(None),
+        seen: Mutex::new(Vec::new()),
+    };
+    pglease_scenarios::play(manager, scenario, variant, "report", unit, &witness).await?;
+    let seen = lock(&witness.seen)
+        .iter()
+        .map(|(event, token, at, detail)| {
+            json!({
+                "id": null, "name": "report", "token": token, "event": event, "holder": "A",
+                "at": (*at + offset).to_rfc3339_opts(SecondsFormat::Micros, false),
+                "renewals": null, "detail": detail,
+                "role": null,
+            })
+        })
+        .collect();
+    Ok(seen)
+}
+
+/// Tells the narrator every step, and keeps what the history cannot
+/// know: A's pause and its refused write (event, token, when, detail).
+struct Witness<'a, O> {
+    narrator: &'a O,
+    /// A's token.
+    token: Mutex<Option<i64>>,
+    seen: Mutex<Vec<Saw>>,
+}
+
+/// One thing the demo saw: (event, token, when on this host's clock,
+/// detail).
+type Saw = (&'static str, Option<i64>, DateTime<Utc>, String);
+
+impl<O: Observer> Observer for Witness<'_, O> {
+    fn step(&self, step: Step<'_>) {
+        self.narrator.step(step);
+        let token = *lock(&self.token);
+        let seen = match step {
+            Step::Acquired {
+                who: Who::A, token, ..
+            } => {
+                *lock(&self.token) = token;
+                None
+            }
+            Step::Fault(Fault::Pause) => Some(("paused", token, "seen by pglease demo".to_owned())),
+            Step::Healed(Fault::Pause) => {
+                Some(("resumed", token, "seen by pglease demo".to_owned()))
+            }
+            Step::Wrote {
+                who: Who::A,
+                token,
+                written: Written::Refused(why),
+            } => Some((
+                "refused",
+                token,
+                format!("seen by pglease demo: refused {why}"),
+            )),
+            _ => None,
+        };
+        if let Some((event, token, detail)) = seen {
+            lock(&self.seen).push((event, token, Utc::now(), detail));
+        }
+    }
 }
 
 /// Saves the history of scenario (a)'s lease (the scratch database goes
-/// at the end) as `history --json` prints it, and says how to draw it.
-async fn save_history(manager: &LeaseManager) -> Result<(), BoxError> {
+/// at the end) as `history --json` prints it, with what the demo `saw`,
+/// and says how to draw it.
+async fn save_history(manager: &LeaseManager, saw: Vec<serde_json::Value>) -> Result<(), BoxError> {
     let rows = manager.history("report", None).await?;
-    let rows: Vec<_> = rows
+    let mut rows: Vec<_> = rows
         .iter()
         .map(crate::cmd::history::transition_json)
+        .chain(saw)
         .collect();
+    // Oldest first.
+    let at = |row: &serde_json::Value| {
+        row["at"]
+            .as_str()
+            .and_then(|at| DateTime::parse_from_rfc3339(at).ok())
+    };
+    rows.sort_by_key(|row| at(row));
     let path = std::env::temp_dir().join(format!("pglease-demo-{}.json", std::process::id()));
     match std::fs::write(&path, serde_json::Value::Array(rows).to_string()) {
         Ok(()) => say(&format!(
-            "  Its history is saved in {path}; its timeline: pglease history --from {path} \
-             --html demo.html",
+            "  Its history (with A's pause and refused write, which only the demo saw) is saved \
+             in {path}; its timeline: pglease history --from {path} --html demo.html",
             path = path.display()
         )),
         Err(e) => note!(

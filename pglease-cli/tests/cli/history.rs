@@ -331,7 +331,7 @@ async fn history_draws_the_same_timeline_from_the_database_and_from_a_saved_file
 
 /// Runs `chromium --headless ARGS` (as root it needs --no-sandbox) with a
 /// profile of its own, bounded; its output.
-async fn chromium(profile: &std::path::Path, args: &[&str]) -> std::process::Output {
+pub(crate) async fn chromium(profile: &std::path::Path, args: &[&str]) -> std::process::Output {
     let run = tokio::process::Command::new("chromium")
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"])
         .arg(format!("--user-data-dir={}", profile.display()))
@@ -354,15 +354,7 @@ async fn chromium(profile: &std::path::Path, args: &[&str]) -> std::process::Out
 /// the terms' and the eviction's colours. Reported ignored without
 /// chromium.
 async fn history_html_is_laid_out_by_a_headless_browser() -> Result<(), SetupError> {
-    if std::process::Command::new("chromium")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        return Err(SetupError::Unavailable(
-            "needs chromium, which is not installed here (apt-get install chromium)".to_owned(),
-        ));
-    }
+    needs_chromium()?;
     let db = crate::common::new_db().await;
     let (a, b) = stale_takeover(&db).await;
     let dir = std::env::temp_dir().join(format!("pglease-browser-{}", db.name()));
@@ -384,14 +376,7 @@ async fn history_html_is_laid_out_by_a_headless_browser() -> Result<(), SetupErr
     )
     .await;
     let dom = stdout(&out);
-    let lines: Vec<Vec<&str>> = dom
-        .split_once("<pre id=\"measured\">")
-        .and_then(|(_, rest)| rest.split_once("</pre>"))
-        .unwrap_or_else(|| panic!("no measures in the DOM: {dom}"))
-        .0
-        .lines()
-        .map(|l| l.split(' ').collect())
-        .collect();
+    let lines = measures(&dom);
     let find = |what: &str, holder: &str| -> [f64; 3] {
         let l = lines
             .iter()
@@ -409,7 +394,7 @@ async fn history_html_is_laid_out_by_a_headless_browser() -> Result<(), SetupErr
             .iter()
             .find(|l| l[0] == "term" && l[1] == holder)
             .unwrap_or_else(|| panic!("no term of {holder}: {lines:?}"));
-        assert_eq!((l[2], l[3]), (token.to_string().as_str(), end), "{lines:?}");
+        assert_eq!((l[2].as_str(), l[3].as_str()), (token.to_string().as_str(), end), "{lines:?}");
         find("term", holder)
     };
     let [a_left, a_top, a_width] = term("A", a, "expired");
@@ -427,7 +412,7 @@ async fn history_html_is_laid_out_by_a_headless_browser() -> Result<(), SetupErr
     assert!(evicted_top < b_top, "{lines:?}");
     assert!(takeover_left < b_left, "{lines:?}");
     // Every row in the table; nothing fetched.
-    let count = |what: &str| lines.iter().find(|l| l[0] == what).map(|l| l[1]);
+    let count = |what: &str| lines.iter().find(|l| l[0] == what).map(|l| l[1].as_str());
     assert_eq!(count("transitions"), Some("5"), "{lines:?}");
     assert_eq!(count("fetched"), Some("0"), "{lines:?}");
     // The hover titles give the exact times the history recorded.
@@ -484,11 +469,33 @@ async fn history_html_is_laid_out_by_a_headless_browser() -> Result<(), SetupErr
     Ok(())
 }
 
+/// Unavailable where chromium is not installed.
+pub(crate) fn needs_chromium() -> Result<(), SetupError> {
+    match std::process::Command::new("chromium").arg("--version").output() {
+        Ok(_) => Ok(()),
+        Err(_) => Err(SetupError::Unavailable(
+            "needs chromium, which is not installed here (apt-get install chromium)".to_owned(),
+        )),
+    }
+}
+
+/// Each line of the measures [`MEASURE`] wrote into the DOM, split at
+/// spaces.
+pub(crate) fn measures(dom: &str) -> Vec<Vec<String>> {
+    dom.split_once("<pre id=\"measured\">")
+        .and_then(|(_, rest)| rest.split_once("</pre>"))
+        .unwrap_or_else(|| panic!("no measures in the DOM: {dom}"))
+        .0
+        .lines()
+        .map(|l| l.split(' ').map(str::to_owned).collect())
+        .collect()
+}
+
 /// The test's own script, appended to the page `history --html` wrote:
 /// each row's, term's and marker's box as the browser laid it out
 /// (`KIND HOLDER TOKEN END LEFT TOP WIDTH`), the number of table rows and
 /// of resources fetched, into `<pre id="measured">`.
-const MEASURE: &str = r#"
+pub(crate) const MEASURE: &str = r#"
 const lines = [];
 const box = (kind, g, el) => {
   const r = el.getBoundingClientRect();
@@ -498,6 +505,7 @@ const box = (kind, g, el) => {
 for (const g of document.querySelectorAll('svg g.row')) box('row', g, g.querySelector('text'));
 for (const g of document.querySelectorAll('svg g.term')) box('term', g, g.querySelector('rect'));
 for (const g of document.querySelectorAll('svg g.unaware-term')) box('unaware-term', g, g);
+for (const g of document.querySelectorAll('svg g.pause')) box('pause', g, g.querySelector('rect'));
 for (const g of document.querySelectorAll('svg g.marker')) {
   box(g.getAttribute('class').replace(' ', '-'), g, g);
 }
