@@ -96,9 +96,20 @@ async fn force_release_stops_a_running_holder_and_the_history_says_why() {
         .await
         .expect("count");
     assert_eq!(after, written, "a write under the forced token committed");
+    // The command's own attempts after the force (none if the run stopped
+    // it first: it may learn of the force before the next one) were
+    // refused; a write under that token is refused, whoever sends it.
+    eprintln!(
+        "the command's writes refused after the force: {}",
+        read(&outcomes).matches("rejected").count()
+    );
+    let stale = sqlx::query("SELECT pglease.assert_held('job', $1)")
+        .bind(token)
+        .execute(db.pool())
+        .await;
     assert!(
-        read(&outcomes).contains("rejected"),
-        "its writes were refused"
+        matches!(&stale, Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(pglease::sqlstate::NOT_HELD)),
+        "{stale:?}"
     );
 
     // Liveness: another holder gets the lease at once.
