@@ -158,10 +158,6 @@ fn fields(line: &str) -> Fields {
         .collect()
 }
 
-fn keys(fields: &Fields) -> Vec<&str> {
-    fields.keys().map(String::as_str).collect()
-}
-
 fn number<T: std::str::FromStr>(fields: &Fields, key: &str) -> T {
     fields
         .get(key)
@@ -366,7 +362,7 @@ async fn python_holder_reports_the_loss_by_its_local_deadline() -> Result<(), Se
 /// `assert_held`'s LE001 DETAIL, as a client reads it: `key=value`
 /// fields separated by spaces, `name=` last and whole (spaces and `=` in
 /// it kept), exactly the keys docs/other-languages.md lists for each
-/// reason, times in RFC 3339 UTC.
+/// reason and in its order, times in RFC 3339 UTC.
 async fn le001_detail_is_key_value() {
     let db = TestDb::new().await;
     let name = "a name = with spaces";
@@ -389,12 +385,12 @@ async fn le001_detail_is_key_value() {
             let (fields_part, lease) = detail.split_once(" name=").expect("name= last");
             assert_eq!(lease, name, "{detail}");
             let found = fields(fields_part);
-            assert_eq!(
-                found.len(),
-                fields_part.split(' ').count(),
-                "every word is key=value: {detail}"
-            );
-            found
+            let order: Vec<String> = fields_part
+                .split(' ')
+                .map(|word| word.split_once('=').map_or("", |(k, _)| k).to_owned())
+                .collect();
+            assert_eq!(found.len(), order.len(), "every word is key=value: {detail}");
+            (found, order)
         }
     };
     let acquire = |holder: &'static str| {
@@ -412,8 +408,8 @@ async fn le001_detail_is_key_value() {
         }
     };
 
-    let f = detail(7).await;
-    assert_eq!(keys(&f), ["reason", "token"]);
+    let (f, order) = detail(7).await;
+    assert_eq!(order, ["reason", "token"]);
     assert_eq!((f["reason"].as_str(), f["token"].as_str()), ("never_acquired", "7"));
 
     let first = acquire("A").await;
@@ -423,8 +419,8 @@ async fn le001_detail_is_key_value() {
         .execute(db.pool())
         .await
         .expect("release");
-    let f = detail(first).await;
-    assert_eq!(keys(&f), ["at", "reason", "token"]);
+    let (f, order) = detail(first).await;
+    assert_eq!(order, ["reason", "token", "at"]);
     assert_eq!(f["reason"], "released");
     assert_eq!(number::<i64>(&f, "token"), first);
     let at = chrono::DateTime::parse_from_rfc3339(&f["at"]).expect("RFC 3339");
@@ -438,14 +434,14 @@ async fn le001_detail_is_key_value() {
     assert_eq!(at, released, "the release's database time");
 
     let second = acquire("B").await;
-    let f = detail(first).await;
-    assert_eq!(keys(&f), ["current_token", "reason", "token"]);
+    let (f, order) = detail(first).await;
+    assert_eq!(order, ["reason", "token", "current_token"]);
     assert_eq!(f["reason"], "stale");
     assert_eq!(number::<i64>(&f, "token"), first);
     assert_eq!(number::<i64>(&f, "current_token"), second);
 
-    let f = detail(second + 100).await;
-    assert_eq!(keys(&f), ["current_token", "reason", "token"]);
+    let (f, order) = detail(second + 100).await;
+    assert_eq!(order, ["reason", "token", "current_token"]);
     assert_eq!(f["reason"], "not_issued");
     assert_eq!(number::<i64>(&f, "current_token"), second);
 
@@ -454,8 +450,8 @@ async fn le001_detail_is_key_value() {
             .await
             .expect("expire")
     );
-    let f = detail(second).await;
-    assert_eq!(keys(&f), ["at", "reason", "token"]);
+    let (f, order) = detail(second).await;
+    assert_eq!(order, ["reason", "token", "at"]);
     assert_eq!(f["reason"], "expired");
     assert_eq!(number::<i64>(&f, "token"), second);
     chrono::DateTime::parse_from_rfc3339(&f["at"]).expect("RFC 3339");
