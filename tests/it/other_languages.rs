@@ -310,10 +310,9 @@ async fn python_holder_reports_the_loss_by_its_local_deadline() -> Result<(), Se
     let (renewal_read, renewal) = a
         .seen
         .iter()
-        .filter(|(at, l)| {
+        .rfind(|(at, l)| {
             *at <= lost_read && (l.starts_with("renewed ") || l.starts_with("acquired "))
         })
-        .next_back()
         .map(|(at, l)| (*at, fields(l)))
         .expect("a confirmed renewal");
     assert_eq!(lost.get("reason").map(String::as_str), Some("deadline"), "{line}");
@@ -355,6 +354,59 @@ async fn python_holder_reports_the_loss_by_its_local_deadline() -> Result<(), Se
         "A said lost {:.0} ms after its deadline, {after:?} after it read its last renewal \
          (TTL {TTL} s); B acquired {took:?} after the freeze",
         (at - deadline) * 1000.0
+    );
+    Ok(())
+}
+
+/// Holder A, in Python, running normally, is forced out by an
+/// administrator (`pglease.force_release`): A says `lost` from the
+/// database's answer (its renewal answered NULL, or its next write
+/// refused as stale), before its local deadline and within a renewal
+/// period (TTL / 3) + `SLACK` of the force; B acquires at once; no row
+/// under A's token commits after the force.
+async fn python_holder_forced_out_says_lost_before_its_deadline() -> Result<(), SetupError> {
+    psycopg()?;
+    let db = TestDb::new().await;
+    prepare(&db).await;
+    let name = "py forced";
+    let mut a = Holder::start(&db.url(), name, 0.2);
+    let (_, _, acquired) = a.next("acquired ", Duration::from_secs(10)).await;
+    let a_token: i64 = number(&acquired, "token");
+    a.next("renewed ", Duration::from_secs(10)).await;
+    a.next("wrote ", Duration::from_secs(10)).await;
+    let forced = Instant::now();
+    let ended: Option<i64> = sqlx::query_scalar("SELECT pglease.force_release($1, 'test')")
+        .bind(name)
+        .fetch_one(db.pool())
+        .await
+        .expect("force_release");
+    assert_eq!(ended, Some(a_token), "the force ended A's term");
+    let before = rows_of(&db, a_token).await;
+    let b_token = acquire_b(&db, name, Duration::ZERO).await;
+    assert!(b_token > a_token, "B's token {b_token} after A's {a_token}");
+
+    let (read, line, lost) = a.any("lost ", Duration::from_secs_f64(TTL)).await;
+    let reason = lost.get("reason").map(String::as_str);
+    assert!(
+        matches!(reason, Some("renew_refused" | "write_refused_stale")),
+        "told by the database: {line}"
+    );
+    let (at, deadline): (f64, f64) = (number(&lost, "at"), number(&lost, "deadline"));
+    assert!(at < deadline, "before its deadline: {line}");
+    let within = Duration::from_secs_f64(TTL / 3.0) + SLACK;
+    let after = read - forced;
+    assert!(after <= within, "A said lost {after:?} after the force, more than {within:?}");
+    assert_eq!(a.exit(Duration::from_secs(10)).await.code(), Some(1));
+    assert_eq!(
+        rows_of(&db, a_token).await,
+        before,
+        "a row under A's token committed after the force"
+    );
+    assert_eq!(lease_token(&db, name).await, (b_token, true), "B holds it");
+    println!(
+        "A said lost ({}) {after:?} after the force, {:.0} ms before its deadline",
+        reason.unwrap_or_default(),
+        (deadline - at) * 1000.0
     );
     Ok(())
 }
@@ -460,5 +512,6 @@ async fn le001_detail_is_key_value() {
 pglease_formations::tests![
     frozen_python_holder_is_refused_and_reports_the_loss,
     python_holder_reports_the_loss_by_its_local_deadline,
+    python_holder_forced_out_says_lost_before_its_deadline,
     le001_detail_is_key_value,
 ];
