@@ -19,8 +19,13 @@ from datetime import timedelta
 
 import psycopg
 
-url, name, *rest = sys.argv[1:]
-ttl, work = map(float, rest + ["10", "1"][len(rest):])
+try:  # bad arguments: the usage above, exit 1
+    url, name, *rest = sys.argv[1:]
+    ttl, work = map(float, rest + ["10", "1"][len(rest):])
+    if not (ttl > 0 and work >= 0):
+        raise ValueError
+except ValueError:
+    sys.exit(__doc__)
 interval, holder = timedelta(seconds=ttl), f"{socket.gethostname()}:{os.getpid()}"
 period, margin = ttl / 3, ttl * 0.02  # the Rust library's defaults
 lost, once = threading.Event(), threading.Lock()
@@ -67,10 +72,9 @@ def work_loop(conn, n=0):
                 print(f"write_failed n={n} error={type(e).__name__}")
                 conn = conn and conn.close()
                 continue
-            fields, _, lease = (e.diag.message_detail or "").partition(" name=")  # name is last
-            detail = dict(kv.split("=", 1) for kv in fields.split())
-            print(f"refused n={n} " + " ".join(f"{k}={v}" for k, v in detail.items()))
-            lose(f"write_refused_{detail['reason']}")
+            fields = (e.diag.message_detail or "").partition(" name=")[0]  # name= is last
+            print(f"refused n={n} {fields}")  # reason=stale token=4 current_token=5, say
+            lose("write_refused_" + dict(kv.split("=", 1) for kv in fields.split())["reason"])
 
 
 conn = psycopg.connect(url, autocommit=True, connect_timeout=5)
