@@ -28,6 +28,7 @@ pglease_formations::suite![
     advisory,
     answers,
     paused_holder,
+    other_languages,
     bench_scripts,
     bad_input,
     connect,
