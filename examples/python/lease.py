@@ -11,10 +11,11 @@ Stops at the loss: a renewal answered NULL, a write refused with LE001,
 or the local deadline passed (monotonic clock: TTL less 2 % after the
 last confirmed renewal was sent). One line per event: acquired, renewed,
 renew_failed, working, wrote, write_failed, refused (the DETAIL's
-fields), lost, not_acquired (exit 3); times are time.monotonic()
-seconds. Exits 1 after a loss. See docs/other-languages.md.
+fields), lost, not_acquired (exit 3), released; times are
+time.monotonic() seconds. Exits 1 after a loss; on SIGTERM or Ctrl-C it
+releases the lease and exits 0. See docs/other-languages.md.
 """
-import os, socket, sys, threading, time
+import os, signal, socket, sys, threading, time
 from datetime import timedelta
 
 import psycopg
@@ -33,10 +34,9 @@ sys.stdout.reconfigure(line_buffering=True)
 
 
 def lose(reason):
-    with once:
-        if not lost.is_set():
-            print(f"lost token={token} reason={reason} at={time.monotonic():.3f} deadline={state['deadline']:.3f}")
-            lost.set()
+    if once.acquire(blocking=False):  # the first loss only
+        print(f"lost token={token} reason={reason} at={time.monotonic():.3f} deadline={state['deadline']:.3f}")
+        lost.set()
 
 
 def renew_loop(conn=None):
@@ -88,8 +88,14 @@ state = {"sent": sent, "deadline": sent + ttl - margin}
 print(f"acquired token={token} sent={sent:.3f} deadline={state['deadline']:.3f}")
 threading.Thread(target=renew_loop, daemon=True).start()
 (worker := threading.Thread(target=work_loop, args=(conn,), daemon=True)).start()
-while not lost.wait(max(0.0, state["deadline"] - time.monotonic())):
-    if time.monotonic() >= state["deadline"]:
-        lose("deadline")
+signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C
+try:
+    while not lost.wait(max(0.0, state["deadline"] - time.monotonic())):
+        if time.monotonic() >= state["deadline"]:
+            lose("deadline")
+except KeyboardInterrupt:  # stopped: the next holder need not wait for the TTL
+    with psycopg.connect(url, autocommit=True, connect_timeout=2) as c:
+        ended = c.execute("SELECT pglease.release(%s, %s)", (name, token)).fetchone()[0]
+    sys.exit(print(f"released token={token} ended={ended}"))
 worker.join(work + ttl)  # let the unit in progress end: its write is fenced
 sys.exit(1)

@@ -411,6 +411,26 @@ async fn python_holder_forced_out_says_lost_before_its_deadline() -> Result<(), 
     Ok(())
 }
 
+async fn python_holder_releases_on_sigterm() -> Result<(), SetupError> {
+    psycopg()?;
+    let db = TestDb::new().await;
+    prepare(&db).await;
+    let name = "py stopped";
+    let mut a = Holder::start(&db.url(), name, 0.2);
+    let (_, _, acquired) = a.next("acquired ", Duration::from_secs(10)).await;
+    let a_token: i64 = number(&acquired, "token");
+    a.next("wrote ", Duration::from_secs(10)).await;
+    a.signal(Signal::SIGTERM);
+    let (_, line, released) = a.any("released ", Duration::from_secs(10)).await;
+    assert_eq!(number::<i64>(&released, "token"), a_token, "{line}");
+    assert_eq!(released.get("ended").map(String::as_str), Some("True"), "{line}");
+    assert_eq!(a.exit(Duration::from_secs(10)).await.code(), Some(0));
+    // Liveness: the next holder need not wait for the TTL.
+    let b_token = acquire_b(&db, name, Duration::ZERO).await;
+    assert!(b_token > a_token, "B's token {b_token} after A's {a_token}");
+    Ok(())
+}
+
 /// `assert_held`'s LE001 DETAIL, as a client reads it: `key=value`
 /// fields separated by spaces, `name=` last and whole (spaces and `=` in
 /// it kept), exactly the keys docs/other-languages.md lists for each
@@ -510,6 +530,7 @@ async fn le001_detail_is_key_value() {
 }
 
 pglease_formations::tests![
+    python_holder_releases_on_sigterm,
     frozen_python_holder_is_refused_and_reports_the_loss,
     python_holder_reports_the_loss_by_its_local_deadline,
     python_holder_forced_out_says_lost_before_its_deadline,

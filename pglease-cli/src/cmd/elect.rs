@@ -119,13 +119,16 @@ pub(crate) async fn elect(
 /// A signal: stop CMD (the leader's term then resigns), or, if it was
 /// stopping already, kill it.
 fn stop(shared: &Shared, code: &mut Option<u8>, signal: Signal) {
+    // A CMD runs, or is being stopped (the group of an earlier one is
+    // not).
+    let busy = *shared.busy.borrow();
     if shared.stopping.is_cancelled() {
         let running = *lock(&shared.running);
-        if let Some(group) = running {
+        if let (Some(group), true) = (running, busy) {
             note!("pglease: {signal} again: killing the command (SIGKILL)");
             group.signal(Signal::SIGKILL);
         }
-    } else if lock(&shared.running).is_some() {
+    } else if busy {
         note!(
             "pglease: {signal}: stopping the command, then resigning \
              (a second signal kills it)"
@@ -184,6 +187,10 @@ async fn term(shared: &Shared, held: HeldLease) {
                 shared.board.set_phase(Phase::Stopping);
                 running.stop().await;
                 shared.elector.step_down();
+                note!(
+                    "pglease: stepped down; campaigning again once another candidate leads \
+                     (or after a TTL)"
+                );
                 return;
             }
             () = shared.stopping.cancelled() => {
