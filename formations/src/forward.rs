@@ -29,6 +29,26 @@ impl Target {
     pub fn port(port: u16) -> Target {
         Target::Tcp(SocketAddr::from(([127, 0, 0, 1], port)))
     }
+
+    /// The server `options` connect to (a test database's, say): its unix
+    /// socket where the host is a directory, else its TCP address.
+    ///
+    /// # Errors
+    ///
+    /// [`SetupError::Server`] if the host name does not resolve.
+    pub fn of(options: &PgConnectOptions) -> Result<Target, SetupError> {
+        let (host, port) = (options.get_host(), options.get_port());
+        if host.starts_with('/') {
+            return Ok(Target::Unix(PathBuf::from(format!(
+                "{host}/.s.PGSQL.{port}"
+            ))));
+        }
+        std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+            .ok()
+            .and_then(|mut found| found.next())
+            .map(Target::Tcp)
+            .ok_or_else(|| SetupError::Server(format!("{host}:{port} does not resolve")))
+    }
 }
 
 /// The switch every connection watches. A connection belongs to the

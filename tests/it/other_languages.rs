@@ -7,8 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::net::ToSocketAddrs;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -276,19 +274,7 @@ async fn python_holder_reports_the_loss_by_its_local_deadline() -> Result<(), Se
     prepare(&db).await;
     let name = "py unreachable";
     let server = &db.server().options;
-    let (host, port) = (server.get_host(), server.get_port());
-    let target = if host.starts_with('/') {
-        Target::Unix(PathBuf::from(format!("{host}/.s.PGSQL.{port}")))
-    } else {
-        Target::Tcp(
-            (host, port)
-                .to_socket_addrs()
-                .ok()
-                .and_then(|mut a| a.next())
-                .expect("the server's address"),
-        )
-    };
-    let network = Forwarder::start(target).await?;
+    let network = Forwarder::start(Target::of(server)?).await?;
     let conninfo = format!(
         "host=127.0.0.1 port={} dbname={} user={}",
         network.port(),

@@ -11,14 +11,17 @@ use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::common::{BOUND, TestDb, code, command, json, new_db, pglease, stderr};
+use crate::common::{
+    BOUND, TestDb, code, command, json, new_db, pglease, poll_until, stderr, wait_bounded,
+};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use pglease_formations::{Forwarder, Target};
+use pglease_formations::{Forwarder, SetupError, Target};
 
 /// A `pglease` process serving `--http 127.0.0.1:0`, and where.
 struct Served {
-    child: Child,
+    /// `None` once stopped.
+    child: Option<Child>,
     addr: String,
     /// Its stderr, line by line, read by a thread.
     lines: mpsc::Receiver<String>,
@@ -64,7 +67,7 @@ impl Served {
             }
         };
         Served {
-            child,
+            child: Some(child),
             addr,
             lines,
             said,
@@ -148,40 +151,38 @@ impl Served {
         self.said.join("\n")
     }
 
+    fn pid(&self) -> Pid {
+        let child = self.child.as_ref().expect("running");
+        Pid::from_raw(i32::try_from(child.id()).expect("a pid"))
+    }
+
     /// SIGTERM, and its exit within the bound.
     async fn stop(mut self) {
-        let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("a pid"));
-        let _ = kill(pid, Signal::SIGTERM);
-        let started = Instant::now();
-        while started.elapsed() < BOUND {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let _ = kill(self.pid(), Signal::SIGTERM);
+        if let Some(child) = self.child.take() {
+            wait_bounded(child).await;
         }
-        let _ = self.child.kill();
-        panic!("pglease did not exit within {BOUND:?} of SIGTERM: {}", self.said());
     }
 }
 
 impl Drop for Served {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
-/// Polls `check` every 10 ms until it holds (the time it took) or `limit`
-/// passes (a panic saying `what`).
-async fn until(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> bool) -> Duration {
+/// How long `poll_until(what, limit, check)` waited.
+async fn timed<F, Fut>(what: &str, limit: Duration, check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
     let started = Instant::now();
-    loop {
-        if check().await {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    poll_until(what, limit, check).await;
+    started.elapsed()
 }
 
 /// `pglease elect svc --ttl 3s --holder WHO --http 127.0.0.1:0 -- sleep`.
@@ -221,9 +222,9 @@ async fn elect_answers_every_endpoint_and_readyz_follows_leadership() {
     let db = new_db().await;
     let url = db.url();
     let a = elect(&url, "a");
-    until("a leads", BOUND, async || a.status("/readyz").await == 200).await;
+    poll_until("a leads", BOUND, || async { a.status("/readyz").await == 200 }).await;
     let b = elect(&url, "b");
-    until("b sees a lead", BOUND, async || {
+    poll_until("b sees a lead", BOUND, || async {
         a.lease().await["leader"]["holder"] == "a" && b.lease().await["leader"]["holder"] == "a"
     }).await;
 
@@ -249,21 +250,21 @@ async fn elect_answers_every_endpoint_and_readyz_follows_leadership() {
     assert_eq!(status, 404);
 
     // Let a renew a few times, then ask it to step down.
-    until("a renews", BOUND, async || {
+    poll_until("a renews", BOUND, || async {
         a.metrics().await.get("pglease_renewals_total").copied().unwrap_or(0.0) >= 3.0
     }).await;
     let out = pglease(&db, &["step-down", "svc"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    until("a not ready", BOUND, async || a.status("/readyz").await == 503).await;
+    poll_until("a not ready", BOUND, || async { a.status("/readyz").await == 503 }).await;
     // b leads within a renewal period of a's giving up (a stops its
     // command, releases, and b, waiting, is told).
-    let flipped = until("b ready", PERIOD, async || b.status("/readyz").await == 200).await;
+    let flipped = timed("b ready", PERIOD, || async { b.status("/readyz").await == 200 }).await;
     assert_eq!(b.lease().await["leases"][0]["token"], 2);
     assert_eq!(a.status("/healthz").await, 200);
 
     // a's counters, as its history says: one term acquired, renewed as
     // often as the history counts.
-    until("a's term in the history", BOUND, async || {
+    poll_until("a's term in the history", BOUND, || async {
         history(&db).iter().any(|(event, holder, token, _)| {
             holder == "a" && *token == 1 && event != "acquired"
         })
@@ -316,33 +317,21 @@ fn url_through(db: &TestDb, forwarder: &Forwarder) -> String {
     )
 }
 
-/// Where `db`'s server listens, for a forwarder.
-fn server_of(db: &TestDb) -> Target {
-    let options = db.options();
-    let host = options.get_host();
-    if host.starts_with('/') {
-        Target::Unix(format!("{host}/.s.PGSQL.{}", options.get_port()).into())
-    } else {
-        Target::port(options.get_port())
-    }
-}
-
-async fn healthz_turns_503_before_the_deadline_when_the_database_stops_answering() {
+async fn healthz_turns_503_before_the_deadline_when_the_database_stops_answering()
+-> Result<(), SetupError> {
     let db = new_db().await;
-    let forwarder = Forwarder::start(server_of(&db))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let forwarder = Forwarder::start(Target::of(&db.options())?).await?;
     let mut a = elect(&url_through(&db, &forwarder), "a");
-    until("a leads", BOUND, async || a.status("/readyz").await == 200).await;
+    poll_until("a leads", BOUND, || async { a.status("/readyz").await == 200 }).await;
     assert_eq!(a.status("/healthz").await, 200);
     // b campaigns on a network of its own.
     let b = elect(&db.url(), "b");
-    until("b follows", BOUND, async || b.lease().await["leader"]["holder"] == "a").await;
+    poll_until("b follows", BOUND, || async { b.lease().await["leader"]["holder"] == "a" }).await;
 
     // a's network stops answering: its renewals go unanswered.
     forwarder.freeze();
     let frozen = Instant::now();
-    let unhealthy = until("a unhealthy", BOUND, async || a.status("/healthz").await == 503).await;
+    let unhealthy = timed("a unhealthy", BOUND, || async { a.status("/healthz").await == 503 }).await;
     let (_, why) = a.get("/healthz").await;
     let lease = a.lease().await;
     // Before its local deadline, which is at most a TTL after the last
@@ -358,26 +347,27 @@ async fn healthz_turns_503_before_the_deadline_when_the_database_stops_answering
         assert_eq!(lease["leases"][0]["renewal"], "failing", "{lease}");
     }
     // Liveness: b takes over within the TTL and a second of the freeze.
-    until("b leads", BOUND, async || b.status("/readyz").await == 200).await;
+    poll_until("b leads", BOUND, || async { b.status("/readyz").await == 200 }).await;
     let taken = frozen.elapsed();
     println!("b ready {} ms after the freeze", taken.as_millis());
     assert!(taken < Duration::from_secs(4), "b ready {taken:?} after the freeze");
     // a gave up its term at its deadline: not ready; and, holding
     // nothing, still unhealthy while its database does not answer.
-    until("a campaigning", BOUND, async || a.lease().await["state"] == "campaigning").await;
+    poll_until("a campaigning", BOUND, || async { a.lease().await["state"] == "campaigning" }).await;
     assert_eq!(a.status("/readyz").await, 503);
     let (status, why) = a.get("/healthz").await;
     assert_eq!(status, 503, "{why}");
     assert!(why.contains("the database did not answer within 1 s"), "{why}");
     // Its network back, it is healthy again and follows b.
     forwarder.open();
-    until("a healthy again", BOUND, async || a.status("/healthz").await == 200).await;
+    poll_until("a healthy again", BOUND, || async { a.status("/healthz").await == 200 }).await;
     assert_eq!(a.status("/readyz").await, 503);
     // Safety: b's token is later; a's term ended.
     assert_eq!(b.lease().await["leases"][0]["token"], 2);
     assert!(a.said().contains("leadership lost"), "{}", a.said());
     b.stop().await;
     a.stop().await;
+    Ok(())
 }
 
 async fn run_and_share_serve_their_state() {
@@ -397,8 +387,8 @@ async fn run_and_share_serve_their_state() {
         &url,
         &["run", "job", "--ttl", "3s", "--http", "127.0.0.1:0", "--", "sh", "-c", &script],
     );
-    until("run ready", BOUND, async || run.status("/readyz").await == 200).await;
-    until("CMD's token", BOUND, async || token_file.exists()).await;
+    poll_until("run ready", BOUND, || async { run.status("/readyz").await == 200 }).await;
+    poll_until("CMD's token", BOUND, || async { token_file.exists() }).await;
     let lease = run.lease().await;
     assert_eq!(lease["command"], "run");
     assert_eq!(lease["state"], "running");
@@ -414,9 +404,8 @@ async fn run_and_share_serve_their_state() {
     assert_eq!(metrics.get("pglease_leases_held"), Some(&1.0));
     // A signal is forwarded to CMD, and counted: CMD takes SIGTERM and
     // goes on, so that run is still there to be asked.
-    let pid = Pid::from_raw(i32::try_from(run.child.id()).expect("a pid"));
-    kill(pid, Signal::SIGTERM).expect("signal run");
-    until("CMD's SIGTERM", BOUND, async || dir.join("term").exists()).await;
+    kill(run.pid(), Signal::SIGTERM).expect("signal run");
+    poll_until("CMD's SIGTERM", BOUND, || async { dir.join("term").exists() }).await;
     let metrics = run.metrics().await;
     let key = "pglease_cli_signals_forwarded_total{command=\"run\",signal=\"SIGTERM\"}";
     assert_eq!(metrics.get(key), Some(&1.0), "{metrics:?}");
@@ -432,7 +421,7 @@ async fn run_and_share_serve_their_state() {
             "127.0.0.1:0", "--", "sleep", "600",
         ],
     );
-    until("share owns 4", BOUND, async || {
+    poll_until("share owns 4", BOUND, || async {
         share.lease().await["partitions"].as_array().map_or(0, Vec::len) == 4
     }).await;
     let lease = share.lease().await;
