@@ -103,20 +103,18 @@ async fn main() -> ExitCode {
     }
     // run, elect and share keep a board of where they stand; --http
     // serves it from before connecting.
-    let board = cli
-        .command
-        .board()
-        .map(|(kind, _)| Arc::new(sidecar::board::Board::new(kind)));
-    let sidecar = match (cli.command.board(), &board) {
-        (Some((_, Some(addr))), Some(board)) => {
-            match sidecar::Sidecar::start(addr, Arc::clone(board)).await {
-                Ok(sidecar) => Some(sidecar),
-                Err(why) => {
-                    eprintln!("pglease: {why}");
-                    return ExitCode::from(exit::USAGE);
-                }
+    let (board, http) = match cli.command.board() {
+        Some((kind, http)) => (Some(Arc::new(sidecar::board::Board::new(kind))), http),
+        None => (None, None),
+    };
+    let sidecar = match (http, &board) {
+        (Some(addr), Some(board)) => match sidecar::Sidecar::start(addr, Arc::clone(board)).await {
+            Ok(sidecar) => Some(sidecar),
+            Err(why) => {
+                eprintln!("pglease: {why}");
+                return ExitCode::from(exit::USAGE);
             }
-        }
+        },
         _ => None,
     };
     // With --json, failures are answered in JSON on stdout too.
@@ -134,7 +132,7 @@ async fn main() -> ExitCode {
         sidecar.connected(&manager);
     }
     if let Some(board) = &board {
-        board.set_phase(sidecar::first_phase(board));
+        board.connected();
     }
     match dispatch(cli.command, &manager, database_url.as_deref(), board).await {
         Ok(code) => code,

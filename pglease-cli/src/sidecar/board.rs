@@ -133,6 +133,16 @@ impl Board {
         self.kind
     }
 
+    /// Connected: the command's first phase (acquiring, campaigning,
+    /// joining).
+    pub(crate) fn connected(&self) {
+        self.set_phase(match self.kind {
+            Kind::Run => Phase::Waiting,
+            Kind::Elect => Phase::Campaigning,
+            Kind::Share => Phase::Joining,
+        });
+    }
+
     pub(crate) fn set_phase(&self, phase: Phase) {
         lock(&self.inner).phase = phase;
     }

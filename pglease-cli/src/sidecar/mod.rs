@@ -28,7 +28,7 @@ use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use pglease::LeaseManager;
 
-use board::{Board, Phase, Verdict};
+use board::{Board, Snapshot, Verdict};
 
 /// How long a database check answers `/healthz` before it is made again.
 const CHECK_FRESH: Duration = Duration::from_secs(1);
@@ -95,9 +95,8 @@ impl Sidecar {
         let _ = self.manager.set(manager.clone());
     }
 
-    /// `/healthz`'s verdict.
-    async fn health(&self) -> Verdict {
-        let snapshot = self.board.snapshot();
+    /// `/healthz`'s verdict on `snapshot` (of this sidecar's board).
+    async fn health(&self, snapshot: &Snapshot) -> Verdict {
         if let Some(verdict) = snapshot.health() {
             return verdict;
         }
@@ -140,7 +139,7 @@ fn verdict(verdict: Verdict) -> Response {
 type State = axum::extract::State<Arc<Sidecar>>;
 
 async fn healthz(axum::extract::State(sidecar): State) -> Response {
-    verdict(sidecar.health().await)
+    verdict(sidecar.health(&sidecar.board.snapshot()).await)
 }
 
 async fn readyz(axum::extract::State(sidecar): State) -> Response {
@@ -148,8 +147,9 @@ async fn readyz(axum::extract::State(sidecar): State) -> Response {
 }
 
 async fn lease(axum::extract::State(sidecar): State) -> Response {
-    let health = sidecar.health().await;
-    let json = sidecar.board.snapshot().json(&health);
+    let snapshot = sidecar.board.snapshot();
+    let health = sidecar.health(&snapshot).await;
+    let json = snapshot.json(&health);
     (
         [(header::CONTENT_TYPE, "application/json")],
         format!("{json:#}\n"),
@@ -167,14 +167,4 @@ async fn scrape(axum::extract::State(sidecar): State) -> Response {
         sidecar.prometheus.render(),
     )
         .into_response()
-}
-
-/// The phase a board of `run`, `elect` or `share` starts in after
-/// connecting.
-pub(crate) fn first_phase(board: &Board) -> Phase {
-    match board.kind() {
-        board::Kind::Run => Phase::Waiting,
-        board::Kind::Elect => Phase::Campaigning,
-        board::Kind::Share => Phase::Joining,
-    }
 }
